@@ -1,0 +1,435 @@
+// The CUDA C++ twin of fuseml's fused elementwise epilogue (ops/_elementwise.py):
+//
+//     out[m, n] = act(x[m, n] + bias[n] + alpha * y[m, n])
+//
+// bias and y are optional; the math runs in float32 and is rounded once to the output dtype.
+// x, y and out are (M, N) with unit column stride and their own row strides; bias is
+// contiguous of length N. out may be x (or y) itself: every element is read before it is
+// written, by the same thread, so no pointer below is __restrict__.
+//
+// Paths, picked on the host per call:
+//   * FLAT:   no bias and every operand's rows packed back to back -> one flat index, no
+//             div/mod; a tail of numel % VEC elements is done one by one.
+//   * 2-D:    one work item = one vector of a row; row/col come from one division.
+//   * VEC:    16-byte accesses when every pointer is 16-byte aligned and, for 2-D, N and
+//             every row stride are multiples of the vector width. VEC == 1 otherwise.
+// The activation, the dtype, HAS_Y, HAS_BIAS, VEC and FLAT are all template parameters, so
+// the inner loop has no runtime branch besides the bounds check.
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+namespace fuseml {
+namespace {
+
+// Codes shared with ops/_elementwise.py (ACTIVATIONS); the op schema carries them as int.
+enum Activation : int {
+  kNone = 0,
+  kRelu = 1,
+  kLeakyRelu = 2,
+  kGelu = 3,
+  kGeluTanh = 4,
+  kSilu = 5,
+  kSigmoid = 6,
+  kTanh = 7,
+};
+
+constexpr int kThreads = 256;  // threads per block
+constexpr int kUnroll = 4;     // work items per thread per grid-stride step, loads first
+constexpr int kItemsPerBlock = kThreads * kUnroll;
+constexpr int kVecBytes = 16;  // widest single global load/store
+
+// ------------------------------------------------------------------------- dtype traits
+// Half and bf16 travel as raw 16-bit words so that packing them into 16-byte vectors does
+// not depend on the constructors of __half / __nv_bfloat16 (or on torch's
+// __CUDA_NO_HALF_CONVERSIONS__ flags); conversions are the round-to-nearest-even intrinsics.
+struct Fp32 {
+  using Storage = float;
+  static __device__ __forceinline__ float to_float(float v) { return v; }
+  static __device__ __forceinline__ float from_float(float v) { return v; }
+};
+
+struct Fp16 {
+  using Storage = unsigned short;
+  static __device__ __forceinline__ float to_float(unsigned short v) {
+    return __half2float(__ushort_as_half(v));
+  }
+  static __device__ __forceinline__ unsigned short from_float(float v) {
+    return __half_as_ushort(__float2half_rn(v));
+  }
+};
+
+struct Bf16 {
+  using Storage = unsigned short;
+  static __device__ __forceinline__ float to_float(unsigned short v) {
+    return __bfloat162float(__ushort_as_bfloat16(v));
+  }
+  static __device__ __forceinline__ unsigned short from_float(float v) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+};
+
+// VEC elements moved by one load/store instruction (LDG/STG.128 when VEC * sizeof(S) == 16).
+template <typename S, int VEC>
+struct alignas(sizeof(S) * VEC) Pack {
+  S v[VEC];
+};
+
+// ----------------------------------------------------------------------------- math
+template <int ACT>
+__device__ __forceinline__ float activate(float h) {
+  // Precise expf/erff/tanhf (no fast-math) so results track torch's own kernels.
+  if constexpr (ACT == kRelu) {
+    return h < 0.f ? 0.f : h;  // NaN fails the test and passes through, as in torch.relu
+  } else if constexpr (ACT == kLeakyRelu) {
+    return h < 0.f ? 0.01f * h : h;  // NaN passes through
+  } else if constexpr (ACT == kGelu) {
+    return 0.5f * h * (1.f + erff(h * 0.70710678118654752f));
+  } else if constexpr (ACT == kGeluTanh) {
+    // Cube first, then scale, in the order torch's gelu(approximate='tanh') uses.
+    const float inner = 0.7978845608028654f * (h + 0.044715f * (h * h * h));
+    return 0.5f * h * (1.f + tanhf(inner));
+  } else if constexpr (ACT == kSilu) {
+    return h / (1.f + expf(-h));
+  } else if constexpr (ACT == kSigmoid) {
+    return 1.f / (1.f + expf(-h));
+  } else if constexpr (ACT == kTanh) {
+    return tanhf(h);
+  } else {
+    static_assert(ACT == kNone, "unknown activation code");
+    return h;
+  }
+}
+
+template <class Tr, int ACT, bool HAS_Y, bool HAS_BIAS>
+__device__ __forceinline__ typename Tr::Storage fused(typename Tr::Storage x,
+                                                      typename Tr::Storage y,
+                                                      typename Tr::Storage b, float alpha) {
+  float h = Tr::to_float(x);
+  if constexpr (HAS_BIAS) h += Tr::to_float(b);
+  if constexpr (HAS_Y) h = fmaf(alpha, Tr::to_float(y), h);
+  return Tr::from_float(activate<ACT>(h));
+}
+
+// q = v / d and r = v % d for non-negative v, d > 0. The 64-bit division is a long software
+// sequence; the 32-bit one is far shorter and covers every tensor below 2^32 work items.
+__device__ __forceinline__ int64_t div_mod(int64_t v, int64_t d, int64_t& r) {
+  if (((static_cast<uint64_t>(v) | static_cast<uint64_t>(d)) >> 32) == 0) {
+    const uint32_t v32 = static_cast<uint32_t>(v);
+    const uint32_t d32 = static_cast<uint32_t>(d);
+    const uint32_t q32 = v32 / d32;
+    r = static_cast<int64_t>(v32 - q32 * d32);
+    return static_cast<int64_t>(q32);
+  }
+  const int64_t q = v / d;
+  r = v - q * d;
+  return q;
+}
+
+// ---------------------------------------------------------------------------- kernel
+template <typename S>
+struct Args {
+  const S* x;
+  const S* y;     // nullptr unless HAS_Y
+  const S* bias;  // nullptr unless HAS_BIAS
+  S* out;
+  int64_t x_row_stride;  // in elements (2-D only)
+  int64_t y_row_stride;
+  int64_t out_row_stride;
+  int64_t items;      // work items: vectors of VEC elements
+  int64_t row_items;  // work items per row (2-D only)
+  int tail;           // FLAT, VEC > 1: trailing numel % VEC elements past the last vector
+  float alpha;
+};
+
+template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
+__global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename Tr::Storage> a) {
+  static_assert(!(FLAT && HAS_BIAS), "a bias needs the column, i.e. the 2-D path");
+  using S = typename Tr::Storage;
+  using P = Pack<S, VEC>;
+
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kItemsPerBlock;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kItemsPerBlock + threadIdx.x;
+       base < a.items; base += step) {
+    // Issue every load of this step before any store: kUnroll independent 16-byte loads
+    // per operand in flight per thread. Item k is base + k * kThreads, so each unrolled
+    // access is coalesced across the warp.
+    P xv[kUnroll] = {};
+    P yv[kUnroll] = {};
+    P bv[kUnroll] = {};
+    int64_t out_off[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t v = base + static_cast<int64_t>(k) * kThreads;
+      if (v < a.items) {
+        // FLAT: row is the constant 0 and col the flat element index, so the row terms fold
+        // away at compile time.
+        int64_t row = 0, col;
+        if constexpr (FLAT) {
+          col = v * VEC;
+        } else {
+          int64_t col_item;
+          row = div_mod(v, a.row_items, col_item);
+          col = col_item * VEC;
+        }
+        xv[k] = *reinterpret_cast<const P*>(a.x + row * a.x_row_stride + col);
+        if constexpr (HAS_Y) yv[k] = *reinterpret_cast<const P*>(a.y + row * a.y_row_stride + col);
+        // The bias is N elements, reread by every row: it stays in L1/L2.
+        if constexpr (HAS_BIAS) bv[k] = *reinterpret_cast<const P*>(a.bias + col);
+        out_off[k] = row * a.out_row_stride + col;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t v = base + static_cast<int64_t>(k) * kThreads;
+      if (v < a.items) {
+        P r;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          r.v[j] = fused<Tr, ACT, HAS_Y, HAS_BIAS>(xv[k].v[j], yv[k].v[j], bv[k].v[j], a.alpha);
+        }
+        *reinterpret_cast<P*>(a.out + out_off[k]) = r;
+      }
+    }
+  }
+
+  if constexpr (FLAT && VEC > 1) {
+    // Fewer than VEC elements past the last whole vector: the first threads of block 0.
+    if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < a.tail) {
+      const int64_t i = a.items * VEC + threadIdx.x;
+      S y = S();
+      if constexpr (HAS_Y) y = a.y[i];
+      a.out[i] = fused<Tr, ACT, HAS_Y, false>(a.x[i], y, S(), a.alpha);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ host
+struct Launch {
+  int sm_count;
+  cudaStream_t stream;
+};
+
+template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
+void launch(const Args<typename Tr::Storage>& a, const Launch& l) {
+  // One resident wave, each thread striding over the rest: as many blocks as fit on the
+  // SMs at once (asked of the occupancy calculator once per instantiation, since register
+  // use differs between them), fewer when the tensor is small.
+  static const int blocks_per_sm = [] {
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT>, kThreads, 0));
+    return std::max(n, 1);
+  }();
+  const int64_t wanted = (a.items + kItemsPerBlock - 1) / kItemsPerBlock;
+  const int64_t cap = static_cast<int64_t>(l.sm_count) * blocks_per_sm;
+  // At least one block: a FLAT call may be all tail (items == 0, tail > 0).
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min(wanted, cap)));
+  bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT><<<grid, kThreads, 0, l.stream>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <class Tr, int ACT, int VEC, bool FLAT>
+void launch_operands(const Args<typename Tr::Storage>& a, const Launch& l) {
+  const bool has_y = a.y != nullptr;
+  if constexpr (FLAT) {  // the host never picks FLAT with a bias
+    if (has_y) {
+      launch<Tr, ACT, VEC, true, false, true>(a, l);
+    } else {
+      launch<Tr, ACT, VEC, false, false, true>(a, l);
+    }
+  } else {
+    const bool has_bias = a.bias != nullptr;
+    if (has_y && has_bias) {
+      launch<Tr, ACT, VEC, true, true, false>(a, l);
+    } else if (has_y) {
+      launch<Tr, ACT, VEC, true, false, false>(a, l);
+    } else if (has_bias) {
+      launch<Tr, ACT, VEC, false, true, false>(a, l);
+    } else {
+      launch<Tr, ACT, VEC, false, false, false>(a, l);
+    }
+  }
+}
+
+struct Problem {
+  const void* x;
+  const void* y;
+  const void* bias;
+  void* out;
+  int64_t rows, cols;
+  int64_t x_row_stride, y_row_stride, out_row_stride;
+  float alpha;
+  bool flat;       // no bias and all rows packed back to back: index storage directly
+  bool vectorize;  // 16-byte accesses are legal for this layout
+};
+
+template <class Tr, int ACT>
+void launch_activation(const Problem& p, const Launch& l) {
+  using S = typename Tr::Storage;
+  constexpr int kVec = kVecBytes / static_cast<int>(sizeof(S));
+  Args<S> a;
+  a.x = static_cast<const S*>(p.x);
+  a.y = static_cast<const S*>(p.y);
+  a.bias = static_cast<const S*>(p.bias);
+  a.out = static_cast<S*>(p.out);
+  a.x_row_stride = p.x_row_stride;
+  a.y_row_stride = p.y_row_stride;
+  a.out_row_stride = p.out_row_stride;
+  a.alpha = p.alpha;
+  a.tail = 0;
+  const int64_t numel = p.rows * p.cols;
+  if (p.flat && p.vectorize) {
+    a.items = numel / kVec;
+    a.row_items = 0;
+    a.tail = static_cast<int>(numel % kVec);
+    launch_operands<Tr, ACT, kVec, true>(a, l);
+  } else if (p.flat) {
+    a.items = numel;
+    a.row_items = 0;
+    launch_operands<Tr, ACT, 1, true>(a, l);
+  } else if (p.vectorize) {
+    a.row_items = p.cols / kVec;
+    a.items = p.rows * a.row_items;
+    launch_operands<Tr, ACT, kVec, false>(a, l);
+  } else {
+    a.row_items = p.cols;
+    a.items = numel;
+    launch_operands<Tr, ACT, 1, false>(a, l);
+  }
+}
+
+template <class Tr>
+void launch_dtype(const Problem& p, int64_t activation, const Launch& l) {
+  switch (activation) {
+    case kNone: return launch_activation<Tr, kNone>(p, l);
+    case kRelu: return launch_activation<Tr, kRelu>(p, l);
+    case kLeakyRelu: return launch_activation<Tr, kLeakyRelu>(p, l);
+    case kGelu: return launch_activation<Tr, kGelu>(p, l);
+    case kGeluTanh: return launch_activation<Tr, kGeluTanh>(p, l);
+    case kSilu: return launch_activation<Tr, kSilu>(p, l);
+    case kSigmoid: return launch_activation<Tr, kSigmoid>(p, l);
+    case kTanh: return launch_activation<Tr, kTanh>(p, l);
+    default: TORCH_CHECK(false, "bias_act_cuda_out: activation must be in 0..7, got ", activation);
+  }
+}
+
+// x, y or out: CUDA, on x's device, x's dtype, 2-D of x's shape, unit column stride.
+void check_matrix(const at::Tensor& t, const char* name, const at::Tensor& x) {
+  TORCH_CHECK(t.is_cuda(), "bias_act_cuda_out: ", name, " must be a CUDA tensor, got one on ",
+              t.device());
+  TORCH_CHECK(t.device() == x.device(), "bias_act_cuda_out: ", name, " is on ", t.device(),
+              " but x is on ", x.device());
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), "bias_act_cuda_out: ", name, " has dtype ",
+              t.scalar_type(), " but x has dtype ", x.scalar_type());
+  TORCH_CHECK(t.dim() == 2, "bias_act_cuda_out: ", name, " must be 2-D, got ", t.dim(), "-D");
+  TORCH_CHECK(t.sizes() == x.sizes(), "bias_act_cuda_out: ", name, " has shape ", t.sizes(),
+              " but x has shape ", x.sizes());
+  TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, "bias_act_cuda_out: ", name,
+              " must have stride(1) == 1, got strides ", t.strides());
+}
+
+bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kVecBytes == 0; }
+
+}  // namespace
+
+void bias_act_cuda_out(const at::Tensor& x, const std::optional<at::Tensor>& y,
+                       const std::optional<at::Tensor>& bias, double alpha, int64_t activation,
+                       at::Tensor& out) {
+  TORCH_CHECK(x.is_cuda(), "bias_act_cuda_out: x must be a CUDA tensor, got one on ", x.device());
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+              "bias_act_cuda_out: x must be float32, float16 or bfloat16, got ", dtype);
+  TORCH_CHECK(x.dim() == 2, "bias_act_cuda_out: x must be 2-D, got ", x.dim(), "-D");
+  check_matrix(x, "x", x);
+  check_matrix(out, "out", x);
+  const bool has_y = y.has_value() && y->defined();
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_y) check_matrix(*y, "y", x);
+  const int64_t M = x.size(0);
+  const int64_t N = x.size(1);
+  if (has_bias) {
+    const at::Tensor& b = *bias;
+    TORCH_CHECK(b.is_cuda(), "bias_act_cuda_out: bias must be a CUDA tensor, got one on ",
+                b.device());
+    TORCH_CHECK(b.device() == x.device(), "bias_act_cuda_out: bias is on ", b.device(),
+                " but x is on ", x.device());
+    TORCH_CHECK(b.scalar_type() == dtype, "bias_act_cuda_out: bias has dtype ", b.scalar_type(),
+                " but x has dtype ", dtype);
+    TORCH_CHECK(b.dim() == 1 && b.size(0) == N, "bias_act_cuda_out: bias must be 1-D of length ",
+                N, " (x.size(1)), got shape ", b.sizes());
+    TORCH_CHECK(b.is_contiguous(), "bias_act_cuda_out: bias must be contiguous");
+  }
+  TORCH_CHECK(activation >= 0 && activation <= 7,
+              "bias_act_cuda_out: activation must be in 0..7, got ", activation);
+  if (M == 0 || N == 0) return;
+
+  // Each output element must be written by one thread, after that thread read its inputs:
+  // out's rows may not overlap, and an input sharing out's start must share its layout.
+  // (Partial overlap at another offset is not detected, as in most out= kernels.)
+  TORCH_CHECK(M == 1 || out.stride(0) >= N, "bias_act_cuda_out: out rows overlap (stride(0) = ",
+              out.stride(0), " < size(1) = ", N, ")");
+  const auto same_cells = [&](const at::Tensor& t) {
+    return t.const_data_ptr() != out.const_data_ptr() || M == 1 || t.stride(0) == out.stride(0);
+  };
+  TORCH_CHECK(same_cells(x), "bias_act_cuda_out: x aliases out with a different row stride");
+  TORCH_CHECK(!has_y || same_cells(*y),
+              "bias_act_cuda_out: y aliases out with a different row stride");
+
+  c10::cuda::CUDAGuard device_guard(x.device());
+
+  Problem p;
+  p.x = x.const_data_ptr();
+  p.y = has_y ? y->const_data_ptr() : nullptr;
+  p.bias = has_bias ? bias->const_data_ptr() : nullptr;
+  p.out = out.mutable_data_ptr();
+  p.rows = M;
+  p.cols = N;
+  // With a single row the row stride is never used (and may be anything).
+  p.x_row_stride = M == 1 ? N : x.stride(0);
+  p.y_row_stride = has_y ? (M == 1 ? N : y->stride(0)) : 0;
+  p.out_row_stride = M == 1 ? N : out.stride(0);
+  p.alpha = static_cast<float>(alpha);
+  p.flat = !has_bias && p.x_row_stride == N && p.out_row_stride == N &&
+           (!has_y || p.y_row_stride == N);
+  const int64_t vec = kVecBytes / static_cast<int64_t>(x.element_size());
+  p.vectorize = aligned(p.x) && aligned(p.out) && (!has_y || aligned(p.y)) &&
+                (!has_bias || aligned(p.bias));
+  if (!p.flat) {
+    // Every vector must start on a 16-byte boundary: in each row, and at each row start.
+    p.vectorize = p.vectorize && N % vec == 0 && p.x_row_stride % vec == 0 &&
+                  p.out_row_stride % vec == 0 && (!has_y || p.y_row_stride % vec == 0);
+  }
+
+  Launch l;
+  // getCurrentDeviceProperties is cached by ATen per device: no driver call per launch.
+  l.sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  l.stream = at::cuda::getCurrentCUDAStream();
+
+  switch (dtype) {
+    case at::kFloat: launch_dtype<Fp32>(p, activation, l); break;
+    case at::kHalf: launch_dtype<Fp16>(p, activation, l); break;
+    case at::kBFloat16: launch_dtype<Bf16>(p, activation, l); break;
+    default: TORCH_CHECK(false, "bias_act_cuda_out: unsupported dtype ", dtype);
+  }
+}
+
+}  // namespace fuseml
+
+TORCH_LIBRARY_FRAGMENT(fuseml, m) {
+  m.def(
+      "bias_act_cuda_out(Tensor x, Tensor? y, Tensor? bias, float alpha, int activation, "
+      "Tensor(a!) out) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(fuseml, CUDA, m) {
+  m.impl("bias_act_cuda_out", &fuseml::bias_act_cuda_out);
+}

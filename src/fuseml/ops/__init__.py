@@ -1,0 +1,11 @@
+"""Fused ops. Each takes ``backend="auto"|"eager"|"compile"|"triton"|"cuda"``.
+
+Importing registers the ``fuseml::*`` custom ops with torch; nothing is compiled or
+launched until an op is called.
+"""
+
+from fuseml.ops.add import add, add_ref
+from fuseml.ops.bias_act import ACTIVATIONS, bias_act, bias_act_ref
+from fuseml.ops.gelu import gelu, gelu_ref
+
+__all__ = ["ACTIVATIONS", "add", "add_ref", "bias_act", "bias_act_ref", "gelu", "gelu_ref"]

@@ -1,0 +1,326 @@
+"""The fused elementwise epilogue shared by ``add``, ``gelu`` and ``bias_act``.
+
+    out = act(x + bias + alpha * y)        computed in float32, rounded once
+
+``add`` is the case (bias=None, alpha=1, act=none) and ``gelu`` the case (bias=None,
+y=None, act=gelu). One Triton kernel and one CUDA C++ kernel serve all three, so the three
+ops cannot drift apart; each op's file holds its reference, validation and registration.
+
+Layouts. When every operand is dense with the same strides (contiguous, or the same
+permutation of a dense block) and there is no bias, the kernel walks the storage as one
+flat vector, and the output keeps that layout (like ``torch.empty_like``). Otherwise the
+operands become (M, N) views with unit column stride and a per-operand row stride (a copy
+only when no such view exists), and the bias is broadcast along rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fuseml.ops._utils import (
+    as_rows,
+    flat_storage_view,
+    is_dense,
+    launches_skipped,
+    next_pow2,
+    rows_view,
+    sm_count,
+)
+
+# Activation names and their codes; the CUDA twin (csrc/elementwise.cu) uses the same codes.
+ACTIVATIONS = ("none", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
+LEAKY_SLOPE = 0.01
+IMPLS = ("triton", "cuda")
+
+
+# ------------------------------------------------------------------- activation math
+@triton.jit
+def _tanh(x):
+    # Triton has no portable tanh (libdevice's is not available under the interpreter).
+    # Small |x|: odd minimax polynomial (Cephes tanhf coefficients, ~1 ulp), which avoids the
+    # cancellation of 1 - 2/(e^2x + 1) near 0; large |x|: that formula, exact to rounding.
+    ax = tl.abs(x)
+    z = x * x
+    p = (
+        (((-5.70498872745e-3 * z + 2.06390887954e-2) * z - 5.37397155531e-2) * z + 1.33314422036e-1)
+        * z
+        - 3.33332819422e-1
+    ) * z * x + x
+    big = 1.0 - 2.0 / (tl.exp(2.0 * ax) + 1.0)
+    big = tl.where(x < 0.0, -big, big)
+    return tl.where(ax < 0.625, p, big)
+
+
+@triton.jit
+def _activation(h, ACTIVATION: tl.constexpr):
+    """act(h) for float32 h; ACTIVATION is a code from ACTIVATIONS (branch-free per launch)."""
+    if ACTIVATION == 1:  # relu; NaN stays NaN as in torch.relu
+        h = tl.where(h < 0.0, 0.0, h)
+    elif ACTIVATION == 2:  # leaky_relu, slope 0.01
+        h = tl.where(h < 0.0, 0.01 * h, h)
+    elif ACTIVATION == 3:  # gelu, erf form
+        h = 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))
+    elif ACTIVATION == 4:  # gelu, tanh approximation
+        h = 0.5 * h * (1.0 + _tanh(0.7978845608028654 * (h + 0.044715 * h * h * h)))
+    elif ACTIVATION == 5:  # silu
+        h = h * tl.sigmoid(h)
+    elif ACTIVATION == 6:
+        h = tl.sigmoid(h)
+    elif ACTIVATION == 7:
+        h = _tanh(h)
+    return h
+
+
+@triton.jit
+def _activation_grad(h, ACTIVATION: tl.constexpr):
+    """d act / d h at float32 h."""
+    if ACTIVATION == 0:
+        d = tl.full(h.shape, 1.0, tl.float32)
+    elif ACTIVATION == 1:
+        d = tl.where(h > 0.0, 1.0, 0.0)
+    elif ACTIVATION == 2:
+        d = tl.where(h > 0.0, 1.0, 0.01)
+    elif ACTIVATION == 3:
+        cdf = 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
+        pdf = tl.exp(-0.5 * h * h) * 0.3989422804014327
+        d = cdf + h * pdf
+    elif ACTIVATION == 4:
+        t = _tanh(0.7978845608028654 * (h + 0.044715 * h * h * h))
+        dt = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * h * h)
+        d = 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * dt
+    elif ACTIVATION == 5:
+        s = tl.sigmoid(h)
+        d = s * (1.0 + h * (1.0 - s))
+    elif ACTIVATION == 6:
+        s = tl.sigmoid(h)
+        d = s * (1.0 - s)
+    else:
+        t = _tanh(h)
+        d = 1.0 - t * t
+    return d
+
+
+# ------------------------------------------------------------------------------ kernels
+@triton.jit
+def _tile(pid, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row and column offsets (int64) and the bounds mask of program ``pid``'s tile."""
+    n_col_blocks = tl.cdiv(n_cols, BLOCK_N)
+    pid_m = pid // n_col_blocks
+    pid_n = pid - pid_m * n_col_blocks
+    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    return rows, cols, mask
+
+
+@triton.jit
+def _load_pre(
+    x_ptr, y_ptr, bias_ptr, rows, cols, mask, n_cols, stride_xm, stride_ym, alpha,
+    HAS_Y: tl.constexpr, HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """h = x + bias + alpha * y in float32 for one tile."""
+    h = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask).to(tl.float32)
+    if HAS_BIAS:
+        b = tl.load(bias_ptr + cols, mask=cols < n_cols).to(tl.float32)
+        h = h + b[None, :]
+    if HAS_Y:
+        y = tl.load(y_ptr + rows[:, None] * stride_ym + cols[None, :], mask=mask)
+        h = h + alpha * y.to(tl.float32)
+    return h
+
+
+@triton.jit
+def _bias_act_kernel(
+    x_ptr,  # (M, N) input, unit column stride
+    y_ptr,  # (M, N) second operand (residual), unused unless HAS_Y
+    bias_ptr,  # (N,) contiguous bias, unused unless HAS_BIAS
+    out_ptr,  # (M, N) output, unit column stride; may be x itself (in place)
+    n_rows,  # M (1 on the flat path)
+    n_cols,  # N (all elements on the flat path)
+    stride_xm,  # row strides, in elements
+    stride_ym,
+    stride_om,
+    alpha,  # float32 scale of y
+    HAS_Y: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,  # code from ACTIVATIONS
+    BLOCK_M: tl.constexpr,  # rows per tile (1 on the flat path)
+    BLOCK_N: tl.constexpr,  # columns per tile
+):
+    rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N)
+    h = _load_pre(
+        x_ptr, y_ptr, bias_ptr, rows, cols, mask, n_cols, stride_xm, stride_ym, alpha,
+        HAS_Y, HAS_BIAS,
+    )  # fmt: skip
+    out = _activation(h, ACTIVATION)
+    offs = rows[:, None] * stride_om + cols[None, :]
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bias_act_backward_kernel(
+    grad_ptr,  # (M, N) upstream gradient, unit column stride
+    x_ptr,  # (M, N) forward input
+    y_ptr,  # (M, N) forward residual, unused unless HAS_Y
+    bias_ptr,  # (N,) forward bias, unused unless HAS_BIAS
+    dh_ptr,  # (M, N) output: grad * act'(x + bias + alpha * y)
+    n_rows,
+    n_cols,
+    stride_gm,  # row strides, in elements
+    stride_xm,
+    stride_ym,
+    stride_dm,
+    alpha,
+    HAS_Y: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Recomputes h instead of saving it: one extra read of x (and y) but no forward store
+    # of an fp32 pre-activation, which is the better trade for inference-first kernels.
+    rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N)
+    h = _load_pre(
+        x_ptr, y_ptr, bias_ptr, rows, cols, mask, n_cols, stride_xm, stride_ym, alpha,
+        HAS_Y, HAS_BIAS,
+    )  # fmt: skip
+    g = tl.load(grad_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask).to(tl.float32)
+    dh = g * _activation_grad(h, ACTIVATION)
+    offs = rows[:, None] * stride_dm + cols[None, :]
+    tl.store(dh_ptr + offs, dh.to(dh_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------- launch configs
+# Bytes of each operand one program moves. 16 KiB per operand = 4096 fp32 / 8192 16-bit
+# elements; with 8 warps each thread issues four 16-byte loads per operand before the first
+# use, enough to keep HBM busy. Chosen from scripts/tune_elementwise.py (see NOTES.md).
+TILE_BYTES = 16384
+NUM_WARPS = 8
+MIN_TILE = 1024  # smallest tile when shrinking to spread a mid-size tensor over all SMs
+
+
+def launch_config(n_rows: int, n_cols: int, elem_size: int, device: torch.device) -> dict:
+    """BLOCK_M, BLOCK_N and num_warps for an (n_rows, n_cols) problem."""
+    tile = TILE_BYTES // elem_size
+    if n_rows == 1:
+        # Flat: shrink the tile until there are >= 2 programs per SM (mid sizes otherwise
+        # leave SMs idle), but never below MIN_TILE elements.
+        n_sm = sm_count(device.index or 0) if device.type == "cuda" else 1
+        while tile > MIN_TILE and triton.cdiv(n_cols, tile) < 2 * n_sm:
+            tile //= 2
+        block_n = min(tile, next_pow2(n_cols))
+        block_m = 1
+    else:
+        block_n = min(next_pow2(n_cols), tile)
+        block_m = min(max(1, tile // block_n), next_pow2(n_rows))
+    warps = NUM_WARPS if block_m * block_n >= 4096 else 4
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps}
+
+
+def _grid(n_rows: int, n_cols: int, cfg: dict) -> tuple[int]:
+    return (triton.cdiv(n_rows, cfg["BLOCK_M"]) * triton.cdiv(n_cols, cfg["BLOCK_N"]),)
+
+
+# ----------------------------------------------------------------------------- launcher
+def _same_layout(ref: torch.Tensor, *others: torch.Tensor | None) -> bool:
+    return all(t is None or t.stride() == ref.stride() for t in others)
+
+
+def bias_act_into(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    alpha: float,
+    activation: int,
+    *,
+    impl: str = "triton",
+    traced: bool = False,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Write act(x + bias + alpha * y) into ``out`` (same shape as x; may be x itself).
+
+    Inputs must already be validated. ``traced`` routes Triton launches through
+    ``torch.library.wrap_triton`` (inside a registered op, so torch.compile sees the
+    kernel); direct launches skip that wrapper's cost. ``config`` overrides the heuristic
+    launch configuration (tuning scripts only).
+    """
+    if x.numel() == 0:
+        return out
+    if bias is None and is_dense(x) and _same_layout(x, y, out):
+        # One flat pass over the storage block: no per-row index arithmetic.
+        xs, outs = flat_storage_view(x).view(1, -1), flat_storage_view(out).view(1, -1)
+        ys = None if y is None else flat_storage_view(y).view(1, -1)
+        _launch(outs, xs, ys, None, alpha, activation, impl, traced, config)
+        return out
+    xs = as_rows(x)
+    ys = None if y is None else as_rows(y)
+    bs = None if bias is None else bias.contiguous()
+    outs = rows_view(out)
+    if outs is None:  # an output with no (M, N) view: compute, then copy into place
+        tmp = torch.empty(xs.shape, dtype=out.dtype, device=out.device)
+        _launch(tmp, xs, ys, bs, alpha, activation, impl, traced, config)
+        out.copy_(tmp.view(out.shape))
+        return out
+    _launch(outs, xs, ys, bs, alpha, activation, impl, traced, config)
+    return out
+
+
+def _launch(out, x, y, bias, alpha, activation, impl, traced, config) -> None:
+    if launches_skipped():
+        return
+    n_rows, n_cols = x.shape
+    if impl == "cuda":
+        torch.ops.fuseml.bias_act_cuda_out(x, y, bias, float(alpha), activation, out)
+        return
+    cfg = config or launch_config(n_rows, n_cols, x.element_size(), x.device)
+    kernel = torch.library.wrap_triton(_bias_act_kernel) if traced else _bias_act_kernel
+    kernel[_grid(n_rows, n_cols, cfg)](
+        x, x if y is None else y, x if bias is None else bias, out,
+        n_rows, n_cols,
+        x.stride(0), 0 if y is None else y.stride(0), out.stride(0),
+        float(alpha),
+        HAS_Y=y is not None, HAS_BIAS=bias is not None, ACTIVATION=activation,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"],
+    )  # fmt: skip
+
+
+def bias_act_backward_rows(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    alpha: float,
+    activation: int,
+    *,
+    traced: bool = False,
+) -> torch.Tensor:
+    """grad * act'(x + bias + alpha * y), shaped like x (contiguous)."""
+    dh = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return dh
+    gs, xs = as_rows(grad), as_rows(x)
+    ys = None if y is None else as_rows(y)
+    bs = None if bias is None else bias.contiguous()
+    ds = dh.view(-1, x.shape[-1]) if x.dim() else dh.view(1, 1)
+    n_rows, n_cols = xs.shape
+    cfg = launch_config(n_rows, n_cols, x.element_size(), x.device)
+    if launches_skipped():
+        return dh
+    kernel = (
+        torch.library.wrap_triton(_bias_act_backward_kernel)
+        if traced
+        else _bias_act_backward_kernel
+    )
+    kernel[_grid(n_rows, n_cols, cfg)](
+        gs, xs, xs if ys is None else ys, xs if bs is None else bs, ds,
+        n_rows, n_cols,
+        gs.stride(0), xs.stride(0), 0 if ys is None else ys.stride(0), ds.stride(0),
+        float(alpha),
+        HAS_Y=ys is not None, HAS_BIAS=bs is not None, ACTIVATION=activation,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"],
+    )  # fmt: skip
+    return dh

@@ -1,0 +1,185 @@
+"""Shared helpers for the fused ops: validation, 2-D views, launch heuristics."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from fuseml.runtime import FLOAT_DTYPES, triton_interpreting
+
+log = logging.getLogger("fuseml")
+
+
+# --------------------------------------------------------------------------- validation
+def check_tensor(op: str, name: str, t, *, dtypes=FLOAT_DTYPES) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{op}: {name} must have dtype in ({allowed}), got {t.dtype}")
+    return t
+
+
+def check_same(op: str, ref_name: str, ref: torch.Tensor, name: str, t: torch.Tensor) -> None:
+    """``t`` must be on the same device and have the same dtype as ``ref``."""
+    if t.device != ref.device:
+        raise ValueError(
+            f"{op}: {name} is on {t.device} but {ref_name} is on {ref.device}; "
+            "all tensors must be on one device"
+        )
+    if t.dtype != ref.dtype:
+        raise TypeError(
+            f"{op}: {name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; "
+            "mixed dtypes are not supported (cast first)"
+        )
+
+
+def check_shape(op: str, name: str, t: torch.Tensor, expected, what: str = "") -> None:
+    if tuple(t.shape) != tuple(expected):
+        suffix = f" ({what})" if what else ""
+        raise ValueError(
+            f"{op}: {name} must have shape {tuple(expected)}{suffix}, got {tuple(t.shape)}"
+        )
+
+
+def check_choice(op: str, name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{op}: {name} must be one of {tuple(choices)}, got {value!r}")
+
+
+# ------------------------------------------------------------------------------ layouts
+def is_dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: the elements fill one block of storage, in any order.
+
+    Such tensors (contiguous, channels-last, transposed, ...) can be processed as a flat
+    vector over their storage when all operands share the same strides.
+    """
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride(), strict=True), key=lambda p: p[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def as_rows(t: torch.Tensor) -> torch.Tensor:
+    """(..., N) -> (M, N) with unit column stride; a view when the layout allows one.
+
+    Leading dims that cannot be merged into one row stride (or a last dim with a
+    non-unit stride) cost a copy; the result is the same either way.
+    """
+    if t.dim() == 0:
+        t = t.reshape(1)
+    rows = t.reshape(-1, t.shape[-1])
+    if rows.shape[1] > 1 and rows.stride(1) != 1:
+        rows = rows.contiguous()
+    return rows
+
+
+def rows_view(t: torch.Tensor) -> torch.Tensor | None:
+    """Like :func:`as_rows` but never copies: None when no (M, N) view exists (for outputs)."""
+    if t.dim() == 0:
+        t = t.reshape(1)
+    try:
+        rows = t.view(-1, t.shape[-1])
+    except RuntimeError:
+        return None
+    if rows.shape[1] > 1 and rows.stride(1) != 1:
+        return None
+    return rows
+
+
+def flat_storage_view(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D view over the storage block of a dense tensor (see :func:`is_dense`)."""
+    return t.as_strided((t.numel(),), (1,))
+
+
+# --------------------------------------------------------------------------- heuristics
+@functools.cache
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+@functools.cache
+def warn_once(msg: str) -> None:
+    log.warning(msg)
+
+
+def needs_dispatch(*tensors: torch.Tensor | None) -> bool:
+    """Must this call go through the registered custom op rather than a direct launch?
+
+    Yes under torch.compile / export, when autograd must record the call, for tensor
+    subclasses (fake, meta, functorch wrappers) and under a dispatch mode. Otherwise the
+    direct launch computes the same thing without the dispatcher's per-call cost.
+    """
+    if torch.compiler.is_compiling():
+        return True
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) is not torch.Tensor or t.device.type == "meta":
+            return True
+        if grad and t.requires_grad:
+            return True
+    return _get_current_dispatch_mode() is not None
+
+
+@functools.cache
+def compiled(fn):
+    """torch.compile(fn), built once per reference function (the 'compile' backend)."""
+    return torch.compile(fn)
+
+
+# ------------------------------------------------------------------------ registration
+_launch_state = threading.local()
+
+
+def launches_skipped() -> bool:
+    """True while an op body runs as its own fake (shape-only) implementation."""
+    return getattr(_launch_state, "skip", False)
+
+
+@contextlib.contextmanager
+def _skipping_launches():
+    prev = launches_skipped()
+    _launch_state.skip = True
+    try:
+        yield
+    finally:
+        _launch_state.skip = prev
+
+
+def fused_op(name: str, *, mutates_args=()):
+    """Register ``fn`` as the custom op ``name`` so torch.compile can trace through it.
+
+    With compiled Triton this is ``torch.library.triton_op``: compile sees the kernels
+    themselves. Under the Triton interpreter torch cannot wrap kernels (wrap_triton hands
+    back the interpreted function), so the op registers as an opaque custom op whose fake
+    implementation runs the same body with launches skipped.
+    """
+
+    def register(fn):
+        if not triton_interpreting():
+            return torch.library.triton_op(name, mutates_args=mutates_args)(fn)
+        op = torch.library.custom_op(name, mutates_args=mutates_args)(fn)
+
+        def fake(*args, **kwargs):
+            with _skipping_launches():
+                return fn(*args, **kwargs)
+
+        op.register_fake(fake)
+        return op
+
+    return register

@@ -1,0 +1,150 @@
+"""Device and backend discovery.
+
+Nothing here runs at import time: every probe is a function, so ``import fuseml`` never
+initialises CUDA or compiles anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+import re
+import shutil
+
+import torch
+
+log = logging.getLogger("fuseml")
+
+BACKENDS = ("auto", "eager", "compile", "triton", "cuda")
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def triton_interpreting() -> bool:
+    """True when Triton kernels run on the CPU through Triton's interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+_TRITON_VERSION: list = []  # filled on first use; a plain list so torch.compile can trace it
+
+
+def triton_version() -> str | None:
+    if not _TRITON_VERSION:
+        if importlib.util.find_spec("triton") is None:
+            _TRITON_VERSION.append(None)
+        else:
+            import triton
+
+            _TRITON_VERSION.append(triton.__version__)
+    return _TRITON_VERSION[0]
+
+
+def cuda_available() -> bool:
+    # torch.cuda.is_available() asks the driver for a device count; it creates no context.
+    return torch.cuda.is_available()
+
+
+def triton_available(device: torch.device | str) -> bool:
+    """Can a Triton kernel run on tensors of ``device``?
+
+    CUDA tensors: compiled Triton (not under the interpreter, which copies to the host).
+    CPU tensors: only under the interpreter (TRITON_INTERPRET=1).
+    """
+    if triton_version() is None:
+        return False
+    device = torch.device(device)
+    if device.type == "cuda":
+        return cuda_available() and not triton_interpreting()
+    if device.type == "cpu":
+        return triton_interpreting()
+    return False
+
+
+@functools.cache
+def nvcc_path() -> str | None:
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if cuda_home and os.path.exists(os.path.join(cuda_home, "bin", "nvcc")):
+        return os.path.join(cuda_home, "bin", "nvcc")
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = "/usr/local/cuda/bin/nvcc"
+    return default if os.path.exists(default) else None
+
+
+@functools.cache
+def ninja_available() -> bool:
+    if shutil.which("ninja"):
+        return True
+    return importlib.util.find_spec("ninja") is not None
+
+
+def cuda_toolchain_available() -> bool:
+    """nvcc + ninja + a CUDA build of torch: what building the CUDA C++ twins needs."""
+    return nvcc_path() is not None and ninja_available() and torch.version.cuda is not None
+
+
+def cuda_backend_status(device: torch.device | str) -> tuple[bool, str]:
+    """(usable, reason) for the CUDA C++ backend on ``device``; builds the extension lazily."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False, f"the CUDA C++ backend runs on CUDA tensors, got a tensor on {device}"
+    if not cuda_available():
+        return False, "no CUDA device is visible to torch"
+    from fuseml import _cuda_ext
+
+    return _cuda_ext.status()
+
+
+def resolve_backend(backend: str, device: torch.device, op: str) -> str:
+    """Turn ``backend`` into a concrete one for tensors on ``device`` or raise ValueError.
+
+    auto = triton on CUDA tensors (when Triton is installed), eager otherwise. An explicit
+    backend that cannot run here raises: nothing falls back silently to another result.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"{op}: backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and triton_available(device) else "eager"
+    if backend == "triton" and not triton_available(device):
+        why = (
+            "Triton is not installed"
+            if triton_version() is None
+            else f"tensors on {device} need a CUDA device, or TRITON_INTERPRET=1 for CPU tensors"
+        )
+        raise ValueError(f"{op}: backend='triton' is unavailable here: {why}")
+    if backend == "cuda":
+        ok, reason = cuda_backend_status(device)
+        if not ok:
+            raise ValueError(f"{op}: backend='cuda' is unavailable here: {reason}")
+    return backend
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (used for results folders)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def device_info(index: int = 0) -> dict:
+    """Name, SM count, memory, L2 and compute capability of CUDA device ``index``."""
+    p = torch.cuda.get_device_properties(index)
+    return {
+        "name": p.name,
+        "slug": gpu_slug(p.name),
+        "sm_count": p.multi_processor_count,
+        "memory_gib": round(p.total_memory / 2**30, 1),
+        "l2_mib": round(getattr(p, "L2_cache_size", 0) / 2**20, 1),
+        "capability": f"{p.major}.{p.minor}",
+    }
+
+
+def versions() -> dict:
+    import platform
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "triton": triton_version(),
+    }

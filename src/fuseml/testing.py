@@ -1,0 +1,100 @@
+"""Test helpers: the one tolerance table, error norms, poisoning and device parameters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fuseml import runtime
+
+# Relative error norm ||out - ref|| / ||ref|| against a float64 reference. One table for
+# the whole project: never loosen it for one test.
+TOL = {
+    torch.float32: 1e-5,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1e-2,
+}
+TOL_TF32 = 3e-4  # float32 through a tf32 tensor-core dot
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def tolerance(dtype: torch.dtype, *, tf32: bool = False) -> float:
+    if dtype == torch.float32 and tf32:
+        return TOL_TF32
+    return TOL[dtype]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN anywhere in ``out`` gives inf."""
+    out64 = out.detach().to(torch.float64).cpu()
+    ref64 = ref.detach().to(torch.float64).cpu()
+    if out64.shape != ref64.shape:
+        raise AssertionError(f"shape {tuple(out64.shape)} != reference {tuple(ref64.shape)}")
+    finite = torch.isfinite(ref64)
+    if not torch.equal(finite, torch.isfinite(out64)):
+        return float("inf")  # a NaN/inf where the reference is finite, or the reverse
+    if not finite.all():
+        o, r = out64[~finite], ref64[~finite]
+        if not ((o == r) | (torch.isnan(o) & torch.isnan(r))).all():
+            return float("inf")  # +inf vs -inf, or inf vs NaN
+    diff = torch.linalg.vector_norm(out64[finite] - ref64[finite])
+    scale = torch.linalg.vector_norm(ref64[finite])
+    if scale == 0:
+        return float(diff)
+    return float(diff / scale)
+
+
+def assert_close_verbose(
+    out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None = None, *, tf32: bool = False
+) -> None:
+    """Assert rel_err(out, ref) <= tolerance(dtype); the message shows where it is worst."""
+    dtype = dtype or out.dtype
+    tol = tolerance(dtype, tf32=tf32)
+    err = rel_err(out, ref)
+    if not err <= tol:
+        out64 = out.detach().to(torch.float64).cpu()
+        ref64 = ref.detach().to(torch.float64).cpu()
+        absdiff = (out64 - ref64).abs().nan_to_num(nan=float("inf"))
+        idx = int(absdiff.flatten().argmax())
+        where = tuple(int(i) for i in torch.unravel_index(torch.tensor(idx), out64.shape))
+        raise AssertionError(
+            f"relative error {err:.3e} > {tol:.1e} ({dtype}); worst at {where}: "
+            f"out={out64.flatten()[idx].item()!r} ref={ref64.flatten()[idx].item()!r}; "
+            f"NaNs in out: {int(torch.isnan(out64).sum())}"
+        )
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill with NaN so that an element the kernel never writes fails the comparison."""
+    return t.fill_(float("nan"))
+
+
+def poisoned_empty(shape, dtype, device) -> torch.Tensor:
+    return poison_(torch.empty(shape, dtype=dtype, device=device))
+
+
+def devices() -> list:
+    """Devices on which Triton kernels can be tested here, as pytest params.
+
+    CPU runs under the Triton interpreter (conftest sets TRITON_INTERPRET=1 on machines
+    without CUDA); CUDA params carry the gpu marker and skip themselves without a GPU.
+    """
+    return [
+        pytest.param(
+            "cpu",
+            marks=pytest.mark.skipif(
+                not runtime.triton_interpreting(), reason="CPU Triton needs TRITON_INTERPRET=1"
+            ),
+        ),
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+            ],
+        ),
+    ]
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -1,0 +1,101 @@
+import pytest
+import torch
+
+import fuseml
+from fuseml.testing import DTYPES, assert_close_verbose, devices
+
+SHAPES = [(1,), (7,), (1, 1), (3, 33), (1, 4096), (129, 257), (2, 3, 17), (4100,)]
+
+
+def _make(shape, dtype, device, layout="contiguous"):
+    if layout == "transposed":  # dense, permuted strides
+        return torch.randn(shape[::-1], dtype=dtype, device=device).t()
+    if layout == "sliced":  # row stride != number of columns
+        full = torch.randn(shape[0], shape[1] + 5, dtype=dtype, device=device)
+        return full[:, 2 : 2 + shape[1]]
+    if layout == "strided_cols":  # last dim not unit-stride
+        return torch.randn(shape[0], 2 * shape[1], dtype=dtype, device=device)[:, ::2]
+    return torch.randn(shape, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_add_matches_float64(device, dtype, shape):
+    x = _make(shape, dtype, device)
+    y = _make(shape, dtype, device)
+    out = fuseml.ops.add(x, y, backend="triton")
+    assert out.shape == x.shape and out.dtype == dtype
+    assert_close_verbose(out, x.double() + y.double(), dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("layout_x", ["transposed", "sliced", "strided_cols"])
+@pytest.mark.parametrize("layout_y", ["contiguous", "transposed", "sliced"])
+def test_add_non_contiguous(device, layout_x, layout_y):
+    x = _make((37, 19), torch.float32, device, layout_x)
+    y = _make((37, 19), torch.float32, device, layout_y)
+    assert not x.is_contiguous()
+    out = fuseml.ops.add(x, y, backend="triton")
+    assert_close_verbose(out, x.double() + y.double())
+
+
+@pytest.mark.parametrize("device", devices())
+def test_add_empty(device):
+    x = torch.randn(0, 5, device=device)
+    assert fuseml.ops.add(x, x, backend="triton").shape == (0, 5)
+
+
+def test_add_backends_agree():
+    x, y = torch.randn(5, 6), torch.randn(5, 6)
+    expected = x + y
+    for backend in ("auto", "eager", "compile"):
+        torch.testing.assert_close(fuseml.ops.add(x, y, backend=backend), expected)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_add_autograd(device):
+    x = torch.randn(4, 5, device=device, requires_grad=True)
+    y = torch.randn(4, 5, device=device, requires_grad=True)
+    g = torch.randn(4, 5, device=device)
+    fuseml.ops.add(x, y, backend="triton").backward(g)
+    torch.testing.assert_close(x.grad, g)
+    torch.testing.assert_close(y.grad, g)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_add_opcheck(device):
+    x = torch.randn(5, 9, device=device)
+    torch.library.opcheck(torch.ops.fuseml.add, (x, torch.randn_like(x), "triton"))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_add_compile_fullgraph(device):
+    x, y = torch.randn(6, 10, device=device), torch.randn(6, 10, device=device)
+    fn = torch.compile(lambda a, b: fuseml.ops.add(a, b, backend="triton") * 2, fullgraph=True)
+    assert_close_verbose(fn(x, y), (x.double() + y.double()) * 2)
+
+
+def test_add_bad_input():
+    x = torch.randn(3, 4)
+    with pytest.raises(ValueError, match="y must have shape"):
+        fuseml.ops.add(x, torch.randn(4, 3))
+    with pytest.raises(TypeError, match="x must have dtype"):
+        fuseml.ops.add(torch.ones(3, 4, dtype=torch.int32), x)
+    with pytest.raises(TypeError, match="mixed dtypes"):
+        fuseml.ops.add(x, x.half())
+    with pytest.raises(TypeError, match="y must be a torch.Tensor"):
+        fuseml.ops.add(x, 1.0)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        fuseml.ops.add(x, x, backend="fast")
+    with pytest.raises(ValueError, match="backend='cuda' is unavailable"):
+        fuseml.ops.add(x, x, backend="cuda")
+    other = torch.randn(3, 4, device="cuda" if torch.cuda.is_available() else "meta")
+    with pytest.raises(ValueError, match="all tensors must be on one device"):
+        fuseml.ops.add(x, other)
+
+
+def test_add_triton_unavailable(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="backend='triton' is unavailable"):
+        fuseml.ops.add(torch.randn(3), torch.randn(3), backend="triton")

@@ -1,0 +1,169 @@
+import pytest
+import torch
+
+import fuseml
+from fuseml.ops import ACTIVATIONS, bias_act_ref
+from fuseml.testing import DTYPES, assert_close_verbose, devices, poison_
+
+SHAPES = [(1, 1), (3, 33), (1, 4096), (129, 257), (2, 3, 17), (64, 16), (5, 512)]
+
+
+def _inputs(shape, dtype, device, residual=True):
+    x = 2 * torch.randn(shape, dtype=dtype, device=device)
+    b = torch.randn(shape[-1], dtype=dtype, device=device)
+    r = torch.randn(shape, dtype=dtype, device=device) if residual else None
+    return x, b, r
+
+
+def _ref64(x, b, r, alpha, act):
+    up = lambda t: None if t is None else t.double()
+    return bias_act_ref(up(x), up(b), up(r), alpha, act)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_act_every_activation(device, activation, dtype):
+    x, b, r = _inputs((37, 45), dtype, device)
+    out = fuseml.ops.bias_act(x, b, r, 0.7, activation, backend="triton")
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_close_verbose(out, _ref64(x, b, r, 0.7, activation), dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("residual", [True, False])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_bias_act_shapes(device, shape, dtype, residual, with_bias):
+    x, b, r = _inputs(shape, dtype, device, residual)
+    b = b if with_bias else None
+    out = fuseml.ops.bias_act(x, b, r, 0.5, "gelu", backend="triton")
+    assert_close_verbose(out, _ref64(x, b, r, 0.5, "gelu"), dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_bias_act_non_contiguous(device):
+    big = torch.randn(40, 70, device=device)
+    b = torch.randn(30, device=device)
+    x = big[:30, 5:35].t()  # transposed slice: no unit-stride rows
+    r = big[5:35, 30:60]  # row-strided view
+    out = fuseml.ops.bias_act(x, b, r, -1.5, "silu", backend="triton")
+    assert_close_verbose(out, _ref64(x, b, r, -1.5, "silu"))
+    x3 = torch.randn(4, 30, 6, device=device).transpose(1, 2)  # batched, permuted
+    out3 = fuseml.ops.bias_act(x3, b, None, 1.0, "tanh", backend="triton")
+    assert_close_verbose(out3, _ref64(x3, b, None, 1.0, "tanh"))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_act_in_place(device, dtype):
+    x, b, r = _inputs((33, 20), dtype, device)
+    expected = _ref64(x, b, r, 0.25, "relu")
+    ptr = x.data_ptr()
+    out = fuseml.ops.bias_act(x, b, r, 0.25, "relu", out=x, backend="triton")
+    assert out is x and x.data_ptr() == ptr
+    assert_close_verbose(x, expected, dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+def test_bias_act_out_buffer(device, layout):
+    x, b, r = _inputs((17, 24), torch.float32, device)
+    if layout == "contiguous":
+        out = torch.empty(17, 24, device=device)
+    elif layout == "transposed":
+        out = torch.empty(24, 17, device=device).t()
+    else:
+        out = torch.empty(17, 40, device=device)[:, 8:32]
+    poison_(out)
+    res = fuseml.ops.bias_act(x, b, r, 2.0, "leaky_relu", out=out, backend="triton")
+    assert res is out
+    assert_close_verbose(out, _ref64(x, b, r, 2.0, "leaky_relu"))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_act_backward(device, activation, dtype):
+    x, b, r = _inputs((2, 7, 19), dtype, device)
+    for t in (x, b, r):
+        t.requires_grad_()
+    g = torch.randn(2, 7, 19, dtype=dtype, device=device)
+    fuseml.ops.bias_act(x, b, r, 0.3, activation, backend="triton").backward(g)
+    leaves64 = [t.detach().double().requires_grad_() for t in (x, b, r)]
+    bias_act_ref(*leaves64, 0.3, activation).backward(g.double())
+    for got, want in zip((x.grad, b.grad, r.grad), (t.grad for t in leaves64), strict=True):
+        assert_close_verbose(got, want, dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_bias_act_backward_partial_requires_grad(device):
+    x, b, r = _inputs((6, 8), torch.float32, device)
+    b.requires_grad_()
+    fuseml.ops.bias_act(x, b, r, 1.0, "sigmoid", backend="triton").sum().backward()
+    b64 = b.detach().double().requires_grad_()
+    bias_act_ref(x.double(), b64, r.double(), 1.0, "sigmoid").sum().backward()
+    assert x.grad is None and r.grad is None
+    assert_close_verbose(b.grad, b64.grad)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_bias_act_opcheck(device):
+    x, b, r = _inputs((5, 9), torch.float32, device)
+    torch.library.opcheck(torch.ops.fuseml.bias_act, (x, b, r, 0.5, "gelu_tanh", "triton"))
+    xg, bg = x.clone().requires_grad_(), b.clone().requires_grad_()
+    torch.library.opcheck(torch.ops.fuseml.bias_act, (xg, bg, None, 1.0, "silu", "triton"))
+    out = torch.empty_like(x)
+    torch.library.opcheck(
+        torch.ops.fuseml.bias_act_out, (x, b, r, 0.5, "relu", "triton", out)
+    )
+    torch.library.opcheck(
+        torch.ops.fuseml.bias_act_backward, (torch.randn_like(x), x, b, r, 0.5, 3)
+    )
+
+
+@pytest.mark.parametrize("device", devices())
+def test_bias_act_compile_fullgraph(device):
+    x, b, r = _inputs((8, 24), torch.float32, device)
+
+    def fn(x, b, r):
+        return fuseml.ops.bias_act(x, b, r, 0.5, "gelu", backend="triton").sum(-1)
+
+    out = torch.compile(fn, fullgraph=True)(x, b, r)
+    assert_close_verbose(out, _ref64(x, b, r, 0.5, "gelu").sum(-1))
+
+
+def test_bias_act_eager_and_compile_backends():
+    x, b, r = _inputs((8, 24), torch.float32, "cpu")
+    ref = _ref64(x, b, r, 0.5, "relu")
+    for backend in ("auto", "eager", "compile"):
+        assert_close_verbose(fuseml.ops.bias_act(x, b, r, 0.5, "relu", backend=backend), ref)
+    out = torch.empty_like(x)
+    fuseml.ops.bias_act(x, b, r, 0.5, "relu", out=out, backend="eager")
+    assert_close_verbose(out, ref)
+
+
+def test_bias_act_bad_input():
+    x, b, r = _inputs((4, 6), torch.float32, "cpu")
+    with pytest.raises(ValueError, match="bias must have shape \\(6,\\)"):
+        fuseml.ops.bias_act(x, torch.randn(5), r)
+    with pytest.raises(ValueError, match="residual must have shape \\(4, 6\\)"):
+        fuseml.ops.bias_act(x, b, torch.randn(4, 5))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        fuseml.ops.bias_act(x, b, r, activation="swish")
+    with pytest.raises(TypeError, match="bias has dtype torch.float16"):
+        fuseml.ops.bias_act(x, b.half(), r)
+    with pytest.raises(TypeError, match="residual must have dtype"):
+        fuseml.ops.bias_act(x, b, r.long())
+    with pytest.raises(TypeError, match="alpha must be a real number"):
+        fuseml.ops.bias_act(x, b, r, alpha=torch.tensor(1.0))
+    with pytest.raises(ValueError, match="out must have shape"):
+        fuseml.ops.bias_act(x, b, r, out=torch.empty(6, 4))
+    with pytest.raises(RuntimeError, match="out= does not support autograd"):
+        fuseml.ops.bias_act(x.requires_grad_(), b, r, out=torch.empty(4, 6))
+    with pytest.raises(ValueError, match="backend='cuda' is unavailable"):
+        fuseml.ops.bias_act(x.detach(), b, r, backend="cuda")
+    other = torch.randn(6, device="cuda" if torch.cuda.is_available() else "meta")
+    with pytest.raises(ValueError, match="bias is on"):
+        fuseml.ops.bias_act(x.detach(), other, r)

@@ -1,0 +1,88 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fuseml
+from fuseml.testing import DTYPES, assert_close_verbose, devices, tolerance
+
+SHAPES = [(1,), (7,), (1, 1), (3, 33), (1, 4096), (129, 257), (2, 3, 17)]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gelu_matches_float64(device, approximate, dtype, shape):
+    x = 3 * torch.randn(shape, dtype=dtype, device=device)
+    out = fuseml.ops.gelu(x, approximate, backend="triton")
+    assert out.shape == x.shape and out.dtype == dtype
+    assert_close_verbose(out, F.gelu(x.double(), approximate=approximate), dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_wide_range_and_specials(device, approximate):
+    # Covers both branches of the tanh helper (|u| < 0.625 and beyond), saturation and
+    # +-inf / NaN propagation like torch.
+    x = torch.cat(
+        [
+            torch.linspace(-12, 12, 2001),
+            torch.tensor([1e-6, -1e-6, 0.0, 30.0, -30.0, float("inf"), float("-inf")]),
+        ]
+    ).to(device)
+    out = fuseml.ops.gelu(x, approximate, backend="triton")
+    assert_close_verbose(out, F.gelu(x.double(), approximate=approximate))
+    nan = fuseml.ops.gelu(torch.tensor([float("nan")], device=device), approximate, backend="triton")
+    assert torch.isnan(nan).all()
+
+
+@pytest.mark.parametrize("device", devices())
+def test_gelu_layouts(device):
+    base = torch.randn(33, 40, device=device)
+    for x in (base.t(), base[:, 3:20], base[:, ::3], base.view(3, 11, 40).permute(2, 0, 1)):
+        out = fuseml.ops.gelu(x, backend="triton")
+        assert_close_verbose(out, F.gelu(x.double()))
+    # A dense permuted input keeps its layout, like torch.empty_like.
+    assert fuseml.ops.gelu(base.t(), backend="triton").stride() == base.t().stride()
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_backward(device, approximate, dtype):
+    x = (2 * torch.randn(5, 37, device=device)).to(dtype).requires_grad_()
+    g = torch.randn(5, 37, device=device, dtype=dtype)
+    fuseml.ops.gelu(x, approximate, backend="triton").backward(g)
+    x64 = x.detach().double().requires_grad_()
+    F.gelu(x64, approximate=approximate).backward(g.double())
+    assert_close_verbose(x.grad, x64.grad, dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_gelu_opcheck(device):
+    x = torch.randn(4, 9, device=device, requires_grad=True)
+    torch.library.opcheck(torch.ops.fuseml.gelu, (x, "none", "triton"))
+    torch.library.opcheck(torch.ops.fuseml.gelu, (x.detach(), "tanh", "triton"))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_gelu_compile_fullgraph(device):
+    x = torch.randn(6, 10, device=device)
+    fn = torch.compile(lambda a: fuseml.ops.gelu(a, "tanh", backend="triton") + 1, fullgraph=True)
+    assert_close_verbose(fn(x), F.gelu(x.double(), approximate="tanh") + 1)
+
+
+def test_gelu_backends_agree_on_cpu():
+    x = torch.randn(8, 8)
+    for backend in ("auto", "eager", "compile"):
+        err = (fuseml.ops.gelu(x, backend=backend) - F.gelu(x)).abs().max()
+        assert err <= tolerance(torch.float32)
+
+
+def test_gelu_bad_input():
+    with pytest.raises(ValueError, match="approximate must be one of"):
+        fuseml.ops.gelu(torch.randn(3), approximate="fast")
+    with pytest.raises(TypeError, match="x must have dtype"):
+        fuseml.ops.gelu(torch.arange(3))
+    with pytest.raises(TypeError, match="x must have dtype"):
+        fuseml.ops.gelu(torch.randn(3, dtype=torch.float64))
