@@ -1,10 +1,18 @@
 """fuseml: fused GPU kernels for inference, with proof that they are the same and faster.
 
-``import fuseml`` registers the custom ops and touches no GPU: CUDA is initialised, and
-kernels compiled, only when an op first runs on a CUDA tensor.
+``import fuseml`` touches no GPU and compiles nothing. Submodules load on first use
+(``fuseml.ops`` registers the ``fuseml::*`` custom ops with torch when first touched), so
+the command line can choose Triton's mode (e.g. its CPU interpreter) before triton loads.
 """
 
-from fuseml import ops, runtime
+import importlib
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "ops", "runtime"]
+_SUBMODULES = ("ops", "runtime", "testing", "bench")
+__all__ = ["__version__", *_SUBMODULES]
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"fuseml.{name}")
+    raise AttributeError(f"module 'fuseml' has no attribute {name!r}")

@@ -98,3 +98,27 @@ def devices() -> list:
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def fused_targets() -> list:
+    """(device, backend) pairs on which fused kernels are tested, as pytest params.
+
+    ("cpu", "triton") under the Triton interpreter; ("cuda", "triton") and ("cuda", "cuda")
+    carry the gpu marker and skip themselves without a GPU.
+    """
+    gpu_marks = [
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    ]
+    return [
+        pytest.param(
+            "cpu",
+            "triton",
+            id="cpu-triton",
+            marks=pytest.mark.skipif(
+                not runtime.triton_interpreting(), reason="CPU Triton needs TRITON_INTERPRET=1"
+            ),
+        ),
+        pytest.param("cuda", "triton", id="cuda-triton", marks=gpu_marks),
+        pytest.param("cuda", "cuda", id="cuda-cuda", marks=gpu_marks),
+    ]

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import fuseml
-from fuseml.testing import DTYPES, assert_close_verbose, devices
+from fuseml.testing import DTYPES, assert_close_verbose, fused_targets
 
 SHAPES = [(1,), (7,), (1, 1), (3, 33), (1, 4096), (129, 257), (2, 3, 17), (4100,)]
 
@@ -18,32 +18,32 @@ def _make(shape, dtype, device, layout="contiguous"):
     return torch.randn(shape, dtype=dtype, device=device)
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_add_matches_float64(device, dtype, shape):
+def test_add_matches_float64(device, backend, dtype, shape):
     x = _make(shape, dtype, device)
     y = _make(shape, dtype, device)
-    out = fuseml.ops.add(x, y, backend="triton")
+    out = fuseml.ops.add(x, y, backend=backend)
     assert out.shape == x.shape and out.dtype == dtype
     assert_close_verbose(out, x.double() + y.double(), dtype)
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
 @pytest.mark.parametrize("layout_x", ["transposed", "sliced", "strided_cols"])
 @pytest.mark.parametrize("layout_y", ["contiguous", "transposed", "sliced"])
-def test_add_non_contiguous(device, layout_x, layout_y):
+def test_add_non_contiguous(device, backend, layout_x, layout_y):
     x = _make((37, 19), torch.float32, device, layout_x)
     y = _make((37, 19), torch.float32, device, layout_y)
     assert not x.is_contiguous()
-    out = fuseml.ops.add(x, y, backend="triton")
+    out = fuseml.ops.add(x, y, backend=backend)
     assert_close_verbose(out, x.double() + y.double())
 
 
-@pytest.mark.parametrize("device", devices())
-def test_add_empty(device):
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
+def test_add_empty(device, backend):
     x = torch.randn(0, 5, device=device)
-    assert fuseml.ops.add(x, x, backend="triton").shape == (0, 5)
+    assert fuseml.ops.add(x, x, backend=backend).shape == (0, 5)
 
 
 def test_add_backends_agree():
@@ -53,26 +53,26 @@ def test_add_backends_agree():
         torch.testing.assert_close(fuseml.ops.add(x, y, backend=backend), expected)
 
 
-@pytest.mark.parametrize("device", devices())
-def test_add_autograd(device):
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
+def test_add_autograd(device, backend):
     x = torch.randn(4, 5, device=device, requires_grad=True)
     y = torch.randn(4, 5, device=device, requires_grad=True)
     g = torch.randn(4, 5, device=device)
-    fuseml.ops.add(x, y, backend="triton").backward(g)
+    fuseml.ops.add(x, y, backend=backend).backward(g)
     torch.testing.assert_close(x.grad, g)
     torch.testing.assert_close(y.grad, g)
 
 
-@pytest.mark.parametrize("device", devices())
-def test_add_opcheck(device):
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
+def test_add_opcheck(device, backend):
     x = torch.randn(5, 9, device=device)
-    torch.library.opcheck(torch.ops.fuseml.add, (x, torch.randn_like(x), "triton"))
+    torch.library.opcheck(torch.ops.fuseml.add, (x, torch.randn_like(x), backend))
 
 
-@pytest.mark.parametrize("device", devices())
-def test_add_compile_fullgraph(device):
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
+def test_add_compile_fullgraph(device, backend):
     x, y = torch.randn(6, 10, device=device), torch.randn(6, 10, device=device)
-    fn = torch.compile(lambda a, b: fuseml.ops.add(a, b, backend="triton") * 2, fullgraph=True)
+    fn = torch.compile(lambda a, b: fuseml.ops.add(a, b, backend=backend) * 2, fullgraph=True)
     assert_close_verbose(fn(x, y), (x.double() + y.double()) * 2)
 
 

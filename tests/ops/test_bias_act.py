@@ -3,7 +3,7 @@ import torch
 
 import fuseml
 from fuseml.ops import ACTIVATIONS, bias_act_ref
-from fuseml.testing import DTYPES, assert_close_verbose, devices, poison_
+from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_
 
 SHAPES = [(1, 1), (3, 33), (1, 4096), (129, 257), (2, 3, 17), (64, 16), (5, 512)]
 
@@ -20,55 +20,55 @@ def _ref64(x, b, r, alpha, act):
     return bias_act_ref(up(x), up(b), up(r), alpha, act)
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_bias_act_every_activation(device, activation, dtype):
+def test_bias_act_every_activation(device, backend, activation, dtype):
     x, b, r = _inputs((37, 45), dtype, device)
-    out = fuseml.ops.bias_act(x, b, r, 0.7, activation, backend="triton")
+    out = fuseml.ops.bias_act(x, b, r, 0.7, activation, backend=backend)
     assert out.dtype == dtype and out.shape == x.shape
     assert_close_verbose(out, _ref64(x, b, r, 0.7, activation), dtype)
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("residual", [True, False])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_bias_act_shapes(device, shape, dtype, residual, with_bias):
+def test_bias_act_shapes(device, backend, shape, dtype, residual, with_bias):
     x, b, r = _inputs(shape, dtype, device, residual)
     b = b if with_bias else None
-    out = fuseml.ops.bias_act(x, b, r, 0.5, "gelu", backend="triton")
+    out = fuseml.ops.bias_act(x, b, r, 0.5, "gelu", backend=backend)
     assert_close_verbose(out, _ref64(x, b, r, 0.5, "gelu"), dtype)
 
 
-@pytest.mark.parametrize("device", devices())
-def test_bias_act_non_contiguous(device):
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
+def test_bias_act_non_contiguous(device, backend):
     big = torch.randn(40, 70, device=device)
     b = torch.randn(30, device=device)
     x = big[:30, 5:35].t()  # transposed slice: no unit-stride rows
     r = big[5:35, 30:60]  # row-strided view
-    out = fuseml.ops.bias_act(x, b, r, -1.5, "silu", backend="triton")
+    out = fuseml.ops.bias_act(x, b, r, -1.5, "silu", backend=backend)
     assert_close_verbose(out, _ref64(x, b, r, -1.5, "silu"))
     x3 = torch.randn(4, 30, 6, device=device).transpose(1, 2)  # batched, permuted
-    out3 = fuseml.ops.bias_act(x3, b, None, 1.0, "tanh", backend="triton")
+    out3 = fuseml.ops.bias_act(x3, b, None, 1.0, "tanh", backend=backend)
     assert_close_verbose(out3, _ref64(x3, b, None, 1.0, "tanh"))
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_bias_act_in_place(device, dtype):
+def test_bias_act_in_place(device, backend, dtype):
     x, b, r = _inputs((33, 20), dtype, device)
     expected = _ref64(x, b, r, 0.25, "relu")
     ptr = x.data_ptr()
-    out = fuseml.ops.bias_act(x, b, r, 0.25, "relu", out=x, backend="triton")
+    out = fuseml.ops.bias_act(x, b, r, 0.25, "relu", out=x, backend=backend)
     assert out is x and x.data_ptr() == ptr
     assert_close_verbose(x, expected, dtype)
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
-def test_bias_act_out_buffer(device, layout):
+def test_bias_act_out_buffer(device, backend, layout):
     x, b, r = _inputs((17, 24), torch.float32, device)
     if layout == "contiguous":
         out = torch.empty(17, 24, device=device)
@@ -77,58 +77,56 @@ def test_bias_act_out_buffer(device, layout):
     else:
         out = torch.empty(17, 40, device=device)[:, 8:32]
     poison_(out)
-    res = fuseml.ops.bias_act(x, b, r, 2.0, "leaky_relu", out=out, backend="triton")
+    res = fuseml.ops.bias_act(x, b, r, 2.0, "leaky_relu", out=out, backend=backend)
     assert res is out
     assert_close_verbose(out, _ref64(x, b, r, 2.0, "leaky_relu"))
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_bias_act_backward(device, activation, dtype):
+def test_bias_act_backward(device, backend, activation, dtype):
     x, b, r = _inputs((2, 7, 19), dtype, device)
     for t in (x, b, r):
         t.requires_grad_()
     g = torch.randn(2, 7, 19, dtype=dtype, device=device)
-    fuseml.ops.bias_act(x, b, r, 0.3, activation, backend="triton").backward(g)
+    fuseml.ops.bias_act(x, b, r, 0.3, activation, backend=backend).backward(g)
     leaves64 = [t.detach().double().requires_grad_() for t in (x, b, r)]
     bias_act_ref(*leaves64, 0.3, activation).backward(g.double())
     for got, want in zip((x.grad, b.grad, r.grad), (t.grad for t in leaves64), strict=True):
         assert_close_verbose(got, want, dtype)
 
 
-@pytest.mark.parametrize("device", devices())
-def test_bias_act_backward_partial_requires_grad(device):
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
+def test_bias_act_backward_partial_requires_grad(device, backend):
     x, b, r = _inputs((6, 8), torch.float32, device)
     b.requires_grad_()
-    fuseml.ops.bias_act(x, b, r, 1.0, "sigmoid", backend="triton").sum().backward()
+    fuseml.ops.bias_act(x, b, r, 1.0, "sigmoid", backend=backend).sum().backward()
     b64 = b.detach().double().requires_grad_()
     bias_act_ref(x.double(), b64, r.double(), 1.0, "sigmoid").sum().backward()
     assert x.grad is None and r.grad is None
     assert_close_verbose(b.grad, b64.grad)
 
 
-@pytest.mark.parametrize("device", devices())
-def test_bias_act_opcheck(device):
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
+def test_bias_act_opcheck(device, backend):
     x, b, r = _inputs((5, 9), torch.float32, device)
-    torch.library.opcheck(torch.ops.fuseml.bias_act, (x, b, r, 0.5, "gelu_tanh", "triton"))
+    torch.library.opcheck(torch.ops.fuseml.bias_act, (x, b, r, 0.5, "gelu_tanh", backend))
     xg, bg = x.clone().requires_grad_(), b.clone().requires_grad_()
-    torch.library.opcheck(torch.ops.fuseml.bias_act, (xg, bg, None, 1.0, "silu", "triton"))
+    torch.library.opcheck(torch.ops.fuseml.bias_act, (xg, bg, None, 1.0, "silu", backend))
     out = torch.empty_like(x)
-    torch.library.opcheck(
-        torch.ops.fuseml.bias_act_out, (x, b, r, 0.5, "relu", "triton", out)
-    )
+    torch.library.opcheck(torch.ops.fuseml.bias_act_out, (x, b, r, 0.5, "relu", backend, out))
     torch.library.opcheck(
         torch.ops.fuseml.bias_act_backward, (torch.randn_like(x), x, b, r, 0.5, 3)
     )
 
 
-@pytest.mark.parametrize("device", devices())
-def test_bias_act_compile_fullgraph(device):
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
+def test_bias_act_compile_fullgraph(device, backend):
     x, b, r = _inputs((8, 24), torch.float32, device)
 
     def fn(x, b, r):
-        return fuseml.ops.bias_act(x, b, r, 0.5, "gelu", backend="triton").sum(-1)
+        return fuseml.ops.bias_act(x, b, r, 0.5, "gelu", backend=backend).sum(-1)
 
     out = torch.compile(fn, fullgraph=True)(x, b, r)
     assert_close_verbose(out, _ref64(x, b, r, 0.5, "gelu").sum(-1))

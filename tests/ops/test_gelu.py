@@ -3,25 +3,25 @@ import torch
 import torch.nn.functional as F
 
 import fuseml
-from fuseml.testing import DTYPES, assert_close_verbose, devices, tolerance
+from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, tolerance
 
 SHAPES = [(1,), (7,), (1, 1), (3, 33), (1, 4096), (129, 257), (2, 3, 17)]
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_gelu_matches_float64(device, approximate, dtype, shape):
+def test_gelu_matches_float64(device, backend, approximate, dtype, shape):
     x = 3 * torch.randn(shape, dtype=dtype, device=device)
-    out = fuseml.ops.gelu(x, approximate, backend="triton")
+    out = fuseml.ops.gelu(x, approximate, backend=backend)
     assert out.shape == x.shape and out.dtype == dtype
     assert_close_verbose(out, F.gelu(x.double(), approximate=approximate), dtype)
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-def test_gelu_wide_range_and_specials(device, approximate):
+def test_gelu_wide_range_and_specials(device, backend, approximate):
     # Covers both branches of the tanh helper (|u| < 0.625 and beyond), saturation and
     # +-inf / NaN propagation like torch.
     x = torch.cat(
@@ -30,45 +30,45 @@ def test_gelu_wide_range_and_specials(device, approximate):
             torch.tensor([1e-6, -1e-6, 0.0, 30.0, -30.0, float("inf"), float("-inf")]),
         ]
     ).to(device)
-    out = fuseml.ops.gelu(x, approximate, backend="triton")
+    out = fuseml.ops.gelu(x, approximate, backend=backend)
     assert_close_verbose(out, F.gelu(x.double(), approximate=approximate))
-    nan = fuseml.ops.gelu(torch.tensor([float("nan")], device=device), approximate, backend="triton")
+    nan = fuseml.ops.gelu(torch.tensor([float("nan")], device=device), approximate, backend=backend)
     assert torch.isnan(nan).all()
 
 
-@pytest.mark.parametrize("device", devices())
-def test_gelu_layouts(device):
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
+def test_gelu_layouts(device, backend):
     base = torch.randn(33, 40, device=device)
     for x in (base.t(), base[:, 3:20], base[:, ::3], base.view(3, 11, 40).permute(2, 0, 1)):
-        out = fuseml.ops.gelu(x, backend="triton")
+        out = fuseml.ops.gelu(x, backend=backend)
         assert_close_verbose(out, F.gelu(x.double()))
     # A dense permuted input keeps its layout, like torch.empty_like.
-    assert fuseml.ops.gelu(base.t(), backend="triton").stride() == base.t().stride()
+    assert fuseml.ops.gelu(base.t(), backend=backend).stride() == base.t().stride()
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gelu_backward(device, approximate, dtype):
+def test_gelu_backward(device, backend, approximate, dtype):
     x = (2 * torch.randn(5, 37, device=device)).to(dtype).requires_grad_()
     g = torch.randn(5, 37, device=device, dtype=dtype)
-    fuseml.ops.gelu(x, approximate, backend="triton").backward(g)
+    fuseml.ops.gelu(x, approximate, backend=backend).backward(g)
     x64 = x.detach().double().requires_grad_()
     F.gelu(x64, approximate=approximate).backward(g.double())
     assert_close_verbose(x.grad, x64.grad, dtype)
 
 
-@pytest.mark.parametrize("device", devices())
-def test_gelu_opcheck(device):
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
+def test_gelu_opcheck(device, backend):
     x = torch.randn(4, 9, device=device, requires_grad=True)
-    torch.library.opcheck(torch.ops.fuseml.gelu, (x, "none", "triton"))
-    torch.library.opcheck(torch.ops.fuseml.gelu, (x.detach(), "tanh", "triton"))
+    torch.library.opcheck(torch.ops.fuseml.gelu, (x, "none", backend))
+    torch.library.opcheck(torch.ops.fuseml.gelu, (x.detach(), "tanh", backend))
 
 
-@pytest.mark.parametrize("device", devices())
-def test_gelu_compile_fullgraph(device):
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
+def test_gelu_compile_fullgraph(device, backend):
     x = torch.randn(6, 10, device=device)
-    fn = torch.compile(lambda a: fuseml.ops.gelu(a, "tanh", backend="triton") + 1, fullgraph=True)
+    fn = torch.compile(lambda a: fuseml.ops.gelu(a, "tanh", backend=backend) + 1, fullgraph=True)
     assert_close_verbose(fn(x), F.gelu(x.double(), approximate="tanh") + 1)
 
 

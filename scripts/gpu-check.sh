@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One command on a GPU machine (torch + triton preinstalled, no network, no pip install):
+# the environment report, the GPU tests, and every bench suite in quick mode. Logs and
+# result files go to OUTDIR; the last lines are a short pass/fail and speed summary.
+#
+#   scripts/gpu-check.sh [OUTDIR]          (default: out/gpu-check)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-out/gpu-check}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"
+status=0
+
+echo "== fuseml env" | tee "$OUT/env.txt"
+"$PY" -m fuseml.cli env 2>&1 | tee -a "$OUT/env.txt" || status=1
+
+echo "== GPU tests" | tee "$OUT/tests.txt"
+"$PY" -m pytest -q -m gpu -n 4 tests 2>&1 | tee -a "$OUT/tests.txt"
+tests_rc=${PIPESTATUS[0]}
+[ "$tests_rc" -eq 0 ] || status=1
+
+suites=$("$PY" -c "from fuseml.bench.suites import SUITES; print(' '.join(SUITES))")
+for suite in $suites; do
+    echo "== bench $suite (quick)" | tee "$OUT/bench-$suite.txt"
+    "$PY" -m fuseml.cli bench "$suite" --quick --out "$OUT/results" 2>&1 \
+        | tee -a "$OUT/bench-$suite.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+done
+
+echo "== summary" | tee "$OUT/summary.txt"
+grep -E "passed|failed|error" "$OUT/tests.txt" | tail -1 | sed 's/^/tests: /' | tee -a "$OUT/summary.txt"
+"$PY" -m fuseml.bench.summary "$OUT/results" 2>&1 | tee -a "$OUT/summary.txt"
+echo "gpu-check: $([ $status -eq 0 ] && echo PASS || echo FAIL)" | tee -a "$OUT/summary.txt"
+exit $status

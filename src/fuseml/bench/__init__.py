@@ -1,0 +1,82 @@
+"""Benchmark harness: ``fuseml bench SUITE [--quick] [--arms ...]``.
+
+See harness.py for how timing works, roofline.py for the ceilings and report.py for the
+files, plots and README tables.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+log = logging.getLogger("fuseml")
+
+
+def run_suite(
+    name: str,
+    *,
+    quick: bool = False,
+    arms: list[str] | None = None,
+    out_root: Path | None = None,
+    console=None,
+) -> tuple[Path, Path]:
+    """Run suite ``name`` on CUDA device 0; write results JSON + PNG; print the table.
+
+    Returns (results path, plot path).
+    """
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from fuseml import runtime
+    from fuseml.bench import report
+    from fuseml.bench.harness import Settings, run_cases, run_metadata
+    from fuseml.bench.roofline import measure_ceilings
+    from fuseml.bench.suites import SUITES
+
+    if name not in SUITES:
+        raise ValueError(f"suite must be one of {sorted(SUITES)}, got {name!r}")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"fuseml bench {name}: timings need a CUDA GPU; none is visible here "
+            "(the tests check correctness on CPU)"
+        )
+    console = console or Console()
+    suite = SUITES[name]
+    settings = Settings.for_mode(quick)
+    cuda_ok, why = runtime.cuda_backend_status("cuda")
+    if not cuda_ok:
+        console.print(f"[yellow]cuda arm skipped: {why}[/yellow]")
+    console.print(f"measuring ceilings on {torch.cuda.get_device_name()} ...")
+    ceilings = measure_ceilings(quick=quick)
+    console.print(
+        f"copy {ceilings['copy_gbps']:,.0f} GB/s, bf16 matmul "
+        f"{ceilings['matmul_bf16_tflops']:,.0f} TFLOP/s"
+    )
+    case_list = list(suite.cases(quick=quick, cuda=cuda_ok))
+    rows: list[dict] = []
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console
+    ) as bar:
+        task = bar.add_task(f"{name}", total=len(case_list))
+
+        def progress(case):
+            bar.update(task, description=f"{name}: {case.name}")
+
+        for case in case_list:
+            torch._dynamo.reset()  # see suites: one static compilation per case
+            rows.extend(run_cases([case], ceilings=ceilings, settings=settings, arms=arms,
+                                  progress=progress))  # fmt: skip
+            bar.advance(task)
+    meta = run_metadata() | {"mode": "quick" if quick else "full"}
+    root = Path(out_root) if out_root else report.RESULTS_DIR
+    path = report.write_results(name, rows, ceilings, meta, root)
+    png = report.plot_suite(report.load_results(path), suite.PLOT, path.with_suffix(".png"))
+    report.print_table(rows, f"{name} on {meta['gpu']}", console)
+    bad = [r for r in rows if r.get("matches_ref") is False]
+    for r in bad:
+        console.print(
+            f"[red]MISMATCH[/red] {r['case']} arm {r['arm']}: rel err {r['rel_err_vs_ref']:.2e}"
+        )
+    console.print(f"wrote {path} and {png} ({len(rows)} rows, {len(bad)} mismatches)")
+    return path, png

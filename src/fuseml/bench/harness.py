@@ -1,0 +1,235 @@
+"""One timing harness for every suite.
+
+A suite yields :class:`Case` objects: a way to make one input set, the arms to compare
+(eager, built-in, compile, triton, cuda, ...) and how many bytes / FLOPs one call must move.
+:func:`run_cases` times every arm of every case the same way and returns result rows:
+
+* ``triton.testing.do_bench`` median with p20/p80, after warm-up (which also triggers
+  Triton / torch.compile compilation and CUDA extension builds, so those stay out of the
+  numbers). do_bench clears L2 before every timed call; on top of that, inputs that fit in
+  L2 are rotated over several sets so that no arm is timed on cache-resident data.
+* For launch-bound cases a CUDA-graph arm: N calls captured in one graph and replayed, so
+  the per-call time is GPU time without launch gaps.
+* For the smallest cases, host overhead per call (dispatch + launch, no GPU wait).
+* Each arm's output is compared with the first arm's (the reference) with the project's
+  tolerance table; a mismatch is recorded in the row and reported, never hidden.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import itertools
+import math
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from fuseml import runtime
+from fuseml.testing import rel_err, tolerance
+
+
+@dataclass
+class Case:
+    suite: str
+    name: str  # unique within the suite, e.g. "gelu/bfloat16/16777216"
+    params: dict  # table columns: op, dtype, numel, shape, ...
+    make_inputs: Callable[[], tuple]  # one fresh input set on the device
+    arms: dict[str, Callable]  # arm name -> fn(*inputs); the first arm is the reference
+    bytes: int = 0  # fewest bytes one call must move (each input read, output written once)
+    flops: int = 0
+    ceiling: str = "copy_gbps"  # key of the ceiling the rate is compared with
+    graph: bool = False  # also time under a CUDA graph (launch-bound sizes)
+    overhead: bool = False  # also measure host time per call
+    overhead_arms: dict[str, Callable] = field(default_factory=dict)  # host-overhead-only arms
+    check: bool = True  # compare every arm's output with the reference arm's
+    dtype: torch.dtype | None = None  # for the tolerance of the check
+    compile_arms: tuple[str, ...] = ("compile",)  # arms whose first call is a compilation
+
+
+@dataclass
+class Settings:
+    quick: bool = False
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    graph_calls: int = 20
+    overhead_iters: int = 2000
+
+    @classmethod
+    def for_mode(cls, quick: bool) -> Settings:
+        if quick:
+            return cls(quick=True, warmup_ms=10.0, rep_ms=40.0, graph_calls=10, overhead_iters=500)
+        return cls()
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+        sha = out.stdout.strip()
+        if not sha:
+            return "unknown"
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_metadata() -> dict:
+    info = runtime.device_info()
+    return {
+        "gpu": info["name"],
+        "gpu_slug": info["slug"],
+        "sm_count": info["sm_count"],
+        "torch": torch.__version__,
+        "triton": runtime.triton_version(),
+        "cuda": torch.version.cuda,
+        "commit": git_commit(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+# ------------------------------------------------------------------------------ timers
+def bench_ms(fn: Callable[[], object], settings: Settings) -> tuple[float, float, float]:
+    """(p50, p20, p80) in ms of one call of ``fn``, GPU time between CUDA events."""
+    import triton.testing
+
+    p50, p20, p80 = triton.testing.do_bench(
+        fn, warmup=settings.warmup_ms, rep=settings.rep_ms, quantiles=[0.5, 0.2, 0.8]
+    )
+    return p50, p20, p80
+
+
+def bench_graph_ms(
+    fn: Callable, input_sets: list[tuple], settings: Settings
+) -> tuple[float, float, float]:
+    """Per-call (p50, p20, p80) in ms of ``graph_calls`` calls captured in one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up off the capture stream, as torch requires
+        for inputs in input_sets[:3]:
+            fn(*inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    n = settings.graph_calls
+    with torch.cuda.graph(graph):
+        for k in range(n):
+            fn(*input_sets[k % len(input_sets)])
+    p50, p20, p80 = bench_ms(graph.replay, settings)
+    del graph
+    return p50 / n, p20 / n, p80 / n
+
+
+def host_overhead_us(fn: Callable, inputs: tuple, iters: int) -> float:
+    """Host time per call in microseconds: what dispatch and launch cost the CPU.
+
+    Inputs are tiny, so the GPU keeps up and the loop measures only the CPU side.
+    """
+    for _ in range(10):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn(*inputs)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / iters * 1e6
+
+
+def rotation_sets(case: Case, l2_bytes: int) -> list[tuple]:
+    """Enough input sets that cycling through them touches more than twice the L2."""
+    per_set = max(case.bytes, 1)
+    n = 1 if per_set >= 2 * l2_bytes else min(64, math.ceil(2 * l2_bytes / per_set) + 1)
+    return [case.make_inputs() for _ in range(n)]
+
+
+# ------------------------------------------------------------------------------ runner
+def run_cases(
+    cases: Iterable[Case],
+    *,
+    ceilings: dict,
+    settings: Settings,
+    arms: Iterable[str] | None = None,
+    progress=None,
+) -> list[dict]:
+    """Time every (case, arm) and return one row per measurement."""
+    meta = run_metadata()
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    wanted = set(arms) if arms else None
+    rows: list[dict] = []
+    for case in cases:
+        if progress is not None:
+            progress(case)
+        rows.extend(_run_case(case, ceilings, settings, wanted, meta, l2))
+    return rows
+
+
+def _row(case: Case, arm: str, meta: dict, ceilings: dict, **fields) -> dict:
+    row = {"suite": case.suite, "case": case.name, "arm": arm, **case.params}
+    p50 = fields.get("p50_ms")
+    if p50:
+        if case.bytes:
+            rate, unit = case.bytes / (p50 * 1e-3) / 1e9, "GB/s"
+        else:
+            rate, unit = case.flops / (p50 * 1e-3) / 1e12, "TFLOP/s"
+        ceiling = ceilings.get(case.ceiling)
+        fields.update(
+            rate=round(rate, 2),
+            rate_unit=unit,
+            ceiling=case.ceiling,
+            ceiling_value=ceiling,
+            pct_of_ceiling=round(100 * rate / ceiling, 1) if ceiling else None,
+        )
+    row.update(fields)
+    row.update(meta)
+    return row
+
+
+def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
+    arms = {k: v for k, v in case.arms.items() if wanted is None or k in wanted}
+    ref_name = next(iter(case.arms))
+    sets = rotation_sets(case, l2)
+    rows = []
+    reference = None
+    if case.check and ref_name in case.arms:
+        reference = case.arms[ref_name](*sets[0])
+    for arm, fn in arms.items():
+        t0 = time.perf_counter()
+        out = fn(*sets[0])  # first call: compilation / extension build / autotuning
+        torch.cuda.synchronize()
+        first_call_s = time.perf_counter() - t0
+        fields: dict = {}
+        if arm in case.compile_arms:
+            fields["compile_s"] = round(first_call_s, 3)
+        if reference is not None and arm != ref_name:
+            err = rel_err(out, reference)
+            fields["rel_err_vs_ref"] = err
+            fields["matches_ref"] = bool(err <= tolerance(case.dtype or out.dtype))
+        del out
+        cycle = itertools.cycle(sets)
+        p50, p20, p80 = bench_ms(lambda fn=fn, cycle=cycle: fn(*next(cycle)), settings)
+        fields.update(mode="events", p50_ms=p50, p20_ms=p20, p80_ms=p80)
+        if case.overhead:
+            fields["host_us"] = round(host_overhead_us(fn, sets[0], settings.overhead_iters), 2)
+        rows.append(_row(case, arm, meta, ceilings, **fields))
+        if case.graph:
+            g50, g20, g80 = bench_graph_ms(fn, sets, settings)
+            rows.append(
+                _row(case, arm, meta, ceilings, mode="graph", p50_ms=g50, p20_ms=g20, p80_ms=g80)
+            )
+    if case.overhead:
+        for arm, fn in case.overhead_arms.items():
+            if wanted is not None and arm not in wanted:
+                continue
+            us = host_overhead_us(fn, sets[0], settings.overhead_iters)
+            rows.append(_row(case, arm, meta, ceilings, mode="host", host_us=round(us, 2)))
+    return rows

@@ -1,0 +1,194 @@
+"""Results files, terminal tables, PNG plots and the README tables generated from them.
+
+Results live in ``benchmarks/results/<gpu>/<suite>.json``; the README's tables are
+regenerated from those files (``fuseml bench readme``), never typed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+RESULTS_DIR = Path("benchmarks/results")
+FORMAT_VERSION = 1
+
+
+def results_path(suite: str, gpu_slug: str, root: Path = RESULTS_DIR) -> Path:
+    return Path(root) / gpu_slug / f"{suite}.json"
+
+
+def write_results(
+    suite: str, rows: list[dict], ceilings: dict, meta: dict, root: Path = RESULTS_DIR
+) -> Path:
+    path = results_path(suite, meta["gpu_slug"], root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "format": FORMAT_VERSION,
+        "suite": suite,
+        "meta": meta,
+        "ceilings": ceilings,
+        "rows": rows,
+    }
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def load_results(path: Path) -> dict:
+    doc = json.loads(Path(path).read_text())
+    if doc.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{path}: results format {doc.get('format')!r}, expected {FORMAT_VERSION}")
+    return doc
+
+
+def _fmt_us(ms: float | None) -> str:
+    return "" if ms is None else f"{ms * 1e3:,.1f}"
+
+
+# ------------------------------------------------------------------------ terminal table
+def print_table(rows: list[dict], title: str, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=title, show_lines=False)
+    for col in ("case", "arm", "mode", "p50 us", "p20-p80 us", "rate", "% ceil", "host us", "ok"):
+        table.add_column(col, justify="left" if col in ("case", "arm", "mode") else "right")
+    for r in rows:
+        spread = f"{r['p20_ms'] * 1e3:,.1f}-{r['p80_ms'] * 1e3:,.1f}" if r.get("p20_ms") else ""
+        rate = f"{r['rate']:,.0f} {r['rate_unit']}" if r.get("rate") else ""
+        pct = f"{r['pct_of_ceiling']:.0f}%" if r.get("pct_of_ceiling") is not None else ""
+        ok = {True: "yes", False: "NO", None: ""}[r.get("matches_ref")]
+        host = f"{r['host_us']:.1f}" if r.get("host_us") is not None else ""
+        table.add_row(
+            r["case"], r["arm"], r["mode"], _fmt_us(r.get("p50_ms")), spread, rate, pct, host, ok
+        )
+    console.print(table)
+
+
+# ----------------------------------------------------------------------------- plots
+def plot_suite(doc: dict, spec: dict, out_png: Path) -> Path:
+    """One panel per combination of spec['panels'], rate vs spec['x'], one line per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in doc["rows"] if r.get("mode") == "events" and r.get("rate")]
+    panels = sorted({tuple(r[k] for k in spec["panels"]) for r in rows})
+    if not panels:
+        raise ValueError(f"no timed rows to plot in suite {doc['suite']!r}")
+    ncols = min(3, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
+    unit = rows[0]["rate_unit"]
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        sel = [r for r in rows if tuple(r[k] for k in spec["panels"]) == panel]
+        by_arm = defaultdict(list)
+        for r in sel:
+            by_arm[r["arm"]].append((r[spec["x"]], r["rate"]))
+        for arm, pts in by_arm.items():
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=arm)
+        ceiling = sel[0].get("ceiling_value")
+        if ceiling:
+            ax.axhline(ceiling, color="gray", ls="--", lw=1, label=f"{sel[0]['ceiling']}")
+        if spec.get("logx"):
+            ax.set_xscale("log")
+        ax.set_title(" / ".join(map(str, panel)), fontsize=10)
+        ax.set_xlabel(spec.get("xlabel", spec["x"]))
+        ax.set_ylabel(unit)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    meta = doc["meta"]
+    fig.suptitle(f"fuseml {doc['suite']} on {meta['gpu']} (torch {meta['torch']})", fontsize=11)
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
+
+
+# ---------------------------------------------------------------------- README tables
+def markdown_table(doc: dict, spec: dict) -> str:
+    """Rows = spec['rows'] keys, columns = arms: 'p50 us (GB/s, % of ceiling)'."""
+    rows = [
+        r
+        for r in doc["rows"]
+        if r.get("mode") == "events" and r.get("numel", 0) >= spec.get("min_numel", 0)
+    ]
+    arms = [a for a in spec["arms"] if any(r["arm"] == a for r in rows)]
+    keyed = defaultdict(dict)
+    for r in rows:
+        key = tuple(
+            "x".join(map(str, r[k])) if isinstance(r[k], list) else r[k] for k in spec["rows"]
+        )
+        keyed[key][r["arm"]] = r
+    head = [*spec["rows"], *arms, "best peer", "fused vs best peer"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    peers = [a for a in arms if a not in ("triton", "cuda")]
+    for key in sorted(keyed, key=lambda k: tuple(str(v).zfill(12) for v in k)):
+        cells = list(map(str, key))
+        by_arm = keyed[key]
+        for a in arms:
+            r = by_arm.get(a)
+            if r is None:
+                cells.append("")
+                continue
+            pct = f", {r['pct_of_ceiling']:.0f}%" if r.get("pct_of_ceiling") is not None else ""
+            cells.append(f"{r['p50_ms'] * 1e3:,.1f} us{pct}")
+        peer_times = [(by_arm[a]["p50_ms"], a) for a in peers if a in by_arm]
+        fused = by_arm.get("triton")
+        if peer_times and fused:
+            best_ms, best = min(peer_times)
+            cells += [best, f"{best_ms / fused['p50_ms']:.2f}x"]
+        else:
+            cells += ["", ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    meta, ceil = doc["meta"], doc["ceilings"]
+    lines.append("")
+    lines.append(
+        f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, commit "
+        f"{meta['commit']}, {meta['date']}. Ceilings measured in the same run: copy "
+        f"{ceil.get('copy_gbps', 0):,.0f} GB/s, bf16 matmul "
+        f"{ceil.get('matmul_bf16_tflops', 0):,.0f} TFLOP/s. Cells: median time, % of copy "
+        "bandwidth."
+    )
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path, section: str, text: str) -> bool:
+    """Replace the text between <!-- fuseml:NAME --> and <!-- /fuseml:NAME -->."""
+    content = readme.read_text()
+    pattern = re.compile(
+        rf"(<!-- fuseml:{re.escape(section)} -->\n).*?(<!-- /fuseml:{re.escape(section)} -->)",
+        re.S,
+    )
+    if not pattern.search(content):
+        return False
+    new = pattern.sub(lambda m: m.group(1) + text.rstrip() + "\n" + m.group(2), content)
+    readme.write_text(new)
+    return True
+
+
+def overhead_table(doc: dict) -> str | None:
+    """Per-call host overhead and graph-replay time at the smallest size of each op."""
+    host = [r for r in doc["rows"] if r.get("host_us") is not None]
+    if not host:
+        return None
+    graph = {(r["case"], r["arm"]): r for r in doc["rows"] if r.get("mode") == "graph"}
+    events = {(r["case"], r["arm"]): r for r in doc["rows"] if r.get("mode") == "events"}
+    lines = [
+        "| case | arm | host us / call | GPU us / call (events) | GPU us / call (CUDA graph) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in host:
+        key = (r["case"], r["arm"])
+        ev, gr = events.get(key), graph.get(key)
+        ev_us = "" if ev is None else f"{ev['p50_ms'] * 1e3:.1f}"
+        gr_us = "" if gr is None else f"{gr['p50_ms'] * 1e3:.1f}"
+        lines.append(f"| {r['case']} | {r['arm']} | {r['host_us']:.1f} | {ev_us} | {gr_us} |")
+    return "\n".join(lines)

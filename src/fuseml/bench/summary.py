@@ -1,0 +1,59 @@
+"""Short speed summary of results files: ``python -m fuseml.bench.summary DIR``."""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from fuseml.bench.report import load_results
+
+FUSED = ("triton", "cuda")
+
+
+def summarize(doc: dict) -> list[str]:
+    rows = [r for r in doc["rows"] if r.get("mode") == "events" and r.get("p50_ms")]
+    lines = [f"{doc['suite']} on {doc['meta']['gpu']}: {len(doc['rows'])} rows"]
+    bad = [r for r in doc["rows"] if r.get("matches_ref") is False]
+    lines.append(f"  output mismatches vs reference: {len(bad)}")
+    by_case = defaultdict(dict)
+    for r in rows:
+        by_case[r["case"]][r["arm"]] = r
+    for arm in FUSED:
+        pcts = [
+            c[arm]["pct_of_ceiling"]
+            for c in by_case.values()
+            if arm in c and c[arm].get("numel", 0) >= 16_000_000 and c[arm].get("pct_of_ceiling")
+        ]
+        if pcts:
+            lines.append(
+                f"  {arm}: % of copy bandwidth at >= 16M elements: min {min(pcts):.0f}%, "
+                f"median {sorted(pcts)[len(pcts) // 2]:.0f}%"
+            )
+        ratios = []
+        for case, arms in by_case.items():
+            peers = [r["p50_ms"] for a, r in arms.items() if a not in FUSED]
+            if arm in arms and peers and arms[arm].get("numel", 0) >= 1_000_000:
+                ratios.append((min(peers) / arms[arm]["p50_ms"], case))
+        if ratios:
+            worst = min(ratios)
+            lines.append(
+                f"  {arm}: speed vs fastest peer at >= 1M elements: worst {worst[0]:.2f}x "
+                f"({worst[1]}), {sum(r >= 1.0 for r, _ in ratios)}/{len(ratios)} cases >= 1.00x"
+            )
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0] if argv else "benchmarks/results")
+    files = sorted(root.glob("*/*.json"))
+    if not files:
+        print(f"no results under {root}")
+        return 1
+    for path in files:
+        print("\n".join(summarize(load_results(path))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,23 @@
+"""``fuseml demo``: the environment, then each elementwise op through every backend that
+runs here, checked against a float64 reference (and timed, on a GPU)."""
+
+from __future__ import annotations
+
+import os
+
+
+def run_demo(console=None) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        # Run the Triton kernels on the CPU through Triton's interpreter. This must be set
+        # before triton is imported; it only affects this demo process.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from rich.console import Console
+
+    from fuseml.demo_elementwise import elementwise_demo
+    from fuseml.env import print_env
+
+    console = console or Console()
+    print_env(console=console)
+    elementwise_demo(console)

@@ -1,0 +1,96 @@
+"""``fuseml env``: what this machine has and which fuseml backends work on it."""
+
+from __future__ import annotations
+
+import torch
+
+from fuseml import runtime
+
+
+def env_report(*, remeasure: bool = False, build_cuda: bool = True) -> dict:
+    report: dict = {"versions": runtime.versions()}
+    gpu = runtime.cuda_available()
+    report["device"] = runtime.device_info() if gpu else {"name": "CPU only (no CUDA device)"}
+    tv = runtime.triton_version()
+    backends = {
+        "eager": (True, "torch"),
+        "compile": (True, "torch.compile (inductor)"),
+        "triton (compiled)": (
+            gpu and tv is not None and not runtime.triton_interpreting(),
+            "on CUDA tensors" if gpu else "needs a CUDA GPU",
+        ),
+        "triton (interpreter)": (
+            tv is not None,
+            "active (TRITON_INTERPRET=1)"
+            if runtime.triton_interpreting()
+            else "available with TRITON_INTERPRET=1",
+        ),
+    }
+    nvcc = runtime.nvcc_path()
+    toolchain = runtime.cuda_toolchain_available()
+    if gpu and toolchain and build_cuda:
+        from fuseml import _cuda_ext
+
+        ok, why = _cuda_ext.status()
+        secs = _cuda_ext.build_seconds()
+        detail = f"built ({secs:.0f} s)" if ok and secs else why
+        backends["cuda (C++ twins)"] = (ok, detail)
+    else:
+        missing = [
+            name
+            for name, have in (
+                ("a CUDA GPU", gpu),
+                ("nvcc", nvcc is not None),
+                ("ninja", runtime.ninja_available()),
+                ("a CUDA build of torch", torch.version.cuda is not None),
+            )
+            if not have
+        ]
+        backends["cuda (C++ twins)"] = (
+            False,
+            ("needs " + ", ".join(missing)) if missing else f"toolchain ok (nvcc {nvcc})",
+        )
+    report["backends"] = backends
+    if gpu:
+        from fuseml.bench.roofline import ceilings
+
+        report["ceilings"] = ceilings(remeasure=remeasure)
+    return report
+
+
+def print_env(*, remeasure: bool = False, build_cuda: bool = True, console=None) -> dict:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    rep = env_report(remeasure=remeasure, build_cuda=build_cuda)
+    t = Table(title="fuseml env", show_header=False)
+    t.add_column("what")
+    t.add_column("value")
+    for k, v in rep["versions"].items():
+        t.add_row(k, str(v))
+    dev = rep["device"]
+    if "sm_count" in dev:
+        t.add_row(
+            "device",
+            f"{dev['name']} (sm {dev['capability']}, {dev['sm_count']} SMs, "
+            f"{dev['memory_gib']} GiB, L2 {dev['l2_mib']} MiB)",
+        )
+    else:
+        t.add_row("device", dev["name"])
+    for name, (ok, detail) in rep["backends"].items():
+        mark = "[green]yes[/green]" if ok else "[red]no[/red]"
+        t.add_row(f"backend {name}", f"{mark}  {detail}")
+    if "ceilings" in rep:
+        c = rep["ceilings"]
+        t.add_row("copy bandwidth", f"{c['copy_gbps']:,.0f} GB/s (read + write)")
+        for key, label in (
+            ("matmul_bf16_tflops", "bf16 matmul"),
+            ("matmul_tf32_tflops", "tf32 matmul"),
+            ("matmul_fp32_tflops", "fp32 matmul"),
+        ):
+            t.add_row(label, f"{c[key]:,.0f} TFLOP/s")
+    else:
+        t.add_row("ceilings", "measured on a GPU only")
+    console.print(t)
+    return rep
