@@ -21,7 +21,7 @@ def main():
     src = torch.empty(COPY_BYTES // 4, device="cuda").uniform_()
     dst = torch.empty_like(src)
     copy = gbps(2 * COPY_BYTES, lambda: dst.copy_(src))
-    del src, dst
+    src = dst = None
     print(f"{torch.cuda.get_device_name()}: copy {copy:,.0f} GB/s")
     gelu = ew.ACT_CODE["gelu"]
     for dtype in (torch.float32, torch.bfloat16):
@@ -36,7 +36,7 @@ def main():
             nbytes = 2 * x.numel() * es
             rows = 1 if len(shape) == 1 else shape[0]
             cols = x.numel() if len(shape) == 1 else shape[1]
-            heur = ew.launch_config(rows, cols, es, x.device)
+            heur = ew.launch_config(rows, cols, es, 0)
             results = []
             for tile_bytes in (4096, 8192, 16384, 32768):
                 for warps in (4, 8):
@@ -44,14 +44,14 @@ def main():
                     bn = min(tile, triton.next_power_of_2(cols))
                     bm = max(1, tile // bn) if rows > 1 else 1
                     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps}
-                    r = gbps(nbytes, lambda cfg=cfg: ew.bias_act_into(
+                    r = gbps(nbytes, lambda cfg=cfg, out=out, x=x, b=b: ew.bias_act_into(
                         out, x, None, b, 1.0, gelu, config=cfg))  # fmt: skip
                     results.append((r, tile_bytes, warps))
-            h = gbps(nbytes, lambda: ew.bias_act_into(out, x, None, b, 1.0, gelu))
+            h = gbps(nbytes, lambda out=out, x=x, b=b: ew.bias_act_into(out, x, None, b, 1.0, gelu))
             best = max(results)
             cells = " ".join(f"{t // 1024}K/{w}w:{r:,.0f}" for r, t, w in results)
             print(
-                f"{str(dtype)[6:]:>8} {str(shape):>14} heuristic {heur} -> {h:,.0f} GB/s "
+                f"{str(dtype)[6:]:>8} {shape!s:>14} heuristic {heur} -> {h:,.0f} GB/s "
                 f"({100 * h / copy:.0f}%); best {best[1] // 1024}K/{best[2]}w "
                 f"{best[0]:,.0f} ({100 * best[0] / copy:.0f}%) | {cells}"
             )

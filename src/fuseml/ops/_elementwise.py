@@ -15,6 +15,8 @@ only when no such view exists), and the bias is broadcast along rows.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -55,16 +57,40 @@ def _tanh(x):
 
 
 @triton.jit
+def _normal_cdf(h):
+    # Phi(h) = 0.5 * erfc(-h / sqrt(2)), with erfc from a Chebyshev fit whose *fractional*
+    # error is < 1.2e-7 everywhere (Numerical Recipes' erfcc). Why not erf: in 16-bit dtypes
+    # GELU moves 4 bytes per element, and the ~25 instructions of libdevice's erff made the
+    # kernel compute-bound at 67% of copy bandwidth on an H200 (2.9 of 4.2 TB/s); this is
+    # one reciprocal, one exp and 9 FMAs. It is also more accurate than 1 + erf(x) in the
+    # negative tail, where that sum cancels.
+    z = tl.abs(h) * 0.7071067811865476
+    t = 1.0 / (1.0 + 0.5 * z)
+    p = 0.17087277 * t - 0.82215223
+    p = p * t + 1.48851587
+    p = p * t - 1.13520398
+    p = p * t + 0.27886807
+    p = p * t - 0.18628806
+    p = p * t + 0.09678418
+    p = p * t + 0.37409196
+    p = p * t + 1.00002368
+    p = p * t - 1.26551223
+    half_erfc = 0.5 * t * tl.exp(p - z * z)
+    return tl.where(h < 0.0, half_erfc, 1.0 - half_erfc)
+
+
+@triton.jit
 def _activation(h, ACTIVATION: tl.constexpr):
     """act(h) for float32 h; ACTIVATION is a code from ACTIVATIONS (branch-free per launch)."""
     if ACTIVATION == 1:  # relu; NaN stays NaN as in torch.relu
         h = tl.where(h < 0.0, 0.0, h)
     elif ACTIVATION == 2:  # leaky_relu, slope 0.01
         h = tl.where(h < 0.0, 0.01 * h, h)
-    elif ACTIVATION == 3:  # gelu, erf form
-        h = 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))
-    elif ACTIVATION == 4:  # gelu, tanh approximation
-        h = 0.5 * h * (1.0 + _tanh(0.7978845608028654 * (h + 0.044715 * h * h * h)))
+    elif ACTIVATION == 3:  # gelu, erf form: h * Phi(h)
+        h = h * _normal_cdf(h)
+    elif ACTIVATION == 4:  # gelu, tanh form: 0.5 * (1 + tanh(u)) == sigmoid(2u), exactly
+        u = 0.7978845608028654 * (h + 0.044715 * h * h * h)
+        h = h / (1.0 + tl.exp(-2.0 * u))
     elif ACTIVATION == 5:  # silu
         h = h * tl.sigmoid(h)
     elif ACTIVATION == 6:
@@ -84,13 +110,12 @@ def _activation_grad(h, ACTIVATION: tl.constexpr):
     elif ACTIVATION == 2:
         d = tl.where(h > 0.0, 1.0, 0.01)
     elif ACTIVATION == 3:
-        cdf = 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
         pdf = tl.exp(-0.5 * h * h) * 0.3989422804014327
-        d = cdf + h * pdf
+        d = _normal_cdf(h) + h * pdf
     elif ACTIVATION == 4:
-        t = _tanh(0.7978845608028654 * (h + 0.044715 * h * h * h))
-        dt = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * h * h)
-        d = 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * dt
+        s = 1.0 / (1.0 + tl.exp(-2.0 * 0.7978845608028654 * (h + 0.044715 * h * h * h)))
+        du = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * h * h)
+        d = s + 2.0 * h * s * (1.0 - s) * du
     elif ACTIVATION == 5:
         s = tl.sigmoid(h)
         d = s * (1.0 + h * (1.0 - s))
@@ -194,21 +219,34 @@ def _bias_act_backward_kernel(
 
 
 # ---------------------------------------------------------------------- launch configs
-# Bytes of each operand one program moves. 16 KiB per operand = 4096 fp32 / 8192 16-bit
-# elements; with 8 warps each thread issues four 16-byte loads per operand before the first
-# use, enough to keep HBM busy. Chosen from scripts/tune_elementwise.py (see NOTES.md).
-TILE_BYTES = 16384
-NUM_WARPS = 8
+# Bytes of each operand one program moves: 8 KiB = 2048 fp32 / 4096 16-bit elements, so
+# with 4 warps each thread has four 16-byte loads per operand in flight. From
+# scripts/tune_elementwise.py on an H200 (NOTES.md): within 2% of the best tile at 16M and
+# 268M elements and at 65536x512 / 65536x4096 in fp32 and bf16; 16-32 KiB tiles with 4
+# warps lost 10-60%.
+TILE_BYTES = 8192
+NUM_WARPS = 4
 MIN_TILE = 1024  # smallest tile when shrinking to spread a mid-size tensor over all SMs
 
 
-def launch_config(n_rows: int, n_cols: int, elem_size: int, device: torch.device) -> dict:
-    """BLOCK_M, BLOCK_N and num_warps for an (n_rows, n_cols) problem."""
+def launch_config(n_rows: int, n_cols: int, elem_size: int, device_index: int | None) -> dict:
+    """BLOCK_M, BLOCK_N, num_warps and the grid for an (n_rows, n_cols) problem.
+
+    Cached for concrete sizes: it runs on every call, and the eager launch path is worth
+    every microsecond (symbolic sizes under torch.compile are not hashable).
+    ``device_index`` is None for CPU tensors (interpreter).
+    """
+    if type(n_rows) is int and type(n_cols) is int:
+        return _cached_config(n_rows, n_cols, elem_size, device_index)
+    return _config(n_rows, n_cols, elem_size, device_index)
+
+
+def _config(n_rows, n_cols, elem_size: int, device_index: int | None) -> dict:
     tile = TILE_BYTES // elem_size
     if n_rows == 1:
         # Flat: shrink the tile until there are >= 2 programs per SM (mid sizes otherwise
         # leave SMs idle), but never below MIN_TILE elements.
-        n_sm = sm_count(device.index or 0) if device.type == "cuda" else 1
+        n_sm = 1 if device_index is None else sm_count(device_index)
         while tile > MIN_TILE and triton.cdiv(n_cols, tile) < 2 * n_sm:
             tile //= 2
         block_n = min(tile, next_pow2(n_cols))
@@ -216,12 +254,15 @@ def launch_config(n_rows: int, n_cols: int, elem_size: int, device: torch.device
     else:
         block_n = min(next_pow2(n_cols), tile)
         block_m = min(max(1, tile // block_n), next_pow2(n_rows))
-    warps = NUM_WARPS if block_m * block_n >= 4096 else 4
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps}
+    grid = (triton.cdiv(n_rows, block_m) * triton.cdiv(n_cols, block_n),)
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": NUM_WARPS, "grid": grid}
 
 
-def _grid(n_rows: int, n_cols: int, cfg: dict) -> tuple[int]:
-    return (triton.cdiv(n_rows, cfg["BLOCK_M"]) * triton.cdiv(n_cols, cfg["BLOCK_N"]),)
+_cached_config = functools.lru_cache(maxsize=4096)(_config)
+
+
+def _device_index(t: torch.Tensor) -> int | None:
+    return t.get_device() if t.is_cuda else None
 
 
 # ----------------------------------------------------------------------------- launcher
@@ -248,41 +289,51 @@ def bias_act_into(
     kernel); direct launches skip that wrapper's cost. ``config`` overrides the heuristic
     launch configuration (tuning scripts only).
     """
-    if x.numel() == 0:
+    numel = x.numel()
+    if numel == 0:
         return out
     if bias is None and is_dense(x) and _same_layout(x, y, out):
-        # One flat pass over the storage block: no per-row index arithmetic.
-        xs, outs = flat_storage_view(x).view(1, -1), flat_storage_view(out).view(1, -1)
-        ys = None if y is None else flat_storage_view(y).view(1, -1)
-        _launch(outs, xs, ys, None, alpha, activation, impl, traced, config)
+        # One flat pass over the storage block: no per-row index arithmetic. Triton only
+        # needs the base pointers, which are the block starts; the C++ op takes 2-D views.
+        if impl == "cuda":
+            x, out = flat_storage_view(x).view(1, -1), flat_storage_view(out).view(1, -1)
+            y = None if y is None else flat_storage_view(y).view(1, -1)
+        _launch(out, x, y, None, alpha, activation, impl, traced, config, 1, numel, 0, 0, 0)
         return out
     xs = as_rows(x)
     ys = None if y is None else as_rows(y)
     bs = None if bias is None else bias.contiguous()
     outs = rows_view(out)
+    target = outs
     if outs is None:  # an output with no (M, N) view: compute, then copy into place
-        tmp = torch.empty(xs.shape, dtype=out.dtype, device=out.device)
-        _launch(tmp, xs, ys, bs, alpha, activation, impl, traced, config)
-        out.copy_(tmp.view(out.shape))
-        return out
-    _launch(outs, xs, ys, bs, alpha, activation, impl, traced, config)
+        target = torch.empty(xs.shape, dtype=out.dtype, device=out.device)
+    n_rows, n_cols = xs.shape
+    _launch(
+        target, xs, ys, bs, alpha, activation, impl, traced, config,
+        n_rows, n_cols, xs.stride(0), 0 if ys is None else ys.stride(0), target.stride(0),
+    )  # fmt: skip
+    if outs is None:
+        out.copy_(target.view(out.shape))
     return out
 
 
-def _launch(out, x, y, bias, alpha, activation, impl, traced, config) -> None:
+def _launch(
+    out, x, y, bias, alpha, activation, impl, traced, config,
+    n_rows, n_cols, stride_x, stride_y, stride_out,
+) -> None:  # fmt: skip
     if launches_skipped():
         return
-    n_rows, n_cols = x.shape
     if impl == "cuda":
         torch.ops.fuseml.bias_act_cuda_out(x, y, bias, float(alpha), activation, out)
         return
-    cfg = config or launch_config(n_rows, n_cols, x.element_size(), x.device)
+    cfg = config or launch_config(n_rows, n_cols, x.element_size(), _device_index(x))
+    grid = cfg.get("grid") or (
+        triton.cdiv(n_rows, cfg["BLOCK_M"]) * triton.cdiv(n_cols, cfg["BLOCK_N"]),
+    )
     kernel = torch.library.wrap_triton(_bias_act_kernel) if traced else _bias_act_kernel
-    kernel[_grid(n_rows, n_cols, cfg)](
+    kernel[grid](
         x, x if y is None else y, x if bias is None else bias, out,
-        n_rows, n_cols,
-        x.stride(0), 0 if y is None else y.stride(0), out.stride(0),
-        float(alpha),
+        n_rows, n_cols, stride_x, stride_y, stride_out, float(alpha),
         HAS_Y=y is not None, HAS_BIAS=bias is not None, ACTIVATION=activation,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"],
     )  # fmt: skip
@@ -307,7 +358,7 @@ def bias_act_backward_rows(
     bs = None if bias is None else bias.contiguous()
     ds = dh.view(-1, x.shape[-1]) if x.dim() else dh.view(1, 1)
     n_rows, n_cols = xs.shape
-    cfg = launch_config(n_rows, n_cols, x.element_size(), x.device)
+    cfg = launch_config(n_rows, n_cols, x.element_size(), _device_index(x))
     if launches_skipped():
         return dh
     kernel = (
@@ -315,7 +366,7 @@ def bias_act_backward_rows(
         if traced
         else _bias_act_backward_kernel
     )
-    kernel[_grid(n_rows, n_cols, cfg)](
+    kernel[cfg["grid"]](
         gs, xs, xs if ys is None else ys, xs if bs is None else bs, ds,
         n_rows, n_cols,
         gs.stride(0), xs.stride(0), 0 if ys is None else ys.stride(0), ds.stride(0),

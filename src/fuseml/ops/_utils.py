@@ -59,6 +59,8 @@ def is_dense(t: torch.Tensor) -> bool:
     Such tensors (contiguous, channels-last, transposed, ...) can be processed as a flat
     vector over their storage when all operands share the same strides.
     """
+    if t.is_contiguous():
+        return True
     expected = 1
     for size, stride in sorted(zip(t.shape, t.stride(), strict=True), key=lambda p: p[1]):
         if size == 1:

@@ -1,0 +1,92 @@
+import json
+
+import pytest
+import torch
+
+from fuseml.bench import report
+from fuseml.bench.harness import Case, Settings, run_cases
+from fuseml.bench.summary import summarize
+from fuseml.testing import requires_cuda
+
+
+def _doc():
+    meta = {
+        "gpu": "Test GPU", "gpu_slug": "test-gpu", "torch": "2.x", "triton": "3.x",
+        "commit": "abc", "date": "2026-01-01T00:00:00Z", "run": "quick",
+    }  # fmt: skip
+    rows = []
+    for numel in (1_000_000, 16_777_216):
+        for arm, ms in (("builtin", 0.02), ("compile", 0.021), ("triton", 0.019)):
+            scale = numel / 1_000_000
+            rows.append({
+                "suite": "elementwise", "case": f"add/float32/{numel}", "arm": arm,
+                "op": "add", "dtype": "float32", "numel": numel, "shape": [numel],
+                "mode": "events", "p50_ms": ms * scale, "p20_ms": ms * scale,
+                "p80_ms": ms * scale, "rate": 12e-3 * numel / (ms * scale) / 1e3,
+                "rate_unit": "GB/s", "ceiling": "copy_gbps", "ceiling_value": 3000.0,
+                "pct_of_ceiling": 80.0, "matches_ref": True if arm != "builtin" else None,
+                **meta,
+            })  # fmt: skip
+    rows.append({**rows[0], "arm": "triton-op", "mode": "host", "host_us": 12.5})
+    return {"format": 1, "suite": "elementwise", "meta": meta,
+            "ceilings": {"copy_gbps": 3000.0, "matmul_bf16_tflops": 700.0}, "rows": rows}  # fmt: skip
+
+
+def test_write_and_load_round_trip(tmp_path):
+    doc = _doc()
+    path = report.write_results("elementwise", doc["rows"], doc["ceilings"], doc["meta"], tmp_path)
+    assert path == tmp_path / "test-gpu" / "elementwise.json"
+    assert report.load_results(path)["rows"] == doc["rows"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": 99}))
+    with pytest.raises(ValueError, match="results format 99"):
+        report.load_results(bad)
+
+
+def test_markdown_table_and_readme_update(tmp_path):
+    from fuseml.bench.suites import elementwise
+
+    table = report.markdown_table(_doc(), elementwise.README)
+    assert "| op | dtype | shape | builtin | compile | triton |" in table
+    assert "1.05x" in table  # best peer (builtin, 0.020 ms) over triton (0.019 ms)
+    assert "copy 3,000 GB/s" in table
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- fuseml:results:x -->\nold\n<!-- /fuseml:results:x -->\nb\n")
+    assert report.update_readme(readme, "results:x", table)
+    text = readme.read_text()
+    assert "old" not in text and table in text and text.startswith("a\n")
+    assert not report.update_readme(readme, "results:missing", table)
+
+
+def test_overhead_table_and_summary():
+    doc = _doc()
+    assert "| add/float32/1000000 | triton-op | 12.5 |" in report.overhead_table(doc)
+    lines = summarize(doc)
+    assert any("output mismatches vs reference: 0" in line for line in lines)
+    assert any("worst 1.05x" in line for line in lines)
+
+
+def test_plot_suite_writes_png(tmp_path):
+    from fuseml.bench.suites import elementwise
+
+    png = report.plot_suite(_doc(), elementwise.PLOT, tmp_path / "x.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_run_cases_times_and_checks_on_gpu():
+    def make():
+        return (torch.randn(1 << 16, device="cuda"),)
+
+    case = Case(
+        suite="t", name="neg", params={"numel": 1 << 16}, make_inputs=make,
+        arms={"eager": torch.neg, "wrong": lambda x: x}, bytes=8 << 16,
+        graph=True, overhead=True,
+    )  # fmt: skip
+    rows = run_cases([case], ceilings={"copy_gbps": 1000.0}, settings=Settings.for_mode(True))
+    modes = {(r["arm"], r["mode"]) for r in rows}
+    assert {("eager", "events"), ("eager", "graph"), ("wrong", "events")} <= modes
+    wrong = next(r for r in rows if r["arm"] == "wrong" and r["mode"] == "events")
+    assert wrong["matches_ref"] is False
+    assert all(r["p50_ms"] > 0 for r in rows if "p50_ms" in r)
