@@ -68,7 +68,7 @@ def run_suite(
             rows.extend(run_cases([case], ceilings=ceilings, settings=settings, arms=arms,
                                   progress=progress))  # fmt: skip
             bar.advance(task)
-    meta = run_metadata() | {"mode": "quick" if quick else "full"}
+    meta = run_metadata() | {"run": "quick" if quick else "full"}
     root = Path(out_root) if out_root else report.RESULTS_DIR
     path = report.write_results(name, rows, ceilings, meta, root)
     png = report.plot_suite(report.load_results(path), suite.PLOT, path.with_suffix(".png"))

@@ -15,7 +15,7 @@ def suite_markdown(suite: str, root: Path) -> str | None:
     parts = []
     for path in files:
         doc = report.load_results(path)
-        parts.append(f"**{doc['meta']['gpu']}** ({doc['meta']['mode']} run)\n")
+        parts.append(f"**{doc['meta']['gpu']}** ({doc['meta']['run']} run)\n")
         parts.append(report.markdown_table(doc, SUITES[suite].README))
         overhead = report.overhead_table(doc)
         if overhead:

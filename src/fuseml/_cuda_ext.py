@@ -1,0 +1,201 @@
+"""Lazy build and load of fuseml's CUDA C++ extension (``csrc/elementwise.cu``).
+
+The extension registers ``torch.ops.fuseml.bias_act_cuda_out``::
+
+    bias_act_cuda_out(Tensor x, Tensor? y, Tensor? bias, float alpha, int activation,
+                      Tensor(a!) out) -> ()
+
+which writes ``act(x + bias + alpha * y)`` into ``out``; ``activation`` is an index into
+``ACTIVATIONS``.
+
+Importing this module is free: torch is imported, and nvcc runs, only on the first call
+to :func:`status` (or :func:`bias_act_cuda_out`), and the outcome, success or the reason
+for failure, is cached for the life of the process. A failed build logs one warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("fuseml")
+
+EXT_NAME = "fuseml_cuda_ext"
+SOURCE = Path(__file__).resolve().parent / "csrc" / "elementwise.cu"
+OP_NAME = "fuseml::bias_act_cuda_out"
+# Activation codes of the op, by index (the same codes as ops/_elementwise.py).
+ACTIVATIONS = ("none", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+
+_lock = threading.Lock()
+_status: tuple[bool, str] | None = None
+_build_seconds: float | None = None
+_fake_registered = False
+
+
+def status() -> tuple[bool, str]:
+    """(available, reason): builds and loads the extension on the first call only."""
+    global _status
+    if _status is None:
+        with _lock:
+            if _status is None:  # another thread may have finished the build meanwhile
+                _status = _build()
+    return _status
+
+
+def build_seconds() -> float | None:
+    """Seconds the (successful) build and load took in this process, else None."""
+    return _build_seconds
+
+
+def bias_act_cuda_out(
+    x: torch.Tensor,
+    y: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    alpha: float,
+    activation: int,
+    out: torch.Tensor,
+) -> None:
+    """Write act(x + bias + alpha * y) into ``out`` with the CUDA C++ kernel."""
+    ok, reason = status()
+    if not ok:
+        raise RuntimeError(f"fuseml's CUDA C++ extension is unavailable: {reason}")
+    import torch
+
+    torch.ops.fuseml.bias_act_cuda_out(x, y, bias, float(alpha), int(activation), out)
+
+
+# ----------------------------------------------------------------------------- internals
+def _missing_toolchain() -> str | None:
+    """What building the extension lacks here, or None when nothing is missing."""
+    import torch
+
+    if torch.version.cuda is None:
+        return "torch is a CPU-only build (torch.version.cuda is None); a CUDA build of torch is needed"
+    from fuseml import runtime
+
+    if runtime.cuda_toolchain_available():
+        return None
+    missing = []
+    if runtime.nvcc_path() is None:
+        missing.append("nvcc (install the CUDA toolkit, or set CUDA_HOME)")
+    if not runtime.ninja_available():
+        missing.append("ninja (pip install ninja)")
+    return "cannot build the CUDA C++ extension, missing: " + (
+        ", ".join(missing) or "part of the CUDA toolchain"
+    )
+
+
+def _arch_flag() -> str:
+    """-gencode for sm_90 (the target), or for the current device when it is not 9.x."""
+    import torch
+
+    major, minor = (9, 0)
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+    arch = "90" if major == 9 else f"{major}{minor}"
+    return f"-gencode=arch=compute_{arch},code=sm_{arch}"
+
+
+def _libstdcxx_ldflags() -> list[str]:
+    """Link against the shared libstdc++ this process already runs on.
+
+    A relocated GCC (say CXX=/opt/gcc/bin/g++ whose own library folder holds only
+    libstdc++.a) links a private static copy into the extension; its locale is never set
+    up, so formatting a number into an error message (TORCH_CHECK(..., n)) segfaults.
+    Naming the loaded libstdc++.so ahead of the driver's implicit -lstdc++ resolves every
+    C++ runtime symbol to it. Elsewhere this is the library the driver would pick anyway.
+    """
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and os.path.basename(fields[5]).startswith("libstdc++.so"):
+                    path = fields[5].strip()
+                    if os.path.exists(path):
+                        return [path]
+    except OSError:  # not Linux: nothing to pin
+        pass
+    return []
+
+
+def _build() -> tuple[bool, str]:
+    global _build_seconds
+    missing = _missing_toolchain()
+    if missing is not None:
+        return False, missing
+    from torch.utils import cpp_extension
+
+    kwargs = {}
+    ext_dir = os.environ.get("FUSEML_EXT_DIR")
+    try:
+        if ext_dir:
+            ext_dir = os.path.abspath(os.path.expanduser(ext_dir))
+            os.makedirs(ext_dir, exist_ok=True)
+            kwargs["build_directory"] = ext_dir
+        start = time.perf_counter()
+        # An arch flag in extra_cuda_cflags also stops torch from adding its own
+        # (TORCH_CUDA_ARCH_LIST or every visible device's arch).
+        cpp_extension.load(
+            name=EXT_NAME,
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3"],
+            extra_cuda_cflags=["-O3", _arch_flag(), "-lineinfo"],
+            extra_ldflags=_libstdcxx_ldflags(),
+            is_python_module=False,
+            verbose=False,
+            **kwargs,
+        )
+        _register_fake()
+        _build_seconds = time.perf_counter() - start
+    except Exception as exc:  # a failed build must never break the other backends
+        reason = f"building {EXT_NAME} failed: {_summarize(exc)}"
+        log.warning("%s", reason)
+        return False, reason
+    log.debug("loaded %s in %.1f s", EXT_NAME, _build_seconds)
+    return True, "ok"
+
+
+def _register_fake() -> None:
+    """Shape-only kernel so torch.compile and opcheck can trace the op (it returns nothing)."""
+    global _fake_registered
+    if _fake_registered:
+        return
+    import torch
+
+    def _bias_act_cuda_out_fake(x, y, bias, alpha, activation, out) -> None:
+        return None
+
+    try:
+        torch.library.register_fake(OP_NAME)(_bias_act_cuda_out_fake)
+    except RuntimeError as exc:
+        # Registered earlier in this process (e.g. before a module reload): keep that one.
+        if "already" not in str(exc):
+            raise
+    _fake_registered = True
+
+
+def _summarize(exc: BaseException, max_lines: int = 6) -> str:
+    """The first line of a build error and its diagnostic lines, short enough to log.
+
+    torch's message is "Error building extension 'x': [1/2] <nvcc command line>", then
+    ninja's log; the compiler's and linker's diagnostics are the lines worth keeping.
+    """
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    head = lines[0].split(": [", 1)[0]  # drop the echoed command line
+    keys = ("error", "cannot find", "undefined", "not found", "no such file")
+    found = [
+        line
+        for line in lines[1:]
+        if not line.startswith("[") and any(key in line.lower() for key in keys)
+    ]
+    kept = [head[:300], *(line[:300] for line in found[: max_lines - 1])]
+    return f"{type(exc).__name__}: " + " | ".join(kept)
