@@ -129,7 +129,7 @@ def markdown_table(doc: dict, spec: dict) -> str:
         keyed[key][r["arm"]] = r
     head = [*spec["rows"], *arms, "best peer", "fused vs best peer"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    peers = [a for a in arms if a not in ("triton", "cuda")]
+    peers = [a for a in arms if a not in ("triton", "cuda", "copy")]
     for key in sorted(keyed, key=lambda k: tuple(str(v).zfill(12) for v in k)):
         cells = list(map(str, key))
         by_arm = keyed[key]

@@ -32,7 +32,7 @@ def summarize(doc: dict) -> list[str]:
             )
         ratios = []
         for case, arms in by_case.items():
-            peers = [r["p50_ms"] for a, r in arms.items() if a not in FUSED]
+            peers = [r["p50_ms"] for a, r in arms.items() if a not in (*FUSED, "copy")]
             if arm in arms and peers and arms[arm].get("numel", 0) >= 1_000_000:
                 ratios.append((min(peers) / arms[arm]["p50_ms"], case))
         if ratios:

@@ -8,6 +8,8 @@ Arms
   triton    fuseml.ops.* with backend="triton" (direct launch)
   cuda      fuseml.ops.* with backend="cuda" (CUDA C++ twin)
   triton-op torch.ops.fuseml.* through the dispatcher (host overhead only: same kernel)
+  copy      a device-to-device copy of the input (GELU only): what moving the same bytes
+            costs at that size, the practical ceiling there
 """
 
 from __future__ import annotations
@@ -90,8 +92,12 @@ def _ops(cuda: bool):
             inputs="xb",
         ),
     }
-    for spec in specs.values():
+    for name, spec in specs.items():
         ref = next(iter(spec["arms"].values()))
+        if name in ("gelu", "gelu_tanh"):
+            # What a plain copy of the same bytes takes at this size: the practical ceiling
+            # for a one-in, one-out op (the copy_gbps ceiling is measured at 1 GiB).
+            spec["arms"]["copy"] = lambda x: torch.empty_like(x).copy_(x)
         spec["arms"]["compile"] = lambda *a, ref=ref: ref(*a)  # compiled per case: _arms()
         spec["arms"]["triton"] = fused(spec["fn"], **spec["kw"])
         if cuda:
@@ -159,6 +165,6 @@ def cases(quick: bool = False, cuda: bool = True):
 PLOT = {"x": "numel", "panels": ("op", "dtype"), "xlabel": "elements", "logx": True}
 README = {
     "rows": ("op", "dtype", "shape"),
-    "arms": ("manual", "builtin", "compile", "triton", "cuda"),
+    "arms": ("manual", "builtin", "compile", "triton", "cuda", "copy"),
     "min_numel": 1_000_000,
 }
