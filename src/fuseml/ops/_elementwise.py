@@ -153,7 +153,9 @@ def _load_pre(
         h = h + b[None, :]
     if HAS_Y:
         y = tl.load(y_ptr + rows[:, None] * stride_ym + cols[None, :], mask=mask)
-        h = h + alpha * y.to(tl.float32)
+        # alpha arrives as fp32 from a direct launch but as fp64 from torch.compile, which
+        # would silently promote the whole epilogue to fp64: pin it to fp32.
+        h = h + tl.cast(alpha, tl.float32) * y.to(tl.float32)
     return h
 
 
@@ -219,14 +221,15 @@ def _bias_act_backward_kernel(
 
 
 # ---------------------------------------------------------------------- launch configs
-# Bytes of each operand one program moves: 8 KiB = 2048 fp32 / 4096 16-bit elements, so
-# with 4 warps each thread has four 16-byte loads per operand in flight. From
-# scripts/tune_elementwise.py on an H200 (NOTES.md): within 2% of the best tile at 16M and
-# 268M elements and at 65536x512 / 65536x4096 in fp32 and bf16; 16-32 KiB tiles with 4
-# warps lost 10-60%.
-TILE_BYTES = 8192
+# Elements per program: 1024 fp32 (4 KiB per operand) or 4096 16-bit (8 KiB), 4 warps:
+# each thread then holds 2 (fp32) or 4 (16-bit) 16-byte vectors per operand. From
+# scripts/tune_elementwise.py on an H200 (NOTES.md): best or within 3% of the best tile at
+# 16M and 268M elements and at 65536x512 / 65536x4096; fp32 with larger tiles lost up to
+# 10% (register pressure of the GELU math), 16-bit with smaller ones up to 6%.
+TILE_BYTES = {4: 4096, 2: 8192}
 NUM_WARPS = 4
 MIN_TILE = 1024  # smallest tile when shrinking to spread a mid-size tensor over all SMs
+PROGRAMS_PER_SM = 8  # below this many programs per SM, shrink the tile (latency hiding)
 
 
 def launch_config(n_rows: int, n_cols: int, elem_size: int, device_index: int | None) -> dict:
@@ -242,12 +245,12 @@ def launch_config(n_rows: int, n_cols: int, elem_size: int, device_index: int | 
 
 
 def _config(n_rows, n_cols, elem_size: int, device_index: int | None) -> dict:
-    tile = TILE_BYTES // elem_size
+    tile = TILE_BYTES[min(elem_size, 4)] // elem_size
     if n_rows == 1:
-        # Flat: shrink the tile until there are >= 2 programs per SM (mid sizes otherwise
-        # leave SMs idle), but never below MIN_TILE elements.
+        # Flat: shrink the tile until every SM has PROGRAMS_PER_SM programs (mid sizes
+        # otherwise leave SMs short of loads in flight), but never below MIN_TILE.
         n_sm = 1 if device_index is None else sm_count(device_index)
-        while tile > MIN_TILE and triton.cdiv(n_cols, tile) < 2 * n_sm:
+        while tile > MIN_TILE and triton.cdiv(n_cols, tile) < PROGRAMS_PER_SM * n_sm:
             tile //= 2
         block_n = min(tile, next_pow2(n_cols))
         block_m = 1
