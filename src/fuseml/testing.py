@@ -100,17 +100,17 @@ def devices() -> list:
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def fused_targets() -> list:
+def fused_targets(*, cuda_twin: bool = True) -> list:
     """(device, backend) pairs on which fused kernels are tested, as pytest params.
 
-    ("cpu", "triton") under the Triton interpreter; ("cuda", "triton") and ("cuda", "cuda")
-    carry the gpu marker and skip themselves without a GPU.
+    ("cpu", "triton") under the Triton interpreter; ("cuda", "triton") and, for ops with a
+    CUDA C++ twin, ("cuda", "cuda") carry the gpu marker and skip themselves without a GPU.
     """
     gpu_marks = [
         pytest.mark.gpu,
         pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
     ]
-    return [
+    targets = [
         pytest.param(
             "cpu",
             "triton",
@@ -120,5 +120,7 @@ def fused_targets() -> list:
             ),
         ),
         pytest.param("cuda", "triton", id="cuda-triton", marks=gpu_marks),
-        pytest.param("cuda", "cuda", id="cuda-cuda", marks=gpu_marks),
     ]
+    if cuda_twin:
+        targets.append(pytest.param("cuda", "cuda", id="cuda-cuda", marks=gpu_marks))
+    return targets

@@ -7,5 +7,18 @@ launched until an op is called.
 from fuseml.ops.add import add, add_ref
 from fuseml.ops.bias_act import ACTIVATIONS, bias_act, bias_act_ref
 from fuseml.ops.gelu import gelu, gelu_ref
+from fuseml.ops.softmax import log_softmax, log_softmax_ref, softmax, softmax_ref
 
-__all__ = ["ACTIVATIONS", "add", "add_ref", "bias_act", "bias_act_ref", "gelu", "gelu_ref"]
+__all__ = [
+    "ACTIVATIONS",
+    "add",
+    "add_ref",
+    "bias_act",
+    "bias_act_ref",
+    "gelu",
+    "gelu_ref",
+    "log_softmax",
+    "log_softmax_ref",
+    "softmax",
+    "softmax_ref",
+]

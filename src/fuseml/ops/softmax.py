@@ -1,0 +1,282 @@
+"""``fuseml.ops.softmax`` / ``log_softmax``: one read and one write per element.
+
+The naive chain (max, subtract, exp, sum, divide) reads the matrix five times and writes
+it three times. Here a row that fits on chip is loaded once into registers, reduced and
+written once, by a persistent grid sized from the compiled kernel's register and
+shared-memory use; a row too long for that is streamed twice (statistics with a running
+max and sum, then the output), never materialising exp(x) in memory.
+
+Math in float32 whatever the storage dtype; the output has the input's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch._subclasses.fake_tensor import is_fake
+
+from fuseml.ops._utils import (
+    check_tensor,
+    compiled,
+    fused_op,
+    launches_skipped,
+    needs_dispatch,
+    next_pow2,
+    sm_count,
+)
+from fuseml.runtime import resolve_backend, triton_interpreting
+
+
+def softmax_ref(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Reference: torch's softmax (float32 math for 16-bit inputs, like the kernels)."""
+    return torch.softmax(x, dim)
+
+
+def log_softmax_ref(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return torch.log_softmax(x, dim)
+
+
+# ------------------------------------------------------------------------------ kernels
+@triton.jit
+def _softmax_rows_kernel(
+    x_ptr,  # (M, N) input, unit column stride
+    out_ptr,  # (M, N) output, unit column stride
+    n_rows,
+    n_cols,
+    stride_xm,  # row strides, in elements
+    stride_om,
+    LOG: tl.constexpr,  # log_softmax instead of softmax
+    BLOCK_N: tl.constexpr,  # next power of two >= n_cols: the whole row in registers
+    NUM_STAGES: tl.constexpr,  # software pipelining depth of the row loop
+):
+    # Persistent: the grid is what fits on the GPU at once; each program strides over rows
+    # so the loads of row i + grid overlap the math of row i.
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
+        row64 = tl.cast(row, tl.int64)
+        x = tl.load(x_ptr + row64 * stride_xm + cols, mask=mask, other=-float("inf"))
+        x = x.to(tl.float32)
+        z = x - tl.max(x, axis=0)  # a row of all -inf gives NaN, as torch does
+        e = tl.exp(z)
+        s = tl.sum(e, axis=0)
+        if LOG:
+            y = z - tl.log(s)
+        else:
+            y = e / s
+        tl.store(out_ptr + row64 * stride_om + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_online_kernel(
+    x_ptr,  # (M, N) input, unit column stride
+    out_ptr,  # (M, N) output
+    n_cols,
+    stride_xm,
+    stride_om,
+    LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # columns per step
+):
+    # One program per row. Pass 1 keeps a running max and sum per lane (online softmax:
+    # s <- s * exp(m_old - m_new) + exp(x - m_new)), pass 2 writes the output: two reads
+    # and one write, however long the row.
+    row64 = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row64 * stride_xm
+    cols = tl.arange(0, BLOCK_N)
+    m = tl.full([BLOCK_N], -float("inf"), tl.float32)
+    s = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + cols
+        x = tl.load(x_row + offs, mask=offs < n_cols, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        # A lane that has only seen -inf keeps m = -inf: shift by 0 there, not by -inf
+        # (-inf - -inf would be NaN), so its sum stays 0.
+        shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+        s = s * tl.exp(m - shift) + tl.exp(x - shift)
+        m = m_new
+    row_max = tl.max(m, axis=0)
+    shift = tl.where(row_max == -float("inf"), 0.0, row_max)
+    total = tl.sum(s * tl.exp(m - shift), axis=0)
+    log_total = tl.log(total)
+    out_row = out_ptr + row64 * stride_om
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + cols
+        mask = offs < n_cols
+        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        z = x - row_max  # NaN for an all -inf row, as torch
+        if LOG:
+            y = z - log_total
+        else:
+            y = tl.exp(z) / total
+        tl.store(out_row + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------- launch configs
+# Rows up to this many bytes of float32 math stay in registers (one program per row, 8-16
+# warps): 32768 columns = 128 KiB of fp32 per row, half of an H100/H200 SM's register file.
+MAX_ONCHIP_COLS = 32768
+ONLINE_BLOCK = 4096  # columns per step of the online kernel (16 KiB of fp32 in flight)
+
+
+def _rows_config(n_cols: int) -> dict:
+    """num_warps / stages for the on-chip kernel: ~16 fp32 values per thread or fewer."""
+    block = next_pow2(n_cols)
+    warps = max(1, min(16, block // 512))
+    if block >= 8192:
+        warps = max(warps, 8)
+    stages = 4 if block <= 2048 else 2
+    return {"BLOCK_N": block, "num_warps": warps, "NUM_STAGES": stages}
+
+
+_PROGRAMS: dict[tuple, int] = {}
+
+
+def _persistent_programs(x2: torch.Tensor, out2: torch.Tensor, cfg: dict, log: bool) -> int | None:
+    """Programs of the on-chip kernel that fit on the whole GPU at once, or None if unknown.
+
+    From the compiled kernel itself (registers, shared memory) and the device's limits
+    (threads, registers and shared memory per SM, SM count), as in the Triton fused-softmax
+    tutorial. Cached per dtype / config; computed on real tensors only (a fake tensor under
+    torch.compile has no data pointer to specialise on).
+    """
+    device = x2.get_device()
+    key = (x2.dtype, cfg["BLOCK_N"], cfg["num_warps"], cfg["NUM_STAGES"], log, device)
+    if key in _PROGRAMS:
+        return _PROGRAMS[key]
+    if triton_interpreting() or device < 0 or type(x2) is not torch.Tensor or is_fake(x2):
+        return None
+    k = _softmax_rows_kernel.warmup(
+        x2, out2, x2.shape[0], x2.shape[1], x2.stride(0), out2.stride(0),
+        LOG=log, BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["NUM_STAGES"],
+        num_warps=cfg["num_warps"], grid=(1,),
+    )  # fmt: skip
+    k._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    threads = cfg["num_warps"] * 32
+    by_threads = props.max_threads_per_multi_processor // threads
+    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // max(1, k.n_regs * threads)
+    smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    by_smem = smem // k.metadata.shared if k.metadata.shared else by_threads
+    per_sm = max(1, min(by_threads, by_regs, by_smem))
+    _PROGRAMS[key] = per_sm * sm_count(device)
+    return _PROGRAMS[key]
+
+
+def _launch_rows(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) -> None:
+    n_rows, n_cols = x2.shape
+    cfg = _rows_config(n_cols)
+    programs = _persistent_programs(x2, out2, cfg, log)
+    grid = n_rows if programs is None else min(n_rows, programs)
+    kernel = torch.library.wrap_triton(_softmax_rows_kernel) if traced else _softmax_rows_kernel
+    kernel[(grid,)](
+        x2, out2, n_rows, n_cols, x2.stride(0), out2.stride(0),
+        LOG=log, BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["NUM_STAGES"],
+        num_warps=cfg["num_warps"],
+    )  # fmt: skip
+
+
+def _launch_online(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) -> None:
+    n_rows, n_cols = x2.shape
+    kernel = torch.library.wrap_triton(_softmax_online_kernel) if traced else _softmax_online_kernel
+    kernel[(n_rows,)](
+        x2, out2, n_cols, x2.stride(0), out2.stride(0),
+        LOG=log, BLOCK_N=min(ONLINE_BLOCK, next_pow2(n_cols)), num_warps=8,
+    )  # fmt: skip
+
+
+def _forward(x: torch.Tensor, dim: int, log: bool, traced: bool) -> torch.Tensor:
+    """Softmax along ``dim`` with the Triton kernels; output contiguous like torch's."""
+    if x.numel() == 0:
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    moved = x.movedim(dim, -1) if x.dim() else x.reshape(1)
+    # A non-last dim costs one transposing copy here (a strided-reduction kernel for the
+    # non-last dim is future work); the last dim of a row-strided view costs nothing.
+    x2 = moved.reshape(-1, moved.shape[-1])
+    if x2.shape[1] > 1 and x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    out_moved = torch.empty(moved.shape, dtype=x.dtype, device=x.device)
+    out = out_moved.movedim(-1, dim) if x.dim() else out_moved.reshape(())
+    if launches_skipped():
+        return out.contiguous() if x.dim() else out
+    out2 = out_moved.view(-1, moved.shape[-1])
+    if x2.shape[1] <= MAX_ONCHIP_COLS:
+        _launch_rows(x2, out2, log, traced)
+    else:
+        _launch_online(x2, out2, log, traced)
+    return out.contiguous() if x.dim() else out
+
+
+# ------------------------------------------------------------------------ registration
+@fused_op("fuseml::softmax")
+def _softmax_op(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return _forward(x, dim, False, traced=True)
+
+
+@fused_op("fuseml::log_softmax")
+def _log_softmax_op(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return _forward(x, dim, True, traced=True)
+
+
+def _setup(ctx, inputs, output):
+    ctx.dim = inputs[1]
+    ctx.save_for_backward(output)
+
+
+def _softmax_backward(ctx, grad):
+    (y,) = ctx.saved_tensors
+    y32, g32 = y.float(), grad.float()
+    dx = y32 * (g32 - (g32 * y32).sum(ctx.dim, keepdim=True))
+    return dx.to(y.dtype), None
+
+
+def _log_softmax_backward(ctx, grad):
+    (y,) = ctx.saved_tensors
+    g32 = grad.float()
+    dx = g32 - torch.exp(y.float()) * g32.sum(ctx.dim, keepdim=True)
+    return dx.to(y.dtype), None
+
+
+torch.library.register_autograd("fuseml::softmax", _softmax_backward, setup_context=_setup)
+torch.library.register_autograd("fuseml::log_softmax", _log_softmax_backward, setup_context=_setup)
+
+
+# ---------------------------------------------------------------------------- public
+def _normalize_dim(op: str, x: torch.Tensor, dim) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{op}: dim must be an int, got {type(dim).__name__}")
+    rank = max(x.dim(), 1)
+    if not -rank <= dim < rank:
+        raise ValueError(
+            f"{op}: dim must be in [{-rank}, {rank - 1}] for a {x.dim()}-d x, got {dim}"
+        )
+    return dim % rank
+
+
+def _public(op: str, x, dim, backend: str, log: bool) -> torch.Tensor:
+    check_tensor(op, "x", x)
+    dim = _normalize_dim(op, x, dim)
+    backend = resolve_backend(backend, x.device, op)
+    ref = log_softmax_ref if log else softmax_ref
+    if backend == "eager":
+        return ref(x, dim)
+    if backend == "compile":
+        return compiled(ref)(x, dim)
+    if backend == "cuda":
+        raise ValueError(f"{op}: backend='cuda' is not implemented for softmax yet")
+    if needs_dispatch(x):
+        return (torch.ops.fuseml.log_softmax if log else torch.ops.fuseml.softmax)(x, dim)
+    return _forward(x, dim, log, traced=False)
+
+
+def softmax(x: torch.Tensor, dim: int = -1, *, backend: str = "auto") -> torch.Tensor:
+    """Softmax of a float32/float16/bfloat16 tensor along ``dim``, float32 math.
+
+    backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton.
+    """
+    return _public("softmax", x, dim, backend, log=False)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1, *, backend: str = "auto") -> torch.Tensor:
+    """log(softmax(x)) along ``dim``, computed as x - max - log(sum(exp(x - max)))."""
+    return _public("log_softmax", x, dim, backend, log=True)

@@ -1,0 +1,157 @@
+import importlib
+
+import pytest
+import torch
+
+import fuseml
+from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_
+
+# The module, not the function fuseml.ops.softmax that shadows it as an attribute.
+sm = importlib.import_module("fuseml.ops.softmax")
+TARGETS = fused_targets(cuda_twin=False)
+SHAPES = [(1, 1), (3, 33), (1, 4096), (7, 1000), (2, 3, 17), (129, 257), (5, 7000)]
+
+
+def _ref(x, dim, log):
+    fn = torch.log_softmax if log else torch.softmax
+    return fn(x.double(), dim)
+
+
+def _op(log):
+    return fuseml.ops.log_softmax if log else fuseml.ops.softmax
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_softmax_last_dim(device, backend, log, dtype, shape):
+    x = 4 * torch.randn(shape, dtype=dtype, device=device)
+    out = _op(log)(x, backend=backend)
+    assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
+    assert_close_verbose(out, _ref(x, -1, log), dtype)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dim", [0, 1, -3])
+def test_softmax_any_dim(device, backend, log, dim):
+    x = torch.randn(6, 35, 4, device=device)
+    assert_close_verbose(_op(log)(x, dim, backend=backend), _ref(x, dim, log))
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_softmax_strided_inputs(device, backend):
+    big = torch.randn(40, 90, device=device)
+    for x in (big[:, 10:70], big.t(), big[::2, ::3]):
+        assert_close_verbose(fuseml.ops.softmax(x, backend=backend), _ref(x, -1, False))
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_long_rows_online_path(device, backend, log, dtype, monkeypatch):
+    # Force the online (two-pass) kernel at sizes the interpreter can run.
+    monkeypatch.setattr(sm, "MAX_ONCHIP_COLS", 64)
+    monkeypatch.setattr(sm, "ONLINE_BLOCK", 128)
+    x = 8 * torch.randn(3, 1037, dtype=dtype, device=device)
+    assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("n_cols", [32768, 32769, 262144, 1_048_576])
+def test_softmax_long_rows_on_gpu(n_cols):
+    x = 10 * torch.randn(4, n_cols, device="cuda", dtype=torch.bfloat16)
+    assert_close_verbose(fuseml.ops.softmax(x), _ref(x, -1, False), torch.bfloat16)
+    assert_close_verbose(fuseml.ops.log_softmax(x), _ref(x, -1, True), torch.bfloat16)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("online", [False, True])
+def test_softmax_edge_values_match_torch(device, backend, log, online, monkeypatch):
+    if online:
+        monkeypatch.setattr(sm, "MAX_ONCHIP_COLS", 4)
+        monkeypatch.setattr(sm, "ONLINE_BLOCK", 4)
+    ninf, inf = float("-inf"), float("inf")
+    x = torch.tensor(
+        [
+            [ninf] * 9,  # all -inf: NaN, as torch
+            [ninf, 0.0, ninf, 1.0, ninf, ninf, 2.0, ninf, ninf],
+            [1e4, -1e4, 0.0, 5e3, 1e4, 3.0, -2.0, 0.5, 1e4],  # large but finite in fp16
+            [inf, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],  # +inf: NaN/0 pattern of torch
+        ],
+        device=device,
+    )
+    for dtype in (torch.float32, torch.float16):
+        xd = x.to(dtype)
+        out = _op(log)(xd, backend=backend)
+        ref = (torch.log_softmax if log else torch.softmax)(xd.double(), -1).to(dtype)
+        torch.testing.assert_close(out, ref, equal_nan=True, rtol=2e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_softmax_single_column_and_empty(device, backend):
+    x = torch.randn(5, 1, device=device)
+    torch.testing.assert_close(fuseml.ops.softmax(x, backend=backend), torch.ones_like(x))
+    torch.testing.assert_close(fuseml.ops.log_softmax(x, backend=backend), torch.zeros_like(x))
+    for shape, dim in (((0, 7), -1), ((3, 0), -1), ((3, 0), 0)):
+        e = torch.randn(shape, device=device)
+        assert fuseml.ops.softmax(e, dim, backend=backend).shape == shape
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_softmax_writes_every_element(device, backend):
+    x = torch.randn(33, 129, device=device)
+    out = fuseml.ops.softmax(x, backend=backend)
+    assert not torch.isnan(out).any()
+    assert_close_verbose(out.sum(-1), torch.ones(33, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax_backward(device, backend, log, dtype):
+    x = (3 * torch.randn(4, 5, 37, device=device)).to(dtype).requires_grad_()
+    g = torch.randn(4, 5, 37, device=device, dtype=dtype)
+    _op(log)(x, 1, backend=backend).backward(g)
+    x64 = x.detach().double().requires_grad_()
+    (torch.log_softmax if log else torch.softmax)(x64, 1).backward(g.double())
+    assert_close_verbose(x.grad, x64.grad, dtype)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_softmax_opcheck(device, backend):
+    x = torch.randn(6, 40, device=device, requires_grad=True)
+    torch.library.opcheck(torch.ops.fuseml.softmax, (x, 1))
+    torch.library.opcheck(torch.ops.fuseml.log_softmax, (x.detach(), 0))
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_softmax_compile_fullgraph(device, backend):
+    x = torch.randn(8, 50, device=device)
+    fn = torch.compile(lambda a: fuseml.ops.softmax(a, backend=backend) * 3, fullgraph=True)
+    assert_close_verbose(fn(x), _ref(x, -1, False) * 3)
+
+
+def test_softmax_backends_on_cpu():
+    x = torch.randn(4, 9)
+    for backend in ("auto", "eager", "compile"):
+        assert_close_verbose(fuseml.ops.softmax(x, backend=backend), _ref(x, -1, False))
+
+
+def test_softmax_bad_input():
+    with pytest.raises(ValueError, match=r"dim must be in \[-2, 1\]"):
+        fuseml.ops.softmax(torch.randn(3, 4), dim=2)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        fuseml.ops.softmax(torch.randn(3, 4), dim=1.0)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        fuseml.ops.log_softmax(torch.arange(4))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        fuseml.ops.softmax(torch.randn(3), backend="fast")
+
+
+def test_poison_helper_marks_unwritten():
+    t = poison_(torch.empty(3))
+    assert torch.isnan(t).all()
