@@ -21,7 +21,8 @@ echo "== GPU tests" | tee "$OUT/tests.txt"
 tests_rc=${PIPESTATUS[0]}
 [ "$tests_rc" -eq 0 ] || status=1
 
-suites=$("$PY" -c "from fuseml.bench.suites import SUITES; print(' '.join(SUITES))")
+# FUSEML_SUITES="a b" limits the suites (default: every suite).
+suites="${FUSEML_SUITES:-$("$PY" -c "from fuseml.bench.suites import SUITES; print(' '.join(SUITES))")}"
 for suite in $suites; do
     echo "== bench $suite (quick)" | tee "$OUT/bench-$suite.txt"
     "$PY" -m fuseml.cli bench "$suite" --quick --out "$OUT/results" 2>&1 \

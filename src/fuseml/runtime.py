@@ -21,9 +21,18 @@ BACKENDS = ("auto", "eager", "compile", "triton", "cuda")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+_INTERPRETING: list = []  # read once: kernels are bound to the mode when they are defined
+
+
 def triton_interpreting() -> bool:
-    """True when Triton kernels run on the CPU through Triton's interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """True when Triton kernels run on the CPU through Triton's interpreter.
+
+    Triton reads TRITON_INTERPRET when a kernel is defined (fuseml.ops import time), so a
+    later change of the variable does not change the mode: read it once.
+    """
+    if not _INTERPRETING:
+        _INTERPRETING.append(os.environ.get("TRITON_INTERPRET", "0") == "1")
+    return _INTERPRETING[0]
 
 
 _TRITON_VERSION: list = []  # filled on first use; a plain list so torch.compile can trace it

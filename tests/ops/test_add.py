@@ -96,6 +96,8 @@ def test_add_bad_input():
 
 
 def test_add_triton_unavailable(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    from fuseml import runtime
+
+    monkeypatch.setattr(runtime, "triton_interpreting", lambda: False)
     with pytest.raises(ValueError, match="backend='triton' is unavailable"):
         fuseml.ops.add(torch.randn(3), torch.randn(3), backend="triton")

@@ -1,6 +1,6 @@
 """Benchmark suites: each module has ``cases(quick: bool) -> Iterable[Case]``, ``PLOT``
 (how to draw it) and ``README`` (how to tabulate it)."""
 
-from fuseml.bench.suites import elementwise
+from fuseml.bench.suites import elementwise, softmax
 
-SUITES = {"elementwise": elementwise}
+SUITES = {"elementwise": elementwise, "softmax": softmax}

@@ -1,0 +1,77 @@
+"""Suite ``softmax``: M = 4096 rows, N from 128 to 262,144 columns (powers of two and odd
+widths), softmax and log-softmax.
+
+Arms
+  manual   the naive chain: max, subtract, exp, sum, divide (5 reads, 3 writes)
+  torch    torch.softmax / torch.log_softmax
+  compile  torch.compile of the reference
+  triton   fuseml.ops.softmax / log_softmax (on-chip persistent kernel up to 32,768
+           columns, online two-pass kernel above)
+"""
+
+from __future__ import annotations
+
+import torch
+
+import fuseml
+from fuseml.bench.harness import Case
+
+ROWS = 4096
+N_FULL = [128, 256, 512, 1000, 1024, 2048, 3000, 4096, 8192, 16384, 32768, 50257, 65536,
+          131072, 262144]  # fmt: skip
+N_QUICK = [128, 1000, 4096, 16384, 50257, 65536, 262144]
+LOG_N_QUICK = [1024, 32768, 262144]
+
+
+def _manual_softmax(x):
+    m = x.max(dim=-1, keepdim=True).values
+    e = torch.exp(x - m)
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def _manual_log_softmax(x):
+    z = x - x.max(dim=-1, keepdim=True).values
+    return z - torch.log(torch.exp(z).sum(dim=-1, keepdim=True))
+
+
+def _case(op: str, n: int, dtype: torch.dtype) -> Case:
+    log = op == "log_softmax"
+    ref = torch.log_softmax if log else torch.softmax
+    fused = fuseml.ops.log_softmax if log else fuseml.ops.softmax
+    dname = str(dtype).replace("torch.", "")
+    es = torch.empty((), dtype=dtype).element_size()
+    return Case(
+        suite="softmax",
+        name=f"{op}/{dname}/{ROWS}x{n}",
+        params={"op": op, "dtype": dname, "n_cols": n, "numel": ROWS * n, "shape": [ROWS, n]},
+        make_inputs=lambda: (3 * torch.randn(ROWS, n, device="cuda", dtype=dtype),),
+        arms={
+            "torch": lambda x: ref(x, -1),
+            "manual": _manual_log_softmax if log else _manual_softmax,
+            "compile": torch.compile(lambda x: ref(x, -1), dynamic=False),
+            "triton": lambda x: fused(x, -1, backend="triton"),
+        },
+        bytes=2 * ROWS * n * es,
+        dtype=dtype,
+    )
+
+
+def cases(quick: bool = False, cuda: bool = True):  # cuda: no CUDA twin yet
+    if quick:
+        for n in N_QUICK:
+            yield _case("softmax", n, torch.bfloat16)
+        for n in LOG_N_QUICK:
+            yield _case("log_softmax", n, torch.bfloat16)
+        return
+    for op in ("softmax", "log_softmax"):
+        for dtype in (torch.float32, torch.bfloat16):
+            for n in N_FULL:
+                yield _case(op, n, dtype)
+
+
+PLOT = {"x": "n_cols", "panels": ("op", "dtype"), "xlabel": "columns (N)", "logx": True}
+README = {
+    "rows": ("op", "dtype", "shape"),
+    "arms": ("manual", "torch", "compile", "triton", "cuda"),
+    "min_numel": 0,
+}
