@@ -8,7 +8,7 @@ from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_
 
 # The module, not the function fuseml.ops.softmax that shadows it as an attribute.
 sm = importlib.import_module("fuseml.ops.softmax")
-TARGETS = fused_targets(cuda_twin=False)
+TARGETS = fused_targets()
 SHAPES = [(1, 1), (3, 33), (1, 4096), (7, 1000), (2, 3, 17), (129, 257), (5, 7000)]
 
 
@@ -51,6 +51,8 @@ def test_softmax_strided_inputs(device, backend):
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_softmax_long_rows_online_path(device, backend, log, dtype, monkeypatch):
+    if backend == "cuda":
+        pytest.skip("the CUDA twin's long-row path is covered by test_softmax_long_rows_on_gpu")
     # Force the online (two-pass) kernel at sizes the interpreter can run.
     monkeypatch.setattr(sm, "MAX_ONCHIP_COLS", 64)
     monkeypatch.setattr(sm, "ONLINE_BLOCK", 128)
@@ -60,17 +62,22 @@ def test_softmax_long_rows_online_path(device, backend, log, dtype, monkeypatch)
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("n_cols", [32768, 32769, 262144, 1_048_576])
-def test_softmax_long_rows_on_gpu(n_cols):
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("n_cols", [1025, 8191, 32768, 32769, 262144, 1_048_576])
+def test_softmax_long_rows_on_gpu(backend, n_cols):
     x = 10 * torch.randn(4, n_cols, device="cuda", dtype=torch.bfloat16)
-    assert_close_verbose(fuseml.ops.softmax(x), _ref(x, -1, False), torch.bfloat16)
-    assert_close_verbose(fuseml.ops.log_softmax(x), _ref(x, -1, True), torch.bfloat16)
+    out = fuseml.ops.softmax(x, backend=backend)
+    assert_close_verbose(out, _ref(x, -1, False), torch.bfloat16)
+    out = fuseml.ops.log_softmax(x, backend=backend)
+    assert_close_verbose(out, _ref(x, -1, True), torch.bfloat16)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("online", [False, True])
 def test_softmax_edge_values_match_torch(device, backend, log, online, monkeypatch):
+    if online and backend == "cuda":
+        pytest.skip("thresholds of the Triton kernels only")
     if online:
         monkeypatch.setattr(sm, "MAX_ONCHIP_COLS", 4)
         monkeypatch.setattr(sm, "ONLINE_BLOCK", 4)
@@ -124,8 +131,8 @@ def test_softmax_backward(device, backend, log, dtype):
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 def test_softmax_opcheck(device, backend):
     x = torch.randn(6, 40, device=device, requires_grad=True)
-    torch.library.opcheck(torch.ops.fuseml.softmax, (x, 1))
-    torch.library.opcheck(torch.ops.fuseml.log_softmax, (x.detach(), 0))
+    torch.library.opcheck(torch.ops.fuseml.softmax, (x, 1, backend))
+    torch.library.opcheck(torch.ops.fuseml.log_softmax, (x.detach(), 0, backend))
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)

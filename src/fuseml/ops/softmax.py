@@ -185,8 +185,8 @@ def _launch_online(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool
     )  # fmt: skip
 
 
-def _forward(x: torch.Tensor, dim: int, log: bool, traced: bool) -> torch.Tensor:
-    """Softmax along ``dim`` with the Triton kernels; output contiguous like torch's."""
+def _forward(x: torch.Tensor, dim: int, log: bool, impl: str, traced: bool) -> torch.Tensor:
+    """Softmax along ``dim`` with the Triton or CUDA kernels; output contiguous."""
     if x.numel() == 0:
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
     moved = x.movedim(dim, -1) if x.dim() else x.reshape(1)
@@ -200,7 +200,9 @@ def _forward(x: torch.Tensor, dim: int, log: bool, traced: bool) -> torch.Tensor
     if launches_skipped():
         return out.contiguous() if x.dim() else out
     out2 = out_moved.view(-1, moved.shape[-1])
-    if x2.shape[1] <= MAX_ONCHIP_COLS:
+    if impl == "cuda":
+        torch.ops.fuseml.softmax_cuda_out(x2, log, out2)
+    elif x2.shape[1] <= MAX_ONCHIP_COLS:
         _launch_rows(x2, out2, log, traced)
     else:
         _launch_online(x2, out2, log, traced)
@@ -209,13 +211,13 @@ def _forward(x: torch.Tensor, dim: int, log: bool, traced: bool) -> torch.Tensor
 
 # ------------------------------------------------------------------------ registration
 @fused_op("fuseml::softmax")
-def _softmax_op(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return _forward(x, dim, False, traced=True)
+def _softmax_op(x: torch.Tensor, dim: int, impl: str) -> torch.Tensor:
+    return _forward(x, dim, False, impl, traced=True)
 
 
 @fused_op("fuseml::log_softmax")
-def _log_softmax_op(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return _forward(x, dim, True, traced=True)
+def _log_softmax_op(x: torch.Tensor, dim: int, impl: str) -> torch.Tensor:
+    return _forward(x, dim, True, impl, traced=True)
 
 
 def _setup(ctx, inputs, output):
@@ -227,14 +229,14 @@ def _softmax_backward(ctx, grad):
     (y,) = ctx.saved_tensors
     y32, g32 = y.float(), grad.float()
     dx = y32 * (g32 - (g32 * y32).sum(ctx.dim, keepdim=True))
-    return dx.to(y.dtype), None
+    return dx.to(y.dtype), None, None
 
 
 def _log_softmax_backward(ctx, grad):
     (y,) = ctx.saved_tensors
     g32 = grad.float()
     dx = g32 - torch.exp(y.float()) * g32.sum(ctx.dim, keepdim=True)
-    return dx.to(y.dtype), None
+    return dx.to(y.dtype), None, None
 
 
 torch.library.register_autograd("fuseml::softmax", _softmax_backward, setup_context=_setup)
@@ -262,17 +264,15 @@ def _public(op: str, x, dim, backend: str, log: bool) -> torch.Tensor:
         return ref(x, dim)
     if backend == "compile":
         return compiled(ref)(x, dim)
-    if backend == "cuda":
-        raise ValueError(f"{op}: backend='cuda' is not implemented for softmax yet")
     if needs_dispatch(x):
-        return (torch.ops.fuseml.log_softmax if log else torch.ops.fuseml.softmax)(x, dim)
-    return _forward(x, dim, log, traced=False)
+        return (torch.ops.fuseml.log_softmax if log else torch.ops.fuseml.softmax)(x, dim, backend)
+    return _forward(x, dim, log, backend, traced=False)
 
 
 def softmax(x: torch.Tensor, dim: int = -1, *, backend: str = "auto") -> torch.Tensor:
     """Softmax of a float32/float16/bfloat16 tensor along ``dim``, float32 math.
 
-    backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton.
+    backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton | cuda.
     """
     return _public("softmax", x, dim, backend, log=False)
 

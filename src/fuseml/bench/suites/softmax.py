@@ -7,6 +7,7 @@ Arms
   compile  torch.compile of the reference
   triton   fuseml.ops.softmax / log_softmax (on-chip persistent kernel up to 32,768
            columns, online two-pass kernel above)
+  cuda     the CUDA C++ twin (warp per row for short rows, block per row for long ones)
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _manual_log_softmax(x):
     return z - torch.log(torch.exp(z).sum(dim=-1, keepdim=True))
 
 
-def _case(op: str, n: int, dtype: torch.dtype) -> Case:
+def _case(op: str, n: int, dtype: torch.dtype, cuda: bool) -> Case:
     log = op == "log_softmax"
     ref = torch.log_softmax if log else torch.softmax
     fused = fuseml.ops.log_softmax if log else fuseml.ops.softmax
@@ -50,23 +51,24 @@ def _case(op: str, n: int, dtype: torch.dtype) -> Case:
             "manual": _manual_log_softmax if log else _manual_softmax,
             "compile": torch.compile(lambda x: ref(x, -1), dynamic=False),
             "triton": lambda x: fused(x, -1, backend="triton"),
+            **({"cuda": lambda x: fused(x, -1, backend="cuda")} if cuda else {}),
         },
         bytes=2 * ROWS * n * es,
         dtype=dtype,
     )
 
 
-def cases(quick: bool = False, cuda: bool = True):  # cuda: no CUDA twin yet
+def cases(quick: bool = False, cuda: bool = True):
     if quick:
         for n in N_QUICK:
-            yield _case("softmax", n, torch.bfloat16)
+            yield _case("softmax", n, torch.bfloat16, cuda)
         for n in LOG_N_QUICK:
-            yield _case("log_softmax", n, torch.bfloat16)
+            yield _case("log_softmax", n, torch.bfloat16, cuda)
         return
     for op in ("softmax", "log_softmax"):
         for dtype in (torch.float32, torch.bfloat16):
             for n in N_FULL:
-                yield _case(op, n, dtype)
+                yield _case(op, n, dtype, cuda)
 
 
 PLOT = {"x": "n_cols", "panels": ("op", "dtype"), "xlabel": "columns (N)", "logx": True}
