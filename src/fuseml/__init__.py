@@ -8,7 +8,7 @@ the command line can choose Triton's mode (e.g. its CPU interpreter) before trit
 import importlib
 
 __version__ = "0.1.0"
-_SUBMODULES = ("ops", "runtime", "testing", "bench")
+_SUBMODULES = ("ops", "runtime", "testing", "bench", "models", "data")
 __all__ = ["__version__", *_SUBMODULES]
 
 

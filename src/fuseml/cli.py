@@ -1,4 +1,4 @@
-"""The ``fuseml`` command line: env | bench | demo (and more as they land).
+"""The ``fuseml`` command line: env | bench | demo | train | predict | profile.
 
 Heavy imports (torch, triton) happen inside the commands, so ``fuseml --help`` is fast.
 """
@@ -67,10 +67,160 @@ def bench(
 
 @app.command()
 def demo() -> None:
-    """Environment report, then every elementwise op through every backend that runs here."""
+    """Environment, elementwise ops through every backend, then DLRM end to end (synthetic)."""
     from fuseml.demo import run_demo
 
     run_demo()
+
+
+def _fail(err: Exception) -> None:
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(2) from err
+
+
+@app.command()
+def train(
+    config: Annotated[
+        str, typer.Option(help="named config (tiny, kaggle, terabyte, mlperf) or a JSON file")
+    ],
+    data: Annotated[
+        Path | None, typer.Option(help="dataset folder written by fuseml.data.prepare")
+    ] = None,
+    synthetic: Annotated[
+        int | None,
+        typer.Option(help="instead of --data: generate and prepare this many synthetic rows"),
+    ] = None,
+    max_cardinality: Annotated[
+        int, typer.Option(help="--synthetic: cap on each table's distinct values")
+    ] = 100,
+    epochs: Annotated[int, typer.Option(help="passes over the training split")] = 1,
+    batch_size: Annotated[
+        int | None, typer.Option(help="default: the reference's (kaggle 128, terabyte 2048)")
+    ] = None,
+    lr: Annotated[
+        float | None, typer.Option(help="default: sgd 0.1, adagrad 0.01, adam 0.001")
+    ] = None,
+    optimizer: Annotated[str, typer.Option(help="sgd | adagrad | adam")] = "sgd",
+    dtype: Annotated[str, typer.Option(help="fp32 | bf16 (autocast)")] = "fp32",
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model")] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="checkpoint + metrics folder (default runs/dlrm-CONFIG)")
+    ] = None,
+    resume: Annotated[Path | None, typer.Option(help="continue from this checkpoint")] = None,
+    tensorboard: Annotated[
+        Path | None, typer.Option(help="write TensorBoard scalars here (needs tensorboard)")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="default: cuda if available")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the model, shuffling and data")] = 0,
+    progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
+) -> None:
+    """Train a DLRM (BCE with logits); validation AUC after each epoch, test AUC at the end."""
+    from fuseml.models.dlrm import CONFIG_NAMES
+    from fuseml.train import TrainOptions, resolve_device, synthetic_dataset
+    from fuseml.train import train as run_train
+
+    if (data is None) == (synthetic is None):
+        _fail(ValueError("give exactly one of --data DIR and --synthetic ROWS"))
+    if config not in CONFIG_NAMES and not Path(config).is_file():
+        _fail(
+            ValueError(f"--config {config!r} is neither a named config {CONFIG_NAMES} nor a file")
+        )
+    try:
+        name = Path(config).stem if Path(config).suffix else config
+        options = TrainOptions(
+            epochs=epochs,
+            batch_size=batch_size,
+            lr=lr,
+            optimizer=optimizer,
+            dtype=dtype,
+            compile=compile,
+            device=device,
+            seed=seed,
+            out_dir=out or Path("runs") / f"dlrm-{name}",
+            resume=resume,
+            tensorboard=tensorboard,
+            progress=progress,
+        )
+        resolve_device(device)  # fail before generating any data
+        if synthetic is not None:
+            data, summary = synthetic_dataset(
+                synthetic, seed=seed, max_cardinality=max_cardinality, progress=progress
+            )
+            best = "n/a" if summary.best_auc is None else f"{summary.best_auc:.4f}"
+            typer.echo(f"synthetic data: {data} (best achievable AUC {best})")
+        run_train(config, data, options)
+    except (ValueError, FileNotFoundError, FloatingPointError) as err:
+        _fail(err)
+
+
+@app.command()
+def predict(
+    checkpoint: Annotated[Path, typer.Option(help="checkpoint.pt written by fuseml train")],
+    data: Annotated[
+        Path, typer.Option(help="prepared dataset folder, or a raw Criteo TSV (.gz) file")
+    ],
+    out: Annotated[Path, typer.Option(help="predictions file: .parquet or .csv")],
+    split: Annotated[str, typer.Option(help="prepared data: which split")] = "test",
+    backend: Annotated[str, typer.Option(help="eager | compile")] = "eager",
+    batch_size: Annotated[int, typer.Option(help="rows per model call")] = 16384,
+    dtype: Annotated[str, typer.Option(help="fp32 | bf16 (autocast)")] = "fp32",
+    device: Annotated[str | None, typer.Option(help="default: cuda if available")] = None,
+    progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+) -> None:
+    """Write click probabilities (row id, probability, label if known) for every row."""
+    from fuseml.predict import predict as run_predict
+
+    try:
+        run_predict(
+            checkpoint,
+            data,
+            out,
+            split=split,
+            backend=backend,
+            batch_size=batch_size,
+            dtype=dtype,
+            device=device,
+            progress=progress,
+        )
+    except (ValueError, FileNotFoundError, TypeError) as err:
+        _fail(err)
+
+
+profile_app = typer.Typer(no_args_is_help=True, help="Profile a model's inference.")
+app.add_typer(profile_app, name="profile")
+
+
+@profile_app.command("dlrm")
+def profile_dlrm(
+    config: Annotated[str, typer.Option(help="tiny | kaggle | terabyte | mlperf")] = "tiny",
+    backend: Annotated[str, typer.Option(help="eager | compile")] = "eager",
+    batch_size: Annotated[int, typer.Option(help="rows per forward pass")] = 2048,
+    steps: Annotated[int, typer.Option(help="profiled forward passes")] = 10,
+    warmup: Annotated[int, typer.Option(help="unprofiled passes first")] = 3,
+    dtype: Annotated[str, typer.Option(help="fp32 | bf16")] = "fp32",
+    max_cardinality: Annotated[
+        int | None, typer.Option(help="cap each table (default: Kaggle sizes; tiny 1000)")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="folder for the Chrome trace")] = Path("runs/profile"),
+    device: Annotated[str | None, typer.Option(help="default: cuda if available")] = None,
+) -> None:
+    """torch.profiler trace of DLRM inference, ranges per stage, top-10 kernels (or ops)."""
+    from fuseml.profile import profile_dlrm as run_profile
+
+    try:
+        run_profile(
+            config,
+            backend=backend,
+            batch_size=batch_size,
+            steps=steps,
+            warmup=warmup,
+            out_dir=out,
+            device=device,
+            dtype=dtype,
+            max_cardinality=max_cardinality,
+        )
+    except ValueError as err:
+        _fail(err)
 
 
 def main() -> None:

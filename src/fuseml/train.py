@@ -6,7 +6,9 @@ Public API::
     result.model, result.config, result.history, result.test, result.checkpoint
     metrics = evaluate(model, CriteoDataset(root, "test"), device)  # auc, log_loss, accuracy
     data_dir, summary = synthetic_dataset(rows, max_cardinality=100)  # cached synth + prepare
-    checkpoint = load_checkpoint(path)
+    split_oracle_auc(data_dir, summary, "test")  # best achievable AUC on those rows
+    ckpt = load_checkpoint(path); model = model_from_checkpoint(ckpt)
+    check_data_matches(config, ckpt["data"], data_dir)  # same tables and id mapping?
 
 The loss is BCE-with-logits (the reference's BCE on the sigmoid, computed stably); the
 default optimiser is plain SGD at lr 0.1 on all parameters, embeddings included (the
@@ -42,6 +44,7 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     ProgressColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -60,9 +63,14 @@ __all__ = [
     "check_data_matches",
     "evaluate",
     "load_checkpoint",
+    "metrics_from_logits",
+    "model_from_checkpoint",
+    "predict_logits",
     "resolve_device",
+    "split_oracle_auc",
     "synthetic_dataset",
     "train",
+    "vocabulary_digest",
 ]
 
 logger = logging.getLogger(__name__)
@@ -166,9 +174,7 @@ def synthetic_dataset(
     summary_path = raw.with_name(raw.name + ".summary.json")
     prepared = folder / "prepared"
     if not (summary_path.is_file() and (prepared / "metadata.json").is_file()):
-        summary = synth(
-            rows, raw, seed=seed, max_cardinality=max_cardinality, progress=progress
-        )
+        summary = synth(rows, raw, seed=seed, max_cardinality=max_cardinality, progress=progress)
         prepare(
             raw,
             prepared,
@@ -388,11 +394,12 @@ def evaluate(
 
 
 class _RateColumn(ProgressColumn):
-    """Samples per second of a task (rich measures the speed of ``completed``)."""
+    """Samples (rows) per second of a task (rich measures the speed of ``completed``)."""
 
     def render(self, task) -> Text:
         speed = task.finished_speed or task.speed
-        return Text("-- samples/s" if speed is None else f"{speed:,.0f} samples/s", style="cyan")
+        # "12,345/s" rather than "12,345 samples/s": keeps the bar on one 80-column line
+        return Text("--/s" if speed is None else f"{speed:,.0f}/s", style="cyan")
 
 
 def _progress(enabled: bool, console: Console) -> Progress:
@@ -437,9 +444,7 @@ def _resolve_config(
     config: str | Path | DLRMConfig, cardinalities: Sequence[int], ckpt: dict[str, Any] | None
 ) -> DLRMConfig:
     if isinstance(config, DLRMConfig):
-        resolved = (
-            config.with_cardinalities(cardinalities) if not config.cardinalities else config
-        )
+        resolved = config.with_cardinalities(cardinalities) if not config.cardinalities else config
         resolved.check_cardinalities(cardinalities, what="the data")
     else:
         resolved = DLRMConfig.load(config, cardinalities=cardinalities)
@@ -463,6 +468,46 @@ def _config_diff(a: DLRMConfig, b: DLRMConfig) -> str:
     return "fields " + ", ".join(diffs) + " differ"
 
 
+def _train_epoch(
+    run: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train_set: CriteoDataset,
+    device: torch.device,
+    dtype: str,
+    bar: Progress,
+    task: TaskID,
+    writer: Any,
+    step: int,
+) -> tuple[float, int, float]:
+    """One pass over the training split; returns (mean loss, rows, seconds)."""
+    loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per batch
+    seen, start = 0, time.perf_counter()
+    for i, batch in enumerate(train_set):
+        dense, sparse = batch.dense.to(device), batch.sparse.to(device)
+        labels = batch.labels.to(device)
+        with _autocast(device, dtype):
+            logits = run(dense, sparse, return_logits=True)  # (B,)
+        loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.detach() * len(labels)
+        seen += len(labels)
+        if i % _LOSS_EVERY == 0:
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                lr = optimizer.param_groups[0]["lr"]
+                raise FloatingPointError(
+                    f"training diverged at step {i} of the epoch: loss {value} (lower --lr, "
+                    f"now {lr})"
+                )
+            bar.update(task, loss=f"{value:.4f}")
+            if writer is not None:
+                writer.add_scalar("train/loss", value, step + i)
+        bar.update(task, advance=len(labels))
+    return float(loss_sum) / max(seen, 1), seen, time.perf_counter() - start
+
+
 def train(
     config: str | Path | DLRMConfig,
     data_dir: str | Path,
@@ -477,14 +522,14 @@ def train(
     device = resolve_device(options.device)
     metadata = load_metadata(data_dir)
     ckpt = load_checkpoint(options.resume) if options.resume is not None else None
+    if ckpt is not None:  # first the data, whose mismatch has the most specific message
+        check_data_matches(DLRMConfig.from_dict(ckpt["config"]), ckpt["data"], data_dir, metadata)
     config = _resolve_config(config, metadata["cardinalities"], ckpt)
-    if ckpt is not None:
-        check_data_matches(config, ckpt["data"], data_dir, metadata)
-        if ckpt["optimizer_name"] != options.optimizer:
-            raise ValueError(
-                f"--resume: the checkpoint was trained with {ckpt['optimizer_name']}, "
-                f"not {options.optimizer}"
-            )
+    if ckpt is not None and ckpt["optimizer_name"] != options.optimizer:
+        raise ValueError(
+            f"--resume: the checkpoint was trained with {ckpt['optimizer_name']}, "
+            f"not {options.optimizer}"
+        )
 
     batch_size = options.batch_size or _DEFAULT_BATCH_SIZE.get(config.name, 2048)
     lr = options.lr or _DEFAULT_LR[options.optimizer]
@@ -523,35 +568,13 @@ def train(
             task = bar.add_task(
                 f"epoch {epoch + 1}/{options.epochs}", total=train_set.num_rows, loss="--"
             )
-            loss_sum = torch.zeros((), device=device)
-            seen, start = 0, time.perf_counter()
-            for i, batch in enumerate(train_set):
-                dense, sparse = batch.dense.to(device), batch.sparse.to(device)
-                labels = batch.labels.to(device)
-                with _autocast(device, options.dtype):
-                    logits = run(dense, sparse, return_logits=True)
-                loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                loss_sum += loss.detach() * len(labels)
-                seen += len(labels)
-                step += 1
-                if i % _LOSS_EVERY == 0:
-                    value = float(loss)
-                    if not math.isfinite(value):
-                        raise FloatingPointError(
-                            f"training diverged at epoch {epoch + 1}, step {i}: loss {value} "
-                            f"(lower --lr, now {lr})"
-                        )
-                    bar.update(task, loss=f"{value:.4f}")
-                    if writer is not None:
-                        writer.add_scalar("train/loss", value, step)
-                bar.update(task, advance=len(labels))
-            seconds = time.perf_counter() - start
+            loss, seen, seconds = _train_epoch(
+                run, optimizer, train_set, device, options.dtype, bar, task, writer, step
+            )
+            step += len(train_set)
             record = {
                 "epoch": epoch + 1,
-                "train_loss": float(loss_sum) / max(seen, 1),
+                "train_loss": loss,
                 "samples_per_s": seen / seconds if seconds > 0 else None,
                 "validation": evaluate(run, val_set, device, options.dtype),
             }
@@ -598,7 +621,5 @@ def _summary_table(history: list[dict[str, Any]], test: dict[str, Any]) -> Table
             _fmt(val["log_loss"]),
             _fmt(val["accuracy"]),
         )
-    table.add_row(
-        "test", "", "", _fmt(test["auc"]), _fmt(test["log_loss"]), _fmt(test["accuracy"])
-    )
+    table.add_row("test", "", "", _fmt(test["auc"]), _fmt(test["log_loss"]), _fmt(test["accuracy"]))
     return table

@@ -26,6 +26,46 @@ def suite_markdown(suite: str, root: Path) -> str | None:
     return "\n".join(parts)
 
 
+FUSION_ARMS = (("manual", "manual PyTorch"), ("builtin", "PyTorch built-in"),
+               ("cuda", "CUDA C++"), ("triton", "Triton"), ("compile", "torch.compile"))  # fmt: skip
+
+
+def fusion_markdown(root: Path) -> str | None:
+    """GELU (elementwise suite) and softmax side by side: the same op five ways."""
+    parts = []
+    for gpu_dir in sorted(p for p in Path(root).iterdir() if p.is_dir()):
+        ew, sm = gpu_dir / "elementwise.json", gpu_dir / "softmax.json"
+        if not (ew.exists() and sm.exists()):
+            continue
+        rows = []
+        for path, op_key, builtin in ((ew, "gelu", "builtin"), (sm, "softmax", "torch")):
+            doc = report.load_results(path)
+            events = [r for r in doc["rows"] if r.get("mode") == "events" and r["op"] == op_key]
+            by_case: dict[str, dict] = {}
+            for r in events:
+                by_case.setdefault(r["case"], {})[r["arm"]] = r
+            for case, arms in sorted(
+                by_case.items(), key=lambda kv: next(iter(kv[1].values()))["numel"]
+            ):
+                cells = []
+                for arm, _ in FUSION_ARMS:
+                    r = arms.get(builtin if arm == "builtin" else arm)
+                    cells.append(
+                        ""
+                        if r is None
+                        else f"{r['p50_ms'] * 1e3:,.1f} us ({r['pct_of_ceiling']:.0f}%)"
+                    )
+                rows.append(f"| {case} | " + " | ".join(cells) + " |")
+            gpu = doc["meta"]["gpu"]
+        head = "| case | " + " | ".join(label for _, label in FUSION_ARMS) + " |"
+        parts += [f"**{gpu}**: median time (% of the copy bandwidth measured in the same run)\n",
+                  head, "|---" * (len(FUSION_ARMS) + 1) + "|", *rows]  # fmt: skip
+        png = gpu_dir / "softmax.png"
+        if png.exists():
+            parts.append(f"\n![softmax GB/s across N on {gpu}]({png.as_posix()})\n")
+    return "\n".join(parts) if parts else None
+
+
 def regenerate(readme: Path, root: Path) -> None:
     for suite in SUITES:
         text = suite_markdown(suite, root)
@@ -36,3 +76,6 @@ def regenerate(readme: Path, root: Path) -> None:
             print(f"{suite}: README section updated")
         else:
             print(f"{suite}: README has no <!-- fuseml:results:{suite} --> section")
+    fusion = fusion_markdown(root)
+    if fusion and report.update_readme(readme, "fusion", fusion):
+        print("fusion side by side: README section updated")

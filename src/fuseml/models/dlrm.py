@@ -27,6 +27,7 @@ number of rows.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -102,7 +103,9 @@ class DLRMConfig:
         for field in ("bottom_mlp", "top_mlp", "cardinalities"):
             object.__setattr__(self, field, tuple(int(v) for v in getattr(self, field)))
         if self.interaction not in _INTERACTIONS:
-            raise ValueError(f"interaction must be one of {_INTERACTIONS}, got {self.interaction!r}")
+            raise ValueError(
+                f"interaction must be one of {_INTERACTIONS}, got {self.interaction!r}"
+            )
         if min((self.embedding_dim, self.num_dense, *self.bottom_mlp, *self.top_mlp)) < 1:
             raise ValueError(f"{self.name}: layer widths must be positive")
         if not self.bottom_mlp or not self.top_mlp:
@@ -182,7 +185,9 @@ class DLRMConfig:
             return cls.from_name(str(spec), cardinalities=cardinalities)
         path = Path(spec)
         if not path.is_file():
-            raise ValueError(f"--config {spec!r} is neither a named config {CONFIG_NAMES} nor a file")
+            raise ValueError(
+                f"--config {spec!r} is neither a named config {CONFIG_NAMES} nor a file"
+            )
         config = cls.from_json(path)
         if cardinalities is None:
             return config
@@ -214,7 +219,9 @@ class DLRMConfig:
     # -- serialisation ----------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        return {
+            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DLRMConfig:
@@ -251,7 +258,7 @@ def mlp(widths: Sequence[int], *, last_relu: bool) -> nn.Sequential:
     """Linear + ReLU layers for ``widths = (in, h1, ..., out)``; ``last_relu=False`` leaves
     the last Linear without its ReLU."""
     layers: list[nn.Module] = []
-    for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:])):
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(widths)):
         layers.append(nn.Linear(n_in, n_out))
         if last_relu or i < len(widths) - 2:
             layers.append(nn.ReLU())

@@ -1,0 +1,308 @@
+"""Click probabilities from a trained DLRM checkpoint (``fuseml predict``).
+
+Public API::
+
+    summary = predict(checkpoint, source, out, split="test", backend="eager", batch_size=16384)
+    summary.rows, summary.seconds, summary.rows_per_s, summary.metrics
+
+``source`` is either a dataset folder written by ``fuseml.data.prepare`` (one split of it
+is scored) or a raw Criteo TSV file (plain or .gz, with or without the label column),
+which is preprocessed on the fly exactly as the model's training data was: the same dense
+transform, and the same hash range or the vocabulary stored in the checkpoint. A prepared
+dataset whose tables or id mapping differ from the model's is refused.
+
+Rows are streamed: at most one reader chunk (TSV) or one split (prepared data, as cached by
+``CriteoDataset``) is in memory. The output (.parquet or .csv, by suffix) has columns
+``row_id`` (TSV: the 1-based line number; prepared data: the 0-based row of the split),
+``probability`` and, when the source has labels, ``label``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from fuseml.data import (
+    NUM_DENSE,
+    NUM_SPARSE,
+    CriteoDataset,
+    CriteoReader,
+    Vocabulary,
+    hash_sparse,
+    load_metadata,
+    transform_dense,
+)
+from fuseml.data.criteo import open_maybe_gzip
+from fuseml.models.dlrm import DLRM
+from fuseml.train import (
+    _RateColumn,
+    check_data_matches,
+    load_checkpoint,
+    metrics_from_logits,
+    model_from_checkpoint,
+    resolve_device,
+)
+
+__all__ = ["BACKENDS", "PredictSummary", "predict"]
+
+BACKENDS = ("eager", "compile")
+_OUT_FORMATS = (".parquet", ".csv")
+
+
+@dataclass
+class PredictSummary:
+    out: Path
+    rows: int
+    seconds: float  # wall time of the whole stream: reading, preprocessing, model, writing
+    model_seconds: float  # time spent in the model (synchronised on CUDA)
+    has_labels: bool
+    metrics: dict[str, Any] | None  # AUC, log loss, accuracy when the source has labels
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else float("nan")
+
+
+@dataclass
+class _Batch:
+    row_ids: np.ndarray  # (B,) int64
+    dense: torch.Tensor  # (B, 13) float32
+    sparse: torch.Tensor  # (B, 26) int64
+    labels: np.ndarray | None  # (B,) int8
+
+
+class _Source:
+    """Batches of preprocessed rows, plus what a progress bar needs."""
+
+    total: int  # progress units (rows or bytes)
+    unit: str
+    has_labels: bool
+
+    def __iter__(self) -> Iterator[tuple[_Batch | None, int]]:
+        """(batch or None, progress to advance)."""
+        raise NotImplementedError
+
+
+class _PreparedSource(_Source):
+    def __init__(self, root: Path, split: str, batch_size: int) -> None:
+        self.dataset = CriteoDataset(root, split, batch_size=batch_size, shuffle=False)
+        self.total, self.unit, self.has_labels = self.dataset.num_rows, "rows", True
+
+    def __iter__(self) -> Iterator[tuple[_Batch | None, int]]:
+        start = 0
+        for batch in self.dataset:
+            n = len(batch.labels)
+            ids = np.arange(start, start + n, dtype=np.int64)
+            labels = batch.labels.numpy().astype(np.int8)
+            yield _Batch(ids, batch.dense, batch.sparse, labels), n
+            start += n
+
+
+class _TsvSource(_Source):
+    def __init__(
+        self, path: Path, trained_on: dict[str, Any], batch_size: int, has_label: bool | None
+    ) -> None:
+        self.has_labels = _detect_label_column(path) if has_label is None else has_label
+        self.reader = CriteoReader(
+            path, has_label=self.has_labels, chunk_rows=max(batch_size, 1 << 16)
+        )
+        self.batch_size = batch_size
+        self.total, self.unit = self.reader.size_bytes, "bytes"  # rows unknown until read
+        options = trained_on["metadata"]["options"]
+        if options["mode"] == "hash":
+            caps = options["max_ind_range"]
+            self.to_ids = lambda values: hash_sparse(values, caps)
+        else:
+            vocab = trained_on["vocabulary"]
+            keys = tuple(k.numpy() for k in vocab["keys"])
+            self.to_ids = Vocabulary(keys=keys, min_freq=vocab["min_freq"]).lookup
+
+    def __iter__(self) -> Iterator[tuple[_Batch | None, int]]:
+        done = 0
+        for chunk in self.reader:
+            dense = torch.from_numpy(transform_dense(chunk.dense, chunk.dense_missing))
+            sparse = torch.from_numpy(self.to_ids(chunk.sparse))
+            advance = self.reader.bytes_read - done
+            done = self.reader.bytes_read
+            for s in range(0, chunk.num_rows, self.batch_size):
+                rows = slice(s, s + self.batch_size)
+                labels = chunk.labels[rows] if chunk.labels is not None else None
+                yield _Batch(chunk.line_numbers[rows], dense[rows], sparse[rows], labels), 0
+            yield None, advance
+
+
+def _detect_label_column(path: Path) -> bool:
+    """True for 40 fields on the first line (label + 13 + 26), False for 39."""
+    with open_maybe_gzip(path) as (_, stream):
+        first = stream.read(1 << 16).split(b"\n", 1)[0]
+    n = first.count(b"\t") + 1
+    if n == 1 + NUM_DENSE + NUM_SPARSE:
+        return True
+    if n == NUM_DENSE + NUM_SPARSE:
+        return False
+    raise ValueError(
+        f"{path}: the first line has {n} tab-separated fields; a Criteo TSV line has 40 "
+        "(label, 13 counts, 26 categories) or 39 (no label)"
+    )
+
+
+class _Writer:
+    """Streams record batches to a parquet or CSV file."""
+
+    def __init__(self, out: Path, has_labels: bool) -> None:
+        if out.suffix not in _OUT_FORMATS:
+            raise ValueError(f"--out must end in {' or '.join(_OUT_FORMATS)}, got {out.name!r}")
+        fields = [pa.field("row_id", pa.int64()), pa.field("probability", pa.float32())]
+        if has_labels:
+            fields.append(pa.field("label", pa.int8()))
+        self.schema = pa.schema(fields)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            self._writer = pq.ParquetWriter(out, self.schema)
+        else:
+            import pyarrow.csv as pa_csv
+
+            self._writer = pa_csv.CSVWriter(out, self.schema)
+
+    def write(self, row_ids: np.ndarray, probs: np.ndarray, labels: np.ndarray | None) -> None:
+        arrays = [pa.array(row_ids), pa.array(probs)]
+        if labels is not None:
+            arrays.append(pa.array(labels))
+        self._writer.write_batch(pa.record_batch(arrays, schema=self.schema))
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _pad(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """Pad the batch dimension with zeros (id 0 exists in every table) to ``rows``."""
+    if t.shape[0] == rows:
+        return t
+    return torch.cat([t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))])
+
+
+def predict(
+    checkpoint: str | Path,
+    source: str | Path,
+    out: str | Path,
+    *,
+    split: str = "test",
+    backend: str = "eager",
+    batch_size: int = 16384,
+    device: str | None = None,
+    dtype: str = "fp32",
+    has_label: bool | None = None,
+    progress: bool = True,
+    console: Console | None = None,
+) -> PredictSummary:
+    """Score every row of ``source`` with the checkpoint's model; see the module doc."""
+    console = console or Console()
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    source, out = Path(source), Path(out)
+    if out.suffix not in _OUT_FORMATS:
+        raise ValueError(f"--out must end in {' or '.join(_OUT_FORMATS)}, got {out.name!r}")
+    dev = resolve_device(device)
+    ckpt = load_checkpoint(checkpoint)
+    model: DLRM = model_from_checkpoint(ckpt).to(dev).eval()
+    if source.is_dir():
+        check_data_matches(model.config, ckpt["data"], source, load_metadata(source))
+        stream: _Source = _PreparedSource(source, split, batch_size)
+    elif source.is_file():
+        stream = _TsvSource(source, ckpt["data"], batch_size, has_label)
+    else:
+        raise FileNotFoundError(f"{source} is neither a prepared dataset folder nor a file")
+    # One batch shape for the compiled model: the last batch is padded, not recompiled.
+    run = torch.compile(model, dynamic=False) if backend == "compile" else model
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+
+    writer = _Writer(out, stream.has_labels)
+    all_logits, all_labels = [], []
+    rows, model_seconds = 0, 0.0
+    bar = Progress(
+        TextColumn(f"predicting {source.name}"),
+        BarColumn(),
+        MofNCompleteColumn() if stream.unit == "rows" else DownloadColumn(),
+        _RateColumn() if stream.unit == "rows" else TransferSpeedColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not progress,
+    )
+    start = time.perf_counter()
+    try:
+        with bar, torch.no_grad(), autocast:
+            task = bar.add_task("rows", total=stream.total)
+            for batch, advance in stream:
+                if batch is not None:
+                    n = len(batch.row_ids)
+                    dense, sparse = batch.dense.to(dev), batch.sparse.to(dev)
+                    if backend == "compile":
+                        dense, sparse = _pad(dense, batch_size), _pad(sparse, batch_size)
+                    t0 = time.perf_counter()
+                    logits = run(dense, sparse, return_logits=True)[:n].float()
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+                    model_seconds += time.perf_counter() - t0
+                    logits = logits.cpu()
+                    probs = torch.sigmoid(logits).numpy()
+                    writer.write(batch.row_ids, probs, batch.labels)
+                    if batch.labels is not None:
+                        all_logits.append(logits.double().numpy())
+                        all_labels.append(batch.labels.astype(np.float64))
+                    rows += n
+                    if stream.unit == "rows":
+                        advance = n
+                if advance:
+                    bar.advance(task, advance)
+    finally:
+        writer.close()
+    seconds = time.perf_counter() - start
+    metrics = None
+    if stream.has_labels and all_logits:
+        metrics = metrics_from_logits(np.concatenate(all_logits), np.concatenate(all_labels))
+    summary = PredictSummary(out, rows, seconds, model_seconds, stream.has_labels, metrics)
+    console.print(_summary_table(summary, backend, dev))
+    return summary
+
+
+def _summary_table(s: PredictSummary, backend: str, device: torch.device) -> Table:
+    table = Table(title=f"DLRM prediction ({backend}, {device})", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("rows", f"{s.rows:,}")
+    table.add_row("seconds (total)", f"{s.seconds:.2f}")
+    table.add_row("rows/s (total)", f"{s.rows_per_s:,.0f}")
+    if s.model_seconds > 0:
+        table.add_row("rows/s (model only)", f"{s.rows / s.model_seconds:,.0f}")
+    if s.metrics is not None and s.metrics["auc"] is not None:
+        m = s.metrics
+        table.add_row(
+            "AUC / log loss / accuracy",
+            f"{m['auc']:.4f} / {m['log_loss']:.4f} / {m['accuracy']:.4f}",
+        )
+    table.add_row("written to", s.out.name)
+    return table

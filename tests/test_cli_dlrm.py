@@ -1,0 +1,132 @@
+"""`fuseml train | predict | profile dlrm` from the command line: a synth -> prepare ->
+train -> predict round trip, a profile, and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fuseml.cli import app
+from fuseml.data import load_metadata, prepare, synth
+
+runner = CliRunner()
+
+
+def _ok(args: list[str]) -> str:
+    """Run a command that must succeed; its output with line wrapping undone."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return _flat(result.output)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_synthetic_train_predict_round_trip(tmp_path, cache):
+    run = tmp_path / "run"
+    args = ["train", "--config", "tiny", "--synthetic", "12000", "--max-cardinality", "20"]
+    args += ["--optimizer", "adam", "--batch-size", "512", "--out", str(run), "--no-progress"]
+    output = _ok(args)
+    assert "best achievable AUC" in output and "DLRM training" in output
+    checkpoint = run / "checkpoint.pt"
+    assert checkpoint.is_file() and json.loads((run / "metrics.json").read_text())["test"]["auc"]
+    (data_dir,) = (cache / "synthetic").glob("*/prepared")
+    assert load_metadata(data_dir)["rows"] == 12000
+
+    # resume for a second epoch
+    _ok([*args, "--epochs", "2", "--resume", str(checkpoint)])
+    assert len(json.loads((run / "metrics.json").read_text())["history"]) == 2
+
+    # the prepared test split -> parquet
+    out = tmp_path / "preds.parquet"
+    output = _ok(["predict", "--checkpoint", str(checkpoint), "--data", str(data_dir), "--out", str(out), "--no-progress"])  # fmt: skip
+    assert "rows/s" in output
+    test_rows = load_metadata(data_dir)["splits"]["test"]["rows"]
+    assert pq.read_table(out).num_rows == test_rows
+
+    # the raw TSV that was generated -> csv, every line
+    (raw,) = (cache / "synthetic").glob("*/raw.txt")
+    out = tmp_path / "preds.csv"
+    _ok(["predict", "--checkpoint", str(checkpoint), "--data", str(raw), "--out", str(out), "--no-progress"])  # fmt: skip
+    assert pa_csv.read_csv(out).num_rows == 12000
+
+
+def test_train_on_a_prepared_folder_with_a_config_file(tmp_path):
+    raw = synth(6000, tmp_path / "raw.txt", max_cardinality=15, progress=False).path
+    prepare(raw, tmp_path / "data", mode="hash", max_ind_range=16, progress=False)
+    config = tmp_path / "mini.json"
+    config.write_text(
+        json.dumps({"name": "mini", "embedding_dim": 4, "bottom_mlp": [4], "top_mlp": [4, 1]})
+    )
+    _ok(["train", "--config", str(config), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--no-progress"])  # fmt: skip
+    assert (tmp_path / "run" / "checkpoint.pt").is_file()
+
+
+def test_profile_dlrm_writes_a_chrome_trace(tmp_path):
+    output = _ok(["profile", "dlrm", "--config", "tiny", "--batch-size", "64", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)])  # fmt: skip
+    (trace,) = tmp_path.glob("dlrm-tiny-eager-fp32-bs64-cpu.json")
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert {"dlrm.bottom_mlp", "dlrm.embeddings", "dlrm.interaction", "dlrm.top_mlp"} <= names
+    assert "top ops by self CPU time" in output
+    assert "Device (kernel) times need a CUDA GPU" in output
+
+
+def test_errors_are_clear(tmp_path, cache):
+    result = runner.invoke(app, ["train", "--config", "tiny"])
+    assert result.exit_code == 2 and "exactly one of --data DIR and --synthetic ROWS" in _flat(
+        result.output
+    )
+    result = runner.invoke(
+        app, ["train", "--config", "nope", "--synthetic", "3000", "--no-progress"]
+    )
+    assert result.exit_code == 2 and "neither a named config" in _flat(result.output)
+    result = runner.invoke(app, ["predict", "--checkpoint", str(tmp_path / "x.pt"), "--data", str(tmp_path), "--out", "p.csv"])  # fmt: skip
+    assert result.exit_code == 2 and "not found" in _flat(result.output)
+    result = runner.invoke(app, ["profile", "dlrm", "--backend", "tvm"])
+    assert result.exit_code == 2 and "backend must be 'eager' or 'compile'" in _flat(result.output)
+
+
+def test_dlrm_demo_end_to_end_small(cache):
+    from rich.console import Console
+
+    from fuseml.demo_dlrm import dlrm_demo
+
+    console = Console(record=True, width=120)
+    numbers = dlrm_demo(console, rows=20_000)
+    assert 0.5 < numbers["test_auc"] < numbers["best_auc_test_split"]
+    assert (cache / "demo-dlrm" / "test-predictions.parquet").is_file()
+    assert "DLRM demo summary" in console.export_text()
+
+
+def test_eager_vs_compile_table_runs_on_cpu():
+    import time
+
+    from rich.console import Console
+
+    from fuseml.demo_dlrm import _eager_vs_compile
+
+    def bench(fn) -> float:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    console = Console(record=True, width=120)
+    rates = _eager_vs_compile(
+        console, config="tiny", batch_sizes=(32,), device="cpu", dtype=torch.float32,
+        max_cardinality=20, bench=bench,
+    )  # fmt: skip
+    assert set(rates[32]) == {"eager", "compile"} and rates[32]["eager"] > 0
+    assert "speed-up" in console.export_text()

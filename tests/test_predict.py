@@ -1,0 +1,137 @@
+"""DLRM prediction: from a prepared split or a raw TSV (with or without labels), the same
+probabilities as the model; mismatched data and bad arguments are refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import pytest
+import torch
+from rich.console import Console
+
+from fuseml.data import CriteoDataset, CriteoReader, Vocabulary, prepare, synth, transform_dense
+from fuseml.predict import predict
+from fuseml.train import TrainOptions, load_checkpoint, model_from_checkpoint, train
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny DLRM trained for one epoch on 20k synthetic rows (vocab mode)."""
+    root = tmp_path_factory.mktemp("predict")
+    raw = synth(20_000, root / "raw.txt", seed=0, max_cardinality=20, progress=False).path
+    data_dir = root / "prepared"
+    prepare(raw, data_dir, mode="vocab", progress=False)
+    options = TrainOptions(batch_size=512, optimizer="adam", lr=0.003, out_dir=root / "run")
+    options.progress = False
+    result = train("tiny", data_dir, options, console=Console(quiet=True))
+    return root, raw, data_dir, result.checkpoint
+
+
+def _quiet() -> Console:
+    return Console(quiet=True)
+
+
+def _model_probs(checkpoint, dense: torch.Tensor, sparse: torch.Tensor) -> np.ndarray:
+    model = model_from_checkpoint(load_checkpoint(checkpoint)).eval()
+    with torch.no_grad():
+        return model(dense, sparse).numpy()
+
+
+def test_prepared_split_to_parquet(trained, tmp_path):
+    _, _, data_dir, ckpt = trained
+    out = tmp_path / "preds.parquet"
+    summary = predict(ckpt, data_dir, out, batch_size=1000, console=_quiet(), progress=False)
+    table = pq.read_table(out)
+    test = CriteoDataset(data_dir, "test", batch_size=10**6, shuffle=False)
+    batch = next(iter(test))
+    assert summary.rows == table.num_rows == test.num_rows
+    assert table.column_names == ["row_id", "probability", "label"]
+    assert table.column("row_id").to_pylist() == list(range(test.num_rows))
+    np.testing.assert_array_equal(table.column("label").to_numpy(), batch.labels.numpy())
+    expected = _model_probs(ckpt, batch.dense, batch.sparse)
+    np.testing.assert_allclose(table.column("probability").to_numpy(), expected, rtol=1e-5)
+    assert summary.metrics["auc"] > 0.55 and summary.rows_per_s > 0
+
+
+def test_raw_tsv_with_and_without_labels(trained, tmp_path):
+    _, raw, data_dir, ckpt = trained
+    lines = raw.read_bytes().splitlines(keepends=True)[:3000]
+    labelled = tmp_path / "labelled.txt"
+    labelled.write_bytes(b"".join(lines))
+    unlabelled = tmp_path / "unlabelled.txt"
+    unlabelled.write_bytes(b"".join(line.split(b"\t", 1)[1] for line in lines))
+
+    a = predict(
+        ckpt, labelled, tmp_path / "a.csv", batch_size=700, console=_quiet(), progress=False
+    )
+    b = predict(ckpt, unlabelled, tmp_path / "b.csv", console=_quiet(), progress=False)
+    assert a.has_labels and not b.has_labels and a.rows == b.rows == 3000
+    ta, tb = pa_csv.read_csv(tmp_path / "a.csv"), pa_csv.read_csv(tmp_path / "b.csv")
+    assert ta.column_names == ["row_id", "probability", "label"]
+    assert tb.column_names == ["row_id", "probability"]
+    assert ta.column("row_id").to_pylist() == list(range(1, 3001))  # 1-based line numbers
+    # other batch sizes: the same up to float rounding
+    np.testing.assert_allclose(ta.column("probability"), tb.column("probability"), rtol=1e-6)
+
+    # the same preprocessing as the training data: dense transform + the dataset's vocabulary
+    chunk = next(iter(CriteoReader(labelled, chunk_rows=10_000)))
+    vocab = Vocabulary.load(data_dir / "vocabulary.npz")
+    dense = torch.from_numpy(transform_dense(chunk.dense, chunk.dense_missing))
+    expected = _model_probs(ckpt, dense, torch.from_numpy(vocab.lookup(chunk.sparse)))
+    np.testing.assert_allclose(ta.column("probability").to_numpy(), expected, rtol=1e-5)
+    np.testing.assert_array_equal(ta.column("label").to_numpy(), chunk.labels)
+
+
+def test_compile_backend_pads_the_last_batch(trained, tmp_path):
+    _, _, data_dir, ckpt = trained
+    eager = predict(
+        ckpt, data_dir, tmp_path / "e.parquet", batch_size=300, console=_quiet(), progress=False
+    )
+    compiled = predict(
+        ckpt, data_dir, tmp_path / "c.parquet", backend="compile", batch_size=300,
+        console=_quiet(), progress=False,
+    )  # fmt: skip
+    assert eager.rows == compiled.rows and eager.rows % 300 != 0
+    np.testing.assert_allclose(
+        pq.read_table(tmp_path / "c.parquet").column("probability").to_numpy(),
+        pq.read_table(tmp_path / "e.parquet").column("probability").to_numpy(),
+        rtol=1e-4,
+        atol=1e-6,
+    )
+
+
+def test_refuses_mismatched_data(trained, tmp_path):
+    _root, raw, _, ckpt = trained
+    # other table sizes (tables capped at 10 values)
+    small = synth(3000, tmp_path / "small.txt", max_cardinality=10, progress=False).path
+    prepare(small, tmp_path / "small", mode="vocab", progress=False)
+    with pytest.raises(ValueError, match=r"table 0 \(C1\) has 22 rows in the config, 12 in"):
+        predict(ckpt, tmp_path / "small", tmp_path / "p.csv", console=_quiet(), progress=False)
+    # same table sizes, other id mapping (hash mode)
+    cards = load_checkpoint(ckpt)["config"]["cardinalities"]
+    prepare(raw, tmp_path / "hashed", mode="hash", max_ind_range=cards, progress=False)
+    with pytest.raises(ValueError, match="preprocessed with .*'hash'.* trained on data .*'vocab'"):
+        predict(ckpt, tmp_path / "hashed", tmp_path / "p.csv", console=_quiet(), progress=False)
+    # same sizes and mode, other categories (another seed: other hex values)
+    other = synth(20_000, tmp_path / "other.txt", seed=1, max_cardinality=20, progress=False)
+    prepare(other.path, tmp_path / "other", mode="vocab", progress=False)
+    with pytest.raises(ValueError, match="vocabulary of .* differs"):
+        predict(ckpt, tmp_path / "other", tmp_path / "p.csv", console=_quiet(), progress=False)
+
+
+def test_bad_arguments(trained, tmp_path):
+    _, _raw, data_dir, ckpt = trained
+    with pytest.raises(ValueError, match=r"--out must end in \.parquet or \.csv"):
+        predict(ckpt, data_dir, tmp_path / "p.json", console=_quiet())
+    with pytest.raises(ValueError, match="backend must be one of"):
+        predict(ckpt, data_dir, tmp_path / "p.csv", backend="triton", console=_quiet())
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1\t2\t3\n")
+    with pytest.raises(ValueError, match="has 3 tab-separated fields"):
+        predict(ckpt, bad, tmp_path / "p.csv", console=_quiet())
+    with pytest.raises(FileNotFoundError, match="neither a prepared dataset folder nor a file"):
+        predict(ckpt, tmp_path / "nothing", tmp_path / "p.csv", console=_quiet())
+    with pytest.raises(ValueError, match="not a fuseml DLRM checkpoint"):
+        torch.save({"model": {}}, tmp_path / "x.pt")
+        predict(tmp_path / "x.pt", data_dir, tmp_path / "p.csv", console=_quiet())
