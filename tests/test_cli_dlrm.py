@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from fuseml.cli import app
-from fuseml.data import load_metadata, prepare, synth
+from fuseml.data import load_metadata, synth
 
 runner = CliRunner()
 
@@ -63,9 +63,11 @@ def test_synthetic_train_predict_round_trip(tmp_path, cache):
     assert pa_csv.read_csv(out).num_rows == 12000
 
 
-def test_train_on_a_prepared_folder_with_a_config_file(tmp_path):
-    raw = synth(6000, tmp_path / "raw.txt", max_cardinality=15, progress=False).path
-    prepare(raw, tmp_path / "data", mode="hash", max_ind_range=16, progress=False)
+def test_data_synth_prepare_then_train_from_the_cli(tmp_path):
+    raw = tmp_path / "raw.txt"
+    _ok(["data", "synth", "--rows", "6000", "--out", str(raw), "--max-cardinality", "15"])
+    _ok(["data", "prepare", str(raw), "--out", str(tmp_path / "data"), "--max-ind-range", "16"])
+    assert load_metadata(tmp_path / "data")["options"]["max_ind_range"] == [16] * 26
     config = tmp_path / "mini.json"
     config.write_text(
         json.dumps({"name": "mini", "embedding_dim": 4, "bottom_mlp": [4], "top_mlp": [4, 1]})
@@ -130,3 +132,17 @@ def test_eager_vs_compile_table_runs_on_cpu():
     )  # fmt: skip
     assert set(rates[32]) == {"eager", "compile"} and rates[32]["eager"] > 0
     assert "speed-up" in console.export_text()
+
+
+def test_data_prepare_reports_file_and_line_of_a_bad_line(tmp_path):
+    raw = synth(50, tmp_path / "raw.txt", max_cardinality=5, progress=False).path
+    lines = raw.read_text().splitlines()
+    lines[6] = lines[6].replace("\t", "\tx", 1)  # a non-numeric count on line 7
+    raw.write_text("\n".join(lines) + "\n")
+    result = runner.invoke(app, ["data", "prepare", str(raw), "--out", str(tmp_path / "d"),
+                                 "--max-ind-range", "8"])  # fmt: skip
+    assert result.exit_code == 2
+    assert "raw.txt" in _flat(result.output) and "line 7" in _flat(result.output)
+    ok = runner.invoke(app, ["data", "prepare", str(raw), "--out", str(tmp_path / "d"),
+                             "--max-ind-range", "8", "--skip-bad-lines"])  # fmt: skip
+    assert ok.exit_code == 0, ok.output

@@ -186,6 +186,75 @@ def predict(
         _fail(err)
 
 
+data_app = typer.Typer(no_args_is_help=True, help="Criteo data: prepare real files, synthesize.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("prepare")
+def data_prepare(
+    src: Annotated[
+        list[Path], typer.Argument(help="Criteo TSV file(s), plain or .gz; days in order")
+    ],
+    out: Annotated[Path, typer.Option(help="output dataset folder (parquet + metadata.json)")],
+    mode: Annotated[str, typer.Option(help="hash | vocab")] = "hash",
+    max_ind_range: Annotated[
+        int | None, typer.Option(help="hash mode: ids per table (the size cap)")
+    ] = None,
+    min_freq: Annotated[int, typer.Option(help="vocab mode: rarer values share one id")] = 1,
+    split: Annotated[str, typer.Option(help="rows | day")] = "rows",
+    val_fraction: Annotated[float | None, typer.Option()] = None,
+    test_fraction: Annotated[float | None, typer.Option()] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    skip_bad_lines: Annotated[
+        bool, typer.Option(help="skip malformed lines and report how many, instead of failing")
+    ] = False,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing dataset at --out")] = False,
+) -> None:
+    """Preprocess Criteo TSV into a columnar dataset as the reference DLRM does."""
+    from fuseml.data import prepare
+
+    if mode not in ("hash", "vocab"):
+        _fail(ValueError(f"--mode must be hash or vocab, got {mode!r}"))
+    if split not in ("rows", "day"):
+        _fail(ValueError(f"--split must be rows or day, got {split!r}"))
+    try:
+        meta = prepare(
+            src if len(src) > 1 else src[0], out, mode=mode, max_ind_range=max_ind_range,
+            min_freq=min_freq, split=split, val_fraction=val_fraction,
+            test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,
+            overwrite=overwrite,
+        )  # fmt: skip
+    except (ValueError, FileExistsError, FileNotFoundError) as err:
+        _fail(err)
+    rows = {name: info.get("rows") for name, info in meta.get("splits", {}).items()}
+    typer.echo(f"wrote {out}: rows {rows}, positive rate {meta.get('positive_rate')}")
+
+
+@data_app.command("synth")
+def data_synth(
+    rows: Annotated[int, typer.Option(help="rows to generate")],
+    out: Annotated[Path, typer.Option(help="output TSV file (.gz compresses)")],
+    seed: Annotated[int, typer.Option()] = 0,
+    scale: Annotated[float, typer.Option(help="scale the Kaggle table cardinalities")] = 1.0,
+    max_cardinality: Annotated[int | None, typer.Option(help="cap on every table")] = None,
+) -> None:
+    """Generate Criteo-format TSV with a hidden click model (true probabilities saved)."""
+    from fuseml.data import synth
+
+    try:
+        summary = synth(
+            rows, out, seed=seed, scale=scale, max_cardinality=max_cardinality,
+            gzip=str(out).endswith(".gz"),
+        )  # fmt: skip
+    except ValueError as err:
+        _fail(err)
+    typer.echo(
+        f"wrote {summary.path}: {summary.rows:,} rows, positive rate "
+        f"{summary.positive_rate:.3f}, best achievable AUC {summary.best_auc:.4f} "
+        f"(true probabilities in {summary.probs_path})"
+    )
+
+
 profile_app = typer.Typer(no_args_is_help=True, help="Profile a model's inference.")
 app.add_typer(profile_app, name="profile")
 

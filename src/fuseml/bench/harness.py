@@ -45,12 +45,14 @@ class Case:
     arms: dict[str, Callable]  # arm name -> fn(*inputs); the first arm is the reference
     bytes: int = 0  # fewest bytes one call must move (each input read, output written once)
     flops: int = 0
+    samples: int = 0  # rows per call: when set, the rate is samples/s (model suites)
     ceiling: str = "copy_gbps"  # key of the ceiling the rate is compared with
     graph: bool = False  # also time under a CUDA graph (launch-bound sizes)
     overhead: bool = False  # also measure host time per call
     overhead_arms: dict[str, Callable] = field(default_factory=dict)  # host-overhead-only arms
     check: bool = True  # compare every arm's output with the reference arm's
     dtype: torch.dtype | None = None  # for the tolerance of the check
+    tf32: bool = False  # float32 matmuls through tf32: the looser tolerance applies
     compile_arms: tuple[str, ...] = ("compile",)  # arms whose first call is a compilation
     unchecked_arms: tuple[str, ...] = ("copy",)  # baselines that compute something else
 
@@ -109,12 +111,19 @@ def run_metadata() -> dict:
 # ------------------------------------------------------------------------------ timers
 def bench_ms(fn: Callable[[], object], settings: Settings) -> tuple[float, float, float]:
     """(p50, p20, p80) in ms of one call of ``fn``, GPU time between CUDA events."""
+    p50, p20, p80, _ = bench_ms_p99(fn, settings)
+    return p50, p20, p80
+
+
+def bench_ms_p99(fn: Callable[[], object], settings: Settings) -> tuple[float, ...]:
+    """(p50, p20, p80, p99) in ms of one call of ``fn``."""
     import triton.testing
 
-    p50, p20, p80 = triton.testing.do_bench(
-        fn, warmup=settings.warmup_ms, rep=settings.rep_ms, quantiles=[0.5, 0.2, 0.8]
+    return tuple(
+        triton.testing.do_bench(
+            fn, warmup=settings.warmup_ms, rep=settings.rep_ms, quantiles=[0.5, 0.2, 0.8, 0.99]
+        )
     )
-    return p50, p20, p80
 
 
 def bench_graph_ms(
@@ -186,6 +195,14 @@ def _row(case: Case, arm: str, meta: dict, ceilings: dict, **fields) -> dict:
     row = {"suite": case.suite, "case": case.name, "arm": arm, **case.params}
     p50 = fields.get("p50_ms")
     if p50:
+        if case.samples:
+            rate, unit = case.samples / (p50 * 1e-3), "samples/s"
+            fields.update(rate=round(rate, 1), rate_unit=unit)
+            if case.flops:
+                fields["tflops"] = round(case.flops / (p50 * 1e-3) / 1e12, 2)
+            row.update(fields)
+            row.update(meta)
+            return row
         if case.bytes:
             rate, unit = case.bytes / (p50 * 1e-3) / 1e9, "GB/s"
         else:
@@ -242,7 +259,8 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
         if reference is not None and arm != ref_name and arm not in case.unchecked_arms:
             err = rel_err(out, reference)
             fields["rel_err_vs_ref"] = err
-            fields["matches_ref"] = bool(err <= tolerance(case.dtype or out.dtype))
+            tol = tolerance(case.dtype or out.dtype, tf32=case.tf32)
+            fields["matches_ref"] = bool(err <= tol)
         fields_by_arm[arm] = fields
         del out
     del reference
@@ -251,8 +269,8 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
         fields = fields_by_arm[arm]
         spin_up(fn, sets[0])
         cycle = itertools.cycle(sets)
-        p50, p20, p80 = bench_ms(lambda fn=fn, cycle=cycle: fn(*next(cycle)), settings)
-        fields.update(mode="events", p50_ms=p50, p20_ms=p20, p80_ms=p80)
+        p50, p20, p80, p99 = bench_ms_p99(lambda fn=fn, cycle=cycle: fn(*next(cycle)), settings)
+        fields.update(mode="events", p50_ms=p50, p20_ms=p20, p80_ms=p80, p99_ms=p99)
         if case.overhead:
             fields["host_us"] = round(host_overhead_us(fn, sets[0], settings.overhead_iters), 2)
         rows.append(_row(case, arm, meta, ceilings, **fields))

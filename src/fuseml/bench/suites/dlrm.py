@@ -1,0 +1,102 @@
+"""Suite ``dlrm``: DLRM inference (forward + sigmoid) per batch, samples/s and latency.
+
+Configs kaggle and mlperf with every table capped at 1M rows (the capped tables are
+still far larger than L2, and ids are uniform, so lookups miss the cache as on real
+traffic); batch sizes 1 to 65,536; fp32 without TF32, fp32 with TF32, bf16.
+
+Arms
+  eager            the plain PyTorch model
+  compile          torch.compile(model) (default mode); compile time in compile_s
+  compile-max      torch.compile(mode="max-autotune-no-cudagraphs"), full run, B = 4096 only
+Every case is also timed as CUDA-graph replays (rows with mode "graph": eager + CUDA graph).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from fuseml.bench.harness import Case
+from fuseml.models.bench_cases import dlrm_inference_cases
+
+MAX_CARDINALITY = 1_000_000
+BATCHES_FULL = [1, 64, 256, 4096, 32768, 65536]
+BATCHES_QUICK = [1, 256, 4096, 65536]
+PRECISIONS = {  # name -> (dtype, allow_tf32)
+    "fp32": (torch.float32, False),
+    "tf32": (torch.float32, True),
+    "bf16": (torch.bfloat16, False),
+}
+
+
+@contextlib.contextmanager
+def _tf32(allow: bool):
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def _with_tf32(fn, allow: bool):
+    def call():
+        with _tf32(allow):
+            return fn()
+
+    return call
+
+
+def cases(quick: bool = False, cuda: bool = True):  # cuda: no fused DLRM kernels yet
+    configs = ["kaggle"] if quick else ["kaggle", "mlperf"]
+    precisions = ["fp32", "bf16"] if quick else list(PRECISIONS)
+    batches = BATCHES_QUICK if quick else BATCHES_FULL
+    for config in configs:
+        for precision in precisions:
+            dtype, tf32 = PRECISIONS[precision]
+            dl_cases = dlrm_inference_cases(
+                config, batches, dtype, "cuda", max_cardinality=MAX_CARDINALITY
+            )
+            autotuned = {}
+            if not quick:
+                autotuned = {
+                    c.batch_size: c
+                    for c in dlrm_inference_cases(
+                        config, [4096], dtype, "cuda", max_cardinality=MAX_CARDINALITY,
+                        compile_mode="max-autotune-no-cudagraphs",
+                    )
+                }  # fmt: skip
+            for dc in dl_cases:
+                arms = {
+                    "eager": _with_tf32(dc.arms["eager"], tf32),
+                    "compile": _with_tf32(dc.arms["compile"], tf32),
+                }
+                if dc.batch_size in autotuned:
+                    arms["compile-max"] = _with_tf32(autotuned[dc.batch_size].arms["compile"], tf32)
+                yield Case(
+                    suite="dlrm",
+                    name=f"{config}/{precision}/bs{dc.batch_size}",
+                    params={
+                        "config": config,
+                        "precision": precision,
+                        "batch": dc.batch_size,
+                        "numel": dc.batch_size,
+                    },
+                    make_inputs=tuple,  # the arms close over their own inputs
+                    arms=arms,
+                    samples=dc.batch_size,
+                    flops=dc.flops,
+                    graph=True,
+                    compile_arms=("compile", "compile-max"),
+                    dtype=dtype,
+                    tf32=tf32,
+                )
+
+
+PLOT = {"x": "batch", "panels": ("config", "precision"), "xlabel": "batch size", "logx": True}
+README = {
+    "rows": ("config", "precision", "batch"),
+    "arms": ("eager", "compile", "compile-max"),
+    "min_numel": 0,
+}
