@@ -1,4 +1,5 @@
-"""Lazy build and load of fuseml's CUDA C++ extension (``csrc/elementwise.cu``).
+"""Lazy build and load of fuseml's CUDA C++ extension (``csrc/elementwise.cu`` and
+``csrc/softmax.cu``, one library).
 
 The extension registers ``torch.ops.fuseml.bias_act_cuda_out``::
 
@@ -6,7 +7,11 @@ The extension registers ``torch.ops.fuseml.bias_act_cuda_out``::
                       Tensor(a!) out) -> ()
 
 which writes ``act(x + bias + alpha * y)`` into ``out``; ``activation`` is an index into
-``ACTIVATIONS``.
+``ACTIVATIONS``; and ``torch.ops.fuseml.softmax_cuda_out``::
+
+    softmax_cuda_out(Tensor x, bool log, Tensor(a!) out) -> ()
+
+which writes the softmax (``log``: log-softmax) of each row of the 2-D ``x`` into ``out``.
 
 Importing this module is free: torch is imported, and nvcc runs, only on the first call
 to :func:`status` (or :func:`bias_act_cuda_out`), and the outcome, success or the reason
@@ -28,7 +33,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("fuseml")
 
 EXT_NAME = "fuseml_cuda_ext"
-SOURCE = Path(__file__).resolve().parent / "csrc" / "elementwise.cu"
+_CSRC = Path(__file__).resolve().parent / "csrc"
+# Compiled as separate translation units (in parallel under ninja) into one library.
+SOURCES = (_CSRC / "elementwise.cu", _CSRC / "softmax.cu")
 OP_NAME = "fuseml::bias_act_cuda_out"
 # Activation codes of the op, by index (the same codes as ops/_elementwise.py).
 ACTIVATIONS = ("none", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
@@ -144,7 +151,7 @@ def _build() -> tuple[bool, str]:
         # (TORCH_CUDA_ARCH_LIST or every visible device's arch).
         cpp_extension.load(
             name=EXT_NAME,
-            sources=[str(SOURCE)],
+            sources=[str(source) for source in SOURCES],
             extra_cflags=["-O3"],
             extra_cuda_cflags=["-O3", _arch_flag(), "-lineinfo"],
             extra_ldflags=_libstdcxx_ldflags(),
@@ -172,12 +179,17 @@ def _register_fake() -> None:
     def _bias_act_cuda_out_fake(x, y, bias, alpha, activation, out) -> None:
         return None
 
-    try:
-        torch.library.register_fake(OP_NAME)(_bias_act_cuda_out_fake)
-    except RuntimeError as exc:
-        # Registered earlier in this process (e.g. before a module reload): keep that one.
-        if "already" not in str(exc):
-            raise
+    def _softmax_cuda_out_fake(x, log, out) -> None:
+        return None
+
+    for name, fake in ((OP_NAME, _bias_act_cuda_out_fake),
+                       ("fuseml::softmax_cuda_out", _softmax_cuda_out_fake)):  # fmt: skip
+        try:
+            torch.library.register_fake(name)(fake)
+        except RuntimeError as exc:
+            # Registered earlier in this process (e.g. before a module reload): keep it.
+            if "already" not in str(exc):
+                raise
     _fake_registered = True
 
 
