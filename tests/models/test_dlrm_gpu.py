@@ -81,4 +81,5 @@ def test_cuda_train_predict_profile(tmp_path):
     assert prof.device.type == "cuda" and prof.trace.is_file()
     assert len(prof.top) == 10 and all(row["total_us"] > 0 for row in prof.top)
     stages = {row["name"] for row in prof.stages}
-    assert {"bottom", "embeddings", "interaction", "top"} <= {n.split(".")[-1] for n in stages}
+    expected = {"bottom_mlp", "embeddings", "interaction", "top_mlp"}
+    assert expected <= {n.split(".")[-1] for n in stages}
