@@ -205,22 +205,13 @@ def split_oracle_auc(data_dir: str | Path, summary: SynthSummary, split: str = "
     prepared from ``summary.path`` (row split): the best any model can score there."""
     from sklearn.metrics import roc_auc_score
 
-    from fuseml.data.prepare import SPLITS, _Splitter
+    from fuseml.data.prepare import SPLITS, split_of_lines
 
     meta = load_metadata(data_dir)
-    options = meta["options"]
-    if options["split"] != "rows" or len(meta["sources"]) != 1:
+    if meta["options"]["split"] != "rows" or len(meta["sources"]) != 1:
         raise ValueError("split_oracle_auc needs a single file prepared with split='rows'")
     probs = np.load(summary.probs_path)
-    splitter = _Splitter(
-        split="rows",
-        val_fraction=options["val_fraction"],
-        test_fraction=options["test_fraction"],
-        seed=options["seed"],
-        n_files=1,
-        last_day_test_lines=0,
-    )
-    codes = splitter(0, np.arange(1, len(probs) + 1, dtype=np.int64))
+    codes = split_of_lines(meta, 0, np.arange(1, len(probs) + 1))
     rows = codes == SPLITS.index(split)
     labels = np.concatenate(
         [b.labels.numpy() for b in CriteoDataset(data_dir, split, batch_size=1 << 20)]

@@ -24,7 +24,14 @@ from fuseml.data.criteo import (
     CriteoReader,
 )
 from fuseml.data.dataset import CriteoBatch, CriteoDataset
-from fuseml.data.prepare import Vocabulary, hash_sparse, load_metadata, prepare, transform_dense
+from fuseml.data.prepare import (
+    Vocabulary,
+    hash_sparse,
+    load_metadata,
+    prepare,
+    split_of_lines,
+    transform_dense,
+)
 from fuseml.data.synthetic import (
     KAGGLE_CARDINALITIES,
     SynthSummary,
@@ -49,6 +56,7 @@ __all__ = [
     "hash_sparse",
     "load_metadata",
     "prepare",
+    "split_of_lines",
     "synth",
     "synthetic_cardinalities",
     "transform_dense",

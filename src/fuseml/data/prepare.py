@@ -236,6 +236,29 @@ class _Splitter:
         return codes
 
 
+def split_of_lines(
+    metadata: dict[str, Any], file_index: int, line_numbers: np.ndarray
+) -> np.ndarray:
+    """Index into SPLITS of the split each (1-based) line of source file ``file_index`` went
+    to, for a dataset with this ``metadata`` (row split only; skipped lines included).
+
+    Lets a caller line up per-row side data (say the generator's true probabilities) with
+    the prepared splits without re-reading the source.
+    """
+    options = metadata["options"]
+    if options["split"] != "rows":
+        raise ValueError(f"split_of_lines needs a dataset split by rows, not {options['split']!r}")
+    splitter = _Splitter(
+        split="rows",
+        val_fraction=options["val_fraction"],
+        test_fraction=options["test_fraction"],
+        seed=options["seed"],
+        n_files=len(metadata["sources"]),
+        last_day_test_lines=0,
+    )
+    return splitter(file_index, np.asarray(line_numbers, dtype=np.int64))
+
+
 def _count_lines(path: Path) -> int:
     """Number of lines of a (possibly gzipped) file, counting a final unterminated line."""
     lines, last = 0, b"\n"
