@@ -33,6 +33,17 @@ def summarize(doc: dict) -> list[str]:
                 f"  {arm}: % of copy bandwidth at >= 16M elements: min {min(pcts):.0f}%, "
                 f"median {sorted(pcts)[len(pcts) // 2]:.0f}%"
             )
+        vs_copy = [
+            (100 * c["copy"]["p50_ms"] / c[arm]["p50_ms"], case)
+            for case, c in by_case.items()
+            if arm in c and "copy" in c and c[arm].get("numel", 0) >= 16_000_000
+        ]
+        if vs_copy:
+            worst = min(vs_copy)
+            lines.append(
+                f"  {arm}: speed as % of a plain copy of the same bytes at >= 16M elements: "
+                f"min {worst[0]:.0f}% ({worst[1]})"
+            )
         ratios = []
         for case, arms in by_case.items():
             peers = [r["p50_ms"] for a, r in arms.items() if a not in (*FUSED, "copy")]
