@@ -111,7 +111,7 @@ __device__ __forceinline__ float normal_cdf(float h) {
 
 template <int ACT>
 __device__ __forceinline__ float activate(float h) {
-  // Precise expf/erff/tanhf (no fast-math) so results track torch's own kernels.
+  // expf / tanhf without fast-math; the GELUs use normal_cdf and a 2-ulp division (above).
   if constexpr (ACT == kRelu) {
     return h < 0.f ? 0.f : h;  // NaN fails the test and passes through, as in torch.relu
   } else if constexpr (ACT == kLeakyRelu) {
