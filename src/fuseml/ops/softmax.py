@@ -189,6 +189,14 @@ def _forward(x: torch.Tensor, dim: int, log: bool, impl: str, traced: bool) -> t
     """Softmax along ``dim`` with the Triton or CUDA kernels; output contiguous."""
     if x.numel() == 0:
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if dim == x.dim() - 1 and x.is_contiguous():
+        # The common case, with the fewest host-side tensor operations: the eager path's
+        # per-call cost is what small softmaxes are made of.
+        n = x.shape[-1]
+        out = torch.empty_like(x)
+        if not launches_skipped():
+            _dispatch(x.view(-1, n), out.view(-1, n), log, impl, traced)
+        return out
     moved = x.movedim(dim, -1) if x.dim() else x.reshape(1)
     # A non-last dim costs one transposing copy here (a strided-reduction kernel for the
     # non-last dim is future work); the last dim of a row-strided view costs nothing.
@@ -199,14 +207,17 @@ def _forward(x: torch.Tensor, dim: int, log: bool, impl: str, traced: bool) -> t
     out = out_moved.movedim(-1, dim) if x.dim() else out_moved.reshape(())
     if launches_skipped():
         return out.contiguous() if x.dim() else out
-    out2 = out_moved.view(-1, moved.shape[-1])
+    _dispatch(x2, out_moved.view(-1, moved.shape[-1]), log, impl, traced)
+    return out.contiguous() if x.dim() else out
+
+
+def _dispatch(x2: torch.Tensor, out2: torch.Tensor, log: bool, impl: str, traced: bool) -> None:
     if impl == "cuda":
         torch.ops.fuseml.softmax_cuda_out(x2, log, out2)
     elif x2.shape[1] <= MAX_ONCHIP_COLS:
         _launch_rows(x2, out2, log, traced)
     else:
         _launch_online(x2, out2, log, traced)
-    return out.contiguous() if x.dim() else out
 
 
 # ------------------------------------------------------------------------ registration
