@@ -6,15 +6,15 @@ The extension registers ``torch.ops.fuseml.bias_act_cuda_out``::
     bias_act_cuda_out(Tensor x, Tensor? y, Tensor? bias, float alpha, int activation,
                       Tensor(a!) out) -> ()
 
-which writes ``act(x + bias + alpha * y)`` into ``out``; ``activation`` is an index into
-``ACTIVATIONS``; and ``torch.ops.fuseml.softmax_cuda_out``::
+which writes ``act(x + bias + alpha * y)`` into ``out`` (``activation``: a code of
+``fuseml.ops._elementwise.ACTIVATIONS``); and ``torch.ops.fuseml.softmax_cuda_out``::
 
     softmax_cuda_out(Tensor x, bool log, Tensor(a!) out) -> ()
 
 which writes the softmax (``log``: log-softmax) of each row of the 2-D ``x`` into ``out``.
 
 Importing this module is free: torch is imported, and nvcc runs, only on the first call
-to :func:`status` (or :func:`bias_act_cuda_out`), and the outcome, success or the reason
+to :func:`status`, and the outcome, success or the reason
 for failure, is cached for the life of the process. A failed build logs one warning.
 """
 
@@ -25,10 +25,6 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch
 
 log = logging.getLogger("fuseml")
 
@@ -37,8 +33,6 @@ _CSRC = Path(__file__).resolve().parent / "csrc"
 # Compiled as separate translation units (in parallel under ninja) into one library.
 SOURCES = (_CSRC / "elementwise.cu", _CSRC / "softmax.cu")
 OP_NAME = "fuseml::bias_act_cuda_out"
-# Activation codes of the op, by index (the same codes as ops/_elementwise.py).
-ACTIVATIONS = ("none", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 
 _lock = threading.Lock()
 _status: tuple[bool, str] | None = None
@@ -59,23 +53,6 @@ def status() -> tuple[bool, str]:
 def build_seconds() -> float | None:
     """Seconds the (successful) build and load took in this process, else None."""
     return _build_seconds
-
-
-def bias_act_cuda_out(
-    x: torch.Tensor,
-    y: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    alpha: float,
-    activation: int,
-    out: torch.Tensor,
-) -> None:
-    """Write act(x + bias + alpha * y) into ``out`` with the CUDA C++ kernel."""
-    ok, reason = status()
-    if not ok:
-        raise RuntimeError(f"fuseml's CUDA C++ extension is unavailable: {reason}")
-    import torch
-
-    torch.ops.fuseml.bias_act_cuda_out(x, y, bias, float(alpha), int(activation), out)
 
 
 # ----------------------------------------------------------------------------- internals

@@ -70,33 +70,6 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(float("nan"))
 
 
-def poisoned_empty(shape, dtype, device) -> torch.Tensor:
-    return poison_(torch.empty(shape, dtype=dtype, device=device))
-
-
-def devices() -> list:
-    """Devices on which Triton kernels can be tested here, as pytest params.
-
-    CPU runs under the Triton interpreter (conftest sets TRITON_INTERPRET=1 on machines
-    without CUDA); CUDA params carry the gpu marker and skip themselves without a GPU.
-    """
-    return [
-        pytest.param(
-            "cpu",
-            marks=pytest.mark.skipif(
-                not runtime.triton_interpreting(), reason="CPU Triton needs TRITON_INTERPRET=1"
-            ),
-        ),
-        pytest.param(
-            "cuda",
-            marks=[
-                pytest.mark.gpu,
-                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-            ],
-        ),
-    ]
-
-
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 

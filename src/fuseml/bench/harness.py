@@ -194,15 +194,11 @@ def run_cases(
 def _row(case: Case, arm: str, meta: dict, ceilings: dict, **fields) -> dict:
     row = {"suite": case.suite, "case": case.name, "arm": arm, **case.params}
     p50 = fields.get("p50_ms")
-    if p50:
-        if case.samples:
-            rate, unit = case.samples / (p50 * 1e-3), "samples/s"
-            fields.update(rate=round(rate, 1), rate_unit=unit)
-            if case.flops:
-                fields["tflops"] = round(case.flops / (p50 * 1e-3) / 1e12, 2)
-            row.update(fields)
-            row.update(meta)
-            return row
+    if p50 and case.samples:  # model suites: samples/s, no hardware ceiling
+        fields.update(rate=round(case.samples / (p50 * 1e-3), 1), rate_unit="samples/s")
+        if case.flops:
+            fields["tflops"] = round(case.flops / (p50 * 1e-3) / 1e12, 2)
+    elif p50:
         if case.bytes:
             rate, unit = case.bytes / (p50 * 1e-3) / 1e9, "GB/s"
         else:

@@ -41,7 +41,7 @@ def fusion_markdown(root: Path) -> str | None:
         for path, op_key, builtin in ((ew, "gelu", "builtin"), (sm, "softmax", "torch")):
             doc = report.load_results(path)
             events = [r for r in doc["rows"] if r.get("mode") == "events" and r["op"] == op_key]
-            graph = {(r["case"], r["arm"]): r for r in doc["rows"] if r.get("mode") == "graph"}
+            graph = report.graph_rows(doc)
             by_case: dict[str, dict] = {}
             for r in events:
                 # Launch-bound sizes: the CUDA-graph replay (GPU time), as in the suite tables.

@@ -42,6 +42,13 @@ def load_results(path: Path) -> dict:
     return doc
 
 
+def graph_rows(doc: dict) -> dict[tuple[str, str], dict]:
+    """(case, arm) -> CUDA-graph row. Launch-bound cases have one; there the event timing
+    includes host time the L2 flush did not hide, so kernels are compared on the graph
+    replay (GPU time) instead."""
+    return {(r["case"], r["arm"]): r for r in doc["rows"] if r.get("mode") == "graph"}
+
+
 def _fmt_us(ms: float | None) -> str:
     return "" if ms is None else f"{ms * 1e3:,.1f}"
 
@@ -75,7 +82,7 @@ def plot_suite(doc: dict, spec: dict, out_png: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    graph = {(r["case"], r["arm"]): r for r in doc["rows"] if r.get("mode") == "graph"}
+    graph = graph_rows(doc)
     rows = [
         graph.get((r["case"], r["arm"]), r)
         for r in doc["rows"]
@@ -138,9 +145,7 @@ def markdown_table(doc: dict, spec: dict) -> str:
         if r.get("mode") == "events" and r.get("numel", 0) >= spec.get("min_numel", 0)
     ]
     arms = [a for a in spec["arms"] if any(r["arm"] == a for r in rows)]
-    # Launch-bound cases also have CUDA-graph rows: there the event timing includes host
-    # time the L2 flush did not hide, so the table shows the graph replay (GPU time).
-    graph = {(r["case"], r["arm"]): r for r in doc["rows"] if r.get("mode") == "graph"}
+    graph = graph_rows(doc)
     keyed = defaultdict(dict)
     for r in rows:
         key = tuple(
@@ -202,7 +207,7 @@ def overhead_table(doc: dict) -> str | None:
     host = [r for r in doc["rows"] if r.get("host_us") is not None]
     if not host:
         return None
-    graph = {(r["case"], r["arm"]): r for r in doc["rows"] if r.get("mode") == "graph"}
+    graph = graph_rows(doc)
     events = {(r["case"], r["arm"]): r for r in doc["rows"] if r.get("mode") == "events"}
     lines = [
         "| case | arm | host us / call | GPU us / call (events) | GPU us / call (CUDA graph) |",

@@ -6,15 +6,14 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from fuseml.bench.report import load_results
+from fuseml.bench.report import graph_rows, load_results
 
 FUSED = ("triton", "cuda")
 
 
 def summarize(doc: dict) -> list[str]:
     rows = [r for r in doc["rows"] if r.get("mode") == "events" and r.get("p50_ms")]
-    # Launch-bound cases have graph rows: compare kernels on GPU time there.
-    graph = {(r["case"], r["arm"]): r for r in doc["rows"] if r.get("mode") == "graph"}
+    graph = graph_rows(doc)
     timed = [graph.get((r["case"], r["arm"]), r) for r in rows]
     lines = [f"{doc['suite']} on {doc['meta']['gpu']}: {len(doc['rows'])} rows"]
     bad = [r for r in doc["rows"] if r.get("matches_ref") is False]

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import threading
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from fuseml.runtime import FLOAT_DTYPES, triton_interpreting
-
-log = logging.getLogger("fuseml")
 
 
 # --------------------------------------------------------------------------- validation
@@ -111,11 +108,6 @@ def sm_count(device_index: int) -> int:
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-@functools.cache
-def warn_once(msg: str) -> None:
-    log.warning(msg)
 
 
 def needs_dispatch(*tensors: torch.Tensor | None) -> bool:
