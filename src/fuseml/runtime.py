@@ -106,11 +106,12 @@ def cuda_backend_status(device: torch.device | str) -> tuple[bool, str]:
     return _cuda_ext.status()
 
 
-def resolve_backend(backend: str, device: torch.device, op: str) -> str:
+def resolve_backend(backend: str, device: torch.device, op: str, *, cuda_twin: bool = True) -> str:
     """Turn ``backend`` into a concrete one for tensors on ``device`` or raise ValueError.
 
     auto = triton on CUDA tensors (when Triton is installed), eager otherwise. An explicit
     backend that cannot run here raises: nothing falls back silently to another result.
+    ``cuda_twin=False``: the op has no CUDA C++ twin, so backend='cuda' is refused.
     """
     if backend not in BACKENDS:
         raise ValueError(f"{op}: backend must be one of {BACKENDS}, got {backend!r}")
@@ -124,6 +125,11 @@ def resolve_backend(backend: str, device: torch.device, op: str) -> str:
         )
         raise ValueError(f"{op}: backend='triton' is unavailable here: {why}")
     if backend == "cuda":
+        if not cuda_twin:
+            raise ValueError(
+                f"{op}: backend='cuda' is not offered (no CUDA C++ twin); use auto, eager, "
+                "compile or triton"
+            )
         ok, reason = cuda_backend_status(device)
         if not ok:
             raise ValueError(f"{op}: backend='cuda' is unavailable here: {reason}")

@@ -7,6 +7,9 @@ launched until an op is called.
 from fuseml.ops.add import add, add_ref
 from fuseml.ops.bias_act import ACTIVATIONS, bias_act, bias_act_ref
 from fuseml.ops.gelu import gelu, gelu_ref
+from fuseml.ops.linear import linear, linear_ref
+from fuseml.ops.lora import lora_linear, lora_linear_ref
+from fuseml.ops.mlp import mlp, mlp_ref
 from fuseml.ops.softmax import log_softmax, log_softmax_ref, softmax, softmax_ref
 
 __all__ = [
@@ -17,8 +20,14 @@ __all__ = [
     "bias_act_ref",
     "gelu",
     "gelu_ref",
+    "linear",
+    "linear_ref",
     "log_softmax",
     "log_softmax_ref",
+    "lora_linear",
+    "lora_linear_ref",
+    "mlp",
+    "mlp_ref",
     "softmax",
     "softmax_ref",
 ]

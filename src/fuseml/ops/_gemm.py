@@ -1,0 +1,343 @@
+"""The Triton GEMM behind ``linear`` and ``lora_linear``: out = epilogue(x @ W^T [+ LoRA]).
+
+    h   = x @ W^T                                   (M, K) x (N, K)^T, fp32 accumulator
+    h  += (s * (x @ A^T)) @ B^T                     LoRA, optional (see LORA modes)
+    out = act(h + bias + alpha * residual)          rounded once to the output dtype
+
+One kernel serves plain linear layers and LoRA layers, so the epilogue cannot drift
+between them. Tiles are visited in grouped order (GROUP_M row-tiles share each column
+strip of W while it is in L2). Tile sizes come from ``fuseml.ops._tune``: measured once per
+device and shape bucket and kept on disk.
+
+LoRA modes (constexpr LORA):
+  1  in-loop: the (BLOCK_M, R) product x @ A^T is accumulated inside the main K loop from
+     the x tiles already loaded, then one (BLOCK_M, R) x (R, BLOCK_N) dot adds it to the
+     tile. One launch; each column tile redoes the small product (R / BLOCK_N extra
+     FLOPs), which is free while the GEMM waits on memory (small M).
+  2  precomputed: xa = x @ A^T (fp32, M x R) comes from a first, small launch of this same
+     kernel and the epilogue adds (s * xa) @ B^T. Two launches, R / N extra FLOPs in all:
+     the better trade once the GEMM is compute-bound (large M).
+Multi-adapter: A and B of every adapter are stacked along R (R = adapters x rank), and
+each row keeps only the columns of its own adapter (id -1: none), scaled per adapter.
+Exact, since the other columns are multiplied by zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+from torch._subclasses.fake_tensor import is_fake
+
+from fuseml.ops import _tune
+from fuseml.ops._elementwise import _activation
+from fuseml.ops._utils import launches_skipped
+from fuseml.runtime import triton_interpreting
+
+LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED = 0, 1, 2
+
+
+@triton.jit
+def mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b. UPCAST (set only under the interpreter): Triton's CPU interpreter
+    multiplies bfloat16 dots wrongly (numpy has no bfloat16); products of 16-bit values
+    are exact in float32, so upcasting first gives what the tensor cores give."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr,  # (M, K) input, any strides
+    w_ptr,  # (N, K) weight (nn.Linear layout), any strides
+    bias_ptr,  # (N,) contiguous, unused unless HAS_BIAS
+    res_ptr,  # (M, N) residual, unit column stride, unused unless HAS_RES
+    out_ptr,  # (M, N) output, unit column stride
+    a_ptr,  # LoRA A stacked (R, K), unit K stride; used when LORA == 1
+    b_ptr,  # LoRA B stacked (N, R), unit R stride; used when LORA > 0
+    xa_ptr,  # (M, R) fp32 x @ A^T, contiguous; used when LORA == 2
+    ids_ptr,  # (M,) int adapter id per row (-1: none); used when MULTI
+    scale_ptr,  # (adapters,) fp32 scaling per adapter; used when PER_ADAPTER_SCALE
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_rm,  # residual row stride
+    stride_om,  # output row stride
+    stride_ar,  # A row stride (over R)
+    stride_bn,  # B row stride (over N)
+    alpha,  # scale of the residual
+    lora_scale,  # single-adapter LoRA scaling (MULTI: per adapter from scale_ptr)
+    HAS_BIAS: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    ACTIVATION: tl.constexpr,  # code from fuseml.ops._elementwise.ACTIVATIONS
+    LORA: tl.constexpr,  # 0 none, 1 in-loop, 2 precomputed
+    MULTI: tl.constexpr,  # per-row adapter ids
+    R: tl.constexpr,  # total LoRA columns (adapters x rank)
+    RANK: tl.constexpr,  # rank of one adapter (column c belongs to adapter c // RANK)
+    R_PAD: tl.constexpr,  # R rounded up to a power of two >= 16 (tl.dot minimum)
+    R_BLOCK: tl.constexpr,  # stacked columns per epilogue step (R_PAD when LORA == 1)
+    PER_ADAPTER_SCALE: tl.constexpr,  # MULTI: scaling from scale_ptr, else lora_scale
+    PRECISION: tl.constexpr,  # "tf32" or "ieee" for fp32 inputs (ignored for 16-bit)
+    UPCAST: tl.constexpr,  # interpreter only: see mma()
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,  # row tiles per group of the grouped order
+):
+    pid = tl.program_id(0)
+    n_tiles_m = tl.cdiv(M, BLOCK_M)
+    n_tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * n_tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(n_tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+
+    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    row_ok = rows < M
+    col_ok = cols < N
+    x_ptrs = x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk
+    w_ptrs = w_ptr + cols[None, :] * stride_wn + ks[:, None] * stride_wk  # W^T tile (K, N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    rs = tl.arange(0, R_PAD)
+    if LORA == 1:
+        xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+        a_ptrs = a_ptr + rs[None, :] * stride_ar + ks[:, None]  # A^T tile (K, R_PAD)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = ks < K - k0
+        xt = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        wt = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        acc = mma(xt, wt, acc, PRECISION, UPCAST)
+        if LORA == 1:
+            at = tl.load(a_ptrs, mask=k_ok[:, None] & (rs[None, :] < R), other=0.0)
+            xa = mma(xt, at, xa, PRECISION, UPCAST)
+            a_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+
+    if LORA > 0:
+        # (s * xa) @ B^T, R_BLOCK stacked columns at a time (one step unless precomputed).
+        for r0 in tl.static_range(0, R_PAD, R_BLOCK):
+            rr = r0 + tl.arange(0, R_BLOCK)
+            r_ok = rr < R
+            if LORA == 2:
+                t = tl.load(
+                    xa_ptr + rows[:, None] * R + rr[None, :],
+                    mask=row_ok[:, None] & r_ok[None, :],
+                    other=0.0,
+                )
+            else:
+                t = xa
+            if MULTI:
+                ids = tl.load(ids_ptr + rows, mask=row_ok, other=-1)
+                owner = rr // RANK  # adapter of each stacked column
+                keep = ids[:, None] == owner[None, :]
+                if PER_ADAPTER_SCALE:
+                    scale = tl.load(scale_ptr + owner, mask=r_ok, other=0.0)
+                    t = tl.where(keep, t * scale[None, :], 0.0)
+                else:
+                    t = tl.where(keep, t * tl.cast(lora_scale, tl.float32), 0.0)
+            else:
+                t = t * tl.cast(lora_scale, tl.float32)
+            bt = tl.load(
+                b_ptr + cols[None, :] * stride_bn + rr[:, None],
+                mask=r_ok[:, None] & col_ok[None, :],
+                other=0.0,
+            )  # B^T chunk (R_BLOCK, BLOCK_N)
+            # The rank-R term is rounded to the input dtype, as the unmerged chain rounds it.
+            acc = mma(t.to(bt.dtype), bt, acc, PRECISION, UPCAST)
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
+    if HAS_RES:
+        res = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0)
+        # alpha arrives as fp64 under torch.compile: pin the epilogue to fp32.
+        acc += tl.cast(alpha, tl.float32) * res.to(tl.float32)
+    acc = _activation(acc, ACTIVATION)
+    tl.store(
+        out_ptr + rows[:, None] * stride_om + cols[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """TF32 for fp32 inputs only when torch's own matmul flag allows it (as F.linear does)."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def launch_linear(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    alpha: float,
+    activation: int,
+    config: dict,
+    *,
+    lora: int = LORA_NONE,
+    lora_a: torch.Tensor | None = None,
+    lora_b: torch.Tensor | None = None,
+    xa: torch.Tensor | None = None,
+    ids: torch.Tensor | None = None,
+    scales: torch.Tensor | None = None,
+    lora_scale: float = 1.0,
+    rank: int = 1,
+    traced: bool = False,
+) -> None:
+    """One launch of ``_linear_kernel``; x (M, K), weight (N, K), out (M, N), all validated.
+
+    lora_a (R, K) and lora_b (N, R) are the stacked adapters; ``rank`` the per-adapter rank.
+    """
+    if launches_skipped():
+        return
+    m, k = x.shape
+    n = weight.shape[0]
+    if m == 0 or n == 0:
+        return
+    r = 0 if lora == LORA_NONE else lora_b.shape[1]
+    r_pad = max(16, triton.next_power_of_2(max(r, 1)))
+    r_block = r_pad if lora == LORA_IN_LOOP else min(r_pad, 64)
+    grid = (triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"]),)
+    kernel = torch.library.wrap_triton(_linear_kernel) if traced else _linear_kernel
+    dummy = x
+    kernel[grid](
+        x, weight,
+        dummy if bias is None else bias,
+        dummy if residual is None else residual,
+        out,
+        dummy if lora_a is None else lora_a,
+        dummy if lora_b is None else lora_b,
+        dummy if xa is None else xa,
+        dummy if ids is None else ids,
+        dummy if scales is None else scales,
+        m, n, k,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
+        0 if residual is None else residual.stride(0), out.stride(0),
+        0 if lora_a is None else lora_a.stride(0),
+        0 if lora_b is None else lora_b.stride(0),
+        float(alpha), float(lora_scale),
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACTIVATION=activation,
+        LORA=lora, MULTI=ids is not None, R=max(r, 1), RANK=max(rank, 1), R_PAD=r_pad, R_BLOCK=r_block,
+        PER_ADAPTER_SCALE=scales is not None,
+        PRECISION=dot_precision(x.dtype), UPCAST=triton_interpreting(),
+        BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
+        GROUP_M=config["GROUP_M"], num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------ configs
+def _cfg(bm, bn, bk, warps, stages, group=8) -> dict:
+    return {
+        "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group,
+        "num_warps": warps, "num_stages": stages,
+    }  # fmt: skip
+
+
+# Candidates for 16-bit inputs (fp32 halves BLOCK_K). Large M: the tiles of the Triton
+# matmul tutorial's Hopper list plus two narrower ones; small M (decode-like, the weight
+# read dominates): narrow N tiles so that N / BLOCK_N programs cover the SMs, long K steps.
+_LARGE = [
+    _cfg(128, 256, 64, 8, 3), _cfg(128, 128, 64, 8, 4), _cfg(128, 128, 64, 4, 4),
+    _cfg(64, 256, 64, 8, 4), _cfg(128, 64, 64, 4, 4), _cfg(64, 128, 64, 4, 4),
+    _cfg(64, 64, 64, 4, 4),
+]  # fmt: skip
+_SMALL = [  # BLOCK_M filled in from M
+    (32, 128, 4, 4),
+    (64, 128, 4, 4),
+    (64, 64, 4, 5),
+    (128, 64, 4, 4),
+    (128, 128, 8, 3),
+    (256, 64, 8, 3),
+]
+
+
+def candidates(m: int, n: int, k: int, dtype: torch.dtype) -> list[dict]:
+    """Shape-pruned candidate configs (tile dims never far above the problem's)."""
+    mb = max(16, _tune.m_bucket(m))
+    cap_n = max(16, triton.next_power_of_2(n))
+    cap_k = max(16, triton.next_power_of_2(k))
+    if mb <= 64:
+        base = [_cfg(mb, bn, bk, w, s) for bn, bk, w, s in _SMALL]
+    else:
+        base = list(_LARGE)
+    out = []
+    for c in base:
+        c = dict(c)
+        if dtype == torch.float32:
+            c["BLOCK_K"] = max(16, c["BLOCK_K"] // 2)
+        c["BLOCK_M"] = min(c["BLOCK_M"], mb)
+        c["BLOCK_N"] = min(c["BLOCK_N"], cap_n)
+        c["BLOCK_K"] = min(c["BLOCK_K"], cap_k)
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def default_config(m: int, n: int, k: int, dtype: torch.dtype) -> dict:
+    """The untuned config: tuning off, interpreter, or torch.compile tracing."""
+    bk = 32 if dtype == torch.float32 else 64
+    return _cfg(
+        min(128, max(16, _tune.m_bucket(m))),
+        min(128, max(16, triton.next_power_of_2(n))),
+        min(bk, max(16, triton.next_power_of_2(k))),
+        4,
+        3,
+    )
+
+
+_memo: dict[tuple, dict] = {}
+
+
+def choose_config(
+    op: str,
+    x: torch.Tensor,
+    n: int,
+    k: int,
+    launch: Callable[[dict], None],
+    extra: str = "",
+) -> dict:
+    """The launch config of an (M, N, K) problem; ``launch(cfg)`` runs it (for tuning).
+
+    In-process memo first (this runs on every call), then the on-disk table, then tuning.
+    """
+    m = x.shape[0]
+    if type(m) is not int or type(n) is not int or type(k) is not int:
+        # Symbolic sizes (torch.compile with dynamic shapes): no bucket to look up.
+        hint = m if type(m) is int else 64
+        return default_config(
+            hint, int(n) if type(n) is int else 128, int(k) if type(k) is int else 128, x.dtype
+        )
+    key = (op, x.dtype, dot_precision(x.dtype), _tune.m_bucket(m), n, k, extra, x.device)
+    cfg = _memo.get(key)
+    if cfg is not None:
+        return cfg
+    default = default_config(m, n, k, x.dtype)
+    text_key = f"{op}:{str(x.dtype)[6:]}:{key[2]}:m{key[3]}:n{n}:k{k}{':' + extra if extra else ''}"
+    if x.device.type != "cuda" or is_fake(x):
+        # CPU (interpreter), or fake tensors while torch.compile traces: nothing to time.
+        found = _tune.lookup(x.device, text_key) if x.device.type == "cuda" else None
+        return found or default
+
+    def bench(c: dict) -> float:
+        return triton.testing.do_bench(lambda: launch(c), warmup=3, rep=15)
+
+    cfg = _tune.tuned(x.device, text_key, candidates(m, n, k, x.dtype), bench, default)
+    if not torch.compiler.is_compiling():
+        _memo[key] = cfg
+    return cfg

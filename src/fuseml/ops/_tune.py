@@ -1,0 +1,119 @@
+"""Measured launch configurations, kept on disk per device and shape bucket.
+
+A GEMM's best tile depends on the device and on M, N, K. The first call of a new shape
+bucket times a short, shape-pruned list of candidate configs (compile + a few
+milliseconds each) and stores the winner in a JSON file, so a new process finds it
+instead of re-tuning:
+
+    $FUSEML_CACHE_DIR/tune/<gpu>-triton<version>.json   (default ~/.cache/fuseml)
+
+M is bucketed by powers of two (the best tile changes slowly with M; N and K are model
+constants and stay exact). ``FUSEML_AUTOTUNE=0`` turns tuning off: the heuristic config
+is used and nothing is written. Under the Triton interpreter, or while torch.compile
+traces (inputs are fake there), the cached entry is used if present, else the heuristic.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from fuseml.runtime import gpu_slug, triton_interpreting, triton_version
+
+log = logging.getLogger("fuseml")
+
+_lock = threading.Lock()
+_tables: dict[str, dict] = {}  # file path -> {key: config}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("FUSEML_CACHE_DIR") or Path.home() / ".cache" / "fuseml"
+    return Path(root) / "tune"
+
+
+def autotune_enabled() -> bool:
+    return os.environ.get("FUSEML_AUTOTUNE", "1") != "0" and not triton_interpreting()
+
+
+def m_bucket(m: int) -> int:
+    """Powers of two: 1, 2, 4, ..., so 300 and 500 share the entry of 512."""
+    return 1 if m <= 1 else 1 << (m - 1).bit_length()
+
+
+def _table_path(device: torch.device) -> Path:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return cache_dir() / f"{gpu_slug(name)}-triton{triton_version()}.json"
+
+
+def _table(path: Path) -> dict:
+    table = _tables.get(str(path))
+    if table is None:
+        table = {}
+        if path.exists():
+            try:
+                table = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError) as err:
+                log.warning("fuseml: ignoring unreadable tuning cache %s (%s)", path, err)
+        _tables[str(path)] = table
+    return table
+
+
+def _save(path: Path, table: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+        os.replace(tmp, path)  # atomic: a reader sees the old or the new file, never half
+    except OSError as err:
+        log.warning("fuseml: could not write tuning cache %s (%s)", path, err)
+
+
+def lookup(device: torch.device, key: str) -> dict | None:
+    with _lock:
+        return _table(_table_path(device)).get(key)
+
+
+def tuned(
+    device: torch.device,
+    key: str,
+    candidates: list[dict],
+    bench: Callable[[dict], float],
+    default: dict,
+) -> dict:
+    """The config for ``key``: from the cache, else measured now, else ``default``.
+
+    ``bench(config)`` returns a time in ms (it may raise for a config that does not fit,
+    e.g. out of shared memory; that config is skipped).
+    """
+    found = lookup(device, key)
+    if found is not None:
+        return found
+    if not autotune_enabled() or torch.compiler.is_compiling() or len(candidates) <= 1:
+        return default
+    start = time.perf_counter()
+    best, best_ms = default, float("inf")
+    for cfg in candidates:
+        try:
+            ms = bench(cfg)
+        except Exception as err:  # a config the device cannot run (shared memory, ...)
+            log.debug("fuseml: tuning %s: config %s failed: %s", key, cfg, err)
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    log.info(
+        "fuseml: tuned %s in %.1f s over %d configs: %s (%.4f ms)",
+        key, time.perf_counter() - start, len(candidates), best, best_ms,
+    )  # fmt: skip
+    path = _table_path(device)
+    with _lock:
+        table = _table(path)
+        table[key] = best
+        _save(path, table)
+    return best

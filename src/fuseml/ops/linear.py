@@ -1,0 +1,187 @@
+"""``fuseml.ops.linear``: x @ W^T with the epilogue fused into the GEMM.
+
+    out = act(x @ W^T + bias + alpha * residual)
+
+Unfused, torch runs the GEMM (cuBLAS, bias possibly fused), then one elementwise kernel
+per remaining step, each reading and writing the (M, N) output. Fused, the accumulator
+tile gets bias, residual and activation in registers and is written once.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+import torch.nn.functional as F
+
+from fuseml.ops import _elementwise as ew
+from fuseml.ops import _gemm
+from fuseml.ops._utils import (
+    as_rows,
+    check_choice,
+    check_same,
+    check_tensor,
+    compiled,
+    fused_op,
+    needs_dispatch,
+)
+from fuseml.ops.bias_act import activation_ref
+from fuseml.runtime import resolve_backend
+
+ACTIVATIONS = ew.ACTIVATIONS
+
+
+def linear_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    alpha: float = 1.0,
+) -> torch.Tensor:
+    """Reference: F.linear (cuBLAS, bias fused), then one torch op per epilogue step."""
+    h = F.linear(x, weight, bias)
+    if residual is not None:
+        h = h + alpha * residual
+    return activation_ref(h, activation or "none")
+
+
+# ------------------------------------------------------------------------ launcher
+def linear_rows(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    alpha: float,
+    code: int,
+    *,
+    traced: bool = False,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """act(x @ W^T + bias + alpha * residual) for validated inputs, shaped (..., N)."""
+    k = x.shape[-1]
+    n = weight.shape[0]
+    x2 = x.reshape(-1, k)  # any strides: the kernel takes both of x's strides
+    out = torch.empty((x2.shape[0], n), dtype=out_dtype or x.dtype, device=x.device)
+    res2 = None if residual is None else as_rows(residual.reshape(-1, n))
+    b = None if bias is None else bias.contiguous()
+
+    def run(cfg: dict) -> None:
+        _gemm.launch_linear(out, x2, weight, b, res2, alpha, code, cfg, traced=traced)
+
+    if x2.shape[0] and n:
+        run(_gemm.choose_config("linear", x2, n, k, run))
+    return out.view(*x.shape[:-1], n)
+
+
+# ------------------------------------------------------------------------ registration
+@fused_op("fuseml::linear", mutates_args=())
+def _linear_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    alpha: float,
+    activation: str,
+) -> torch.Tensor:
+    return linear_rows(x, weight, bias, residual, alpha, ew.ACT_CODE[activation], traced=True)
+
+
+def _setup(ctx, inputs, output):
+    x, weight, bias, residual, alpha, activation = inputs
+    ctx.save_for_backward(x, weight, bias, residual)
+    ctx.alpha = alpha
+    ctx.code = ew.ACT_CODE[activation]
+
+
+def _backward(ctx, grad):
+    x, weight, bias, residual = ctx.saved_tensors
+    if ctx.code == ew.ACT_CODE["none"]:
+        dh = grad
+    else:  # recompute the pre-activation (one GEMM) rather than keep it from the forward
+        h = torch.ops.fuseml.linear(x, weight, bias, residual, ctx.alpha, "none")
+        dh = torch.ops.fuseml.bias_act_backward(grad, h, None, None, 1.0, ctx.code)
+    dh2 = dh.reshape(-1, dh.shape[-1])
+    dx = (dh2 @ weight).view(x.shape) if ctx.needs_input_grad[0] else None
+    dw = dh2.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+    db = None
+    if bias is not None and ctx.needs_input_grad[2]:
+        db = dh2.sum(0, dtype=torch.float32).to(bias.dtype)
+    dres = dh * ctx.alpha if residual is not None and ctx.needs_input_grad[3] else None
+    return dx, dw, db, dres, None, None
+
+
+torch.library.register_autograd("fuseml::linear", _backward, setup_context=_setup)
+
+
+# ---------------------------------------------------------------------------- public
+def check_linear_args(op, x, weight, bias, residual, alpha, activation) -> str:
+    """Validate linear-style arguments; return the activation name ('none' for None)."""
+    check_tensor(op, "x", x)
+    check_tensor(op, "weight", weight)
+    check_same(op, "x", x, "weight", weight)
+    if x.dim() < 1:
+        raise ValueError(f"{op}: x must have at least 1 dim (..., in_features), got 0-d")
+    if weight.dim() != 2:
+        raise ValueError(
+            f"{op}: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}"
+        )
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(
+            f"{op}: x's last dim ({x.shape[-1]}) must equal weight's in_features "
+            f"(weight shape {tuple(weight.shape)})"
+        )
+    if bias is not None:
+        check_tensor(op, "bias", bias)
+        check_same(op, "x", x, "bias", bias)
+        if tuple(bias.shape) != (n,):
+            raise ValueError(
+                f"{op}: bias must have shape ({n},) (weight's out_features), got "
+                f"{tuple(bias.shape)}"
+            )
+    if residual is not None:
+        check_tensor(op, "residual", residual)
+        check_same(op, "x", x, "residual", residual)
+        expected = (*x.shape[:-1], n)
+        if tuple(residual.shape) != expected:
+            raise ValueError(
+                f"{op}: residual must have the output's shape {expected}, got "
+                f"{tuple(residual.shape)}"
+            )
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        raise TypeError(f"{op}: alpha must be a real number, got {type(alpha).__name__}")
+    activation = "none" if activation is None else activation
+    check_choice(op, "activation", activation, ACTIVATIONS)
+    return activation
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """act(x @ weight^T + bias + alpha * residual), one kernel.
+
+    x: (..., in) float32/float16/bfloat16; weight: (out, in) as in nn.Linear; bias: (out,)
+    or None; residual: (..., out) or None; activation: None or one of ACTIVATIONS.
+    float32 uses TF32 only where ``torch.backends.cuda.matmul.allow_tf32`` allows it.
+    backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton.
+    The first call of a new (M bucket, N, K) on a GPU tunes the tile (a few seconds) and
+    stores the result on disk (see ``fuseml.ops._tune``).
+    """
+    op = "linear"
+    activation = check_linear_args(op, x, weight, bias, residual, alpha, activation)
+    alpha = float(alpha)
+    backend = resolve_backend(backend, x.device, op, cuda_twin=False)
+    if backend in ("eager", "compile"):
+        fn = linear_ref if backend == "eager" else compiled(linear_ref)
+        return fn(x, weight, bias, activation, residual, alpha)
+    if needs_dispatch(x, weight, bias, residual):
+        return torch.ops.fuseml.linear(x, weight, bias, residual, alpha, activation)
+    return linear_rows(x, weight, bias, residual, alpha, ew.ACT_CODE[activation])

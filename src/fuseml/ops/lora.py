@@ -1,0 +1,282 @@
+"""``fuseml.ops.lora_linear``: a LoRA-adapted linear layer, unmerged, in one GEMM.
+
+    out = act(x @ W^T + bias + scaling * (x @ A^T) @ B^T)        peft layouts: A (r, in),
+                                                                  B (out, r)
+Unmerged eager (peft) runs three GEMMs and an add: x @ W^T, x @ A^T, (.) @ B^T, each
+writing to memory. Merging W' = W + s B A costs nothing per call but fixes one adapter
+per weight copy. The fused kernel keeps the adapter separate and adds the rank-r term to
+the GEMM's accumulator tiles (see ``fuseml.ops._gemm`` for the two LoRA modes).
+
+Multi-adapter: ``lora_a`` (adapters, r, in), ``lora_b`` (adapters, out, r) and an
+``adapter_ids`` tensor giving each row's adapter (-1: base weight only). One launch
+serves a mixed batch; the adapters are stacked along r so each row keeps its own columns.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from fuseml.ops import _elementwise as ew
+from fuseml.ops import _gemm
+from fuseml.ops._utils import check_same, check_tensor, compiled, fused_op, needs_dispatch
+from fuseml.ops.bias_act import activation_ref
+from fuseml.ops.linear import check_linear_args, linear_rows
+from fuseml.runtime import resolve_backend
+
+# In-loop LoRA (one launch) up to this many rows; above, x @ A^T is precomputed by a first
+# small launch so the main GEMM does not redo it for every column tile (see _gemm).
+IN_LOOP_MAX_M = 1024
+IN_LOOP_MAX_R = 64  # stacked LoRA columns that fit beside the accumulator in registers
+
+
+def _scale_list(scaling, n: int) -> list[float]:
+    if isinstance(scaling, torch.Tensor):
+        return [float(v) for v in scaling.reshape(-1).tolist()]
+    if isinstance(scaling, numbers.Real):
+        return [float(scaling)] * n
+    return [float(v) for v in scaling]
+
+
+def lora_linear_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scaling,
+    activation: str | None = None,
+    adapter_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference: the unmerged peft chain (multi-adapter: one masked pass per adapter)."""
+    h = F.linear(x, weight, bias)
+    if adapter_ids is None:
+        h = h + F.linear(F.linear(x, lora_a), lora_b) * scaling
+    else:
+        scales = _scale_list(scaling, lora_a.shape[0])
+        for a in range(lora_a.shape[0]):
+            sel = adapter_ids == a
+            if bool(sel.any()):
+                h[sel] = h[sel] + F.linear(F.linear(x[sel], lora_a[a]), lora_b[a]) * scales[a]
+    return activation_ref(h, activation or "none")
+
+
+# ------------------------------------------------------------------------ launcher
+def lora_rows(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    a_stacked: torch.Tensor,
+    b_stacked: torch.Tensor,
+    rank: int,
+    scaling: float,
+    scales: torch.Tensor | None,
+    adapter_ids: torch.Tensor | None,
+    code: int,
+    *,
+    traced: bool = False,
+) -> torch.Tensor:
+    """The fused layer for validated inputs in stacked form.
+
+    a_stacked (R, in) and b_stacked (out, R), R = adapters x rank, contiguous; scales
+    (adapters,) float32 or None (then ``scaling`` for all); adapter_ids (M,) or None.
+    """
+    k = x.shape[-1]
+    n = weight.shape[0]
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ids = None if adapter_ids is None else adapter_ids.reshape(-1)
+    b = None if bias is None else bias.contiguous()
+    r = a_stacked.shape[0]
+    r_pad = max(16, 1 << max(r - 1, 0).bit_length())
+    in_loop = r_pad <= IN_LOOP_MAX_R and (type(m) is not int or m <= IN_LOOP_MAX_M)
+    xa = None
+    if not in_loop:  # x @ A^T in float32, by the same kernel
+        xa = linear_rows(x2, a_stacked, None, None, 1.0, 0, traced=traced, out_dtype=torch.float32)
+    mode = _gemm.LORA_IN_LOOP if in_loop else _gemm.LORA_PRECOMPUTED
+
+    def run(cfg: dict) -> None:
+        _gemm.launch_linear(
+            out, x2, weight, b, None, 1.0, code, cfg,
+            lora=mode, lora_a=a_stacked, lora_b=b_stacked, xa=xa, ids=ids, scales=scales,
+            lora_scale=scaling, rank=rank, traced=traced,
+        )  # fmt: skip
+
+    if m and n:
+        extra = f"lora{mode}r{r_pad}{'m' if ids is not None else ''}"
+        run(_gemm.choose_config("linear", x2, n, k, run, extra))
+    return out.view(*x.shape[:-1], n)
+
+
+# ------------------------------------------------------------------------ registration
+@fused_op("fuseml::lora_linear", mutates_args=())
+def _lora_linear_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    a_stacked: torch.Tensor,
+    b_stacked: torch.Tensor,
+    rank: int,
+    scaling: float,
+    scales: torch.Tensor | None,
+    adapter_ids: torch.Tensor | None,
+    activation: str,
+) -> torch.Tensor:
+    code = ew.ACT_CODE[activation]
+    return lora_rows(
+        x, weight, bias, a_stacked, b_stacked, rank, scaling, scales, adapter_ids, code,
+        traced=True,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- public
+def stack_adapters(
+    lora_a: torch.Tensor, lora_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """peft layouts -> the kernel's stacked form: A (R, in), B (out, R), and the rank.
+
+    Single: A (r, in), B (out, r). Multi: A (n, r, in), B (n, out, r) -> R = n * r, adapter
+    a owning columns [a*r, (a+1)*r). Modules call this once and keep the result.
+    """
+    if lora_a.dim() == 2:
+        return lora_a.contiguous(), lora_b.contiguous(), lora_a.shape[0]
+    n, r, k = lora_a.shape
+    a = lora_a.reshape(n * r, k).contiguous()
+    b = lora_b.permute(1, 0, 2).reshape(lora_b.shape[1], n * r).contiguous()
+    return a, b, r
+
+
+def check_adapter_ids(op: str, adapter_ids: torch.Tensor, n_adapters: int) -> None:
+    """Every id in [-1, n_adapters): a host sync (skip with check_ids=False)."""
+    if adapter_ids.numel() == 0:
+        return
+    lo, hi = (int(v) for v in torch.aminmax(adapter_ids))
+    if lo < -1 or hi >= n_adapters:
+        bad = lo if lo < -1 else hi
+        raise ValueError(
+            f"{op}: adapter_ids must be in [-1, {n_adapters}) (-1: no adapter; there are "
+            f"{n_adapters} adapters), found {bad}"
+        )
+
+
+def _validate(x, weight, bias, lora_a, lora_b, scaling, activation, adapter_ids) -> str:
+    op = "lora_linear"
+    activation = check_linear_args(op, x, weight, bias, None, 1.0, activation)
+    n, k = weight.shape
+    for name, t in (("lora_a", lora_a), ("lora_b", lora_b)):
+        check_tensor(op, name, t)
+        check_same(op, "x", x, name, t)
+    if adapter_ids is None:
+        if lora_a.dim() != 2 or lora_b.dim() != 2:
+            raise ValueError(
+                f"{op}: without adapter_ids, lora_a must be (r, {k}) and lora_b ({n}, r); got "
+                f"{tuple(lora_a.shape)} and {tuple(lora_b.shape)} (stacked adapters need "
+                "adapter_ids)"
+            )
+        r = lora_a.shape[0]
+        expect_a, expect_b = (r, k), (n, r)
+    else:
+        if lora_a.dim() != 3 or lora_b.dim() != 3:
+            raise ValueError(
+                f"{op}: with adapter_ids, lora_a must be (adapters, r, {k}) and lora_b "
+                f"(adapters, {n}, r); got {tuple(lora_a.shape)} and {tuple(lora_b.shape)}"
+            )
+        na, r = lora_a.shape[:2]
+        expect_a, expect_b = (na, r, k), (na, n, r)
+    if r < 1:
+        raise ValueError(f"{op}: the LoRA rank must be >= 1, got lora_a {tuple(lora_a.shape)}")
+    if tuple(lora_a.shape) != expect_a:
+        raise ValueError(f"{op}: lora_a must have shape {expect_a}, got {tuple(lora_a.shape)}")
+    if tuple(lora_b.shape) != expect_b:
+        raise ValueError(f"{op}: lora_b must have shape {expect_b}, got {tuple(lora_b.shape)}")
+    if adapter_ids is None:
+        if isinstance(scaling, bool) or not isinstance(scaling, numbers.Real):
+            raise TypeError(f"{op}: scaling must be a real number, got {type(scaling).__name__}")
+        return activation
+    if not isinstance(adapter_ids, torch.Tensor) or adapter_ids.dtype not in (
+        torch.int32,
+        torch.int64,
+    ):
+        raise TypeError(
+            f"{op}: adapter_ids must be an int32 or int64 tensor, got {adapter_ids!r:.60}"
+        )
+    if adapter_ids.device != x.device:
+        raise ValueError(f"{op}: adapter_ids is on {adapter_ids.device} but x is on {x.device}")
+    if tuple(adapter_ids.shape) != tuple(x.shape[:-1]):
+        raise ValueError(
+            f"{op}: adapter_ids must have shape {tuple(x.shape[:-1])} (one id per row of x), "
+            f"got {tuple(adapter_ids.shape)}"
+        )
+    if not (isinstance(scaling, numbers.Real) and not isinstance(scaling, bool)):
+        n_scales = len(_scale_list(scaling, lora_a.shape[0]))
+        if n_scales != lora_a.shape[0]:
+            raise ValueError(
+                f"{op}: scaling must be one number or one per adapter ({lora_a.shape[0]}), got "
+                f"{n_scales} values"
+            )
+    return activation
+
+
+def lora_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scaling: float | Sequence[float] | torch.Tensor,
+    activation: str | None = None,
+    *,
+    adapter_ids: torch.Tensor | None = None,
+    check_ids: bool = True,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """act(x @ W^T + bias + scaling * (x @ A^T) @ B^T) in one fused GEMM, adapter unmerged.
+
+    Single adapter: lora_a (r, in), lora_b (out, r), scaling a number (peft's
+    lora_alpha / r). Multi-adapter: lora_a (adapters, r, in), lora_b (adapters, out, r),
+    scaling one number or one per adapter, adapter_ids (...,) int tensor with x's leading
+    shape, -1 meaning no adapter for that row. check_ids validates the ids (one host sync).
+    Forward only on the fused backends (inference); backend='eager' for training.
+    """
+    op = "lora_linear"
+    activation = _validate(x, weight, bias, lora_a, lora_b, scaling, activation, adapter_ids)
+    backend = resolve_backend(backend, x.device, op, cuda_twin=False)
+    if adapter_ids is not None and check_ids and not torch.compiler.is_compiling():
+        check_adapter_ids(op, adapter_ids, lora_a.shape[0])
+    if backend in ("eager", "compile"):
+        fn = lora_linear_ref if backend == "eager" else compiled(lora_linear_ref)
+        return fn(x, weight, bias, lora_a, lora_b, scaling, activation, adapter_ids)
+    if torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias, lora_a, lora_b)
+    ):
+        raise RuntimeError(
+            f"{op}: the fused kernel is forward-only; use backend='eager' to train, or call "
+            "under torch.no_grad() / inference_mode()"
+        )
+    a_s, b_s, rank = stack_adapters(lora_a, lora_b)
+    scales = None
+    scale = 1.0
+    if adapter_ids is not None and not isinstance(scaling, numbers.Real):
+        values = _scale_list(scaling, lora_a.shape[0])
+        scales = torch.tensor(values, dtype=torch.float32, device=x.device)
+    else:
+        scale = float(scaling)
+    return lora_stacked(x, weight, bias, a_s, b_s, rank, scale, scales, adapter_ids, activation)
+
+
+def lora_stacked(
+    x, weight, bias, a_stacked, b_stacked, rank, scaling, scales, adapter_ids, activation
+) -> torch.Tensor:
+    """The fused call on pre-stacked adapters (modules keep the stacked form)."""
+    if needs_dispatch(x, weight, bias, a_stacked, b_stacked, scales, adapter_ids):
+        return torch.ops.fuseml.lora_linear(
+            x, weight, bias, a_stacked, b_stacked, rank, scaling, scales, adapter_ids, activation
+        )
+    code = ew.ACT_CODE[activation]
+    return lora_rows(
+        x, weight, bias, a_stacked, b_stacked, rank, scaling, scales, adapter_ids, code
+    )

@@ -1,0 +1,374 @@
+"""``fuseml.ops.mlp``: a chain of linear layers (+ bias, activation) in one launch.
+
+    h_0 = x;  h_{i+1} = act_i(h_i @ W_i^T + b_i);  out = h_L
+
+Unfused, each layer is a GEMM plus an epilogue kernel and writes its (M, width)
+activation to memory, which the next layer reads back. For the DLRM MLPs (widths up to
+1024, batch up to 65536) that traffic and the launch count dominate. Fused, a persistent
+program owns BLOCK_M rows at a time and runs every layer on them: a layer's output goes to
+a per-program scratch block of BLOCK_M x max-width (2 buffers), a few hundred KiB per
+program that stays in L2 and is reused for the next rows, so intermediates never travel
+to device memory. Each layer is rounded to the input dtype, exactly as the unfused chain
+rounds it.
+
+Up to ``MAX_FUSED_LAYERS`` layers per launch (longer chains: several launches) and widths
+up to ``MAX_WIDTH``; wider layers run one by one through ``fuseml.ops.linear``, said once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from fuseml.ops import _elementwise as ew
+from fuseml.ops import _tune
+from fuseml.ops._gemm import dot_precision, mma
+from fuseml.ops._utils import (
+    check_choice,
+    check_same,
+    check_tensor,
+    compiled,
+    fused_op,
+    launches_skipped,
+    needs_dispatch,
+    sm_count,
+)
+from fuseml.ops.bias_act import activation_ref
+from fuseml.ops.linear import linear_rows
+from fuseml.runtime import triton_interpreting
+
+log = logging.getLogger("fuseml")
+
+MAX_WIDTH = 1024
+MAX_FUSED_LAYERS = 8
+
+
+def mlp_ref(
+    x: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor | None],
+    activations: Sequence[str],
+) -> torch.Tensor:
+    """Reference: one F.linear and one activation per layer."""
+    h = x
+    for w, b, act in zip(weights, biases, activations):
+        h = activation_ref(F.linear(h, w, b), act)
+    return h
+
+
+# ------------------------------------------------------------------------------ kernel
+@triton.jit
+def _pick(i: tl.constexpr, v0, v1, v2, v3, v4, v5, v6, v7):
+    """The i-th argument, chosen at compile time."""
+    if i == 0:
+        r = v0
+    elif i == 1:
+        r = v1
+    elif i == 2:
+        r = v2
+    elif i == 3:
+        r = v3
+    elif i == 4:
+        r = v4
+    elif i == 5:
+        r = v5
+    elif i == 6:
+        r = v6
+    else:
+        r = v7
+    return r
+
+
+@triton.jit
+def _mlp_layer(
+    src_ptr, src_rows, src_ok,  # input block: base, (BLOCK_M,) row offsets, row mask
+    w_ptr, b_ptr,  # (N, K) contiguous weight, (N,) bias
+    dst_ptr, dst_rows, dst_ok,  # output block, as for the input
+    K, N,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """dst = act(src @ W^T + b) for one block of BLOCK_M rows, BLOCK_N columns at a time."""
+    ks = tl.arange(0, BLOCK_K)
+    for n0 in range(0, N, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            k_ok = kk < K
+            a = tl.load(
+                src_ptr + src_rows[:, None] + kk[None, :],
+                mask=src_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            w = tl.load(
+                w_ptr + cols[None, :].to(tl.int64) * K + kk[:, None],
+                mask=k_ok[:, None] & col_ok[None, :],
+                other=0.0,
+            )
+            acc = mma(a, w, acc, PRECISION, UPCAST)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        acc = ew._activation(acc, ACT)
+        tl.store(
+            dst_ptr + dst_rows[:, None] + cols[None, :],
+            acc.to(dst_ptr.dtype.element_ty),
+            mask=dst_ok[:, None] & col_ok[None, :],
+        )
+
+
+@triton.jit
+def _mlp_kernel(
+    x_ptr,  # (M, D0) input, unit column stride
+    out_ptr,  # (M, D_L) output, contiguous
+    scratch_ptr,  # (programs, 2, BLOCK_M, MAX_W) per-program ping-pong buffers
+    w0, w1, w2, w3, w4, w5, w6, w7,  # (D_{i+1}, D_i) contiguous weights (unused: any)
+    b0, b1, b2, b3, b4, b5, b6, b7,  # (D_{i+1},) biases
+    d0, d1, d2, d3, d4, d5, d6, d7, d8,  # widths: D0 in, D_{i+1} out of layer i
+    M,
+    stride_xm,
+    stride_om,
+    NUM_LAYERS: tl.constexpr,
+    ACTS: tl.constexpr,  # activation code of layer i in bits [4i, 4i + 4)
+    BIASES: tl.constexpr,  # bit i: layer i has a bias
+    MAX_W: tl.constexpr,  # widest intermediate (scratch row length)
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    s0 = scratch_ptr + pid.to(tl.int64) * (2 * BLOCK_M * MAX_W)
+    s1 = s0 + BLOCK_M * MAX_W
+    local = tl.arange(0, BLOCK_M)
+    s_rows = local.to(tl.int64) * MAX_W
+    s_ok = local < BLOCK_M
+    for rb in range(pid, tl.cdiv(M, BLOCK_M), n_prog):
+        rows = (rb * BLOCK_M + local).to(tl.int64)
+        row_ok = rows < M
+        for i in tl.static_range(NUM_LAYERS):
+            w = _pick(i, w0, w1, w2, w3, w4, w5, w6, w7)
+            b = _pick(i, b0, b1, b2, b3, b4, b5, b6, b7)
+            k = _pick(i, d0, d1, d2, d3, d4, d5, d6, d7)
+            n = _pick(i, d1, d2, d3, d4, d5, d6, d7, d8)
+            if i == 0:
+                src, src_rows, src_ok = x_ptr, rows * stride_xm, row_ok
+            elif i % 2 == 1:
+                src, src_rows, src_ok = s0, s_rows, s_ok
+            else:
+                src, src_rows, src_ok = s1, s_rows, s_ok
+            if i == NUM_LAYERS - 1:
+                dst, dst_rows, dst_ok = out_ptr, rows * stride_om, row_ok
+            elif i % 2 == 0:
+                dst, dst_rows, dst_ok = s0, s_rows, s_ok
+            else:
+                dst, dst_rows, dst_ok = s1, s_rows, s_ok
+            _mlp_layer(
+                src, src_rows, src_ok, w, b, dst, dst_rows, dst_ok, k, n,
+                (BIASES >> i) & 1, (ACTS >> (4 * i)) & 15, PRECISION, UPCAST,
+                BLOCK_M, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+            # The block's threads wrote what all of them read next (and the next row block
+            # overwrites the buffers): one CTA barrier per layer.
+            tl.debug_barrier()
+
+
+# ------------------------------------------------------------------------------ launcher
+def _cfg(bm, bn, bk, warps, per_sm) -> dict:
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "per_sm": per_sm}
+
+
+# Candidates: rows per program (the scratch is 2 x BLOCK_M x max-width per program) and
+# the column/K steps; 1 or 2 programs per SM.
+_CANDIDATES = [
+    _cfg(64, 64, 64, 4, 2), _cfg(64, 128, 64, 4, 2), _cfg(128, 64, 64, 4, 1),
+    _cfg(128, 128, 64, 8, 1), _cfg(128, 64, 32, 4, 2), _cfg(32, 64, 64, 4, 4),
+    _cfg(64, 64, 128, 4, 2),
+]  # fmt: skip
+_DEFAULT = _cfg(64, 64, 64, 4, 2)
+
+
+@functools.cache
+def _warn_unfused(widths: tuple) -> None:
+    log.warning(
+        "fuseml.ops.mlp: a layer wider than %d (widths %s) runs layer by layer through "
+        "fuseml.ops.linear (same result, not fused)",
+        MAX_WIDTH,
+        widths,
+    )
+
+
+def _launch_group(x2, out, weights, biases, codes, cfg, traced) -> None:
+    m = x2.shape[0]
+    n_layers = len(weights)
+    widths = [x2.shape[1], *(w.shape[0] for w in weights)]
+    max_w = max(widths[1:-1], default=16)
+    bm = cfg["BLOCK_M"]
+    n_blocks = triton.cdiv(m, bm)
+    n_prog = n_blocks
+    if x2.is_cuda:
+        n_prog = min(n_blocks, cfg["per_sm"] * sm_count(x2.get_device()))
+    scratch = torch.empty((max(n_prog, 1), 2, bm, max_w), dtype=x2.dtype, device=x2.device)
+    if launches_skipped() or m == 0:
+        return
+    pad = 8 - n_layers
+    ws = [w.contiguous() for w in weights] + [x2] * pad
+    bs = [x2 if b is None else b.contiguous() for b in biases] + [x2] * pad
+    ds = widths + [1] * (9 - len(widths))
+    acts = sum(c << (4 * i) for i, c in enumerate(codes))
+    has_b = sum(1 << i for i, b in enumerate(biases) if b is not None)
+    kernel = torch.library.wrap_triton(_mlp_kernel) if traced else _mlp_kernel
+    kernel[(n_prog,)](
+        x2, out, scratch, *ws, *bs, *ds, m, x2.stride(0), out.stride(0),
+        NUM_LAYERS=n_layers, ACTS=acts, BIASES=has_b, MAX_W=max_w,
+        PRECISION=dot_precision(x2.dtype), UPCAST=triton_interpreting(),
+        BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        num_warps=cfg["num_warps"],
+    )  # fmt: skip
+
+
+def _group_config(x2, weights, biases, codes, traced) -> dict:
+    m = x2.shape[0]
+    if type(m) is not int or not x2.is_cuda or traced:
+        found = None
+        if x2.is_cuda and type(m) is int:
+            found = _tune.lookup(x2.device, _group_key(x2, weights))
+        return found or _DEFAULT
+    out = torch.empty((m, weights[-1].shape[0]), dtype=x2.dtype, device=x2.device)
+
+    def bench(c: dict) -> float:
+        return triton.testing.do_bench(
+            lambda: _launch_group(x2, out, weights, biases, codes, c, False), warmup=3, rep=15
+        )
+
+    return _tune.tuned(x2.device, _group_key(x2, weights), _CANDIDATES, bench, _DEFAULT)
+
+
+def _group_key(x2, weights) -> str:
+    widths = "-".join(str(w) for w in (x2.shape[1], *(w.shape[0] for w in weights)))
+    return (
+        f"mlp:{str(x2.dtype)[6:]}:{dot_precision(x2.dtype)}:m{_tune.m_bucket(x2.shape[0])}:{widths}"
+    )
+
+
+_memo: dict[tuple, dict] = {}
+
+
+def mlp_rows(x, weights, biases, codes, *, traced: bool = False) -> torch.Tensor:
+    """The chain for validated inputs; x (..., D0) -> (..., D_L)."""
+    widths = (x.shape[-1], *(w.shape[0] for w in weights))
+    h = x.reshape(-1, x.shape[-1])
+    if h.shape[1] > 1 and h.stride(1) != 1:
+        h = h.contiguous()
+    if max(widths) > MAX_WIDTH:
+        _warn_unfused(widths)
+        for w, b, c in zip(weights, biases, codes):
+            h = linear_rows(h, w, b, None, 1.0, c, traced=traced)
+        return h.view(*x.shape[:-1], widths[-1])
+    for g in range(0, len(weights), MAX_FUSED_LAYERS):
+        ws = weights[g : g + MAX_FUSED_LAYERS]
+        bs = biases[g : g + MAX_FUSED_LAYERS]
+        cs = codes[g : g + MAX_FUSED_LAYERS]
+        out = torch.empty((h.shape[0], ws[-1].shape[0]), dtype=x.dtype, device=x.device)
+        key = (h.dtype, dot_precision(h.dtype), _tune.m_bucket(h.shape[0]) if type(h.shape[0]) is int else -1,
+               tuple(w.shape for w in ws), h.device)  # fmt: skip
+        cfg = _memo.get(key) if not traced else None
+        if cfg is None:
+            cfg = _group_config(h, ws, bs, cs, traced)
+            if not traced:
+                _memo[key] = cfg
+        _launch_group(h, out, ws, bs, cs, cfg, traced)
+        h = out
+    return h.view(*x.shape[:-1], widths[-1])
+
+
+# ------------------------------------------------------------------------ registration
+@fused_op("fuseml::mlp", mutates_args=())
+def _mlp_op(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    codes: list[int],
+) -> torch.Tensor:
+    """codes: activation codes (fuseml.ops._elementwise.ACT_CODE), one per layer."""
+    return mlp_rows(x, weights, biases, codes, traced=True)
+
+
+# ---------------------------------------------------------------------------- public
+def normalize_mlp_args(op, x, weights, biases, activations):
+    """Validate; return (weights list, biases list, activation names list)."""
+    check_tensor(op, "x", x)
+    if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence) or not weights:
+        raise TypeError(f"{op}: weights must be a non-empty list of (out, in) tensors")
+    weights = list(weights)
+    n = len(weights)
+    biases = [None] * n if biases is None else list(biases)
+    if len(biases) != n:
+        raise ValueError(
+            f"{op}: biases must have one entry (tensor or None) per layer ({n}), got {len(biases)}"
+        )
+    if activations is None or isinstance(activations, str):
+        activations = [activations] * n
+    activations = ["none" if a is None else a for a in activations]
+    if len(activations) != n:
+        raise ValueError(
+            f"{op}: activations must be one name or one per layer ({n}), got {len(activations)}"
+        )
+    if x.dim() < 1:
+        raise ValueError(f"{op}: x must have at least 1 dim (..., in_features), got 0-d")
+    width = x.shape[-1]
+    for i, (w, b, a) in enumerate(zip(weights, biases, activations)):
+        check_tensor(op, f"weights[{i}]", w)
+        check_same(op, "x", x, f"weights[{i}]", w)
+        if w.dim() != 2 or w.shape[1] != width:
+            raise ValueError(
+                f"{op}: weights[{i}] must be ({'out'}, {width}) (its input is "
+                f"{'x' if i == 0 else f'layer {i - 1}'} of width {width}), got {tuple(w.shape)}"
+            )
+        if b is not None:
+            check_tensor(op, f"biases[{i}]", b)
+            check_same(op, "x", x, f"biases[{i}]", b)
+            if tuple(b.shape) != (w.shape[0],):
+                raise ValueError(
+                    f"{op}: biases[{i}] must have shape ({w.shape[0]},), got {tuple(b.shape)}"
+                )
+        check_choice(op, f"activations[{i}]", a, ew.ACTIVATIONS)
+        width = w.shape[0]
+    return weights, biases, activations
+
+
+def mlp(
+    x: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor | None] | None = None,
+    activations: str | Sequence[str | None] | None = "relu",
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """act_L(... act_1(x @ W_1^T + b_1) ...) in one launch (per 8 layers).
+
+    weights: [(D1, D0), (D2, D1), ...] in nn.Linear layout; biases: one tensor or None per
+    layer (None: no biases); activations: one name for every layer, or one per layer
+    (None meaning 'none'). Widths above 1024 run layer by layer through fuseml.ops.linear.
+    """
+    from fuseml.runtime import resolve_backend
+
+    op = "mlp"
+    weights, biases, activations = normalize_mlp_args(op, x, weights, biases, activations)
+    backend = resolve_backend(backend, x.device, op, cuda_twin=False)
+    if backend in ("eager", "compile"):
+        fn = mlp_ref if backend == "eager" else compiled(mlp_ref)
+        return fn(x, weights, biases, activations)
+    codes = [ew.ACT_CODE[a] for a in activations]
+    if needs_dispatch(x, *weights, *biases):
+        return torch.ops.fuseml.mlp(x, weights, biases, codes)
+    return mlp_rows(x, weights, biases, codes)
