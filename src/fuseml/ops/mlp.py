@@ -331,7 +331,7 @@ def normalize_mlp_args(op, x, weights, biases, activations):
         check_same(op, "x", x, f"weights[{i}]", w)
         if w.dim() != 2 or w.shape[1] != width:
             raise ValueError(
-                f"{op}: weights[{i}] must be ({'out'}, {width}) (its input is "
+                f"{op}: weights[{i}] must be (out, {width}) (its input is "
                 f"{'x' if i == 0 else f'layer {i - 1}'} of width {width}), got {tuple(w.shape)}"
             )
         if b is not None:

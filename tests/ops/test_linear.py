@@ -1,0 +1,239 @@
+import json
+import re
+
+import pytest
+import torch
+
+import fuseml
+from fuseml.ops import ACTIVATIONS, _gemm, _tune, linear_ref
+from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, rel_err, tolerance
+
+TARGETS = fused_targets(cuda_twin=False)
+# (M, K, N): DLRM-like (K=13), odd sizes, K and N not multiples of 16, one row, tiny.
+SHAPES = [(1, 13, 40), (3, 33, 17), (37, 45, 70), (64, 16, 16), (130, 24, 9)]
+
+
+def _up(t):
+    return None if t is None else t.double()
+
+
+def _inputs(m, k, n, dtype, device, residual=True, lead=()):
+    x = torch.randn(*lead, m, k, dtype=dtype, device=device)
+    w = (torch.randn(n, k, dtype=dtype, device=device) / k**0.5).to(dtype)
+    b = torch.randn(n, dtype=dtype, device=device)
+    r = torch.randn(*lead, m, n, dtype=dtype, device=device) if residual else None
+    return x, w, b, r
+
+
+def _ref64(x, w, b, act, r=None, alpha=1.0):
+    return linear_ref(_up(x), _up(w), _up(b), act, _up(r), alpha)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_shapes(device, backend, shape, dtype):
+    x, w, b, r = _inputs(*shape, dtype, device)
+    out = fuseml.ops.linear(x, w, b, "relu", r, 0.5, backend=backend)
+    assert out.dtype == dtype and out.shape == (shape[0], shape[2])
+    assert_close_verbose(out, _ref64(x, w, b, "relu", r, 0.5), dtype)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("activation", [*ACTIVATIONS, None])
+def test_linear_every_activation(device, backend, activation):
+    x, w, b, _ = _inputs(9, 20, 24, torch.float32, device, residual=False)
+    out = fuseml.ops.linear(x, w, b, activation, backend=backend)
+    assert_close_verbose(out, _ref64(x, w, b, activation))
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_linear_layouts(device, backend):
+    # batched x, transposed (non-contiguous) weight, x with a row stride, no bias
+    x, _, b, r = _inputs(5, 20, 12, torch.float32, device, lead=(2, 3))
+    w_t = torch.randn(20, 12, device=device).t()  # (12, 20) with strides (1, 12)
+    out = fuseml.ops.linear(x, w_t, b, "gelu", r, -1.0, backend=backend)
+    assert out.shape == (2, 3, 5, 12)
+    assert_close_verbose(out, _ref64(x, w_t, b, "gelu", r, -1.0))
+    big = torch.randn(30, 50, device=device)
+    xs = big[3:20, 7:27]  # row stride 50
+    xt = big[:20, :9].t()  # (9, 20): column stride 50
+    for xv in (xs, xt):
+        out = fuseml.ops.linear(xv, w_t, None, None, backend=backend)
+        assert_close_verbose(out, _ref64(xv, w_t, None, None))
+    x1 = torch.randn(20, device=device)  # 1-D input: (in,) -> (out,)
+    assert_close_verbose(fuseml.ops.linear(x1, w_t, b, backend=backend), _ref64(x1, w_t, b, None))
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_linear_empty(device, backend):
+    x, w, b, _ = _inputs(0, 8, 6, torch.float32, device, residual=False)
+    assert fuseml.ops.linear(x, w, b, backend=backend).shape == (0, 6)
+    w0 = torch.randn(0, 8, device=device)
+    assert fuseml.ops.linear(x[:0], w0, backend=backend).shape == (0, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tf32", [False, True])
+def test_linear_fp32_follows_torch_tf32_flag(tf32, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
+    x, w, b, _ = _inputs(300, 512, 256, torch.float32, "cuda", residual=False)
+    out = fuseml.ops.linear(x, w, b, "relu", backend="triton")
+    err = rel_err(out, _ref64(x, w, b, "relu"))
+    assert err <= tolerance(torch.float32, tf32=tf32)
+    if not tf32:
+        assert err <= 1e-5  # an IEEE fp32 dot, not tf32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 4096, 4096), (4096, 367, 512), (5000, 1024, 1000)])
+def test_linear_large(dtype, m, k, n):
+    x, w, b, r = _inputs(m, k, n, dtype, "cuda")
+    out = fuseml.ops.linear(x, w, b, "gelu", r, 0.25, backend="triton")
+    assert_close_verbose(out, _ref64(x, w, b, "gelu", r, 0.25), dtype)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh", None])
+def test_linear_backward(device, backend, activation):
+    x, w, b, r = _inputs(6, 10, 7, torch.float32, device)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b, r)]
+    out = fuseml.ops.linear(*leaves[:3], activation, leaves[3], 0.5, backend=backend)
+    g = torch.randn_like(out)
+    out.backward(g)
+    refs = [t.double().requires_grad_() for t in (x, w, b, r)]
+    linear_ref(*refs[:3], activation, refs[3], 0.5).backward(g.double())
+    for name, got, ref in zip(["x", "w", "b", "r"], leaves, refs):
+        assert got.grad is not None, name
+        assert_close_verbose(got.grad, ref.grad)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_linear_opcheck(device, backend):
+    x, w, b, r = _inputs(5, 9, 11, torch.float32, device)
+    torch.library.opcheck(torch.ops.fuseml.linear, (x, w, b, r, 0.5, "gelu"))
+    torch.library.opcheck(torch.ops.fuseml.linear, (x, w, None, None, 1.0, "none"))
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_linear_compile_fullgraph(device, backend):
+    x, w, b, r = _inputs(8, 24, 16, torch.float32, device)
+
+    def fn(x, w, b, r):
+        return fuseml.ops.linear(x, w, b, "silu", r, 2.0, backend=backend).sum(-1)
+
+    out = torch.compile(fn, fullgraph=True)(x, w, b, r)
+    assert_close_verbose(out, _ref64(x, w, b, "silu", r, 2.0).sum(-1))
+
+
+def test_linear_eager_and_compile_backends():
+    x, w, b, r = _inputs(8, 24, 16, torch.float32, "cpu")
+    ref = _ref64(x, w, b, "tanh", r, 0.5)
+    for backend in ("auto", "eager", "compile"):
+        assert_close_verbose(fuseml.ops.linear(x, w, b, "tanh", r, 0.5, backend=backend), ref)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "words"),
+    [
+        ({"w": torch.randn(6, 9)}, ValueError, "in_features"),
+        ({"w": torch.randn(6)}, ValueError, "weight must be 2-D"),
+        ({"b": torch.randn(5)}, ValueError, "bias must have shape (6,)"),
+        ({"r": torch.randn(4, 5)}, ValueError, "residual must have"),
+        ({"x": torch.randn(4, 8, dtype=torch.float64)}, TypeError, "x must have dtype"),
+        ({"w": torch.randn(6, 8, dtype=torch.bfloat16)}, TypeError, "mixed dtypes"),
+        ({"x": torch.ones(4, 8, dtype=torch.int32)}, TypeError, "x must have dtype"),
+        ({"act": "swish"}, ValueError, "activation must be one of"),
+        ({"alpha": "2"}, TypeError, "alpha must be a real number"),
+        ({"backend": "cuda"}, ValueError, "no CUDA C++ twin"),
+        ({"backend": "fast"}, ValueError, "backend must be one of"),
+    ],
+)
+def test_linear_bad_input(kwargs, exc, words):
+    args = {
+        "x": torch.randn(4, 8),
+        "w": torch.randn(6, 8),
+        "b": torch.randn(6),
+        "r": None,
+        "act": "relu",
+        "alpha": 1.0,
+        "backend": "auto",
+    }
+    args.update(kwargs)
+    with pytest.raises(exc, match=re.escape(words)):
+        fuseml.ops.linear(
+            args["x"], args["w"], args["b"], args["act"], args["r"], args["alpha"],
+            backend=args["backend"],
+        )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ tuning
+def test_candidates_are_pruned_to_the_problem():
+    for m, n, k in [(1, 16, 13), (3, 4096, 4096), (65536, 64, 16), (4096, 11008, 4096)]:
+        cands = _gemm.candidates(m, n, k, torch.bfloat16)
+        assert cands and len(cands) <= 8
+        for c in cands:
+            assert 16 <= c["BLOCK_M"] <= max(16, _tune.m_bucket(m))
+            assert 16 <= c["BLOCK_N"] <= max(16, 1 << (n - 1).bit_length())
+            assert 16 <= c["BLOCK_K"] <= max(16, 1 << (k - 1).bit_length())
+    fp32 = _gemm.candidates(4096, 4096, 4096, torch.float32)
+    assert max(c["BLOCK_K"] for c in fp32) == 32  # half the 16-bit K step
+
+
+def test_m_bucket():
+    assert [_tune.m_bucket(m) for m in (0, 1, 2, 3, 300, 512, 513)] == [1, 1, 2, 4, 512, 512, 1024]
+
+
+def test_tuning_cache_is_measured_once_and_persisted(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEML_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_tune, "autotune_enabled", lambda: True)
+    monkeypatch.setattr(_tune, "_tables", {})
+    dev = torch.device("cpu")
+    cands = [{"BLOCK_M": 16}, {"BLOCK_M": 32}, {"BLOCK_M": 64}]
+    timed = []
+
+    def bench(cfg):
+        timed.append(cfg["BLOCK_M"])
+        if cfg["BLOCK_M"] == 64:
+            raise RuntimeError("out of shared memory")  # skipped, not fatal
+        return {16: 2.0, 32: 1.0}[cfg["BLOCK_M"]]
+
+    best = _tune.tuned(dev, "k1", cands, bench, {"BLOCK_M": 16})
+    assert best == {"BLOCK_M": 32} and timed == [16, 32, 64]
+    files = list((tmp_path / "tune").glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text()) == {"k1": {"BLOCK_M": 32}}
+    # same process: no second measurement; a new process (fresh memo) reads the file
+    assert _tune.tuned(dev, "k1", cands, bench, {"BLOCK_M": 16}) == {"BLOCK_M": 32}
+    monkeypatch.setattr(_tune, "_tables", {})
+    assert _tune.lookup(dev, "k1") == {"BLOCK_M": 32}
+    assert timed == [16, 32, 64]
+
+
+def test_tuning_disabled_uses_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEML_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FUSEML_AUTOTUNE", "0")
+    monkeypatch.setattr(_tune, "_tables", {})
+
+    def bench(cfg):
+        raise AssertionError("must not time anything")
+
+    got = _tune.tuned(torch.device("cpu"), "k", [{"a": 1}, {"a": 2}], bench, {"a": 0})
+    assert got == {"a": 0}
+    assert not (tmp_path / "tune").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_first_gpu_call_tunes_and_writes_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEML_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_tune, "_tables", {})
+    monkeypatch.setattr(_gemm, "_memo", {})
+    x, w, b, _ = _inputs(77, 96, 80, torch.bfloat16, "cuda", residual=False)
+    out = fuseml.ops.linear(x, w, b, "relu", backend="triton")
+    assert_close_verbose(out, _ref64(x, w, b, "relu"), torch.bfloat16)
+    (table,) = (tmp_path / "tune").glob("*.json")
+    entries = json.loads(table.read_text())
+    assert any(key.startswith("linear:bfloat16") and ":m128:n80:k96" in key for key in entries)

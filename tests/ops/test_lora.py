@@ -1,0 +1,181 @@
+import re
+
+import pytest
+import torch
+
+import fuseml
+from fuseml.ops import lora as lora_mod
+from fuseml.ops import lora_linear_ref
+from fuseml.testing import DTYPES, assert_close_verbose, fused_targets
+
+TARGETS = fused_targets(cuda_twin=False)
+
+
+def _up(t):
+    return None if t is None else t.double()
+
+
+def _layer(k, n, r, dtype, device, adapters=None):
+    w = torch.randn(n, k, dtype=dtype, device=device) / k**0.5
+    b = torch.randn(n, dtype=dtype, device=device)
+    lead = () if adapters is None else (adapters,)
+    a = torch.randn(*lead, r, k, dtype=dtype, device=device) / k**0.5
+    bb = torch.randn(*lead, n, r, dtype=dtype, device=device) / r**0.5
+    return w, b, a, bb
+
+
+def _ref64(x, w, b, a, bb, s, act=None, ids=None):
+    s = s.double() if isinstance(s, torch.Tensor) else s
+    return lora_linear_ref(_up(x), _up(w), _up(b), _up(a), _up(bb), s, act, ids)
+
+
+@pytest.fixture(params=["in_loop", "precomputed"])
+def lora_mode(request, monkeypatch):
+    """Both LoRA modes of the kernel: x @ A^T inside the K loop, or from a first launch."""
+    if request.param == "precomputed":
+        monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 0)
+    return request.param
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("m", "k", "n", "r"), [(1, 45, 33, 8), (37, 64, 70, 16), (20, 24, 9, 1)])
+def test_lora_single(device, backend, dtype, m, k, n, r, lora_mode):
+    w, b, a, bb = _layer(k, n, r, dtype, device)
+    x = torch.randn(m, k, dtype=dtype, device=device)
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", backend=backend)
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu"), dtype)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("r", [64, 100])
+def test_lora_large_rank(device, backend, r, lora_mode):
+    # 64: the widest in-loop rank; 100 pads to 128 stacked columns, always precomputed
+    w, _, a, bb = _layer(40, 24, r, torch.float32, device)
+    x = torch.randn(2, 3, 40, device=device)  # batched leading dims
+    out = fuseml.ops.lora_linear(x, w, None, a, bb, 2.0, "gelu", backend=backend)
+    assert out.shape == (2, 3, 24)
+    assert_close_verbose(out, _ref64(x, w, None, a, bb, 2.0, "gelu"))
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scaling", [0.5, [0.5, 1.0, -2.0], "tensor"])
+def test_lora_multi_adapter(device, backend, dtype, scaling, lora_mode):
+    w, b, a, bb = _layer(32, 20, 4, dtype, device, adapters=3)
+    x = torch.randn(2, 9, 32, dtype=dtype, device=device)
+    ids = torch.randint(-1, 3, (2, 9), device=device)
+    ids[0, :4] = torch.tensor([-1, 0, 1, 2])  # every adapter and 'none' present
+    if scaling == "tensor":
+        scaling = torch.tensor([1.5, 0.25, 1.0])
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, scaling, "silu", adapter_ids=ids, backend=backend)
+    assert_close_verbose(out, _ref64(x, w, b, a, bb, scaling, "silu", ids), dtype)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_lora_multi_rows_without_adapter_get_the_base_layer(device, backend):
+    w, b, a, bb = _layer(16, 12, 4, torch.float32, device, adapters=2)
+    x = torch.randn(7, 16, device=device)
+    ids = torch.full((7,), -1, device=device, dtype=torch.int32)
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, 1.0, adapter_ids=ids, backend=backend)
+    assert_close_verbose(out, fuseml.ops.linear_ref(_up(x), _up(w), _up(b)))
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_lora_opcheck_and_compile(device, backend):
+    w, b, a, bb = _layer(16, 12, 4, torch.float32, device, adapters=2)
+    x = torch.randn(5, 16, device=device)
+    ids = torch.tensor([0, 1, -1, 1, 0], device=device)
+    a_s, b_s, rank = lora_mod.stack_adapters(a, bb)
+    scales = torch.tensor([0.5, 2.0], device=device)
+    torch.library.opcheck(
+        torch.ops.fuseml.lora_linear, (x, w, b, a_s, b_s, rank, 1.0, scales, ids, "relu")
+    )
+    torch.library.opcheck(
+        torch.ops.fuseml.lora_linear, (x, w, None, a[0], bb[0], 4, 0.5, None, None, "none")
+    )
+
+    def fn(x, ids):
+        return fuseml.ops.lora_linear(
+            x, w, b, a, bb, [0.5, 2.0], "relu", adapter_ids=ids, backend=backend
+        ).sum(-1)
+
+    out = torch.compile(fn, fullgraph=True)(x, ids)
+    assert_close_verbose(out, _ref64(x, w, b, a, bb, [0.5, 2.0], "relu", ids).sum(-1))
+
+
+def test_lora_eager_compile_backends_and_grad():
+    w, b, a, bb = _layer(16, 12, 4, torch.float32, "cpu")
+    x = torch.randn(5, 16)
+    ref = _ref64(x, w, b, a, bb, 0.5, "tanh")
+    for backend in ("auto", "eager", "compile"):
+        out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "tanh", backend=backend)
+        assert_close_verbose(out, ref)
+    a_g = a.clone().requires_grad_()
+    out = fuseml.ops.lora_linear(x, w, b, a_g, bb, 0.5, backend="eager")
+    out.sum().backward()
+    assert a_g.grad is not None and a_g.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_lora_fused_refuses_autograd(device, backend):
+    w, b, a, bb = _layer(16, 12, 4, torch.float32, device)
+    x = torch.randn(5, 16, device=device)
+    with pytest.raises(RuntimeError, match="forward-only"):
+        fuseml.ops.lora_linear(x, w, b, a.requires_grad_(), bb, 0.5, backend=backend)
+    with torch.no_grad():  # the same call without grad mode runs
+        fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend=backend)
+
+
+def _bad(**over):
+    args = dict(
+        x=torch.randn(4, 8), w=torch.randn(6, 8), b=torch.randn(6),
+        a=torch.randn(2, 8), bb=torch.randn(6, 2), s=0.5, ids=None,
+    )  # fmt: skip
+    args.update(over)
+    return fuseml.ops.lora_linear(
+        args["x"], args["w"], args["b"], args["a"], args["bb"], args["s"], adapter_ids=args["ids"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("over", "exc", "words"),
+    [
+        ({"a": torch.randn(2, 9)}, ValueError, "lora_a must have shape (2, 8)"),
+        ({"bb": torch.randn(5, 2)}, ValueError, "lora_b must have shape (6, 2)"),
+        ({"bb": torch.randn(6, 3)}, ValueError, "lora_b must have shape (6, 2)"),
+        ({"a": torch.randn(3, 2, 8)}, ValueError, "stacked adapters need adapter_ids"),
+        ({"a": torch.randn(2, 8, dtype=torch.float16)}, TypeError, "mixed dtypes"),
+        ({"s": "0.5"}, TypeError, "scaling must be a real number"),
+        ({"w": torch.randn(6, 7)}, ValueError, "in_features"),
+        (
+            {"a": torch.randn(3, 2, 8), "bb": torch.randn(3, 6, 2), "ids": torch.tensor([0, 1, 3, -1])},
+            ValueError,
+            "adapter_ids must be in [-1, 3)",
+        ),
+        (
+            {"a": torch.randn(3, 2, 8), "bb": torch.randn(3, 6, 2), "ids": torch.tensor([0, -2, 1, 1])},
+            ValueError,
+            "found -2",
+        ),
+        (
+            {"a": torch.randn(3, 2, 8), "bb": torch.randn(3, 6, 2), "ids": torch.zeros(3, dtype=torch.long)},
+            ValueError,
+            "adapter_ids must have shape (4,)",
+        ),
+        (
+            {"a": torch.randn(3, 2, 8), "bb": torch.randn(3, 6, 2), "ids": torch.zeros(4)},
+            TypeError,
+            "adapter_ids must be an int32 or int64 tensor",
+        ),
+        (
+            {"a": torch.randn(3, 2, 8), "bb": torch.randn(3, 6, 2), "ids": torch.zeros(4, dtype=torch.long), "s": [1.0, 2.0]},
+            ValueError,
+            "one per adapter (3), got 2",
+        ),
+    ],
+)  # fmt: skip
+def test_lora_bad_input(over, exc, words):
+    with pytest.raises(exc, match=re.escape(words)):
+        _bad(**over)

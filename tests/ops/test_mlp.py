@@ -1,0 +1,148 @@
+import importlib
+import itertools
+import logging
+import re
+
+import pytest
+import torch
+
+import fuseml
+
+from fuseml.ops import mlp_ref
+from fuseml.testing import DTYPES, assert_close_verbose, fused_targets
+
+mlp_mod = importlib.import_module("fuseml.ops.mlp")  # fuseml.ops.mlp is also the function
+
+TARGETS = fused_targets(cuda_twin=False)
+
+
+def _up(t):
+    return None if t is None else t.double()
+
+
+def _layers(widths, dtype, device, bias_every=1):
+    ws = [
+        torch.randn(o, i, dtype=dtype, device=device) / i**0.5
+        for i, o in itertools.pairwise(widths)
+    ]
+    bs = [
+        torch.randn(o, dtype=dtype, device=device) if j % bias_every == 0 else None
+        for j, o in enumerate(widths[1:])
+    ]
+    return ws, bs
+
+
+def _ref64(x, ws, bs, acts):
+    acts = [acts] * len(ws) if isinstance(acts, str) or acts is None else acts
+    acts = ["none" if a is None else a for a in acts]
+    return mlp_ref(_up(x), [_up(w) for w in ws], [_up(b) for b in bs], acts)
+
+
+CHAINS = [
+    ([13, 64, 32, 16], "relu"),  # a DLRM bottom MLP, scaled down
+    ([20, 33, 17], ["gelu", "sigmoid"]),  # odd widths
+    ([8, 16], None),  # one layer, no activation
+    ([37, 48, 40, 1], ["relu", "relu", "sigmoid"]),  # a top MLP ending in one logit
+]
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("widths", "acts"), CHAINS)
+@pytest.mark.parametrize("m", [1, 70])
+def test_mlp_chains(device, backend, dtype, widths, acts, m):
+    ws, bs = _layers(widths, dtype, device, bias_every=2 if m == 1 else 1)
+    x = torch.randn(m, widths[0], dtype=dtype, device=device)
+    out = fuseml.ops.mlp(x, ws, bs, acts, backend=backend)
+    assert out.shape == (m, widths[-1]) and out.dtype == dtype
+    assert_close_verbose(out, _ref64(x, ws, bs, acts), dtype)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_mlp_layouts_and_long_chains(device, backend):
+    ws, bs = _layers([12, 24, 16], torch.float32, device)
+    x = torch.randn(2, 3, 12, device=device)  # batched
+    assert_close_verbose(
+        fuseml.ops.mlp(x, ws, bs, "tanh", backend=backend), _ref64(x, ws, bs, "tanh")
+    )
+    xt = torch.randn(12, 10, device=device).t()  # column-strided rows
+    assert_close_verbose(
+        fuseml.ops.mlp(xt, ws, bs, "relu", backend=backend), _ref64(xt, ws, bs, "relu")
+    )
+    ws, bs = _layers([16] * 12, torch.float32, device)  # 11 layers: two launches (8 + 3)
+    x = torch.randn(5, 16, device=device)
+    assert_close_verbose(
+        fuseml.ops.mlp(x, ws, bs, "tanh", backend=backend), _ref64(x, ws, bs, "tanh")
+    )
+    assert fuseml.ops.mlp(x[:0], ws, bs, "tanh", backend=backend).shape == (0, 16)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_mlp_wider_than_the_limit_runs_layer_by_layer(device, backend, monkeypatch, caplog):
+    monkeypatch.setattr(mlp_mod, "MAX_WIDTH", 32)
+    mlp_mod._warn_unfused.cache_clear()
+    ws, bs = _layers([16, 40, 8], torch.float32, device)
+    x = torch.randn(3, 16, device=device)
+    with caplog.at_level(logging.WARNING, logger="fuseml"):
+        out = fuseml.ops.mlp(x, ws, bs, "relu", backend=backend)
+        fuseml.ops.mlp(x, ws, bs, "relu", backend=backend)
+    assert_close_verbose(out, _ref64(x, ws, bs, "relu"))
+    said = [r for r in caplog.records if "layer by layer" in r.getMessage()]
+    assert len(said) == 1  # said once
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_mlp_opcheck_and_compile(device, backend):
+    ws, bs = _layers([10, 24, 8], torch.float32, device, bias_every=2)
+    x = torch.randn(6, 10, device=device)
+    torch.library.opcheck(torch.ops.fuseml.mlp, (x, ws, bs, [1, 0]))
+
+    def fn(x):
+        return fuseml.ops.mlp(x, ws, bs, ["relu", None], backend=backend).sum(-1)
+
+    out = torch.compile(fn, fullgraph=True)(x)
+    assert_close_verbose(out, _ref64(x, ws, bs, ["relu", None]).sum(-1))
+
+
+def test_mlp_eager_and_compile_backends():
+    ws, bs = _layers([10, 24, 8], torch.float32, "cpu")
+    x = torch.randn(6, 10)
+    for backend in ("auto", "eager", "compile"):
+        assert_close_verbose(
+            fuseml.ops.mlp(x, ws, bs, "relu", backend=backend), _ref64(x, ws, bs, "relu")
+        )
+    assert_close_verbose(fuseml.ops.mlp(x, ws, None, "relu"), _ref64(x, ws, [None, None], "relu"))
+
+
+@pytest.mark.parametrize(
+    ("args", "exc", "words"),
+    [
+        (lambda ws, bs: (torch.randn(3, 11), ws, bs, "relu"), ValueError, "weights[0] must be (out, 11) (its input is x of width 11)"),
+        (lambda ws, bs: (torch.randn(3, 10), [ws[0], ws[0]], bs, "relu"), ValueError, "weights[1] must be (out, 24)"),
+        (lambda ws, bs: (torch.randn(3, 10), ws, bs[:1], "relu"), ValueError, "one entry (tensor or None) per layer (2)"),
+        (lambda ws, bs: (torch.randn(3, 10), ws, [bs[1], bs[0]], "relu"), ValueError, "biases[0] must have shape (24,)"),
+        (lambda ws, bs: (torch.randn(3, 10), ws, bs, ["relu"]), ValueError, "one per layer (2)"),
+        (lambda ws, bs: (torch.randn(3, 10), ws, bs, ["relu", "swish"]), ValueError, "activations[1] must be one of"),
+        (lambda ws, bs: (torch.randn(3, 10), [], bs, "relu"), TypeError, "non-empty list"),
+        (lambda ws, bs: (torch.randn(3, 10, dtype=torch.bfloat16), ws, bs, "relu"), TypeError, "mixed dtypes"),
+    ],
+)  # fmt: skip
+def test_mlp_bad_input(args, exc, words):
+    ws, bs = _layers([10, 24, 8], torch.float32, "cpu")
+    with pytest.raises(exc, match=re.escape(words)):
+        fuseml.ops.mlp(*args(ws, bs))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "widths", [[13, 512, 256, 64, 16], [367, 512, 256, 1], [479, 1024, 1024, 512, 256, 1]]
+)
+@pytest.mark.parametrize("m", [1, 4096, 20000])
+def test_mlp_dlrm_shapes_gpu(dtype, widths, m):
+    ws, bs = _layers(widths, dtype, "cuda")
+    x = torch.randn(m, widths[0], dtype=dtype, device="cuda")
+    acts = ["relu"] * (len(ws) - 1) + ["sigmoid"]
+    out = fuseml.ops.mlp(x, ws, bs, acts, backend="triton")
+    assert_close_verbose(out, _ref64(x, ws, bs, acts), dtype)
