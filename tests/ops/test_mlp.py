@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import fuseml
-
 from fuseml.ops import mlp_ref
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets
 
