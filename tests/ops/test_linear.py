@@ -229,6 +229,7 @@ def test_tuning_disabled_uses_default(tmp_path, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_first_gpu_call_tunes_and_writes_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEML_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
     monkeypatch.setattr(_tune, "_tables", {})
     monkeypatch.setattr(_gemm, "_memo", {})
     x, w, b, _ = _inputs(77, 96, 80, torch.bfloat16, "cuda", residual=False)
@@ -237,3 +238,32 @@ def test_first_gpu_call_tunes_and_writes_the_cache(tmp_path, monkeypatch):
     (table,) = (tmp_path / "tune").glob("*.json")
     entries = json.loads(table.read_text())
     assert any(key.startswith("linear:bfloat16") and ":m128:n80:k96" in key for key in entries)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("m", "k", "n"), [(3, 200, 300), (1000, 367, 520)])
+@pytest.mark.parametrize("lora", ["none", "in_loop", "precomputed"])
+def test_every_candidate_config_is_correct(dtype, m, k, n, lora):
+    """Tuning may pick any candidate: each one must compute the same thing."""
+    x, w, b, r = _inputs(m, k, n, dtype, "cuda")
+    rank = 16
+    a = torch.randn(rank, k, dtype=dtype, device="cuda") / k**0.5
+    bb = torch.randn(n, rank, dtype=dtype, device="cuda") / rank**0.5
+    ref = _ref64(x, w, b, "gelu", r, 0.5)
+    kw = {}
+    if lora != "none":
+        ref = _ref64(x, w, b, None, r, 0.5) + (x.double() @ a.double().t() @ bb.double().t()) * 0.25
+        ref = torch.nn.functional.gelu(ref)
+        mode = _gemm.LORA_IN_LOOP if lora == "in_loop" else _gemm.LORA_PRECOMPUTED
+        xa = (x.float() @ a.float().t()) if lora == "precomputed" else None
+        kw = dict(lora=mode, lora_a=a, lora_b=bb, xa=xa, lora_scale=0.25, rank=rank)
+    code = fuseml.ops.ACTIVATIONS.index("gelu")
+    for cfg in _gemm.candidates(m, n, k, dtype):
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        _gemm.launch_linear(out, x, w, b, r, 0.5, code, cfg, **kw)
+        try:
+            assert_close_verbose(out, ref, dtype)
+        except AssertionError as err:
+            raise AssertionError(f"config {cfg}: {err}") from None
