@@ -1,4 +1,4 @@
-# ruff: noqa: B023, E731, RUF007  (closures are called inside the loop iteration that made them)
+# ruff: noqa: B023, RUF007  (closures are called inside the loop iteration that made them)
 """Quick GPU probe of the fused linear family while tuning kernels (not the benchmark).
 
     PYTHONPATH=src python scripts/probe_linear.py [linear|lora|mlp ...]
