@@ -29,7 +29,6 @@ from collections.abc import Callable
 import torch
 import triton
 import triton.language as tl
-import triton.testing
 from torch._subclasses.fake_tensor import is_fake
 
 from fuseml.ops import _tune
@@ -51,7 +50,8 @@ def mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _linear_kernel(
+def _gemm_body(
+    pid,
     x_ptr,  # (M, K) input, any strides
     w_ptr,  # (N, K) weight (nn.Linear layout), any strides
     bias_ptr,  # (N,) contiguous, unused unless HAS_BIAS
@@ -91,8 +91,8 @@ def _linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,  # row tiles per group of the grouped order
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K masks in the main loop
 ):
-    pid = tl.program_id(0)
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_tiles_n
@@ -106,20 +106,29 @@ def _linear_kernel(
     ks = tl.arange(0, BLOCK_K)
     row_ok = rows < M
     col_ok = cols < N
-    x_ptrs = x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk
-    w_ptrs = w_ptr + cols[None, :] * stride_wn + ks[:, None] * stride_wk  # W^T tile (K, N)
+    # Out-of-range rows / columns read a valid row (wrapped) instead of being masked, so
+    # the main loop's loads carry no row or column mask; the store drops them.
+    x_ptrs = x_ptr + (rows % M)[:, None] * stride_xm + ks[None, :] * stride_xk
+    w_ptrs = w_ptr + (cols % N)[None, :] * stride_wn + ks[:, None] * stride_wk  # W^T (K, N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     rs = tl.arange(0, R_PAD)
     if LORA == 1:
         xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
         a_ptrs = a_ptr + rs[None, :] * stride_ar + ks[:, None]  # A^T tile (K, R_PAD)
     for k0 in range(0, K, BLOCK_K):
-        k_ok = ks < K - k0
-        xt = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        wt = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if EVEN_K:
+            xt = tl.load(x_ptrs)
+            wt = tl.load(w_ptrs)
+        else:
+            k_ok = ks < K - k0
+            xt = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+            wt = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
         acc = mma(xt, wt, acc, PRECISION, UPCAST)
         if LORA == 1:
-            at = tl.load(a_ptrs, mask=k_ok[:, None] & (rs[None, :] < R), other=0.0)
+            if EVEN_K:
+                at = tl.load(a_ptrs, mask=rs[None, :] < R, other=0.0)
+            else:
+                at = tl.load(a_ptrs, mask=k_ok[:, None] & (rs[None, :] < R), other=0.0)
             xa = mma(xt, at, xa, PRECISION, UPCAST)
             a_ptrs += BLOCK_K
         x_ptrs += BLOCK_K * stride_xk
@@ -172,6 +181,50 @@ def _linear_kernel(
     )
 
 
+@triton.jit
+def _linear_kernel(
+    x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,  # as in _gemm_body
+    M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_om, alpha,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """Plain linear layers: the GEMM body without the LoRA arguments (half the launch
+    arguments, and Triton's host cost per launch grows with their number)."""
+    _gemm_body(
+        tl.program_id(0), x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
+        x_ptr, x_ptr, x_ptr, x_ptr, x_ptr,
+        M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_om, 0, 0,
+        alpha, 1.0,
+        HAS_BIAS, HAS_RES, ACTIVATION, 0, False, 1, 1, 16, 16, False, PRECISION, UPCAST,
+        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
+    )  # fmt: skip
+
+
+@triton.jit
+def _lora_kernel(
+    x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, a_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
+    M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_om,
+    stride_ar, stride_bn, alpha, lora_scale,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
+    LORA: tl.constexpr, MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr,
+    R_PAD: tl.constexpr, R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """LoRA layers (LORA 1 or 2): every argument of _gemm_body."""
+    _gemm_body(
+        tl.program_id(0), x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
+        a_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
+        M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_om,
+        stride_ar, stride_bn, alpha, lora_scale,
+        HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK,
+        PER_ADAPTER_SCALE, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
+    )  # fmt: skip
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """TF32 for fp32 inputs only when torch's own matmul flag allows it (as F.linear does)."""
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
@@ -213,7 +266,23 @@ def launch_linear(
     r_pad = max(16, triton.next_power_of_2(max(r, 1)))
     r_block = r_pad if lora == LORA_IN_LOOP else min(r_pad, 64)
     grid = (triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"]),)
-    kernel = torch.library.wrap_triton(_linear_kernel) if traced else _linear_kernel
+    even_k = k % config["BLOCK_K"] == 0
+    precision = dot_precision(x.dtype)
+    upcast = triton_interpreting()
+    if lora == LORA_NONE:
+        kernel = torch.library.wrap_triton(_linear_kernel) if traced else _linear_kernel
+        kernel[grid](
+            x, weight, x if bias is None else bias, x if residual is None else residual, out,
+            m, n, k, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
+            0 if residual is None else residual.stride(0), out.stride(0), float(alpha),
+            HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACTIVATION=activation,
+            PRECISION=precision, UPCAST=upcast,
+            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
+            GROUP_M=config["GROUP_M"], EVEN_K=even_k,
+            num_warps=config["num_warps"], num_stages=config["num_stages"],
+        )  # fmt: skip
+        return
+    kernel = torch.library.wrap_triton(_lora_kernel) if traced else _lora_kernel
     dummy = x
     kernel[grid](
         x, weight,
@@ -221,23 +290,21 @@ def launch_linear(
         dummy if residual is None else residual,
         out,
         dummy if lora_a is None else lora_a,
-        dummy if lora_b is None else lora_b,
+        lora_b,
         dummy if xa is None else xa,
         dummy if ids is None else ids,
         dummy if scales is None else scales,
         m, n, k,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
         0 if residual is None else residual.stride(0), out.stride(0),
-        0 if lora_a is None else lora_a.stride(0),
-        0 if lora_b is None else lora_b.stride(0),
+        0 if lora_a is None else lora_a.stride(0), lora_b.stride(0),
         float(alpha), float(lora_scale),
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACTIVATION=activation,
-        LORA=lora, MULTI=ids is not None, R=max(r, 1), RANK=max(rank, 1), R_PAD=r_pad, R_BLOCK=r_block,
-        PER_ADAPTER_SCALE=scales is not None,
-        PRECISION=dot_precision(x.dtype), UPCAST=triton_interpreting(),
+        LORA=lora, MULTI=ids is not None, R=r, RANK=max(rank, 1), R_PAD=r_pad, R_BLOCK=r_block,
+        PER_ADAPTER_SCALE=scales is not None, PRECISION=precision, UPCAST=upcast,
         BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
-        GROUP_M=config["GROUP_M"], num_warps=config["num_warps"],
-        num_stages=config["num_stages"],
+        GROUP_M=config["GROUP_M"], EVEN_K=even_k,
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
     )  # fmt: skip
 
 
@@ -335,7 +402,7 @@ def choose_config(
         return found or default
 
     def bench(c: dict) -> float:
-        return triton.testing.do_bench(lambda: launch(c), warmup=3, rep=15)
+        return _tune.gpu_time_ms(lambda: launch(c))
 
     cfg = _tune.tuned(x.device, text_key, candidates(m, n, k, x.dtype), bench, default)
     if not torch.compiler.is_compiling():

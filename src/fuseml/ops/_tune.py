@@ -75,6 +75,18 @@ def _save(path: Path, table: dict) -> None:
         log.warning("fuseml: could not write tuning cache %s (%s)", path, err)
 
 
+def gpu_time_ms(fn: Callable[[], object]) -> float:
+    """GPU time of one call of ``fn`` in ms, from CUDA-graph replays.
+
+    Host launch time is excluded: for small problems it exceeds the kernel's GPU time, and
+    timing with it would rank every config the same. The first call (compilation, and
+    a resource error for a config that does not fit) happens outside the capture.
+    """
+    import triton.testing
+
+    return triton.testing.do_bench_cudagraph(fn, rep=10)
+
+
 def lookup(device: torch.device, key: str) -> dict | None:
     with _lock:
         return _table(_table_path(device)).get(key)

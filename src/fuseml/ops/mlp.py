@@ -246,9 +246,7 @@ def _group_config(x2, weights, biases, codes, traced) -> dict:
     out = torch.empty((m, weights[-1].shape[0]), dtype=x2.dtype, device=x2.device)
 
     def bench(c: dict) -> float:
-        return triton.testing.do_bench(
-            lambda: _launch_group(x2, out, weights, biases, codes, c, False), warmup=3, rep=15
-        )
+        return _tune.gpu_time_ms(lambda: _launch_group(x2, out, weights, biases, codes, c, False))
 
     return _tune.tuned(x2.device, _group_key(x2, weights), _CANDIDATES, bench, _DEFAULT)
 

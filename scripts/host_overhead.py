@@ -1,0 +1,119 @@
+"""Host time per call of the fused linear path, broken down (GPU probe for dev work).
+
+PYTHONPATH=src python scripts/host_overhead.py
+"""
+
+from __future__ import annotations
+
+import cProfile
+import importlib
+import pstats
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+import fuseml
+from fuseml.ops import _gemm
+
+lin_mod = importlib.import_module("fuseml.ops.linear")  # fuseml.ops.linear is also the function
+
+
+@triton.jit
+def _k1(a_ptr):
+    pass
+
+
+@triton.jit
+def _k24(
+    a0, a1, a2, a3, a4, i0, i1, i2, i3, i4, i5, i6, i7, i8, f0,
+    C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr, C4: tl.constexpr,
+    C5: tl.constexpr, C6: tl.constexpr, C7: tl.constexpr, C8: tl.constexpr,
+):  # fmt: skip
+    pass
+
+
+def host_us(fn, n=3000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / n * 1e6
+
+
+def main():
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(64, 256, device=dev, dtype=dt)
+    w = torch.randn(64, 256, device=dev, dtype=dt)
+    b = torch.randn(64, device=dev, dtype=dt)
+    out = torch.empty(64, 64, device=dev, dtype=dt)
+    cfg = _gemm.default_config(64, 64, 256, dt)
+    fuseml.ops.linear(x, w, b, "relu")
+    rows = {
+        "torch F.linear + relu": lambda: torch.relu(F.linear(x, w, b)),
+        "torch addmm_activation": lambda: torch._addmm_activation(b, x, w.t()),
+        "fuseml.ops.linear": lambda: fuseml.ops.linear(x, w, b, "relu"),
+        "linear_rows": lambda: lin_mod.linear_rows(x, w, b, None, 1.0, 1),
+        "launch_linear": lambda: _gemm.launch_linear(out, x, w, b, None, 1.0, 1, cfg),
+        "choose_config": lambda: _gemm.choose_config("linear", x, 64, 256, None),
+        "fuseml.ops.bias_act": lambda: fuseml.ops.bias_act(out, b, None, 1.0, "relu"),
+        "empty kernel 1 arg": lambda: _k1[(1,)](x),
+        "empty kernel 15 args + 9 constexpr": lambda: _k24[(1,)](
+            x,
+            w,
+            b,
+            out,
+            x,
+            1,
+            2,
+            3,
+            4,
+            5,
+            6,
+            7,
+            8,
+            9,
+            1.0,
+            C0=1,
+            C1=2,
+            C2=3,
+            C3=4,
+            C4=5,
+            C5=6,
+            C6=7,
+            C7=8,
+            C8="tf32",
+        ),
+    }
+    print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
+    for name, fn in rows.items():
+        print(f"{name:40s} {host_us(fn):7.1f} us/call (host)", flush=True)
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(2000):
+        fuseml.ops.linear(x, w, b, "relu")
+    pr.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(22)
+
+    # TF32: how far is cuBLAS's own tf32 from float64 (the tolerance table's entry)?
+    from fuseml.testing import rel_err
+
+    xf = torch.randn(300, 512, device=dev)
+    wf = torch.randn(256, 512, device=dev) / 512**0.5
+    bf = torch.randn(256, device=dev)
+    ref = torch.relu(F.linear(xf.double(), wf.double(), bf.double()))
+    torch.backends.cuda.matmul.allow_tf32 = True
+    print("tf32 rel err: cuBLAS", rel_err(torch.relu(F.linear(xf, wf, bf)), ref),
+          "fuseml", rel_err(fuseml.ops.linear(xf, wf, bf, "relu"), ref))  # fmt: skip
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
+if __name__ == "__main__":
+    main()
