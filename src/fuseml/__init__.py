@@ -8,11 +8,17 @@ the command line can choose Triton's mode (e.g. its CPU interpreter) before trit
 import importlib
 
 __version__ = "0.1.0"
-_SUBMODULES = ("ops", "runtime", "testing", "bench", "models", "data")
-__all__ = ["__version__", *_SUBMODULES]
+_SUBMODULES = ("ops", "nn", "convert", "runtime", "testing", "bench", "models", "data")
+# Functions loaded with their module on first use. ``optimize`` lives in fuseml.convert: a
+# submodule named fuseml.optimize would replace this function as the package attribute as
+# soon as it is imported (the import system binds submodules on their parent).
+_FUNCTIONS = {"optimize": "fuseml.convert"}
+__all__ = ["__version__", *_FUNCTIONS, *_SUBMODULES]
 
 
 def __getattr__(name: str):
     if name in _SUBMODULES:
         return importlib.import_module(f"fuseml.{name}")
+    if name in _FUNCTIONS:
+        return getattr(importlib.import_module(_FUNCTIONS[name]), name)
     raise AttributeError(f"module 'fuseml' has no attribute {name!r}")
