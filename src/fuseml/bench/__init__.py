@@ -19,10 +19,10 @@ def run_suite(
     arms: list[str] | None = None,
     out_root: Path | None = None,
     console=None,
-) -> tuple[Path, Path]:
+) -> tuple[Path, Path | None]:
     """Run suite ``name`` on CUDA device 0; write results JSON + PNG; print the table.
 
-    Returns (results path, plot path).
+    Returns (results path, plot path or None for a suite without a plot).
     """
     import torch
     from rich.console import Console
@@ -71,12 +71,18 @@ def run_suite(
     meta = run_metadata() | {"run": "quick" if quick else "full"}
     root = Path(out_root) if out_root else report.RESULTS_DIR
     path = report.write_results(name, rows, ceilings, meta, root)
-    png = report.plot_suite(report.load_results(path), suite.PLOT, path.with_suffix(".png"))
+    png = None  # a suite without PLOT (e.g. tuning latency) is a table only
+    if suite.PLOT is not None:
+        png = report.plot_suite(report.load_results(path), suite.PLOT, path.with_suffix(".png"))
     report.print_table(rows, f"{name} on {meta['gpu']}", console)
     bad = [r for r in rows if r.get("matches_ref") is False]
     for r in bad:
         console.print(
             f"[red]MISMATCH[/red] {r['case']} arm {r['arm']}: rel err {r['rel_err_vs_ref']:.2e}"
         )
-    console.print(f"wrote {path} and {png} ({len(rows)} rows, {len(bad)} mismatches)")
+    for r in rows:
+        if r.get("error"):
+            console.print(f"[red]FAILED[/red] {r['case']} arm {r['arm']}: {r['error']}")
+    written = f"{path} and {png}" if png else str(path)
+    console.print(f"wrote {written} ({len(rows)} rows, {len(bad)} mismatches)")
     return path, png

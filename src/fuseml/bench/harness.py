@@ -17,6 +17,12 @@ A suite yields :class:`Case` objects: a way to make one input set, the arms to c
 * For the smallest cases, host overhead per call (dispatch + launch, no GPU wait).
 * Each arm's output is compared with the first arm's (the reference) with the project's
   tolerance table; a mismatch is recorded in the row and reported, never hidden.
+* Rates: GB/s against the copy ceiling, or TFLOP/s where the case names a matmul ceiling
+  (GEMM suites); a GEMM case that also gives its bytes gets GB/s and % of the roofline
+  (the larger of % of the matmul and % of the copy ceiling) as extra fields, since at
+  small M it is bound by reading the weights, not by the tensor cores.
+* A case with ``measure`` is not a kernel timing (e.g. the first call of a fresh process,
+  timed in a subprocess): it returns its rows' fields itself and skips all of the above.
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ class Case:
     tf32: bool = False  # float32 matmuls through tf32: the looser tolerance applies
     compile_arms: tuple[str, ...] = ("compile",)  # arms whose first call is a compilation
     unchecked_arms: tuple[str, ...] = ("copy",)  # baselines that compute something else
+    # Not a kernel timing: measure(settings) -> {arm: row fields (mode, p50_ms, ...)}.
+    measure: Callable[[Settings], dict[str, dict]] | None = None
 
 
 @dataclass
@@ -198,19 +206,29 @@ def _row(case: Case, arm: str, meta: dict, ceilings: dict, **fields) -> dict:
         fields.update(rate=round(case.samples / (p50 * 1e-3), 1), rate_unit="samples/s")
         if case.flops:
             fields["tflops"] = round(case.flops / (p50 * 1e-3) / 1e12, 2)
-    elif p50:
-        if case.bytes:
-            rate, unit = case.bytes / (p50 * 1e-3) / 1e9, "GB/s"
-        else:
+    elif p50 and (case.bytes or case.flops):
+        by_flops = bool(case.flops) and (not case.bytes or case.ceiling.startswith("matmul"))
+        if by_flops:
             rate, unit = case.flops / (p50 * 1e-3) / 1e12, "TFLOP/s"
+        else:
+            rate, unit = case.bytes / (p50 * 1e-3) / 1e9, "GB/s"
         ceiling = ceilings.get(case.ceiling)
+        pct = round(100 * rate / ceiling, 1) if ceiling else None
         fields.update(
             rate=round(rate, 2),
             rate_unit=unit,
             ceiling=case.ceiling,
             ceiling_value=ceiling,
-            pct_of_ceiling=round(100 * rate / ceiling, 1) if ceiling else None,
+            pct_of_ceiling=pct,
         )
+        if by_flops and case.bytes:  # GEMMs: small M is bound by the weight read
+            gbps = case.bytes / (p50 * 1e-3) / 1e9
+            copy = ceilings.get("copy_gbps")
+            fields["gbps"] = round(gbps, 1)
+            if copy:
+                fields["pct_of_copy"] = round(100 * gbps / copy, 1)
+                if pct is not None:
+                    fields["pct_of_roofline"] = max(pct, fields["pct_of_copy"])
     row.update(fields)
     row.update(meta)
     return row
@@ -235,6 +253,13 @@ def spin_up(fn: Callable, inputs: tuple, ms: float = 50.0) -> None:
 
 
 def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
+    if case.measure is not None:
+        measured = case.measure(settings)
+        return [
+            _row(case, arm, meta, ceilings, **fields)
+            for arm, fields in measured.items()
+            if wanted is None or arm in wanted
+        ]
     arms = {k: v for k, v in case.arms.items() if wanted is None or k in wanted}
     ref_name = next(iter(case.arms))
     sets = rotation_sets(case, l2)

@@ -16,7 +16,16 @@ def suite_markdown(suite: str, root: Path) -> str | None:
     for path in files:
         doc = report.load_results(path)
         parts.append(f"**{doc['meta']['gpu']}** ({doc['meta']['run']} run)\n")
-        parts.append(report.markdown_table(doc, SUITES[suite].README))
+        # README: one table spec, or a list of them (a titled table each, when it has rows).
+        specs = SUITES[suite].README
+        specs = [specs] if isinstance(specs, dict) else [s for s in specs
+                                                         if report.shown_rows(doc, s)]  # fmt: skip
+        for i, spec in enumerate(specs):
+            if i:
+                parts.append("")
+            if spec.get("title"):
+                parts.append(f"*{spec['title']}*\n")
+            parts.append(report.markdown_table(doc, spec))
         overhead = report.overhead_table(doc)
         if overhead:
             parts.append("\n" + overhead)

@@ -53,6 +53,48 @@ def _fmt_us(ms: float | None) -> str:
     return "" if ms is None else f"{ms * 1e3:,.1f}"
 
 
+def _matches(row: dict, where: dict) -> bool:
+    """Does ``row`` have every param of ``where`` (value or tuple of allowed values)?"""
+    return all(
+        row.get(k) in (v if isinstance(v, (tuple, list)) else (v,)) for k, v in where.items()
+    )
+
+
+def shown_rows(doc: dict, spec: dict) -> list[dict]:
+    """The rows a table or plot of ``spec`` shows.
+
+    Rows of mode spec['mode'] (default "events") whose params match spec['where'] (if
+    any). By default a case's CUDA-graph row stands in for its events row (launch-bound
+    sizes), marked ``_graph``. With spec['graph_arms'] nothing is replaced: the graph rows
+    of those arms are shown as arms of their own, named "<arm>+graph".
+    """
+    where = spec.get("where", {})
+    rows = [
+        r for r in doc["rows"] if r.get("mode") == spec.get("mode", "events") and _matches(r, where)
+    ]
+    if "graph_arms" not in spec:
+        graph = graph_rows(doc)
+        return [
+            {**graph[(r["case"], r["arm"])], "_graph": True}
+            if (r["case"], r["arm"]) in graph
+            else r
+            for r in rows
+        ]
+    extra = [
+        {**r, "arm": f"{r['arm']}+graph"}
+        for r in doc["rows"]
+        if r.get("mode") == "graph" and r["arm"] in spec["graph_arms"] and _matches(r, where)
+    ]
+    return rows + extra
+
+
+def _numeric_key(value) -> tuple:
+    """Natural sort key: numbers inside the text compare as numbers ("64 (graph)" < "4096",
+    "4096->4096" < "4096->11008")."""
+    parts = re.split(r"(\d+)", str(value))
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p)
+
+
 # ------------------------------------------------------------------------ terminal table
 def print_table(rows: list[dict], title: str, console=None) -> None:
     from rich.console import Console
@@ -76,57 +118,82 @@ def print_table(rows: list[dict], title: str, console=None) -> None:
 
 # ----------------------------------------------------------------------------- plots
 def plot_suite(doc: dict, spec: dict, out_png: Path) -> Path:
-    """One panel per combination of spec['panels'], rate vs spec['x'], one line per arm."""
+    """One panel per combination of spec['panels'], rate vs spec['x'], one line per arm.
+
+    Optional keys: "y": "time" plots the median time (us) instead of the rate; "logy";
+    "arms": only these arms, in this order; "where" and "graph_arms" as in
+    :func:`shown_rows`; "panel_label": titles "param=value" instead of bare values;
+    "sort": "numeric" orders panels by their leading numbers.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    graph = graph_rows(doc)
-    rows = [
-        graph.get((r["case"], r["arm"]), r)
-        for r in doc["rows"]
-        if r.get("mode") == "events" and r.get("rate")
-    ]
-    panels = sorted({tuple(r[k] for k in spec["panels"]) for r in rows})
+    by_time = spec.get("y") == "time"
+    rows = [r for r in shown_rows(doc, spec) if r.get("p50_ms" if by_time else "rate")]
+    if spec.get("arms"):
+        rows = [r for r in rows if r["arm"] in spec["arms"]]
+    panels = {tuple(r[k] for k in spec["panels"]) for r in rows}
+    if spec.get("sort") == "numeric":
+        panels = sorted(panels, key=lambda p: tuple(_numeric_key(v) for v in p))
+    else:
+        panels = sorted(panels)
     if not panels:
         raise ValueError(f"no timed rows to plot in suite {doc['suite']!r}")
     arm_names = list(dict.fromkeys(r["arm"] for r in rows))
+    if spec.get("arms"):
+        arm_names = [a for a in spec["arms"] if a in arm_names]
     colors = {a: plt.get_cmap("tab10")(i % 10) for i, a in enumerate(arm_names)}
     ncols = min(3, len(panels))
     nrows = -(-len(panels) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.6 * nrows + 0.8), squeeze=False)
-    unit = rows[0]["rate_unit"]
+    unit = "median time (us)" if by_time else rows[0]["rate_unit"]
     for ax, panel in zip(axes.flat, panels, strict=False):
         sel = [r for r in rows if tuple(r[k] for k in spec["panels"]) == panel]
         by_arm = defaultdict(list)
         for r in sel:
-            by_arm[r["arm"]].append((r[spec["x"]], r["rate"]))
+            y = r["p50_ms"] * 1e3 if by_time else r["rate"]
+            by_arm[r["arm"]].append((r[spec["x"]], y))
         for arm, pts in by_arm.items():
             pts.sort()
             ax.plot(
                 [p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=arm,
                 color=colors[arm],
             )  # fmt: skip
-        ceiling = sel[0].get("ceiling_value")
+        ceiling = None if by_time else sel[0].get("ceiling_value")
         if ceiling:
             ax.axhline(ceiling, color="gray", ls="--", lw=1, label=f"{sel[0]['ceiling']}")
         if spec.get("logx"):
             ax.set_xscale("log")
-        ax.set_title(" / ".join(map(str, panel)), fontsize=10)
+        if spec.get("logy"):
+            ax.set_yscale("log")
+        if spec.get("panel_label"):
+            title = ", ".join(f"{k}={v}" for k, v in zip(spec["panels"], panel))
+        else:
+            title = " / ".join(map(str, panel))
+        ax.set_title(title, fontsize=10)
         ax.set_xlabel(spec.get("xlabel", spec["x"]))
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     handles = [plt.Line2D([], [], color=colors[a], marker="o", ms=3, label=a) for a in arm_names]
-    handles.append(plt.Line2D([], [], color="gray", ls="--", label="measured copy ceiling"))
+    if not by_time:
+        kinds = sorted({r.get("ceiling") for r in rows if r.get("ceiling_value")})
+        label = "measured copy ceiling"
+        if kinds and kinds != ["copy_gbps"]:
+            label = "measured ceiling (" + ", ".join(kinds) + ")"
+        handles.append(plt.Line2D([], [], color="gray", ls="--", label=label))
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=9,
                bbox_to_anchor=(0.5, 0.975), frameon=False)  # fmt: skip
     meta = doc["meta"]
+    how = "launch-bound sizes as CUDA-graph replays"
+    if "graph_arms" in spec:
+        how = "'+graph': CUDA-graph replays of back-to-back calls"
     fig.suptitle(
         f"fuseml {doc['suite']} on {meta['gpu']} (torch {meta['torch']}, triton "
-        f"{meta['triton']}); launch-bound sizes as CUDA-graph replays",
+        f"{meta['triton']}); {how}",
         fontsize=11,
     )
     fig.tight_layout(rect=(0, 0, 1, 0.95))
@@ -137,53 +204,89 @@ def plot_suite(doc: dict, spec: dict, out_png: Path) -> Path:
 
 
 # ---------------------------------------------------------------------- README tables
-def markdown_table(doc: dict, spec: dict) -> str:
-    """Rows = spec['rows'] keys, columns = arms: 'p50 us (GB/s, % of ceiling)'."""
-    rows = [
-        r
-        for r in doc["rows"]
-        if r.get("mode") == "events" and r.get("numel", 0) >= spec.get("min_numel", 0)
-    ]
+DEFAULT_CELLS_NOTE = (
+    "Cells: median time, % of copy bandwidth. (graph): a launch-bound size, timed as "
+    "CUDA-graph replays of back-to-back calls (GPU time per call); host time per call is in "
+    "the overhead table."
+)
+_CEILING_LABELS = {"matmul_tf32_tflops": "tf32 matmul", "matmul_fp32_tflops": "fp32 matmul"}
+
+
+def _cell(r: dict, spec: dict) -> str:
+    if r.get("p50_ms") is None:
+        return "failed" if r.get("error") else ""
+    if spec.get("unit") == "s":
+        text = f"{r['p50_ms'] / 1e3:,.3f} s"
+    else:
+        text = f"{r['p50_ms'] * 1e3:,.1f} us"
+    pct = r.get(spec.get("pct", "pct_of_ceiling"))
+    return text + (f", {pct:.0f}%" if pct is not None else "")
+
+
+def markdown_table(doc: dict, spec: dict, *, footer: bool = True) -> str:
+    """Rows = spec['rows'] keys, columns = arms: 'p50 us (GB/s, % of ceiling)'.
+
+    Optional keys besides those of :func:`shown_rows`: "pct" (row field shown as the
+    percentage, default pct_of_ceiling), "unit" ("s" for seconds), "sort": "numeric",
+    "compare": False (no best-peer columns), "fused" (the arm compared with its peers,
+    default triton), "reference_arms" (shown, never peers), "extra_ceilings" (named in the
+    footer besides copy and bf16 matmul), "ceilings": False (none named), "note" (the
+    footer's last sentences).
+    """
+    rows = [r for r in shown_rows(doc, spec) if r.get("numel", 0) >= spec.get("min_numel", 0)]
     arms = [a for a in spec["arms"] if any(r["arm"] == a for r in rows)]
-    graph = graph_rows(doc)
     keyed = defaultdict(dict)
     for r in rows:
         key = tuple(
             "x".join(map(str, r[k])) if isinstance(r[k], list) else r[k] for k in spec["rows"]
         )
-        if (r["case"], r["arm"]) in graph:
+        if r.get("_graph"):
             key = (*key[:-1], f"{key[-1]} (graph)")
-        keyed[key][r["arm"]] = graph.get((r["case"], r["arm"]), r)
-    head = [*spec["rows"], *arms, "best peer", "fused vs best peer"]
+        keyed[key][r["arm"]] = r
+    compare = spec.get("compare", True)
+    head = [*spec["rows"], *arms] + (["best peer", "fused vs best peer"] if compare else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    peers = [a for a in arms if a not in ("triton", "cuda", "copy")]
-    for key in sorted(keyed, key=lambda k: tuple(str(v).zfill(12) for v in k)):
+    not_peers = ("triton", "cuda", "copy", spec.get("fused", "triton"),
+                 *spec.get("reference_arms", ()))  # fmt: skip
+    peers = [a for a in arms if a not in not_peers]
+    if spec.get("sort") == "numeric":
+        order = sorted(keyed, key=lambda k: tuple(_numeric_key(v) for v in k))
+    else:
+        order = sorted(keyed, key=lambda k: tuple(str(v).zfill(12) for v in k))
+    for key in order:
         cells = list(map(str, key))
         by_arm = keyed[key]
         for a in arms:
             r = by_arm.get(a)
-            if r is None:
-                cells.append("")
-                continue
-            pct = f", {r['pct_of_ceiling']:.0f}%" if r.get("pct_of_ceiling") is not None else ""
-            cells.append(f"{r['p50_ms'] * 1e3:,.1f} us{pct}")
-        peer_times = [(by_arm[a]["p50_ms"], a) for a in peers if a in by_arm]
-        fused = by_arm.get("triton")
-        if peer_times and fused:
-            best_ms, best = min(peer_times)
-            cells += [best, f"{best_ms / fused['p50_ms']:.2f}x"]
-        else:
-            cells += ["", ""]
+            cells.append("" if r is None else _cell(r, spec))
+        if compare:
+            peer_times = [
+                (by_arm[a]["p50_ms"], a) for a in peers if by_arm.get(a, {}).get("p50_ms")
+            ]
+            fused = by_arm.get(spec.get("fused", "triton"))
+            if peer_times and fused and fused.get("p50_ms"):
+                best_ms, best = min(peer_times)
+                cells += [best, f"{best_ms / fused['p50_ms']:.2f}x"]
+            else:
+                cells += ["", ""]
         lines.append("| " + " | ".join(cells) + " |")
+    if not footer:
+        return "\n".join(lines)
     meta, ceil = doc["meta"], doc["ceilings"]
+    extra = "".join(
+        f", {_CEILING_LABELS.get(k, k)} {ceil.get(k, 0):,.0f} TFLOP/s"
+        for k in spec.get("extra_ceilings", ())
+    )
+    ceilings = (
+        f"Ceilings measured in the same run: copy {ceil.get('copy_gbps', 0):,.0f} GB/s, bf16 "
+        f"matmul {ceil.get('matmul_bf16_tflops', 0):,.0f} TFLOP/s{extra}. "
+    )
     lines.append("")
     lines.append(
         f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, commit "
-        f"{meta['commit']}, {meta['date']}. Ceilings measured in the same run: copy "
-        f"{ceil.get('copy_gbps', 0):,.0f} GB/s, bf16 matmul "
-        f"{ceil.get('matmul_bf16_tflops', 0):,.0f} TFLOP/s. Cells: median time, % of copy "
-        "bandwidth. (graph): a launch-bound size, timed as CUDA-graph replays of back-to-back "
-        "calls (GPU time per call); host time per call is in the overhead table."
+        f"{meta['commit']}, {meta['date']}. "
+        + (ceilings if spec.get("ceilings", True) else "")
+        + spec.get("note", DEFAULT_CELLS_NOTE)
     )
     return "\n".join(lines)
 

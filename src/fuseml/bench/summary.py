@@ -9,6 +9,9 @@ from pathlib import Path
 from fuseml.bench.report import graph_rows, load_results
 
 FUSED = ("triton", "cuda")
+# Shown for reference, never a peer: the lora suite's fused single-adapter row in its
+# multi-adapter cases (another function).
+REFERENCE_ARMS = ("copy", "triton-single")
 
 
 def summarize(doc: dict) -> list[str]:
@@ -22,14 +25,14 @@ def summarize(doc: dict) -> list[str]:
     for r in timed:
         by_case[r["case"]][r["arm"]] = r
     for arm in FUSED:
-        pcts = [
-            c[arm]["pct_of_ceiling"]
-            for c in by_case.values()
-            if arm in c and c[arm].get("numel", 0) >= 16_000_000 and c[arm].get("pct_of_ceiling")
-        ]
-        if pcts:
+        by_ceiling = defaultdict(list)
+        for c in by_case.values():
+            if arm in c and c[arm].get("numel", 0) >= 16_000_000 and c[arm].get("pct_of_ceiling"):
+                by_ceiling[c[arm]["ceiling"]].append(c[arm]["pct_of_ceiling"])
+        for ceiling, pcts in sorted(by_ceiling.items()):
+            what = "copy bandwidth" if ceiling == "copy_gbps" else f"the {ceiling} ceiling"
             lines.append(
-                f"  {arm}: % of copy bandwidth at >= 16M elements: min {min(pcts):.0f}%, "
+                f"  {arm}: % of {what} at >= 16M elements: min {min(pcts):.0f}%, "
                 f"median {sorted(pcts)[len(pcts) // 2]:.0f}%"
             )
         vs_copy = [
@@ -45,7 +48,7 @@ def summarize(doc: dict) -> list[str]:
             )
         ratios = []
         for case, arms in by_case.items():
-            peers = [r["p50_ms"] for a, r in arms.items() if a not in (*FUSED, "copy")]
+            peers = [r["p50_ms"] for a, r in arms.items() if a not in (*FUSED, *REFERENCE_ARMS)]
             if arm in arms and peers and arms[arm].get("numel", 0) >= 1_000_000:
                 ratios.append((min(peers) / arms[arm]["p50_ms"], case))
         if ratios:
@@ -57,6 +60,21 @@ def summarize(doc: dict) -> list[str]:
             )
             slow = sorted(ratios)[:5]
             lines += [f"    {r:.2f}x {case}" for r, case in slow if r < 1.0]
+    # First-call (tuning) latency rows: wall time of a fresh process's first call.
+    wall = [r for r in doc["rows"] if r.get("mode") == "wall"]
+    for arm in dict.fromkeys(r["arm"] for r in wall):
+        done = [r for r in wall if r["arm"] == arm and r.get("p50_ms") is not None]
+        failed = sum(1 for r in wall if r["arm"] == arm and r.get("error"))
+        if done:
+            worst = max(done, key=lambda r: r["p50_ms"])
+            met = sum(bool(r.get("meets_target")) for r in done)
+            lines.append(
+                f"  first call, {arm}: worst {worst['p50_ms'] / 1e3:.2f} s ({worst['case']}), "
+                f"{met}/{len(done)} under the {worst.get('target_ms', 0) / 1e3:g} s target"
+                + (f", {failed} failed" if failed else "")
+            )
+        elif failed:
+            lines.append(f"  first call, {arm}: {failed} failed")
     return lines
 
 

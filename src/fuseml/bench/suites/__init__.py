@@ -1,6 +1,15 @@
 """Benchmark suites: each module has ``cases(quick: bool) -> Iterable[Case]``, ``PLOT``
-(how to draw it) and ``README`` (how to tabulate it)."""
+(how to draw it, or None for a table only) and ``README`` (how to tabulate it: one spec,
+or a list of them for several tables)."""
 
-from fuseml.bench.suites import dlrm, elementwise, softmax
+from fuseml.bench.suites import dlrm, elementwise, linear, lora, mlp, softmax, tuning
 
-SUITES = {"elementwise": elementwise, "softmax": softmax, "dlrm": dlrm}
+SUITES = {
+    "elementwise": elementwise,
+    "softmax": softmax,
+    "dlrm": dlrm,
+    "linear": linear,
+    "mlp": mlp,
+    "lora": lora,
+    "tuning": tuning,
+}

@@ -1,0 +1,53 @@
+"""Helpers shared by the GEMM suites (linear, mlp, lora)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+# A case whose fastest plausible time (H100-class rates below) is under this many
+# microseconds is launch-bound: it also gets CUDA-graph rows, which the tables use.
+LAUNCH_BOUND_US = 50.0
+_PEAK_TFLOPS = 600.0  # bf16 dense, a little under what the matmul ceiling measures
+_PEAK_GBPS = 3000.0
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def launch_bound(flops: int, nbytes: int) -> bool:
+    """Would the fastest kernel take under LAUNCH_BOUND_US (the roofline time)?"""
+    seconds = max(flops / (_PEAK_TFLOPS * 1e12), nbytes / (_PEAK_GBPS * 1e9))
+    return seconds * 1e6 < LAUNCH_BOUND_US
+
+
+def no_tf32(fn: Callable) -> Callable:
+    """``fn`` with float32 matmuls pinned to full fp32 (TF32 off), whatever the flag was.
+
+    The fp32 rows compare the fp32 GEMMs of cuBLAS, Inductor and fuseml (all of which read
+    torch.backends.cuda.matmul.allow_tf32); pinning it keeps them on the same precision.
+    """
+
+    def call(*args):
+        prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            return fn(*args)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = prev
+
+    return call
+
+
+def linear_params(
+    n_out: int, n_in: int, dtype: torch.dtype, device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight (n_out, n_in), bias (n_out,)) drawn as nn.Linear initialises them:
+    U(-1/sqrt(n_in), 1/sqrt(n_in)) for both (kaiming_uniform with a=sqrt(5))."""
+    bound = 1.0 / math.sqrt(n_in)
+    w = torch.empty(n_out, n_in, device=device).uniform_(-bound, bound)
+    b = torch.empty(n_out, device=device).uniform_(-bound, bound)
+    return w.to(dtype), b.to(dtype)
