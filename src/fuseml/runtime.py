@@ -115,6 +115,18 @@ def resolve_backend(backend: str, device: torch.device, op: str, *, cuda_twin: b
     """
     if backend not in BACKENDS:
         raise ValueError(f"{op}: backend must be one of {BACKENDS}, got {backend!r}")
+    key = (backend, device.type, cuda_twin)
+    resolved = _RESOLVED.get(key)
+    if resolved is None:
+        resolved = _resolve(backend, device, op, cuda_twin)
+        _RESOLVED[key] = resolved  # only successes: a failure raises every time
+    return resolved
+
+
+_RESOLVED: dict = {}  # (backend, device type, cuda_twin) -> backend: this runs on every call
+
+
+def _resolve(backend: str, device: torch.device, op: str, cuda_twin: bool) -> str:
     if backend == "auto":
         return "triton" if device.type == "cuda" and triton_available(device) else "eager"
     if backend == "triton" and not triton_available(device):

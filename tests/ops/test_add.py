@@ -99,5 +99,6 @@ def test_add_triton_unavailable(monkeypatch):
     from fuseml import runtime
 
     monkeypatch.setattr(runtime, "triton_interpreting", lambda: False)
+    monkeypatch.setattr(runtime, "_RESOLVED", {})  # availability is memoised per process
     with pytest.raises(ValueError, match="backend='triton' is unavailable"):
         fuseml.ops.add(torch.randn(3), torch.randn(3), backend="triton")

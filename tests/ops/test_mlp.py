@@ -145,3 +145,24 @@ def test_mlp_dlrm_shapes_gpu(dtype, widths, m):
     acts = ["relu"] * (len(ws) - 1) + ["sigmoid"]
     out = fuseml.ops.mlp(x, ws, bs, acts, backend="triton")
     assert_close_verbose(out, _ref64(x, ws, bs, acts), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m", [300, 9000])
+def test_every_mlp_candidate_config_is_correct(dtype, m):
+    """Tuning may pick any candidate: each one must compute the same thing."""
+    widths = [13, 512, 256, 64, 16]
+    ws, bs = _layers(widths, dtype, "cuda", bias_every=2)
+    x = torch.randn(m, widths[0], dtype=dtype, device="cuda")
+    acts = ["relu", "gelu", "relu", "sigmoid"]
+    codes = [fuseml.ops.ACTIVATIONS.index(a) for a in acts]
+    ref = _ref64(x, ws, bs, acts)
+    for cfg in mlp_mod._SMALL_B + mlp_mod._LARGE_B:
+        out = torch.full((m, widths[-1]), float("nan"), dtype=dtype, device="cuda")
+        mlp_mod._launch_group(x, out, ws, bs, codes, cfg, False)
+        try:
+            assert_close_verbose(out, ref, dtype)
+        except AssertionError as err:
+            raise AssertionError(f"config {cfg}: {err}") from None

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from fuseml.ops._utils import (
     as_rows,
+    cdiv,
     flat_storage_view,
     is_dense,
     launches_skipped,
@@ -250,14 +251,14 @@ def _config(n_rows, n_cols, elem_size: int, device_index: int | None) -> dict:
         # Flat: shrink the tile until every SM has PROGRAMS_PER_SM programs (mid sizes
         # otherwise leave SMs short of loads in flight), but never below MIN_TILE.
         n_sm = 1 if device_index is None else sm_count(device_index)
-        while tile > MIN_TILE and triton.cdiv(n_cols, tile) < PROGRAMS_PER_SM * n_sm:
+        while tile > MIN_TILE and cdiv(n_cols, tile) < PROGRAMS_PER_SM * n_sm:
             tile //= 2
         block_n = min(tile, next_pow2(n_cols))
         block_m = 1
     else:
         block_n = min(next_pow2(n_cols), tile)
         block_m = min(max(1, tile // block_n), next_pow2(n_rows))
-    grid = (triton.cdiv(n_rows, block_m) * triton.cdiv(n_cols, block_n),)
+    grid = (cdiv(n_rows, block_m) * cdiv(n_cols, block_n),)
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": NUM_WARPS, "grid": grid}
 
 
@@ -331,9 +332,7 @@ def _launch(
         torch.ops.fuseml.bias_act_cuda_out(x, y, bias, float(alpha), activation, out)
         return
     cfg = config or launch_config(n_rows, n_cols, x.element_size(), _device_index(x))
-    grid = cfg.get("grid") or (
-        triton.cdiv(n_rows, cfg["BLOCK_M"]) * triton.cdiv(n_cols, cfg["BLOCK_N"]),
-    )
+    grid = cfg.get("grid") or (cdiv(n_rows, cfg["BLOCK_M"]) * cdiv(n_cols, cfg["BLOCK_N"]),)
     kernel = torch.library.wrap_triton(_bias_act_kernel) if traced else _bias_act_kernel
     kernel[grid](
         x, x if y is None else y, x if bias is None else bias, out,

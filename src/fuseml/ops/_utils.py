@@ -106,6 +106,12 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) in plain Python: triton.cdiv is a JIT function, whose Python call costs
+    microseconds on every launch (it also works on SymInts under torch.compile)."""
+    return (a + b - 1) // b
+
+
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 

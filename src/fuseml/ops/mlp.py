@@ -30,6 +30,7 @@ from fuseml.ops import _elementwise as ew
 from fuseml.ops import _tune
 from fuseml.ops._gemm import dot_precision, mma
 from fuseml.ops._utils import (
+    cdiv,
     check_choice,
     check_same,
     check_tensor,
@@ -187,13 +188,20 @@ def _cfg(bm, bn, bk, warps, per_sm) -> dict:
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "per_sm": per_sm}
 
 
-# Candidates: rows per program (the scratch is 2 x BLOCK_M x max-width per program) and
-# the column/K steps; 1 or 2 programs per SM.
-_CANDIDATES = [
+# Candidates: rows per program and the column / K steps, 1 to 4 programs per SM. Every
+# row block re-reads all the weights (from L2), so large batches want many rows per
+# program (the kaggle bottom MLP's 310 KiB of bf16 weights per 64 rows are 317 MB of L2
+# reads at B = 65536); small batches want small blocks, to give every SM a program.
+_LARGE_B = [
     _cfg(64, 64, 64, 4, 2), _cfg(64, 128, 64, 4, 2), _cfg(128, 64, 64, 4, 1),
-    _cfg(128, 128, 64, 8, 1), _cfg(128, 64, 32, 4, 2), _cfg(32, 64, 64, 4, 4),
-    _cfg(64, 64, 128, 4, 2),
+    _cfg(128, 128, 64, 8, 1), _cfg(128, 256, 64, 8, 1), _cfg(256, 64, 64, 8, 1),
+    _cfg(256, 128, 64, 8, 1),
 ]  # fmt: skip
+_SMALL_B = [
+    _cfg(16, 64, 64, 4, 4), _cfg(32, 64, 64, 4, 4), _cfg(32, 128, 64, 4, 2),
+    _cfg(64, 64, 64, 4, 2), _cfg(64, 128, 64, 4, 2), _cfg(128, 64, 64, 4, 1),
+]  # fmt: skip
+SMALL_BATCH = 8192  # up to this many rows: the small-block candidates
 _DEFAULT = _cfg(64, 64, 64, 4, 2)
 
 
@@ -213,7 +221,7 @@ def _launch_group(x2, out, weights, biases, codes, cfg, traced) -> None:
     widths = [x2.shape[1], *(w.shape[0] for w in weights)]
     max_w = max(widths[1:-1], default=16)
     bm = cfg["BLOCK_M"]
-    n_blocks = triton.cdiv(m, bm)
+    n_blocks = cdiv(m, bm)
     n_prog = n_blocks
     if x2.is_cuda:
         n_prog = min(n_blocks, cfg["per_sm"] * sm_count(x2.get_device()))
@@ -248,7 +256,8 @@ def _group_config(x2, weights, biases, codes, traced) -> dict:
     def bench(c: dict) -> float:
         return _tune.gpu_time_ms(lambda: _launch_group(x2, out, weights, biases, codes, c, False))
 
-    return _tune.tuned(x2.device, _group_key(x2, weights), _CANDIDATES, bench, _DEFAULT)
+    candidates = _SMALL_B if m <= SMALL_BATCH else _LARGE_B
+    return _tune.tuned(x2.device, _group_key(x2, weights), candidates, bench, _DEFAULT)
 
 
 def _group_key(x2, weights) -> str:
