@@ -215,6 +215,9 @@ _CEILING_LABELS = {"matmul_tf32_tflops": "tf32 matmul", "matmul_fp32_tflops": "f
 def _cell(r: dict, spec: dict) -> str:
     if r.get("p50_ms") is None:
         return "failed" if r.get("error") else ""
+    if spec.get("cell") == "samples":  # model suites: throughput, then latency
+        p99 = f" / {r['p99_ms'] * 1e3:,.0f}" if r.get("p99_ms") is not None else ""
+        return f"{r['rate']:,.0f}/s ({r['p50_ms'] * 1e3:,.0f}{p99} us)"
     if spec.get("unit") == "s":
         text = f"{r['p50_ms'] / 1e3:,.3f} s"
     else:
@@ -227,7 +230,8 @@ def markdown_table(doc: dict, spec: dict, *, footer: bool = True) -> str:
     """Rows = spec['rows'] keys, columns = arms: 'p50 us (GB/s, % of ceiling)'.
 
     Optional keys besides those of :func:`shown_rows`: "pct" (row field shown as the
-    percentage, default pct_of_ceiling), "unit" ("s" for seconds), "sort": "numeric",
+    percentage, default pct_of_ceiling), "unit" ("s" for seconds), "cell": "samples"
+    (samples/s with p50 / p99 latency), "sort": "numeric",
     "compare": False (no best-peer columns), "fused" (the arm compared with its peers,
     default triton), "reference_arms" (shown, never peers), "extra_ceilings" (named in the
     footer besides copy and bf16 matmul), "ceilings": False (none named), "note" (the
