@@ -28,6 +28,7 @@ import triton.language as tl
 
 from fuseml.ops import _elementwise as ew
 from fuseml.ops import _tune
+from fuseml.ops._elementwise import _activation
 from fuseml.ops._gemm import dot_precision, mma
 from fuseml.ops._utils import (
     cdiv,
@@ -117,7 +118,9 @@ def _mlp_layer(
             acc = mma(a, w, acc, PRECISION, UPCAST)
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        acc = ew._activation(acc, ACT)
+        # A bare name, not ew._activation: torch.compile re-parses user Triton kernels and
+        # resolves only plain global names (the attribute form failed under inductor).
+        acc = _activation(acc, ACT)
         tl.store(
             dst_ptr + dst_rows[:, None] + cols[None, :],
             acc.to(dst_ptr.dtype.element_ty),
