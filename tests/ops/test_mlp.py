@@ -150,7 +150,7 @@ def test_mlp_dlrm_shapes_gpu(dtype, widths, m):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("m", [300, 9000])
+@pytest.mark.parametrize("m", [300])
 def test_every_mlp_candidate_config_is_correct(dtype, m):
     """Tuning may pick any candidate: each one must compute the same thing."""
     widths = [13, 512, 256, 64, 16]
