@@ -13,7 +13,13 @@ from fuseml.nn._common import call_backend, check_activation, check_backend, log
 from fuseml.ops._utils import check_same
 from fuseml.ops.linear import check_linear_args
 from fuseml.ops.linear import linear as fused_linear
-from fuseml.ops.lora import check_adapter_ids, lora_linear, lora_stacked, stack_adapters
+from fuseml.ops.lora import (
+    check_adapter_ids,
+    check_adapter_ids_tensor,
+    lora_linear,
+    lora_stacked,
+    stack_adapters,
+)
 
 _OWNER = "LoRALinear"
 
@@ -320,17 +326,7 @@ class LoRALinear(nn.Module):
         return lora_linear(x, w, b, a, bb, self.scaling[name], self.activation, backend=backend)
 
     def _check_ids(self, x: torch.Tensor, ids, n: int) -> None:
-        if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
-            raise TypeError(
-                f"{_OWNER}: adapter_ids must be an int32 or int64 tensor, got {ids!r:.60}"
-            )
-        if ids.device != x.device:
-            raise ValueError(f"{_OWNER}: adapter_ids is on {ids.device} but x is on {x.device}")
-        if tuple(ids.shape) != tuple(x.shape[:-1]):
-            raise ValueError(
-                f"{_OWNER}: adapter_ids must have shape {tuple(x.shape[:-1])} (one id per row "
-                f"of x), got {tuple(ids.shape)}"
-            )
+        check_adapter_ids_tensor(_OWNER, x, ids)
         if not torch.compiler.is_compiling():
             check_adapter_ids(_OWNER, ids, n)  # names adapter_ids and the valid range
 

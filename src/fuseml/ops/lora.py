@@ -150,6 +150,24 @@ def stack_adapters(
     return a, b, r
 
 
+def check_adapter_ids_tensor(op: str, x: torch.Tensor, adapter_ids) -> None:
+    """An int32/int64 tensor on x's device with x's leading shape (no host sync)."""
+    if not isinstance(adapter_ids, torch.Tensor) or adapter_ids.dtype not in (
+        torch.int32,
+        torch.int64,
+    ):
+        raise TypeError(
+            f"{op}: adapter_ids must be an int32 or int64 tensor, got {adapter_ids!r:.60}"
+        )
+    if adapter_ids.device != x.device:
+        raise ValueError(f"{op}: adapter_ids is on {adapter_ids.device} but x is on {x.device}")
+    if tuple(adapter_ids.shape) != tuple(x.shape[:-1]):
+        raise ValueError(
+            f"{op}: adapter_ids must have shape {tuple(x.shape[:-1])} (one id per row of x), "
+            f"got {tuple(adapter_ids.shape)}"
+        )
+
+
 def check_adapter_ids(op: str, adapter_ids: torch.Tensor, n_adapters: int) -> None:
     """Every id in [-1, n_adapters): a host sync (skip with check_ids=False)."""
     if adapter_ids.numel() == 0:
@@ -197,20 +215,7 @@ def _validate(x, weight, bias, lora_a, lora_b, scaling, activation, adapter_ids)
         if isinstance(scaling, bool) or not isinstance(scaling, numbers.Real):
             raise TypeError(f"{op}: scaling must be a real number, got {type(scaling).__name__}")
         return activation
-    if not isinstance(adapter_ids, torch.Tensor) or adapter_ids.dtype not in (
-        torch.int32,
-        torch.int64,
-    ):
-        raise TypeError(
-            f"{op}: adapter_ids must be an int32 or int64 tensor, got {adapter_ids!r:.60}"
-        )
-    if adapter_ids.device != x.device:
-        raise ValueError(f"{op}: adapter_ids is on {adapter_ids.device} but x is on {x.device}")
-    if tuple(adapter_ids.shape) != tuple(x.shape[:-1]):
-        raise ValueError(
-            f"{op}: adapter_ids must have shape {tuple(x.shape[:-1])} (one id per row of x), "
-            f"got {tuple(adapter_ids.shape)}"
-        )
+    check_adapter_ids_tensor(op, x, adapter_ids)
     if not (isinstance(scaling, numbers.Real) and not isinstance(scaling, bool)):
         n_scales = len(_scale_list(scaling, lora_a.shape[0]))
         if n_scales != lora_a.shape[0]:
