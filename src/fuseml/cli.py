@@ -48,6 +48,12 @@ def bench(
     arms: Annotated[
         str | None, typer.Option(help="comma-separated arms to run (default: all)")
     ] = None,
+    cases: Annotated[
+        str | None, typer.Option(help="regular expression: run only the cases it matches")
+    ] = None,
+    merge: Annotated[
+        bool, typer.Option(help="add to the existing results file (a suite run in parts)")
+    ] = False,
     out: Annotated[Path | None, typer.Option(help="results root folder")] = None,
 ) -> None:
     """Time a suite's arms side by side; write results JSON, a PNG plot and a table."""
@@ -59,7 +65,14 @@ def bench(
     from fuseml.bench import run_suite
 
     try:
-        run_suite(suite, quick=quick, arms=arms.split(",") if arms else None, out_root=out)
+        run_suite(
+            suite,
+            quick=quick,
+            arms=arms.split(",") if arms else None,
+            cases=cases,
+            merge=merge,
+            out_root=out,
+        )
     except (ValueError, RuntimeError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from err

@@ -43,6 +43,24 @@ def test_write_and_load_round_trip(tmp_path):
         report.load_results(bad)
 
 
+def test_write_results_merge_replaces_remeasured_rows(tmp_path):
+    doc = _doc()
+    report.write_results("elementwise", doc["rows"], doc["ceilings"], doc["meta"], tmp_path)
+    again = [dict(r, p50_ms=1.0) for r in doc["rows"] if r["arm"] == "triton"]
+    meta = {**doc["meta"], "run": "full"}
+    path = report.write_results("elementwise", again, doc["ceilings"], meta, tmp_path, merge=True)
+    merged = report.load_results(path)
+    assert len(merged["rows"]) == len(doc["rows"])  # replaced, not duplicated
+    triton = [r for r in merged["rows"] if r["arm"] == "triton"]
+    assert triton and all(r["p50_ms"] == 1.0 for r in triton)
+    others = [r for r in merged["rows"] if r["arm"] != "triton"]
+    assert others == [r for r in doc["rows"] if r["arm"] != "triton"]
+    assert merged["meta"]["run"] == "mixed"  # a quick file topped up by a full run
+    # without merge the file holds only this run's rows
+    path = report.write_results("elementwise", again, doc["ceilings"], meta, tmp_path)
+    assert report.load_results(path)["rows"] == again
+
+
 def test_markdown_table_and_readme_update(tmp_path):
     from fuseml.bench.suites import elementwise
 

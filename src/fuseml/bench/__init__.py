@@ -17,13 +17,21 @@ def run_suite(
     *,
     quick: bool = False,
     arms: list[str] | None = None,
+    cases: str | None = None,
+    merge: bool = False,
     out_root: Path | None = None,
     console=None,
 ) -> tuple[Path, Path | None]:
     """Run suite ``name`` on CUDA device 0; write results JSON + PNG; print the table.
 
+    cases: a regular expression; only cases whose name it matches (re.search) run.
+    merge: add to / replace rows in the existing results file instead of starting anew.
+    The file is rewritten after every case (meta "complete": false until the last), so a
+    run cut short keeps what it measured; rerun the rest with --cases ... --merge.
     Returns (results path, plot path or None for a suite without a plot).
     """
+    import re
+
     import torch
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -54,6 +62,13 @@ def run_suite(
         f"{ceilings['matmul_bf16_tflops']:,.0f} TFLOP/s"
     )
     case_list = list(suite.cases(quick=quick, cuda=cuda_ok))
+    if cases:
+        pattern = re.compile(cases)
+        case_list = [c for c in case_list if pattern.search(c.name)]
+        if not case_list:
+            raise ValueError(f"--cases {cases!r} matches no case of suite {name}")
+    root = Path(out_root) if out_root else report.RESULTS_DIR
+    meta = run_metadata() | {"run": "quick" if quick else "full", "complete": False}
     rows: list[dict] = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console
@@ -68,9 +83,9 @@ def run_suite(
             rows.extend(run_cases([case], ceilings=ceilings, settings=settings, arms=arms,
                                   progress=progress))  # fmt: skip
             bar.advance(task)
-    meta = run_metadata() | {"run": "quick" if quick else "full"}
-    root = Path(out_root) if out_root else report.RESULTS_DIR
-    path = report.write_results(name, rows, ceilings, meta, root)
+            report.write_results(name, rows, ceilings, meta, root, merge=merge)
+    meta["complete"] = True
+    path = report.write_results(name, rows, ceilings, meta, root, merge=merge)
     png = None  # a suite without PLOT (e.g. tuning latency) is a table only
     if suite.PLOT is not None:
         png = report.plot_suite(report.load_results(path), suite.PLOT, path.with_suffix(".png"))

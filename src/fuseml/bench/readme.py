@@ -15,7 +15,8 @@ def suite_markdown(suite: str, root: Path) -> str | None:
     parts = []
     for path in files:
         doc = report.load_results(path)
-        parts.append(f"**{doc['meta']['gpu']}** ({doc['meta']['run']} run)\n")
+        partial = ", cut short: not every case ran" if doc["meta"].get("complete") is False else ""
+        parts.append(f"**{doc['meta']['gpu']}** ({doc['meta']['run']} run{partial})\n")
         # README: one table spec, or a list of them (a titled table each, when it has rows).
         specs = SUITES[suite].README
         specs = [specs] if isinstance(specs, dict) else [s for s in specs

@@ -20,10 +20,29 @@ def results_path(suite: str, gpu_slug: str, root: Path = RESULTS_DIR) -> Path:
 
 
 def write_results(
-    suite: str, rows: list[dict], ceilings: dict, meta: dict, root: Path = RESULTS_DIR
+    suite: str,
+    rows: list[dict],
+    ceilings: dict,
+    meta: dict,
+    root: Path = RESULTS_DIR,
+    *,
+    merge: bool = False,
 ) -> Path:
+    """Write the suite's results file (atomically: a reader never sees half a file).
+
+    merge: keep the rows of an existing file that this run did not measure again (same
+    case, arm and mode are replaced), so a long suite can be run in parts (--cases).
+    Each row carries its own commit and date; the file's meta is this run's.
+    """
     path = results_path(suite, meta["gpu_slug"], root)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if merge and path.exists():
+        old = load_results(path)
+        fresh = {(r["case"], r["arm"], r.get("mode")) for r in rows}
+        kept = [r for r in old["rows"] if (r["case"], r["arm"], r.get("mode")) not in fresh]
+        rows = kept + list(rows)
+        if old["meta"].get("run") != meta.get("run"):
+            meta = {**meta, "run": "mixed"}
     doc = {
         "format": FORMAT_VERSION,
         "suite": suite,
@@ -31,7 +50,9 @@ def write_results(
         "ceilings": ceilings,
         "rows": rows,
     }
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(path)
     return path
 
 
