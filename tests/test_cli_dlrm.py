@@ -110,7 +110,10 @@ def test_dlrm_demo_end_to_end_small(cache):
     numbers = dlrm_demo(console, rows=20_000)
     assert 0.5 < numbers["test_auc"] < numbers["best_auc_test_split"]
     assert (cache / "demo-dlrm" / "test-predictions.parquet").is_file()
-    assert "DLRM demo summary" in console.export_text()
+    text = console.export_text()
+    assert "DLRM demo summary" in text
+    assert "fuseml.optimize" in text and "FusedMLP" in text  # the report of what it swapped
+    assert numbers["optimize_max_diff"] <= 1e-5  # same predictions (fp32)
 
 
 def test_eager_vs_compile_table_runs_on_cpu():
