@@ -41,6 +41,73 @@ def test_softmax_any_dim(device, backend, log, dim):
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("two_pass", [False, True])
+@pytest.mark.parametrize(("shape", "dim"), [((3, 37, 5), 1), ((70, 3), 0), ((2, 9, 3, 131), 1)])
+def test_softmax_non_last_dim(device, backend, log, dtype, two_pass, shape, dim, monkeypatch):
+    if two_pass:  # force the running max / sum path of the strided kernel at small sizes
+        monkeypatch.setattr(sm, "STRIDED_ONE_PASS", 16)
+        monkeypatch.setattr(sm, "STRIDED_TILE", 64)
+    x = 4 * torch.randn(shape, dtype=dtype, device=device)
+    out = _op(log)(x, dim, backend=backend)
+    assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
+    assert_close_verbose(out, _ref(x, dim, log), dtype)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_softmax_non_last_dim_needs_no_transposing_copy(device, backend, monkeypatch):
+    if backend == "cuda":
+        pytest.skip("the CUDA twin reduces along the last dim only (one transposing copy)")
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "movedim", lambda *a: calls.append(a) or None)
+    x = torch.randn(60, 4, 6, device=device)[::2]  # (30, 4, 6), every other outer row
+    outs = [fuseml.ops.softmax(x, dim, backend=backend) for dim in (0, 1)]
+    monkeypatch.undo()
+    assert not calls  # went through the strided kernel, no movedim + contiguous copy
+    for dim, out in zip((0, 1), outs):
+        assert_close_verbose(out, _ref(x, dim, False))
+    # a layout with no (outer, N, inner) view still works (one transposing copy)
+    xp = torch.randn(4, 30, 6, device=device).permute(1, 0, 2)
+    assert_close_verbose(fuseml.ops.softmax(xp, 0, backend=backend), _ref(xp, 0, False))
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("two_pass", [False, True])
+def test_softmax_non_last_dim_edge_values(device, backend, two_pass, monkeypatch):
+    if two_pass:
+        monkeypatch.setattr(sm, "STRIDED_ONE_PASS", 4)
+        monkeypatch.setattr(sm, "STRIDED_TILE", 8)
+    ninf, inf = float("-inf"), float("inf")
+    cols = torch.tensor(
+        [
+            [ninf] * 9,
+            [ninf, 0.0, ninf, 1.0, ninf, ninf, 2.0, ninf, ninf],
+            [1e4, -1e4, 0.0, 5e3, 1e4, 3.0, -2.0, 0.5, 1e4],
+            [inf, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+        ],
+        device=device,
+    ).t()  # the softmax runs down dim 0 of this (9, 4) tensor
+    for log in (False, True):
+        for dtype in (torch.float32, torch.float16):
+            xd = cols.to(dtype).contiguous()
+            out = _op(log)(xd, 0, backend=backend)
+            ref = (torch.log_softmax if log else torch.softmax)(xd.double(), 0).to(dtype)
+            torch.testing.assert_close(out, ref, equal_nan=True, rtol=2e-3, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    ("shape", "dim"), [((8, 4096, 512), 1), ((50257, 64), 0), ((4, 3, 70000, 2), 2)]
+)
+def test_softmax_non_last_dim_on_gpu(shape, dim):
+    x = 6 * torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    for log in (False, True):
+        assert_close_verbose(_op(log)(x, dim, backend="triton"), _ref(x, dim, log), torch.bfloat16)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
 def test_softmax_strided_inputs(device, backend):
     big = torch.randn(40, 90, device=device)
     for x in (big[:, 10:70], big.t(), big[::2, ::3]):

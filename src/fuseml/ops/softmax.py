@@ -17,6 +17,7 @@ import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
 
 from fuseml.ops._utils import (
+    cdiv,
     check_tensor,
     compiled,
     fused_op,
@@ -112,6 +113,73 @@ def _softmax_online_kernel(
         tl.store(out_row + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _softmax_strided_kernel(
+    x_ptr,  # (outer, N, inner) input view, any strides
+    out_ptr,  # (outer, N, inner) contiguous output
+    n_red,  # N: the softmax dim
+    n_inner,  # product of the dims after it
+    stride_xo,
+    stride_xn,
+    stride_xi,
+    LOG: tl.constexpr,
+    ONE_PASS: tl.constexpr,  # BLOCK_N covers N: one read, the tile stays in registers
+    BLOCK_N: tl.constexpr,  # positions along N per step
+    BLOCK_I: tl.constexpr,  # inner positions per program (the coalesced direction)
+):
+    # Softmax over a non-last dim without transposing: a program owns BLOCK_I neighbouring
+    # inner positions of one outer index and reduces down the N axis of a
+    # (BLOCK_N, BLOCK_I) tile, so each load is a run of BLOCK_I consecutive elements.
+    # Longer N: running max and sum per inner position (as the online kernel), then a
+    # second pass writes the output.
+    pid = tl.program_id(0)
+    n_iblocks = tl.cdiv(n_inner, BLOCK_I)
+    o = (pid // n_iblocks).to(tl.int64)
+    inner = (pid % n_iblocks) * BLOCK_I + tl.arange(0, BLOCK_I)
+    i_ok = inner < n_inner
+    inner64 = inner.to(tl.int64)
+    x_base = x_ptr + o * stride_xo + inner64[None, :] * stride_xi
+    out_base = out_ptr + o * n_red * n_inner + inner64[None, :]
+    rs = tl.arange(0, BLOCK_N)
+    if ONE_PASS:
+        r64 = rs.to(tl.int64)[:, None]
+        mask = (rs < n_red)[:, None] & i_ok[None, :]
+        x = tl.load(x_base + r64 * stride_xn, mask=mask, other=-float("inf")).to(tl.float32)
+        z = x - tl.max(x, axis=0)[None, :]  # an all -inf column gives NaN, as torch
+        e = tl.exp(z)
+        total = tl.sum(e, axis=0)[None, :]
+        if LOG:
+            y = z - tl.log(total)
+        else:
+            y = e / total
+        tl.store(out_base + r64 * n_inner, y.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        m = tl.full([BLOCK_I], -float("inf"), tl.float32)
+        s = tl.zeros([BLOCK_I], tl.float32)
+        for start in range(0, n_red, BLOCK_N):
+            r = start + rs
+            mask = (r < n_red)[:, None] & i_ok[None, :]
+            x = tl.load(
+                x_base + r.to(tl.int64)[:, None] * stride_xn, mask=mask, other=-float("inf")
+            ).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            shift = tl.where(m_new == -float("inf"), 0.0, m_new)  # see the online kernel
+            s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift[None, :]), axis=0)
+            m = m_new
+        log_total = tl.log(s)
+        for start in range(0, n_red, BLOCK_N):
+            r = start + rs
+            r64 = r.to(tl.int64)[:, None]
+            mask = (r < n_red)[:, None] & i_ok[None, :]
+            x = tl.load(x_base + r64 * stride_xn, mask=mask, other=0.0).to(tl.float32)
+            z = x - m[None, :]
+            if LOG:
+                y = z - log_total[None, :]
+            else:
+                y = tl.exp(z) / s[None, :]
+            tl.store(out_base + r64 * n_inner, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 # ---------------------------------------------------------------------- launch configs
 # Rows up to this many bytes of float32 math stay in registers (one program per row, 8-16
 # warps): 32768 columns = 128 KiB of fp32 per row, half of an H100/H200 SM's register file.
@@ -185,6 +253,43 @@ def _launch_online(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool
     )  # fmt: skip
 
 
+# Strided (non-last dim) kernel: tiles of at most STRIDED_TILE elements; one pass when the
+# whole softmax dim fits in one tile.
+STRIDED_TILE = 4096
+STRIDED_ONE_PASS = 8192
+
+
+def _launch_strided(x3: torch.Tensor, out3: torch.Tensor, log: bool, traced: bool) -> None:
+    """Softmax over dim 1 of (outer, N, inner) views; out3 contiguous."""
+    outer, n_red, n_inner = x3.shape
+    block_i = min(next_pow2(n_inner), 128 if x3.element_size() == 2 else 64)
+    one_pass = next_pow2(n_red) * block_i <= STRIDED_ONE_PASS
+    block_n = next_pow2(n_red) if one_pass else max(1, STRIDED_TILE // block_i)
+    grid = (outer * cdiv(n_inner, block_i),)
+    kernel = (
+        torch.library.wrap_triton(_softmax_strided_kernel) if traced else _softmax_strided_kernel
+    )
+    kernel[grid](
+        x3, out3, n_red, n_inner, x3.stride(0), x3.stride(1), x3.stride(2),
+        LOG=log, ONE_PASS=one_pass, BLOCK_N=block_n, BLOCK_I=block_i,
+        num_warps=8 if block_n * block_i > STRIDED_TILE else 4,
+    )  # fmt: skip
+
+
+def _three_dim_view(x: torch.Tensor, dim: int) -> torch.Tensor | None:
+    """x as (outer, N, inner) around ``dim`` without copying, or None if no such view."""
+    outer = 1
+    for size in x.shape[:dim]:
+        outer *= size
+    inner = 1
+    for size in x.shape[dim + 1 :]:
+        inner *= size
+    try:
+        return x.view(outer, x.shape[dim], inner)
+    except RuntimeError:
+        return None
+
+
 def _forward(x: torch.Tensor, dim: int, log: bool, impl: str, traced: bool) -> torch.Tensor:
     """Softmax along ``dim`` with the Triton or CUDA kernels; output contiguous."""
     if x.numel() == 0:
@@ -197,9 +302,16 @@ def _forward(x: torch.Tensor, dim: int, log: bool, impl: str, traced: bool) -> t
         if not launches_skipped():
             _dispatch(x.view(-1, n), out.view(-1, n), log, impl, traced)
         return out
+    if impl == "triton" and x.dim() > 0 and dim < x.dim() - 1:
+        x3 = _three_dim_view(x, dim)
+        if x3 is not None:  # no transposing copy: reduce down the strided dim in place
+            out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            if not launches_skipped():
+                _launch_strided(x3, out.view(x3.shape), log, traced)
+            return out
     moved = x.movedim(dim, -1) if x.dim() else x.reshape(1)
-    # A non-last dim costs one transposing copy here (a strided-reduction kernel for the
-    # non-last dim is future work); the last dim of a row-strided view costs nothing.
+    # The CUDA twin (and a layout with no (outer, N, inner) view) pays one transposing
+    # copy for a non-last dim; the last dim of a row-strided view costs nothing.
     x2 = moved.reshape(-1, moved.shape[-1])
     if x2.shape[1] > 1 and x2.stride(1) != 1:
         x2 = x2.contiguous()
