@@ -217,7 +217,11 @@ def _validate(x, weight, bias, lora_a, lora_b, scaling, activation, adapter_ids)
         return activation
     check_adapter_ids_tensor(op, x, adapter_ids)
     if not (isinstance(scaling, numbers.Real) and not isinstance(scaling, bool)):
-        n_scales = len(_scale_list(scaling, lora_a.shape[0]))
+        n_scales = (
+            scaling.numel()
+            if isinstance(scaling, torch.Tensor)  # no host sync for a tensor on the GPU
+            else len(_scale_list(scaling, lora_a.shape[0]))
+        )
         if n_scales != lora_a.shape[0]:
             raise ValueError(
                 f"{op}: scaling must be one number or one per adapter ({lora_a.shape[0]}), got "
@@ -266,11 +270,29 @@ def lora_linear(
     scales = None
     scale = 1.0
     if adapter_ids is not None and not isinstance(scaling, numbers.Real):
-        values = _scale_list(scaling, lora_a.shape[0])
-        scales = torch.tensor(values, dtype=torch.float32, device=x.device)
+        scales = _device_scales(scaling, lora_a.shape[0], x.device)
     else:
         scale = float(scaling)
     return lora_stacked(x, weight, bias, a_s, b_s, rank, scale, scales, adapter_ids, activation)
+
+
+_SCALES: dict[tuple, torch.Tensor] = {}  # (values, device) -> float32 tensor, reused
+
+
+def _device_scales(scaling, n: int, device: torch.device) -> torch.Tensor:
+    """Per-adapter scalings as a float32 tensor on ``device``, without a copy per call:
+    a tensor already there is used as is; a list is uploaded once and kept (a host-to-
+    device copy per call would also keep the call out of CUDA graphs)."""
+    if isinstance(scaling, torch.Tensor) and scaling.device == device:
+        return scaling.reshape(-1).to(torch.float32)
+    values = tuple(_scale_list(scaling, n))
+    key = (values, device)
+    found = _SCALES.get(key)
+    if found is None:
+        if len(_SCALES) >= 256:
+            _SCALES.clear()
+        found = _SCALES[key] = torch.tensor(values, dtype=torch.float32, device=device)
+    return found
 
 
 def lora_stacked(
