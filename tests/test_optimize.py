@@ -133,6 +133,17 @@ def test_optimize_wide_sequential_is_swapped_layer_by_layer():
     assert "a width above 1024" in report.left[0].reason and report.left[0].path == ""
 
 
+def test_optimize_heavy_sequential_is_swapped_layer_by_layer():
+    # 2 x 512 x 512 fp32 weights = 2 MiB: a fused MLP would re-read them per row block
+    model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.Tanh())
+    fused, report = fuseml.optimize(model)
+    assert type(fused) is nn.Sequential and type(fused[0]) is FusedLinear
+    assert fused[2].activation == "tanh"
+    assert "KiB of weights" in report.left[0].reason and report.left[0].path == ""
+    light = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256)).bfloat16()
+    assert type(fuseml.optimize(light)[0]) is FusedMLP  # 256 KiB: still one MLP
+
+
 def test_optimize_nothing_to_fuse():
     model = nn.Sequential(nn.Conv1d(3, 4, 1), nn.ReLU(), nn.Flatten(), nn.LayerNorm(8))
     state = copy.deepcopy(model.state_dict())

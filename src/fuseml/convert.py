@@ -11,7 +11,8 @@ values are unchanged and checkpoints load both ways):
   (approximate none/tanh), SiLU, Sigmoid, Tanh or LeakyReLU(0.01) takes the activation
   into its epilogue; the activation's slot becomes ``nn.Identity`` so indices stay.
 * An ``nn.Sequential`` that is only Linear(+activation) layers (at least two, every width
-  <= 1024) -> :class:`fuseml.nn.FusedMLP` (``mlp=False`` to keep per-layer swaps). A
+  <= 1024, at most 512 KiB of weights) -> :class:`fuseml.nn.FusedMLP` (``mlp=False`` to
+  keep per-layer swaps). A
   FusedMLP is a Sequential with the same children, so its keys are the same too.
 * peft's LoRA ``Linear`` (``peft.tuners.lora.layer.Linear``) -> :class:`fuseml.nn.LoRALinear`
   with the same adapters, unmerged and shared (peft's state_dict keys). The converted
@@ -46,6 +47,12 @@ from fuseml.ops.mlp import MAX_WIDTH
 from fuseml.runtime import FLOAT_DTYPES
 
 __all__ = ["Left", "OptimizeReport", "Swapped", "optimize"]
+
+# A FusedMLP re-reads all of its weights from L2 for every block of rows, so it pays only
+# while they are small. Measured on an H100 (NOTES.md, bf16, B = 4096): the kaggle bottom
+# MLP (310 KiB) is faster fused than eager, the kaggle top (640 KiB) and mlperf top
+# (4.7 MiB) MLPs are slower (55 vs 46 us, 208 vs 91 us) and run layer by layer instead.
+MLP_MAX_WEIGHT_BYTES = 512 * 1024
 
 
 @dataclass(frozen=True)
@@ -226,6 +233,13 @@ def _mlp_chain(seq: nn.Sequential) -> tuple[bool, str | None]:
         return False, None  # each Linear reports it
     if _hooked(seq):
         return False, "not one FusedMLP: it has forward hooks; its layers are swapped one by one"
+    weight_bytes = sum(lin.weight.numel() * lin.weight.element_size() for lin in linears)
+    if weight_bytes > MLP_MAX_WEIGHT_BYTES:
+        return False, (
+            f"not one FusedMLP: {weight_bytes / 1024:,.0f} KiB of weights (> "
+            f"{MLP_MAX_WEIGHT_BYTES // 1024} KiB), which the fused kernel re-reads for every "
+            "block of rows; its layers are swapped one by one"
+        )
     return True, None
 
 
