@@ -267,3 +267,31 @@ def test_every_candidate_config_is_correct(dtype, m, k, n, lora):
             assert_close_verbose(out, ref, dtype)
         except AssertionError as err:
             raise AssertionError(f"config {cfg}: {err}") from None
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_tma_kernel(device, backend, dtype, monkeypatch):
+    """FUSEML_GEMM=tma (experimental): the persistent TMA kernel where the layout allows it
+    (16-byte aligned rows), the pointer kernel elsewhere; the same results either way."""
+    monkeypatch.setenv("FUSEML_GEMM", "tma")
+    used = []
+    launch = _gemm._launch_tma
+    monkeypatch.setattr(_gemm, "_launch_tma", lambda *a: used.append(1) or launch(*a))
+    for m, k, n in [(37, 48, 70), (130, 64, 9), (5, 13, 8)]:
+        x, w, b, r = _inputs(m, k, n, dtype, device)
+        out = fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
+        assert_close_verbose(out, _ref64(x, w, b, "gelu", r, 0.5), dtype)
+    assert len(used) == 2  # K = 13 rows are not 16-byte aligned: the pointer kernel
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(("m", "k", "n"), [(4096, 4096, 4096), (300, 512, 1000), (1, 1024, 64)])
+def test_linear_tma_kernel_gpu(m, k, n, monkeypatch):
+    monkeypatch.setenv("FUSEML_GEMM", "tma")
+    x, w, b, r = _inputs(m, k, n, torch.bfloat16, "cuda")
+    for cfg in _gemm.candidates(m, n, k, torch.bfloat16):
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        _gemm.launch_linear(out, x, w, b, r, 0.5, 4, cfg)  # 4: gelu_tanh
+        assert_close_verbose(out, _ref64(x, w, b, "gelu_tanh", r, 0.5), torch.bfloat16)

@@ -24,6 +24,7 @@ Exact, since the other columns are multiplied by zero.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -33,7 +34,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from fuseml.ops import _tune
 from fuseml.ops._elementwise import _activation
-from fuseml.ops._utils import cdiv, launches_skipped, next_pow2
+from fuseml.ops._utils import cdiv, launches_skipped, next_pow2, sm_count
 from fuseml.runtime import triton_interpreting
 
 LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED = 0, 1, 2
@@ -241,6 +242,86 @@ def _lora_kernel(
     )  # fmt: skip
 
 
+@triton.jit
+def _linear_tma_kernel(
+    x_desc,  # TensorDescriptor over x (M, K), block (BLOCK_M, BLOCK_K)
+    w_desc,  # TensorDescriptor over W (N, K), block (BLOCK_N, BLOCK_K)
+    bias_ptr, res_ptr, out_ptr,  # as in _gemm_body
+    M, N, K, stride_rm, stride_om, alpha,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+):  # fmt: skip
+    """Experimental (FUSEML_GEMM=tma, not yet measured): persistent grid, tiles loaded by
+    the Hopper tensor-memory accelerator (TMA). The copy engine zero-fills past K, M and N,
+    so the main loop has no masks or index math; the epilogue is _gemm_body's."""
+    n_tiles_m = tl.cdiv(M, BLOCK_M)
+    n_tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * n_tiles_n
+    for tile in tl.range(tl.program_id(0), n_tiles_m * n_tiles_n, NUM_PROGRAMS):
+        first_m = (tile // per_group) * GROUP_M
+        group_rows = tl.minimum(n_tiles_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % per_group) % group_rows
+        pid_n = (tile % per_group) // group_rows
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            xt = x_desc.load([off_m, k0])
+            wt = w_desc.load([off_n, k0])
+            acc = mma(xt, wt.T, acc, PRECISION, UPCAST)
+        rows = off_m.to(tl.int64) + tl.arange(0, BLOCK_M)
+        cols = off_n.to(tl.int64) + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        mask = (rows < M)[:, None] & col_ok[None, :]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if HAS_RES:
+            res = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0)
+            acc += tl.cast(alpha, tl.float32) * res.to(tl.float32)
+        acc = _activation(acc, ACTIVATION)
+        out = acc.to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=mask)
+
+
+def tma_requested() -> bool:
+    """FUSEML_GEMM=tma: plain linear layers through _linear_tma_kernel (experimental)."""
+    return os.environ.get("FUSEML_GEMM", "") == "tma"
+
+
+def tma_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """TMA needs unit inner strides, 16-byte aligned row strides and base pointers."""
+    es = x.element_size()
+    return (
+        x.stride(1) == 1
+        and weight.stride(1) == 1
+        and (x.stride(0) * es) % 16 == 0
+        and (weight.stride(0) * es) % 16 == 0
+        and x.data_ptr() % 16 == 0
+        and weight.data_ptr() % 16 == 0
+    )
+
+
+def _launch_tma(out, x, weight, bias, residual, alpha, activation, config) -> None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, k = x.shape
+    n = weight.shape[0]
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    tiles = cdiv(m, bm) * cdiv(n, bn)
+    programs = tiles if not x.is_cuda else min(tiles, sm_count(x.get_device()))
+    _linear_tma_kernel[(programs,)](
+        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
+        x if bias is None else bias, x if residual is None else residual, out,
+        m, n, k, 0 if residual is None else residual.stride(0), out.stride(0), float(alpha),
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACTIVATION=activation,
+        PRECISION=dot_precision(x.dtype), UPCAST=triton_interpreting(),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], NUM_PROGRAMS=programs,
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
+    )  # fmt: skip
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """TF32 for fp32 inputs only when torch's own matmul flag allows it (as F.linear does)."""
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
@@ -285,6 +366,9 @@ def launch_linear(
     even_k = k % config["BLOCK_K"] == 0
     precision = dot_precision(x.dtype)
     upcast = triton_interpreting()
+    if lora == LORA_NONE and not traced and tma_requested() and tma_eligible(x, weight):
+        _launch_tma(out, x, weight, bias, residual, alpha, activation, config)
+        return
     if lora == LORA_NONE:
         kernel = torch.library.wrap_triton(_linear_kernel) if traced else _linear_kernel
         kernel[grid](
@@ -397,6 +481,8 @@ def choose_config(
     In-process memo first (this runs on every call), then the on-disk table, then tuning.
     """
     m = x.shape[0]
+    if op == "linear" and not extra and tma_requested():
+        extra = "tma"  # its own tuning entries: the best tiles differ from the pointer kernel's
     if type(m) is not int or type(n) is not int or type(k) is not int:
         # Symbolic sizes (torch.compile with dynamic shapes): no bucket to look up.
         hint = m if type(m) is int else 64

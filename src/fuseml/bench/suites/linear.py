@@ -10,6 +10,8 @@ Arms
                compile autotunes for tens of seconds)
   triton       fuseml.ops.linear(backend="triton"): Triton GEMM with the epilogue in registers
   triton-op    torch.ops.fuseml.linear, the dispatcher path (host overhead rows only)
+  triton-tma   the experimental persistent TMA kernel (FUSEML_GEMM=tma), M >= 512 and rows
+               of 16-byte multiples only
 
 The GELU is the tanh form ("gelu_tanh"): that is the one cuBLASLt's epilogue computes, so
 all arms compute one function and every output is checked against the reference.
@@ -22,6 +24,8 @@ replays, and the smallest M of a shape measures host time per call.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -51,6 +55,26 @@ CEILINGS = {torch.bfloat16: "matmul_bf16_tflops", torch.float32: "matmul_fp32_tf
 
 def activation_of(k: int, n: int) -> str:
     return "gelu_tanh" if (k, n) in LARGE_LAYERS else "relu"
+
+
+TMA_MIN_M = 512  # the experimental TMA kernel is compared where the GEMM is compute-bound
+
+
+def _tma_arm(act: str):
+    """fuseml.ops.linear through the experimental TMA kernel (FUSEML_GEMM=tma)."""
+
+    def call(x, w, b):
+        previous = os.environ.get("FUSEML_GEMM")
+        os.environ["FUSEML_GEMM"] = "tma"
+        try:
+            return fuseml.ops.linear(x, w, b, act, backend="triton")
+        finally:
+            if previous is None:
+                del os.environ["FUSEML_GEMM"]
+            else:
+                os.environ["FUSEML_GEMM"] = previous
+
+    return call
 
 
 def linear_case(
@@ -86,6 +110,8 @@ def linear_case(
             lambda x, w, b: eager(x, w, b), dynamic=False, mode="max-autotune-no-cudagraphs"
         )
     arms["triton"] = lambda x, w, b: fuseml.ops.linear(x, w, b, act, backend="triton")
+    if m >= TMA_MIN_M and (k * es) % 16 == 0:
+        arms["triton-tma"] = _tma_arm(act)
     overhead_arms = {"triton-op": lambda x, w, b: torch.ops.fuseml.linear(x, w, b, None, 1.0, act)}
     if dtype == torch.float32:
         arms = {name: no_tf32(fn) for name, fn in arms.items()}
@@ -138,7 +164,7 @@ def cases(quick: bool = False, cuda: bool = True):  # cuda: no CUDA C++ twin of 
             )
 
 
-_ARMS = ("eager", "cublaslt", "compile", "compile-max", "triton")
+_ARMS = ("eager", "cublaslt", "compile", "compile-max", "triton", "triton-tma")
 # How report.py draws and tabulates this suite: TFLOP/s across M, one panel per layer.
 PLOT = {"x": "m", "panels": ("layer", "dtype"), "xlabel": "rows (M)", "logx": True,
         "logy": True, "sort": "numeric", "arms": _ARMS}  # fmt: skip
@@ -148,6 +174,7 @@ README = {
     "min_numel": 0,
     "pct": "pct_of_roofline",
     "sort": "numeric",
+    "reference_arms": ("triton-tma",),  # fuseml's own experimental kernel: not a peer
     "extra_ceilings": ("matmul_fp32_tflops",),
     "note": (
         "Cells: median time, % of the roofline (the larger of % of the dtype's matmul "
