@@ -101,6 +101,31 @@ def test_compile_backend_pads_the_last_batch(trained, tmp_path):
     )
 
 
+def test_fused_backend_predicts_the_same(trained, tmp_path):
+    _, _, data_dir, ckpt = trained
+    console = Console(record=True, width=200)
+    eager = predict(
+        ckpt, data_dir, tmp_path / "e.parquet", batch_size=300, console=_quiet(), progress=False
+    )
+    fused = predict(
+        ckpt, data_dir, tmp_path / "f.parquet", backend="fused", batch_size=300,
+        console=console, progress=False,
+    )  # fmt: skip
+    assert "FusedMLP" in console.export_text()  # what fuseml.optimize swapped
+    assert eager.rows == fused.rows
+    np.testing.assert_allclose(
+        pq.read_table(tmp_path / "f.parquet").column("probability").to_numpy(),
+        pq.read_table(tmp_path / "e.parquet").column("probability").to_numpy(),
+        rtol=1e-5,
+        atol=1e-7,
+    )
+    bf16 = predict(
+        ckpt, data_dir, tmp_path / "b.parquet", backend="fused", dtype="bf16",
+        batch_size=300, console=_quiet(), progress=False,
+    )  # fmt: skip
+    assert bf16.metrics["auc"] == pytest.approx(eager.metrics["auc"], abs=0.01)
+
+
 def test_refuses_mismatched_data(trained, tmp_path):
     _root, raw, _, ckpt = trained
     # other table sizes (tables capped at 10 values)

@@ -174,7 +174,9 @@ def predict(
     ],
     out: Annotated[Path, typer.Option(help="predictions file: .parquet or .csv")],
     split: Annotated[str, typer.Option(help="prepared data: which split")] = "test",
-    backend: Annotated[str, typer.Option(help="eager | compile")] = "eager",
+    backend: Annotated[
+        str, typer.Option(help="eager | compile | fused (fuseml.optimize: fused kernels)")
+    ] = "eager",
     batch_size: Annotated[int, typer.Option(help="rows per model call")] = 16384,
     dtype: Annotated[str, typer.Option(help="fp32 | bf16 (autocast)")] = "fp32",
     device: Annotated[str | None, typer.Option(help="default: cuda if available")] = None,

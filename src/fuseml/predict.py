@@ -15,6 +15,12 @@ Rows are streamed: at most one reader chunk (TSV) or one split (prepared data, a
 ``CriteoDataset``) is in memory. The output (.parquet or .csv, by suffix) has columns
 ``row_id`` (TSV: the 1-based line number; prepared data: the 0-based row of the split),
 ``probability`` and, when the source has labels, ``label``.
+
+Backends: ``eager`` (the model as trained), ``compile`` (torch.compile, one static batch
+shape: the last batch is padded) and ``fused`` (``fuseml.optimize``: fused Triton MLPs and
+linear layers on a GPU; on a CPU they run their PyTorch reference). With ``dtype="bf16"``
+the eager and compile backends use autocast, the fused one casts the model to bfloat16
+(the custom kernels do not take part in autocast).
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ from fuseml.train import (
 
 __all__ = ["BACKENDS", "PredictSummary", "predict"]
 
-BACKENDS = ("eager", "compile")
+BACKENDS = ("eager", "compile", "fused")
 _OUT_FORMATS = (".parquet", ".csv")
 
 
@@ -237,7 +243,17 @@ def predict(
         raise FileNotFoundError(f"{source} is neither a prepared dataset folder nor a file")
     # One batch shape for the compiled model: the last batch is padded, not recompiled.
     run = torch.compile(model, dynamic=False) if backend == "compile" else model
-    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+    use_autocast = dtype == "bf16" and backend != "fused"
+    dense_dtype = torch.float32
+    if backend == "fused":
+        import fuseml
+
+        if dtype == "bf16":
+            model, dense_dtype = model.to(torch.bfloat16), torch.bfloat16
+        run, report = fuseml.optimize(model, inplace=True)
+        swapped = ", ".join(f"{s.path or 'model'} -> {s.after}" for s in report.swapped)
+        console.print(f"fuseml.optimize: {swapped or 'nothing to fuse'}")
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_autocast)
 
     writer = _Writer(out, stream.has_labels)
     all_logits, all_labels = [], []
@@ -259,7 +275,7 @@ def predict(
             for batch, advance in stream:
                 if batch is not None:
                     n = len(batch.row_ids)
-                    dense, sparse = batch.dense.to(dev), batch.sparse.to(dev)
+                    dense, sparse = batch.dense.to(dev, dense_dtype), batch.sparse.to(dev)
                     if backend == "compile":
                         dense, sparse = _pad(dense, batch_size), _pad(sparse, batch_size)
                     t0 = time.perf_counter()
