@@ -86,6 +86,13 @@ def test_profile_dlrm_writes_a_chrome_trace(tmp_path):
     assert "Device (kernel) times need a CUDA GPU" in output
 
 
+def test_profile_dlrm_fused_backend(tmp_path):
+    _ok(["profile", "dlrm", "--config", "tiny", "--backend", "fused", "--batch-size", "64", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)])  # fmt: skip
+    (trace,) = tmp_path.glob("dlrm-tiny-fused-fp32-bs64-cpu.json")
+    names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert {"dlrm.bottom_mlp", "dlrm.top_mlp"} <= names  # stage ranges on the fused model
+
+
 def test_errors_are_clear(tmp_path, cache):
     result = runner.invoke(app, ["train", "--config", "tiny"])
     assert result.exit_code == 2 and "exactly one of --data DIR and --synthetic ROWS" in _flat(
@@ -98,7 +105,10 @@ def test_errors_are_clear(tmp_path, cache):
     result = runner.invoke(app, ["predict", "--checkpoint", str(tmp_path / "x.pt"), "--data", str(tmp_path), "--out", "p.csv"])  # fmt: skip
     assert result.exit_code == 2 and "not found" in _flat(result.output)
     result = runner.invoke(app, ["profile", "dlrm", "--backend", "tvm"])
-    assert result.exit_code == 2 and "backend must be 'eager' or 'compile'" in _flat(result.output)
+    assert (
+        result.exit_code == 2
+        and "backend must be one of ('eager', 'compile', 'fused')" in _flat(result.output)
+    )
 
 
 def test_dlrm_demo_end_to_end_small(cache):

@@ -277,7 +277,7 @@ app.add_typer(profile_app, name="profile")
 @profile_app.command("dlrm")
 def profile_dlrm(
     config: Annotated[str, typer.Option(help="tiny | kaggle | terabyte | mlperf")] = "tiny",
-    backend: Annotated[str, typer.Option(help="eager | compile")] = "eager",
+    backend: Annotated[str, typer.Option(help="eager | compile | fused")] = "eager",
     batch_size: Annotated[int, typer.Option(help="rows per forward pass")] = 2048,
     steps: Annotated[int, typer.Option(help="profiled forward passes")] = 10,
     warmup: Annotated[int, typer.Option(help="unprofiled passes first")] = 3,

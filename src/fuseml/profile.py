@@ -42,6 +42,9 @@ _PREFIX = "dlrm."
 _COMPILED_RANGE = "dlrm.forward (compiled)"
 
 
+BACKENDS = ("eager", "compile", "fused")  # fused: the fuseml.optimize'd model
+
+
 @contextlib.contextmanager
 def stage_ranges(model: DLRM, *, nvtx: bool | None = None) -> Iterator[None]:
     """Wrap each stage's forward in ``record_function`` (+ NVTX) ranges, until exit."""
@@ -113,8 +116,8 @@ def profile_dlrm(
 ) -> ProfileResult:
     """Profile ``steps`` inference batches of a randomly initialised named DLRM."""
     console = console or Console()
-    if backend not in ("eager", "compile"):
-        raise ValueError(f"backend must be 'eager' or 'compile', got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if steps < 1 or batch_size < 1 or warmup < 0:
         raise ValueError("steps and batch_size must be at least 1, warmup at least 0")
     if dtype not in DTYPES:
@@ -126,6 +129,10 @@ def profile_dlrm(
     model = DLRM(cfg).to(dev, DTYPES[dtype]).eval()
     model.embeddings.check_ids = False  # the random ids are valid; keep the sync out
     dense, sparse = random_inputs(cfg, batch_size, dev, DTYPES[dtype])
+    if backend == "fused":  # fuseml.optimize: fused MLPs / linear layers, same stage names
+        import fuseml
+
+        model, _ = fuseml.optimize(model, inplace=True)
     run = torch.compile(model, dynamic=False) if backend == "compile" else model
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -142,7 +149,7 @@ def profile_dlrm(
     activities = [torch.profiler.ProfilerActivity.CPU]
     if gpu:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    ranges = stage_ranges(model) if backend == "eager" else contextlib.nullcontext()
+    ranges = stage_ranges(model) if backend != "compile" else contextlib.nullcontext()
     with torch.no_grad(), ranges:
         for _ in range(warmup):  # compilation, autotuning and caches stay out of the trace
             step()
