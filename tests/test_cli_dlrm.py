@@ -143,8 +143,8 @@ def test_eager_vs_compile_table_runs_on_cpu():
         console, config="tiny", batch_sizes=(32,), device="cpu", dtype=torch.float32,
         max_cardinality=20, bench=bench,
     )  # fmt: skip
-    assert set(rates[32]) == {"eager", "compile"} and rates[32]["eager"] > 0
-    assert "speed-up" in console.export_text()
+    assert set(rates[32]) == {"eager", "compile", "fused"} and rates[32]["fused"] > 0
+    assert "fuseml vs eager" in console.export_text()
 
 
 def test_data_prepare_reports_file_and_line_of_a_bad_line(tmp_path):
