@@ -188,7 +188,7 @@ def test_m_bucket():
 
 
 def test_tuning_cache_is_measured_once_and_persisted(tmp_path, monkeypatch):
-    monkeypatch.setenv("FUSEML_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
     monkeypatch.setattr(_tune, "autotune_enabled", lambda: True)
     monkeypatch.setattr(_tune, "_tables", {})
     dev = torch.device("cpu")
@@ -213,7 +213,7 @@ def test_tuning_cache_is_measured_once_and_persisted(tmp_path, monkeypatch):
 
 
 def test_tuning_disabled_uses_default(tmp_path, monkeypatch):
-    monkeypatch.setenv("FUSEML_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
     monkeypatch.setenv("FUSEML_AUTOTUNE", "0")
     monkeypatch.setattr(_tune, "_tables", {})
 
@@ -228,7 +228,7 @@ def test_tuning_disabled_uses_default(tmp_path, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_first_gpu_call_tunes_and_writes_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FUSEML_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
     monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
     monkeypatch.setattr(_tune, "_tables", {})
     monkeypatch.setattr(_gemm, "_memo", {})

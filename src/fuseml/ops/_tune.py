@@ -5,7 +5,8 @@ bucket times a short, shape-pruned list of candidate configs (compile + a few
 milliseconds each) and stores the winner in a JSON file, so a new process finds it
 instead of re-tuning:
 
-    $FUSEML_CACHE_DIR/tune/<gpu>-triton<version>.json   (default ~/.cache/fuseml)
+    $FUSEML_CACHE/tune/<gpu>-triton<version>.json   (default ~/.cache/fuseml, the folder
+                                                    of fuseml's other caches)
 
 M is bucketed by powers of two (the best tile changes slowly with M; N and K are model
 constants and stay exact). ``FUSEML_AUTOTUNE=0`` turns tuning off: the heuristic config
@@ -34,7 +35,7 @@ _tables: dict[str, dict] = {}  # file path -> {key: config}
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("FUSEML_CACHE_DIR") or Path.home() / ".cache" / "fuseml"
+    root = os.environ.get("FUSEML_CACHE") or Path.home() / ".cache" / "fuseml"
     return Path(root) / "tune"
 
 

@@ -8,13 +8,13 @@ its inputs on the GPU and synchronizes (CUDA context and allocator up: a real fi
 finds them so), then times one fuseml call to its end (torch.cuda.synchronize), and then a
 second call of the same shape. The caches are temporary folders, fresh for every run:
 
-  cold   empty FUSEML_CACHE_DIR and empty TRITON_CACHE_DIR: Triton compiles every
+  cold   empty FUSEML_CACHE and empty TRITON_CACHE_DIR: Triton compiles every
          candidate config (and its launcher), fuseml times them and writes the winner.
          The first call on a machine that has never run these kernels.
-  tune   empty FUSEML_CACHE_DIR, the Triton cache the cold process filled: the tuning
+  tune   empty FUSEML_CACHE, the Triton cache the cold process filled: the tuning
          alone (compiled kernels come from disk). A new shape bucket on a machine that
          has compiled these kernels before.
-  warm   the cold process's FUSEML_CACHE_DIR and Triton cache: the persisted entry is read,
+  warm   the cold process's FUSEML_CACHE and Triton cache: the persisted entry is read,
          nothing is tuned or compiled. A fresh process with the persisted cache.
 
 Rows have mode "wall": p50_ms is the median first-call time over the runs (quick 1, full
@@ -118,7 +118,7 @@ def _run_child(spec: dict, fuseml_cache: str, triton_cache: str) -> dict:
     import fuseml
 
     src = str(Path(fuseml.__file__).resolve().parents[1])  # this fuseml, wherever it lives
-    env = dict(os.environ, FUSEML_CACHE_DIR=fuseml_cache, TRITON_CACHE_DIR=triton_cache,
+    env = dict(os.environ, FUSEML_CACHE=fuseml_cache, TRITON_CACHE_DIR=triton_cache,
                FUSEML_AUTOTUNE="1")  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env.pop("TRITON_INTERPRET", None)
