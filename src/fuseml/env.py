@@ -51,11 +51,31 @@ def env_report(*, remeasure: bool = False, build_cuda: bool = True) -> dict:
             ("needs " + ", ".join(missing)) if missing else f"toolchain ok (nvcc {nvcc})",
         )
     report["backends"] = backends
+    report["tuning"] = _tuning_cache()
     if gpu:
         from fuseml.bench.roofline import ceilings
 
         report["ceilings"] = ceilings(remeasure=remeasure)
     return report
+
+
+def _tuning_cache() -> str:
+    """Where GEMM / MLP tile choices are kept, and how many (fuseml.ops._tune)."""
+    import json
+    import os
+
+    from fuseml.ops import _tune
+
+    folder = _tune.cache_dir()
+    tables = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    entries = 0
+    for path in tables:
+        try:
+            entries += len(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    state = "off (FUSEML_AUTOTUNE=0)" if os.environ.get("FUSEML_AUTOTUNE") == "0" else "on"
+    return f"{folder}: {entries} tuned shape(s) in {len(tables)} file(s); tuning {state}"
 
 
 def print_env(*, remeasure: bool = False, build_cuda: bool = True, console=None) -> dict:
@@ -81,6 +101,7 @@ def print_env(*, remeasure: bool = False, build_cuda: bool = True, console=None)
     for name, (ok, detail) in rep["backends"].items():
         mark = "[green]yes[/green]" if ok else "[red]no[/red]"
         t.add_row(f"backend {name}", f"{mark}  {detail}")
+    t.add_row("tuning cache", rep["tuning"])
     if "ceilings" in rep:
         c = rep["ceilings"]
         t.add_row("copy bandwidth", f"{c['copy_gbps']:,.0f} GB/s (read + write)")
