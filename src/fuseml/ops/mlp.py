@@ -204,7 +204,8 @@ _SMALL_B = [
     _cfg(16, 64, 64, 4, 4), _cfg(32, 64, 64, 4, 4), _cfg(32, 128, 64, 4, 2),
     _cfg(64, 64, 64, 4, 2), _cfg(64, 128, 64, 4, 2), _cfg(128, 64, 64, 4, 1),
 ]  # fmt: skip
-SMALL_BATCH = 8192  # up to this many rows: the small-block candidates
+SMALL_BATCH = 8192  # up to this many rows the small-block candidates (a first guess: 4096
+# rows make 64 blocks of 64 rows, half an H100's SMs; 16384 rows fill them with 128-row blocks)
 _DEFAULT = _cfg(64, 64, 64, 4, 2)
 
 
