@@ -61,21 +61,13 @@ def env_report(*, remeasure: bool = False, build_cuda: bool = True) -> dict:
 
 def _tuning_cache() -> str:
     """Where GEMM / MLP tile choices are kept, and how many (fuseml.ops._tune)."""
-    import json
     import os
 
     from fuseml.ops import _tune
 
-    folder = _tune.cache_dir()
-    tables = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    entries = 0
-    for path in tables:
-        try:
-            entries += len(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
+    entries, files = _tune.entry_count()
     state = "off (FUSEML_AUTOTUNE=0)" if os.environ.get("FUSEML_AUTOTUNE") == "0" else "on"
-    return f"{folder}: {entries} tuned shape(s) in {len(tables)} file(s); tuning {state}"
+    return f"{_tune.cache_dir()}: {entries} tuned shape(s) in {files} file(s); tuning {state}"
 
 
 def print_env(*, remeasure: bool = False, build_cuda: bool = True, console=None) -> dict:

@@ -212,6 +212,32 @@ def test_tuning_cache_is_measured_once_and_persisted(tmp_path, monkeypatch):
     assert timed == [16, 32, 64]
 
 
+def test_choose_memoises_and_only_times_where_it_can(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
+    monkeypatch.setattr(_tune, "autotune_enabled", lambda: True)
+    monkeypatch.setattr(_tune, "_tables", {})
+    monkeypatch.setattr(_tune, "_memo", {})
+    dev = torch.device("cpu")
+    built = []
+
+    def key():
+        built.append("key")
+        return "k2"
+
+    cands = [{"B": 1}, {"B": 2}]
+    bench = {1: 2.0, 2: 1.0}.__getitem__
+    # cannot time (fake tensors, CPU): the default, nothing memoised or written
+    assert _tune.choose(("p",), dev, key, lambda: cands, lambda c: bench(c["B"]), {"B": 0},
+                        can_time=False) == {"B": 0}  # fmt: skip
+    assert not _tune._memo
+    # can time: tuned, memoised; the next call neither builds the key nor times again
+    got = _tune.choose(("p",), dev, key, lambda: cands, lambda c: bench(c["B"]), {"B": 0},
+                       can_time=True)  # fmt: skip
+    assert got == {"B": 2} and built == ["key", "key"]
+    assert _tune.choose(("p",), dev, key, None, None, {"B": 0}, can_time=True) == {"B": 2}
+    assert built == ["key", "key"]
+
+
 def test_tuning_disabled_uses_default(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
     monkeypatch.setenv("FUSEML_AUTOTUNE", "0")
@@ -231,7 +257,7 @@ def test_first_gpu_call_tunes_and_writes_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
     monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
     monkeypatch.setattr(_tune, "_tables", {})
-    monkeypatch.setattr(_gemm, "_memo", {})
+    monkeypatch.setattr(_tune, "_memo", {})
     x, w, b, _ = _inputs(77, 96, 80, torch.bfloat16, "cuda", residual=False)
     out = fuseml.ops.linear(x, w, b, "relu", backend="triton")
     assert_close_verbose(out, _ref64(x, w, b, "relu"), torch.bfloat16)

@@ -466,9 +466,6 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype) -> dict:
     )
 
 
-_memo: dict[tuple, dict] = {}
-
-
 def choose_config(
     op: str,
     x: torch.Tensor,
@@ -479,7 +476,7 @@ def choose_config(
 ) -> dict:
     """The launch config of an (M, N, K) problem; ``launch(cfg)`` runs it (for tuning).
 
-    In-process memo first (this runs on every call), then the on-disk table, then tuning.
+    See ``fuseml.ops._tune.choose``: memo, then the on-disk table, then tuning.
     """
     m = x.shape[0]
     if op == "linear" and not extra and tma_requested():
@@ -490,21 +487,23 @@ def choose_config(
         return default_config(
             hint, int(n) if type(n) is int else 128, int(k) if type(k) is int else 128, x.dtype
         )
-    key = (op, x.dtype, dot_precision(x.dtype), _tune.m_bucket(m), n, k, extra, x.device)
-    cfg = _memo.get(key)
-    if cfg is not None:
-        return cfg
-    default = default_config(m, n, k, x.dtype)
-    text_key = f"{op}:{str(x.dtype)[6:]}:{key[2]}:m{key[3]}:n{n}:k{k}{':' + extra if extra else ''}"
-    if x.device.type != "cuda" or is_fake(x):
-        # CPU (interpreter), or fake tensors while torch.compile traces: nothing to time.
-        found = _tune.lookup(x.device, text_key) if x.device.type == "cuda" else None
-        return found or default
+    precision = dot_precision(x.dtype)
+    bucket = _tune.m_bucket(m)
+
+    def text_key() -> str:
+        return (
+            f"{op}:{str(x.dtype)[6:]}:{precision}:m{bucket}:n{n}:k{k}{':' + extra if extra else ''}"
+        )
 
     def bench(c: dict) -> float:
         return _tune.gpu_time_ms(lambda: launch(c))
 
-    cfg = _tune.tuned(x.device, text_key, candidates(m, n, k, x.dtype), bench, default)
-    if not torch.compiler.is_compiling():
-        _memo[key] = cfg
-    return cfg
+    return _tune.choose(
+        (op, x.dtype, precision, bucket, n, k, extra, x.device),
+        x.device,
+        text_key,
+        lambda: candidates(m, n, k, x.dtype),
+        bench,
+        default_config(m, n, k, x.dtype),
+        can_time=x.is_cuda and not is_fake(x),
+    )

@@ -88,9 +88,52 @@ def gpu_time_ms(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=10)
 
 
+def entry_count(folder: Path | None = None) -> tuple[int, int]:
+    """(tuned entries, table files) in the tuning cache folder; a half-written file counts 0."""
+    folder = cache_dir() if folder is None else Path(folder)
+    tables = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    entries = 0
+    for path in tables:
+        try:
+            entries += len(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return entries, len(tables)
+
+
 def lookup(device: torch.device, key: str) -> dict | None:
     with _lock:
         return _table(_table_path(device)).get(key)
+
+
+_memo: dict[tuple, dict] = {}  # the configs this process chose, by the caller's memo key
+
+
+def choose(
+    memo_key: tuple,
+    device: torch.device,
+    key: Callable[[], str],
+    candidates: Callable[[], list[dict]],
+    bench: Callable[[dict], float],
+    default: dict,
+    *,
+    can_time: bool,
+) -> dict:
+    """The config for one problem: in-process memo (this runs on every call), then the
+    on-disk table, then tuning (only where ``can_time``: real CUDA tensors, not the fake
+    ones torch.compile traces with). ``key`` and ``candidates`` are built on a miss only.
+    """
+    cfg = _memo.get(memo_key)
+    if cfg is not None:
+        return cfg
+    text_key = key()
+    if not can_time:
+        found = lookup(device, text_key) if device.type == "cuda" else None
+        return found or default
+    cfg = tuned(device, text_key, candidates(), bench, default)
+    if not torch.compiler.is_compiling():
+        _memo[memo_key] = cfg
+    return cfg
 
 
 def tuned(

@@ -22,7 +22,14 @@ import torch.nn.functional as F
 
 from fuseml.ops import _elementwise as ew
 from fuseml.ops import _gemm
-from fuseml.ops._utils import check_same, check_tensor, compiled, fused_op, needs_dispatch
+from fuseml.ops._utils import (
+    check_same,
+    check_tensor,
+    compiled,
+    fused_op,
+    needs_dispatch,
+    next_pow2,
+)
 from fuseml.ops.bias_act import activation_ref
 from fuseml.ops.linear import check_linear_args, linear_rows
 from fuseml.runtime import resolve_backend
@@ -94,7 +101,7 @@ def lora_rows(
     ids = None if adapter_ids is None else adapter_ids.reshape(-1)
     b = None if bias is None else bias.contiguous()
     r = a_stacked.shape[0]
-    r_pad = max(16, 1 << max(r - 1, 0).bit_length())
+    r_pad = max(16, next_pow2(r))  # as launch_linear pads it
     in_loop = r_pad <= IN_LOOP_MAX_R and (type(m) is not int or m <= IN_LOOP_MAX_M)
     xa = None
     if not in_loop:  # x @ A^T in float32, by the same kernel

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import is_fake
 
 from fuseml.ops import _elementwise as ew
 from fuseml.ops import _tune
@@ -249,29 +250,30 @@ def _launch_group(x2, out, weights, biases, codes, cfg, traced) -> None:
 
 
 def _group_config(x2, weights, biases, codes, traced) -> dict:
+    """The launch config of one fused group (see ``fuseml.ops._tune.choose``)."""
     m = x2.shape[0]
-    if type(m) is not int or not x2.is_cuda or traced:
-        found = None
-        if x2.is_cuda and type(m) is int:
-            found = _tune.lookup(x2.device, _group_key(x2, weights))
-        return found or _DEFAULT
-    out = torch.empty((m, weights[-1].shape[0]), dtype=x2.dtype, device=x2.device)
+    if type(m) is not int:  # symbolic batch under torch.compile: no bucket to look up
+        return _DEFAULT
+    precision = dot_precision(x2.dtype)
+    bucket = _tune.m_bucket(m)
+
+    def text_key() -> str:
+        widths = "-".join(str(w) for w in (x2.shape[1], *(w.shape[0] for w in weights)))
+        return f"mlp:{str(x2.dtype)[6:]}:{precision}:m{bucket}:{widths}"
 
     def bench(c: dict) -> float:
+        out = torch.empty((m, weights[-1].shape[0]), dtype=x2.dtype, device=x2.device)
         return _tune.gpu_time_ms(lambda: _launch_group(x2, out, weights, biases, codes, c, False))
 
-    candidates = _SMALL_B if m <= SMALL_BATCH else _LARGE_B
-    return _tune.tuned(x2.device, _group_key(x2, weights), candidates, bench, _DEFAULT)
-
-
-def _group_key(x2, weights) -> str:
-    widths = "-".join(str(w) for w in (x2.shape[1], *(w.shape[0] for w in weights)))
-    return (
-        f"mlp:{str(x2.dtype)[6:]}:{dot_precision(x2.dtype)}:m{_tune.m_bucket(x2.shape[0])}:{widths}"
+    return _tune.choose(
+        ("mlp", x2.dtype, precision, bucket, tuple(w.shape for w in weights), x2.device),
+        x2.device,
+        text_key,
+        lambda: _SMALL_B if m <= SMALL_BATCH else _LARGE_B,
+        bench,
+        _DEFAULT,
+        can_time=x2.is_cuda and not traced and not is_fake(x2),
     )
-
-
-_memo: dict[tuple, dict] = {}
 
 
 def mlp_rows(x, weights, biases, codes, *, traced: bool = False) -> torch.Tensor:
@@ -290,14 +292,7 @@ def mlp_rows(x, weights, biases, codes, *, traced: bool = False) -> torch.Tensor
         bs = biases[g : g + MAX_FUSED_LAYERS]
         cs = codes[g : g + MAX_FUSED_LAYERS]
         out = torch.empty((h.shape[0], ws[-1].shape[0]), dtype=x.dtype, device=x.device)
-        key = (h.dtype, dot_precision(h.dtype), _tune.m_bucket(h.shape[0]) if type(h.shape[0]) is int else -1,
-               tuple(w.shape for w in ws), h.device)  # fmt: skip
-        cfg = _memo.get(key) if not traced else None
-        if cfg is None:
-            cfg = _group_config(h, ws, bs, cs, traced)
-            if not traced:
-                _memo[key] = cfg
-        _launch_group(h, out, ws, bs, cs, cfg, traced)
+        _launch_group(h, out, ws, bs, cs, _group_config(h, ws, bs, cs, traced), traced)
         h = out
     return h.view(*x.shape[:-1], widths[-1])
 

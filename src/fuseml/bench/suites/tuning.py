@@ -25,7 +25,6 @@ meets_target whether the median is under the target above.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
@@ -80,14 +79,6 @@ def _problem(spec: dict, device: str):
     return lambda: fuseml.ops.lora_linear(x, w, b, a, bb, 2.0, backend="triton")
 
 
-def _cache_entries(folder: Path) -> int:
-    n = 0
-    for path in Path(folder).glob("*.json"):
-        with contextlib.suppress(OSError, ValueError):  # half-written: not counted
-            n += len(json.loads(path.read_text()))
-    return n
-
-
 def child(spec_json: str) -> None:
     """Run in the fresh process: print one result line (see _run_child)."""
     import torch
@@ -96,7 +87,7 @@ def child(spec_json: str) -> None:
 
     fn = _problem(json.loads(spec_json), "cuda")
     torch.cuda.synchronize()
-    before = _cache_entries(_tune.cache_dir())
+    before, _ = _tune.entry_count()
     t0 = time.perf_counter()
     fn()
     torch.cuda.synchronize()
@@ -105,7 +96,7 @@ def child(spec_json: str) -> None:
     fn()
     torch.cuda.synchronize()
     second = time.perf_counter() - t0
-    added = _cache_entries(_tune.cache_dir()) - before
+    added = _tune.entry_count()[0] - before
     print(_MARK + json.dumps({"first_s": first, "second_s": second, "tuned_entries": added}))
 
 
