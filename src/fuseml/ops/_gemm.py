@@ -489,6 +489,10 @@ def choose_config(
         )
     precision = dot_precision(x.dtype)
     bucket = _tune.m_bucket(m)
+    memo_key = (op, x.dtype, precision, bucket, n, k, extra, x.device)
+    cfg = _tune.memoized(memo_key)  # every call: keep this path short
+    if cfg is not None:
+        return cfg
 
     def text_key() -> str:
         return (
@@ -499,7 +503,7 @@ def choose_config(
         return _tune.gpu_time_ms(lambda: launch(c))
 
     return _tune.choose(
-        (op, x.dtype, precision, bucket, n, k, extra, x.device),
+        memo_key,
         x.device,
         text_key,
         lambda: candidates(m, n, k, x.dtype),

@@ -109,6 +109,11 @@ def lookup(device: torch.device, key: str) -> dict | None:
 _memo: dict[tuple, dict] = {}  # the configs this process chose, by the caller's memo key
 
 
+def memoized(memo_key: tuple) -> dict | None:
+    """The config this process already chose for ``memo_key`` (see ``choose``), or None."""
+    return _memo.get(memo_key)
+
+
 def choose(
     memo_key: tuple,
     device: torch.device,
@@ -126,10 +131,12 @@ def choose(
     cfg = _memo.get(memo_key)
     if cfg is not None:
         return cfg
+    if not can_time and device.type != "cuda":  # no table to read: the default, every time
+        _memo[memo_key] = default
+        return default
     text_key = key()
-    if not can_time:
-        found = lookup(device, text_key) if device.type == "cuda" else None
-        return found or default
+    if not can_time:  # fake CUDA tensors (torch.compile tracing): the table, not memoised
+        return lookup(device, text_key) or default
     cfg = tuned(device, text_key, candidates(), bench, default)
     if not torch.compiler.is_compiling():
         _memo[memo_key] = cfg

@@ -116,6 +116,9 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def needs_dispatch(*tensors: torch.Tensor | None) -> bool:
     """Must this call go through the registered custom op rather than a direct launch?
 
@@ -129,7 +132,9 @@ def needs_dispatch(*tensors: torch.Tensor | None) -> bool:
     for t in tensors:
         if t is None:
             continue
-        if type(t) is not torch.Tensor or t.device.type == "meta":
+        # nn.Parameter (module weights) is a plain tensor to the kernels; other subclasses
+        # (fake, functorch wrappers, user subclasses) get the dispatcher.
+        if type(t) not in _PLAIN or t.device.type == "meta":
             return True
         if grad and t.requires_grad:
             return True

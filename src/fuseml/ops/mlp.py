@@ -256,6 +256,10 @@ def _group_config(x2, weights, biases, codes, traced) -> dict:
         return _DEFAULT
     precision = dot_precision(x2.dtype)
     bucket = _tune.m_bucket(m)
+    memo_key = ("mlp", x2.dtype, precision, bucket, tuple(w.shape for w in weights), x2.device)
+    cfg = _tune.memoized(memo_key)  # every call: keep this path short
+    if cfg is not None:
+        return cfg
 
     def text_key() -> str:
         widths = "-".join(str(w) for w in (x2.shape[1], *(w.shape[0] for w in weights)))
@@ -266,7 +270,7 @@ def _group_config(x2, weights, biases, codes, traced) -> dict:
         return _tune.gpu_time_ms(lambda: _launch_group(x2, out, weights, biases, codes, c, False))
 
     return _tune.choose(
-        ("mlp", x2.dtype, precision, bucket, tuple(w.shape for w in weights), x2.device),
+        memo_key,
         x2.device,
         text_key,
         lambda: _SMALL_B if m <= SMALL_BATCH else _LARGE_B,

@@ -9,6 +9,10 @@ Arms
   compile          torch.compile(model) (default mode); compile time in compile_s
   compile-max      torch.compile(mode="max-autotune-no-cudagraphs"), full run, bf16 at
                    B = 4096 only (its autotuning takes ~4 minutes per compilation)
+  fuseml           fuseml.optimize(model): the MLPs through fuseml's fused GEMM / MLP
+                   kernels (embeddings and interaction still PyTorch); bf16 only, since
+                   its first call per layer shape and batch bucket tunes the kernel (a few
+                   seconds each: 4-6 layer shapes x 6 batch sizes per config)
 Every case is also timed as CUDA-graph replays (rows with mode "graph": eager + CUDA graph).
 """
 
@@ -18,6 +22,7 @@ import contextlib
 
 import torch
 
+import fuseml
 from fuseml.bench.harness import Case
 from fuseml.models.bench_cases import dlrm_inference_cases
 
@@ -50,6 +55,14 @@ def _with_tf32(fn, allow: bool):
     return call
 
 
+def _model_arm(model, inputs):
+    def call():
+        with torch.no_grad():
+            return model(*inputs)
+
+    return call
+
+
 def _compiled_arm(model, inputs, mode: str, tf32: bool):
     compiled = torch.compile(model, dynamic=False, mode=mode)
 
@@ -70,11 +83,15 @@ def cases(quick: bool = False, cuda: bool = True):  # cuda: no fused DLRM kernel
             dl_cases = dlrm_inference_cases(
                 config, batches, dtype, "cuda", max_cardinality=MAX_CARDINALITY
             )
+            # One optimized copy per model (the cases share one model).
+            fused_model = fuseml.optimize(dl_cases[0].model)[0] if precision == "bf16" else None
             for dc in dl_cases:
                 arms = {
                     "eager": _with_tf32(dc.arms["eager"], tf32),
                     "compile": _with_tf32(dc.arms["compile"], tf32),
                 }
+                if fused_model is not None:
+                    arms["fuseml"] = _model_arm(fused_model, dc.inputs)
                 if not quick and (precision, dc.batch_size) == MAX_AUTOTUNE_AT:
                     # ~4 minutes of autotuning per compilation on an H100: one per config.
                     arms["compile-max"] = _compiled_arm(
@@ -94,7 +111,7 @@ def cases(quick: bool = False, cuda: bool = True):  # cuda: no fused DLRM kernel
                     samples=dc.batch_size,
                     flops=dc.flops,
                     graph=True,
-                    compile_arms=("compile", "compile-max"),
+                    compile_arms=("compile", "compile-max", "fuseml"),  # fuseml: tuning
                     dtype=dtype,
                     tf32=tf32,
                 )
@@ -103,8 +120,16 @@ def cases(quick: bool = False, cuda: bool = True):  # cuda: no fused DLRM kernel
 PLOT = {"x": "batch", "panels": ("config", "precision"), "xlabel": "batch size", "logx": True}
 README = {
     "rows": ("config", "precision", "batch"),
-    "arms": ("eager", "eager+graph", "compile", "compile+graph", "compile-max"),
-    "graph_arms": ("eager", "compile"),
+    "arms": (
+        "eager",
+        "eager+graph",
+        "compile",
+        "compile+graph",
+        "compile-max",
+        "fuseml",
+        "fuseml+graph",
+    ),
+    "graph_arms": ("eager", "compile", "fuseml"),
     "min_numel": 0,
     "cell": "samples",
     "sort": "numeric",
