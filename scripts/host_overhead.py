@@ -91,16 +91,44 @@ def main():
             C8="tf32",
         ),
     }
+    # Modules and a whole model, as fuseml.optimize leaves them (parameters, no_grad).
+    from fuseml.models.bench_cases import random_inputs
+    from fuseml.models.dlrm import DLRM, DLRMConfig
+
+    lin = fuseml.nn.FusedLinear(256, 64, activation="relu", device=dev, dtype=dt)
+    mlp = fuseml.nn.FusedMLP([13, 512, 256, 64, 16], device=dev, dtype=dt)
+    x13 = torch.randn(64, 13, device=dev, dtype=dt)
+    cfg_d = DLRMConfig.from_name("kaggle", max_cardinality=100_000)
+    with torch.device(dev):
+        model = DLRM(cfg_d)
+    model = model.to(dt).eval()
+    model.embeddings.check_ids = False
+    fused_model, _ = fuseml.optimize(model)
+    dense, sparse = random_inputs(cfg_d, 1, dev, dt)
+    with torch.no_grad():
+        lin(x), mlp(x13), fused_model(dense, sparse)
+    rows.update({
+        "FusedLinear module (no_grad)": lambda: lin(x),
+        "FusedMLP module 13-512-256-64-16": lambda: mlp(x13),
+        "DLRM kaggle B=1 eager": lambda: model(dense, sparse),
+        "DLRM kaggle B=1 fuseml.optimize": lambda: fused_model(dense, sparse),
+    })  # fmt: skip
     print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
-    for name, fn in rows.items():
-        print(f"{name:40s} {host_us(fn):7.1f} us/call (host)", flush=True)
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(2000):
-        fuseml.ops.linear(x, w, b, "relu")
-    pr.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(pr).sort_stats("tottime").print_stats(22)
+    with torch.no_grad():
+        for name, fn in rows.items():
+            print(f"{name:40s} {host_us(fn):7.1f} us/call (host)", flush=True)
+        for label, fn in (
+            ("fuseml.ops.linear", lambda: fuseml.ops.linear(x, w, b, "relu")),
+            ("fused DLRM forward", lambda: fused_model(dense, sparse)),
+        ):
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(1000):
+                fn()
+            pr.disable()
+            torch.cuda.synchronize()
+            print(f"== cProfile: {label}, 1000 calls")
+            pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 
     # TF32: how far is cuBLAS's own tf32 from float64 (the tolerance table's entry)?
     from fuseml.testing import rel_err

@@ -271,3 +271,39 @@ def test_optimize_peft_unsupported_layers_are_left():
     pm.merge_adapter()
     _, report = fuseml.optimize(pm)
     assert all("merged into the base weight" in s.reason for s in report.left)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("config", ["kaggle", "mlperf"])
+def test_optimized_dlrm_large_batch_tuned_gpu(config, tmp_path, monkeypatch):
+    """fuseml.optimize on a DLRM at B = 65536 in bf16 with tuning on, stage by stage."""
+    from fuseml.models.bench_cases import random_inputs
+    from fuseml.models.dlrm import DLRM, DLRMConfig
+    from fuseml.ops import _tune
+    from fuseml.testing import rel_err, tolerance
+
+    monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
+    monkeypatch.setattr(_tune, "_memo", {})
+    monkeypatch.setattr(_tune, "_tables", {})
+    cfg = DLRMConfig.from_name(config, max_cardinality=100_000)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = DLRM(cfg)
+    model = model.to(torch.bfloat16).eval()
+    fused, _ = fuseml.optimize(model)
+    dense, sparse = random_inputs(cfg, 65536, "cuda", torch.bfloat16)
+    tol = tolerance(torch.bfloat16)
+    with torch.no_grad():
+        ref = model(dense, sparse)
+        # The first call tunes every layer while the previous layers' kernels may still run
+        # (a race once gave a few wrong rows here): the whole forward, then stage by stage.
+        assert rel_err(fused(dense, sparse), ref) <= tol, "first (tuning) call"
+        for _ in range(2):
+            bottom = fused.bottom_mlp(dense)
+            assert rel_err(bottom, model.bottom_mlp(dense)) <= tol, "bottom MLP"
+            z = model.interaction(model.bottom_mlp(dense), model.embeddings(sparse))
+            top = fused.top_mlp(z)
+            assert rel_err(top, model.top_mlp(z)) <= tol, "top MLP"
+            assert rel_err(fused(dense, sparse), model(dense, sparse)) <= tol, "model"

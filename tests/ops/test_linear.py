@@ -299,8 +299,8 @@ def test_every_candidate_config_is_correct(dtype, m, k, n, lora):
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_tma_kernel(device, backend, dtype, monkeypatch):
-    """FUSEML_GEMM=tma (experimental): the persistent TMA kernel where the layout allows it
-    (16-byte aligned rows), the pointer kernel elsewhere; the same results either way."""
+    """FUSEML_GEMM=tma: the persistent TMA kernel where the layout allows it (16-byte
+    aligned rows), the pointer kernel elsewhere; the same results either way."""
     monkeypatch.setenv("FUSEML_GEMM", "tma")
     used = []
     launch = _gemm._launch_tma
@@ -320,8 +320,26 @@ def test_linear_tma_kernel_gpu(m, k, n, monkeypatch):
     x, w, b, r = _inputs(m, k, n, torch.bfloat16, "cuda")
     for cfg in _gemm.candidates(m, n, k, torch.bfloat16):
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        _gemm.launch_linear(out, x, w, b, r, 0.5, 4, cfg)  # 4: gelu_tanh
+        _gemm.launch_linear(out, x, w, b, r, 0.5, 4, cfg, tma=True)  # 4: gelu_tanh
         assert_close_verbose(out, _ref64(x, w, b, "gelu_tanh", r, 0.5), torch.bfloat16)
+
+
+def test_gemm_path_choice(monkeypatch):
+    """FUSEML_GEMM: auto takes TMA only on Hopper+ CUDA tensors from TMA_MIN_M rows with
+    aligned rows; tma / ptr force it (where the layout allows); anything else is an error."""
+    x = torch.randn(_gemm.TMA_MIN_M, 64)
+    w = torch.randn(32, 64)
+    monkeypatch.delenv("FUSEML_GEMM", raising=False)
+    assert not _gemm.use_tma(x, w, False)  # CPU tensors: the pointer kernel by default
+    monkeypatch.setenv("FUSEML_GEMM", "tma")
+    assert _gemm.use_tma(x, w, False)
+    assert not _gemm.use_tma(x, w, True)  # traced by torch.compile: pointer kernel
+    assert not _gemm.use_tma(torch.randn(8, 13), torch.randn(4, 13), False)  # 52-byte rows
+    monkeypatch.setenv("FUSEML_GEMM", "ptr")
+    assert not _gemm.use_tma(x, w, False)
+    monkeypatch.setenv("FUSEML_GEMM", "wgmma")
+    with pytest.raises(ValueError, match="FUSEML_GEMM"):
+        _gemm.use_tma(x, w, False)
 
 
 def test_module_parameters_launch_directly_outside_autograd():

@@ -29,11 +29,15 @@ def _ref64(x, w, b, a, bb, s, act=None, ids=None):
     return lora_linear_ref(_up(x), _up(w), _up(b), _up(a), _up(bb), s, act, ids)
 
 
-@pytest.fixture(params=["in_loop", "precomputed"])
+@pytest.fixture(params=["in_loop", "precomputed", "precomputed-tma"])
 def lora_mode(request, monkeypatch):
-    """Both LoRA modes of the kernel: x @ A^T inside the K loop, or from a first launch."""
-    if request.param == "precomputed":
+    """Both LoRA modes of the kernel: x @ A^T inside the K loop, or from a first launch;
+    the precomputed mode also through the TMA kernel (where the rows are 16-byte aligned)."""
+    monkeypatch.setenv("FUSEML_GEMM", "ptr")
+    if request.param.startswith("precomputed"):
         monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 0)
+    if request.param == "precomputed-tma":
+        monkeypatch.setenv("FUSEML_GEMM", "tma")
     return request.param
 
 

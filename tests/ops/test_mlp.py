@@ -150,9 +150,10 @@ def test_mlp_dlrm_shapes_gpu(dtype, widths, m):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("m", [300])
+@pytest.mark.parametrize("m", [300, 65536 + 37])
 def test_every_mlp_candidate_config_is_correct(dtype, m):
-    """Tuning may pick any candidate: each one must compute the same thing."""
+    """Tuning may pick any candidate: each one must compute the same thing, also with many
+    row blocks per persistent program (m = 65573: 4-16 blocks per program)."""
     widths = [13, 512, 256, 64, 16]
     ws, bs = _layers(widths, dtype, "cuda", bias_every=2)
     x = torch.randn(m, widths[0], dtype=dtype, device="cuda")
@@ -166,3 +167,24 @@ def test_every_mlp_candidate_config_is_correct(dtype, m):
             assert_close_verbose(out, ref, dtype)
         except AssertionError as err:
             raise AssertionError(f"config {cfg}: {err}") from None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [32768, 65536])
+def test_mlp_tuned_large_batch_gpu(m, tmp_path, monkeypatch):
+    """With tuning on (as users run it), the chosen config gives the reference's result."""
+    from fuseml.ops import _tune
+
+    monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
+    monkeypatch.setattr(_tune, "_memo", {})
+    monkeypatch.setattr(_tune, "_tables", {})
+    widths = [13, 512, 256, 128]
+    ws, bs = _layers(widths, torch.bfloat16, "cuda")
+    x = torch.randn(m, widths[0], dtype=torch.bfloat16, device="cuda")
+    out = fuseml.ops.mlp(x, ws, bs, "relu", backend="triton")
+    assert _tune.entry_count()[0] == 1  # it did tune
+    assert_close_verbose(out, _ref64(x, ws, bs, ["relu"] * 3), torch.bfloat16)
+    again = fuseml.ops.mlp(x, ws, bs, "relu", backend="triton")
+    assert torch.equal(again, out)

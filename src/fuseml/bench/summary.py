@@ -11,7 +11,7 @@ from fuseml.bench.report import graph_rows, load_results
 FUSED = ("triton", "cuda")
 # Shown for reference, never a peer: the lora suite's fused single-adapter row in its
 # multi-adapter cases (another function), and the experimental TMA GEMM (fuseml itself).
-REFERENCE_ARMS = ("copy", "triton-single", "triton-tma")
+REFERENCE_ARMS = ("copy", "triton-single", "triton-tma", "triton-ptr")
 
 
 def summarize(doc: dict) -> list[str]:

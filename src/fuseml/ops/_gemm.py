@@ -24,6 +24,7 @@ Exact, since the other columns are multiplied by zero.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 
@@ -64,6 +65,68 @@ def mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     if PRECISION == "tf32" and a.dtype == tl.float32:
         return tl.dot(round_tf32(a), round_tf32(b), acc, input_precision="tf32")
     return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _epilogue(
+    acc, rows, cols, M, N,  # (BLOCK_M, BLOCK_N) fp32 tile, its int64 row / column indices
+    bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,  # as in _gemm_body
+    stride_rm, stride_om, stride_bn, alpha, lora_scale,
+    xa,  # (BLOCK_M, R_PAD) fp32 x @ A^T when LORA == 1 (accumulated in the main loop)
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
+    LORA: tl.constexpr, MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr,
+    R_PAD: tl.constexpr, R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """out = act(acc [+ (s * xa) @ B^T] + bias + alpha * residual), stored once. Shared
+    by every GEMM kernel, so the epilogue cannot drift between them."""
+    row_ok = rows < M
+    col_ok = cols < N
+    if LORA > 0:
+        # (s * xa) @ B^T, R_BLOCK stacked columns at a time (one step unless precomputed).
+        for r0 in tl.static_range(0, R_PAD, R_BLOCK):
+            rr = r0 + tl.arange(0, R_BLOCK)
+            r_ok = rr < R
+            if LORA == 2:
+                t = tl.load(
+                    xa_ptr + rows[:, None] * R + rr[None, :],
+                    mask=row_ok[:, None] & r_ok[None, :],
+                    other=0.0,
+                )
+            else:
+                t = xa
+            if MULTI:
+                ids = tl.load(ids_ptr + rows, mask=row_ok, other=-1)
+                owner = rr // RANK  # adapter of each stacked column
+                keep = ids[:, None] == owner[None, :]
+                if PER_ADAPTER_SCALE:
+                    scale = tl.load(scale_ptr + owner, mask=r_ok, other=0.0)
+                    t = tl.where(keep, t * scale[None, :], 0.0)
+                else:
+                    t = tl.where(keep, t * tl.cast(lora_scale, tl.float32), 0.0)
+            else:
+                t = t * tl.cast(lora_scale, tl.float32)
+            bt = tl.load(
+                b_ptr + cols[None, :] * stride_bn + rr[:, None],
+                mask=r_ok[:, None] & col_ok[None, :],
+                other=0.0,
+            )  # B^T chunk (R_BLOCK, BLOCK_N)
+            # The rank-R term is rounded to the input dtype, as the unmerged chain rounds it.
+            acc = mma(t.to(bt.dtype), bt, acc, PRECISION, UPCAST)
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
+    if HAS_RES:
+        res = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0)
+        # alpha arrives as fp64 under torch.compile: pin the epilogue to fp32.
+        acc += tl.cast(alpha, tl.float32) * res.to(tl.float32)
+    acc = _activation(acc, ACTIVATION)
+    tl.store(
+        out_ptr + rows[:, None] * stride_om + cols[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 @triton.jit
@@ -121,16 +184,14 @@ def _gemm_body(
     rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
-    row_ok = rows < M
-    col_ok = cols < N
     # Out-of-range rows / columns read a valid row (wrapped) instead of being masked, so
     # the main loop's loads carry no row or column mask; the store drops them.
     x_ptrs = x_ptr + (rows % M)[:, None] * stride_xm + ks[None, :] * stride_xk
     w_ptrs = w_ptr + (cols % N)[None, :] * stride_wn + ks[:, None] * stride_wk  # W^T (K, N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     rs = tl.arange(0, R_PAD)
+    xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)  # LORA 1: x @ A^T, else unused
     if LORA == 1:
-        xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
         a_ptrs = a_ptr + rs[None, :] * stride_ar + ks[:, None]  # A^T tile (K, R_PAD)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
@@ -151,51 +212,12 @@ def _gemm_body(
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
 
-    if LORA > 0:
-        # (s * xa) @ B^T, R_BLOCK stacked columns at a time (one step unless precomputed).
-        for r0 in tl.static_range(0, R_PAD, R_BLOCK):
-            rr = r0 + tl.arange(0, R_BLOCK)
-            r_ok = rr < R
-            if LORA == 2:
-                t = tl.load(
-                    xa_ptr + rows[:, None] * R + rr[None, :],
-                    mask=row_ok[:, None] & r_ok[None, :],
-                    other=0.0,
-                )
-            else:
-                t = xa
-            if MULTI:
-                ids = tl.load(ids_ptr + rows, mask=row_ok, other=-1)
-                owner = rr // RANK  # adapter of each stacked column
-                keep = ids[:, None] == owner[None, :]
-                if PER_ADAPTER_SCALE:
-                    scale = tl.load(scale_ptr + owner, mask=r_ok, other=0.0)
-                    t = tl.where(keep, t * scale[None, :], 0.0)
-                else:
-                    t = tl.where(keep, t * tl.cast(lora_scale, tl.float32), 0.0)
-            else:
-                t = t * tl.cast(lora_scale, tl.float32)
-            bt = tl.load(
-                b_ptr + cols[None, :] * stride_bn + rr[:, None],
-                mask=r_ok[:, None] & col_ok[None, :],
-                other=0.0,
-            )  # B^T chunk (R_BLOCK, BLOCK_N)
-            # The rank-R term is rounded to the input dtype, as the unmerged chain rounds it.
-            acc = mma(t.to(bt.dtype), bt, acc, PRECISION, UPCAST)
-
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    mask = row_ok[:, None] & col_ok[None, :]
-    if HAS_RES:
-        res = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0)
-        # alpha arrives as fp64 under torch.compile: pin the epilogue to fp32.
-        acc += tl.cast(alpha, tl.float32) * res.to(tl.float32)
-    acc = _activation(acc, ACTIVATION)
-    tl.store(
-        out_ptr + rows[:, None] * stride_om + cols[None, :],
-        acc.to(out_ptr.dtype.element_ty),
-        mask=mask,
-    )
+    _epilogue(
+        acc, rows, cols, M, N, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
+        stride_rm, stride_om, stride_bn, alpha, lora_scale, xa,
+        HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
+        PRECISION, UPCAST,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -243,24 +265,31 @@ def _lora_kernel(
 
 
 @triton.jit
-def _linear_tma_kernel(
+def _tma_body(
     x_desc,  # TensorDescriptor over x (M, K), block (BLOCK_M, BLOCK_K)
     w_desc,  # TensorDescriptor over W (N, K), block (BLOCK_N, BLOCK_K)
-    bias_ptr, res_ptr, out_ptr,  # as in _gemm_body
-    M, N, K, stride_rm, stride_om, alpha,
+    bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,  # as in _gemm_body
+    M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
+    LORA: tl.constexpr, MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr,
+    R_PAD: tl.constexpr, R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+    FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr,
 ):  # fmt: skip
-    """Experimental (FUSEML_GEMM=tma, not yet measured): persistent grid, tiles loaded by
-    the Hopper tensor-memory accelerator (TMA). The copy engine zero-fills past K, M and N,
-    so the main loop has no masks or index math. The epilogue repeats _gemm_body's (the same
-    tests check both); once this kernel is measured, one shared epilogue helper."""
+    """Hopper+ (see use_tma): a persistent grid (one program per SM, tiles in grouped
+    order) whose tiles are loaded by the tensor-memory accelerator (TMA), which zero-fills
+    past K, M and N: no masks or index math in the main loop. FLATTEN lets Triton pipeline
+    the tile and K loops as one (faster on H100: NOTES.md). LORA 0 or 2 (precomputed xa)."""
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_tiles_n
-    for tile in tl.range(tl.program_id(0), n_tiles_m * n_tiles_n, NUM_PROGRAMS):
+    xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)  # unused: LORA 1 is pointer-only
+    for tile in tl.range(
+        tl.program_id(0), n_tiles_m * n_tiles_n, NUM_PROGRAMS, flatten=FLATTEN,
+        warp_specialize=WARP_SPEC,
+    ):  # fmt: skip
         first_m = (tile // per_group) * GROUP_M
         group_rows = tl.minimum(n_tiles_m - first_m, GROUP_M)
         pid_m = first_m + (tile % per_group) % group_rows
@@ -274,21 +303,84 @@ def _linear_tma_kernel(
             acc = mma(xt, wt.T, acc, PRECISION, UPCAST)
         rows = off_m.to(tl.int64) + tl.arange(0, BLOCK_M)
         cols = off_n.to(tl.int64) + tl.arange(0, BLOCK_N)
-        col_ok = cols < N
-        mask = (rows < M)[:, None] & col_ok[None, :]
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        if HAS_RES:
-            res = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0)
-            acc += tl.cast(alpha, tl.float32) * res.to(tl.float32)
-        acc = _activation(acc, ACTIVATION)
-        out = acc.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=mask)
+        _epilogue(
+            acc, rows, cols, M, N, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr,
+            scale_ptr, stride_rm, stride_om, stride_bn, alpha, lora_scale, xa,
+            HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK,
+            PER_ADAPTER_SCALE, PRECISION, UPCAST,
+        )  # fmt: skip
 
 
-def tma_requested() -> bool:
-    """FUSEML_GEMM=tma: plain linear layers through _linear_tma_kernel (experimental)."""
-    return os.environ.get("FUSEML_GEMM", "") == "tma"
+@triton.jit
+def _linear_tma_kernel(
+    x_desc, w_desc, bias_ptr, res_ptr, out_ptr,  # as in _tma_body
+    M, N, K, stride_rm, stride_om, alpha,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+    FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False,
+):  # fmt: skip
+    """Plain linear layers through _tma_body (the fewest launch arguments)."""
+    _tma_body(
+        x_desc, w_desc, bias_ptr, res_ptr, out_ptr, out_ptr, out_ptr, out_ptr, out_ptr,
+        M, N, K, stride_rm, stride_om, 0, alpha, 1.0,
+        HAS_BIAS, HAS_RES, ACTIVATION, 0, False, 1, 1, 16, 16, False, PRECISION, UPCAST,
+        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN, WARP_SPEC,
+    )  # fmt: skip
+
+
+@triton.jit
+def _lora_tma_kernel(
+    x_desc, w_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
+    M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
+    MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, R_PAD: tl.constexpr,
+    R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+    FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False,
+):  # fmt: skip
+    """LoRA layers with the precomputed x @ A^T (LORA 2) through _tma_body."""
+    _tma_body(
+        x_desc, w_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
+        M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
+        HAS_BIAS, HAS_RES, ACTIVATION, 2, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
+        PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN,
+        WARP_SPEC,
+    )  # fmt: skip
+
+
+TMA_MIN_M = 512  # rows from which plain linear layers default to the TMA kernel (below:
+# few tiles per SM, and the measured win is on the compute-bound shapes; see NOTES.md)
+
+
+def gemm_mode() -> str:
+    """FUSEML_GEMM: auto (TMA kernel where it applies, see use_tma), tma or ptr (force)."""
+    mode = os.environ.get("FUSEML_GEMM", "auto") or "auto"
+    if mode not in ("auto", "tma", "ptr"):
+        raise ValueError(f"FUSEML_GEMM must be 'auto', 'tma' or 'ptr', got {mode!r}")
+    return mode
+
+
+@functools.cache
+def _has_tma(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9  # Hopper and later
+
+
+def use_tma(x: torch.Tensor, weight: torch.Tensor, traced: bool) -> bool:
+    """Does this plain linear call take _linear_tma_kernel? Only on direct launches (the
+    op traced by torch.compile keeps the pointer kernel), only for TMA-compatible layouts;
+    by default on Hopper+ GPUs from TMA_MIN_M rows (FUSEML_GEMM=tma / ptr force it)."""
+    if traced:
+        return False
+    mode = gemm_mode()
+    if mode == "ptr" or not tma_eligible(x, weight):
+        return False
+    if mode == "tma":
+        return True
+    return x.is_cuda and x.shape[0] >= TMA_MIN_M and _has_tma(x.get_device())
 
 
 def tma_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -304,7 +396,11 @@ def tma_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def _launch_tma(out, x, weight, bias, residual, alpha, activation, config) -> None:
+def _launch_tma(
+    out, x, weight, bias, residual, alpha, activation, config, lora=None, **variant
+) -> None:
+    """One launch of the TMA kernel. lora: None, or (lora_b, xa, ids, scales, lora_scale,
+    rank, r_block) for LORA 2 (x @ A^T precomputed)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     m, k = x.shape
@@ -312,14 +408,31 @@ def _launch_tma(out, x, weight, bias, residual, alpha, activation, config) -> No
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     tiles = cdiv(m, bm) * cdiv(n, bn)
     programs = tiles if not x.is_cuda else min(tiles, sm_count(x.get_device()))
-    _linear_tma_kernel[(programs,)](
-        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
-        x if bias is None else bias, x if residual is None else residual, out,
-        m, n, k, 0 if residual is None else residual.stride(0), out.stride(0), float(alpha),
+    x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
+    w_desc = TensorDescriptor.from_tensor(weight, [bn, bk])
+    bias_arg = out if bias is None else bias
+    res_arg = out if residual is None else residual
+    stride_rm = 0 if residual is None else residual.stride(0)
+    common = dict(
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACTIVATION=activation,
         PRECISION=dot_precision(x.dtype), UPCAST=triton_interpreting(),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], NUM_PROGRAMS=programs,
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        num_warps=config["num_warps"], num_stages=config["num_stages"], **variant,
+    )  # fmt: skip
+    if lora is None:
+        _linear_tma_kernel[(programs,)](
+            x_desc, w_desc, bias_arg, res_arg, out,
+            m, n, k, stride_rm, out.stride(0), float(alpha), **common,
+        )  # fmt: skip
+        return
+    lora_b, xa, ids, scales, lora_scale, rank, r_block = lora
+    r = lora_b.shape[1]
+    _lora_tma_kernel[(programs,)](
+        x_desc, w_desc, bias_arg, res_arg, out, lora_b, xa,
+        out if ids is None else ids, out if scales is None else scales,
+        m, n, k, stride_rm, out.stride(0), lora_b.stride(0), float(alpha), float(lora_scale),
+        MULTI=ids is not None, R=r, RANK=max(rank, 1), R_PAD=max(16, next_pow2(r)),
+        R_BLOCK=r_block, PER_ADAPTER_SCALE=scales is not None, **common,
     )  # fmt: skip
 
 
@@ -349,10 +462,12 @@ def launch_linear(
     lora_scale: float = 1.0,
     rank: int = 1,
     traced: bool = False,
+    tma: bool = False,
 ) -> None:
     """One launch of ``_linear_kernel``; x (M, K), weight (N, K), out (M, N), all validated.
 
     lora_a (R, K) and lora_b (N, R) are the stacked adapters; ``rank`` the per-adapter rank.
+    tma: through the TMA kernel (the caller checked ``use_tma``); not for LORA_IN_LOOP.
     """
     if launches_skipped():
         return
@@ -367,8 +482,11 @@ def launch_linear(
     even_k = k % config["BLOCK_K"] == 0
     precision = dot_precision(x.dtype)
     upcast = triton_interpreting()
-    if lora == LORA_NONE and not traced and tma_requested() and tma_eligible(x, weight):
-        _launch_tma(out, x, weight, bias, residual, alpha, activation, config)
+    if tma and lora != LORA_IN_LOOP:
+        extra = None
+        if lora == LORA_PRECOMPUTED:
+            extra = (lora_b, xa, ids, scales, lora_scale, rank, r_block)
+        _launch_tma(out, x, weight, bias, residual, alpha, activation, config, extra)
         return
     if lora == LORA_NONE:
         kernel = torch.library.wrap_triton(_linear_kernel) if traced else _linear_kernel
@@ -479,8 +597,6 @@ def choose_config(
     See ``fuseml.ops._tune.choose``: memo, then the on-disk table, then tuning.
     """
     m = x.shape[0]
-    if op == "linear" and not extra and tma_requested():
-        extra = "tma"  # its own tuning entries: the best tiles differ from the pointer kernel's
     if type(m) is not int or type(n) is not int or type(k) is not int:
         # Symbolic sizes (torch.compile with dynamic shapes): no bucket to look up.
         hint = m if type(m) is int else 64

@@ -85,7 +85,15 @@ def gpu_time_ms(fn: Callable[[], object]) -> float:
     """
     import triton.testing
 
-    return triton.testing.do_bench_cudagraph(fn, rep=10)
+    # do_bench_cudagraph runs on a stream of its own. The caller's stream may still have
+    # queued kernels reading memory that the timed calls write (the output of a layer is
+    # often a block the allocator just took back from a tensor those kernels still read):
+    # let that stream drain first. (Without this, a DLRM's first, tuning call got a few
+    # wrong rows.)
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench_cudagraph(fn, rep=10)
+    torch.cuda.synchronize()
+    return ms
 
 
 def entry_count(folder: Path | None = None) -> tuple[int, int]:

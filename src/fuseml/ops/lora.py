@@ -107,16 +107,17 @@ def lora_rows(
     if not in_loop:  # x @ A^T in float32, by the same kernel
         xa = linear_rows(x2, a_stacked, None, None, 1.0, 0, traced=traced, out_dtype=torch.float32)
     mode = _gemm.LORA_IN_LOOP if in_loop else _gemm.LORA_PRECOMPUTED
+    tma = not in_loop and _gemm.use_tma(x2, weight, traced)
 
     def run(cfg: dict) -> None:
         _gemm.launch_linear(
             out, x2, weight, b, None, 1.0, code, cfg,
             lora=mode, lora_a=a_stacked, lora_b=b_stacked, xa=xa, ids=ids, scales=scales,
-            lora_scale=scaling, rank=rank, traced=traced,
+            lora_scale=scaling, rank=rank, traced=traced, tma=tma,
         )  # fmt: skip
 
     if m and n:
-        extra = f"lora{mode}r{r_pad}{'m' if ids is not None else ''}"
+        extra = f"lora{mode}r{r_pad}{'m' if ids is not None else ''}{'tma' if tma else ''}"
         run(_gemm.choose_config("linear", x2, n, k, run, extra))
     return out.view(*x.shape[:-1], n)
 

@@ -88,10 +88,21 @@ def child(spec_json: str) -> None:
     fn = _problem(json.loads(spec_json), "cuda")
     torch.cuda.synchronize()
     before, _ = _tune.entry_count()
+    profile = os.environ.get("FUSEML_TUNING_PROFILE")  # diagnosis: where the first call goes
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     t0 = time.perf_counter()
     fn()
     torch.cuda.synchronize()
     first = time.perf_counter() - t0
+    if profile:
+        import pstats
+
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(int(profile))
     t0 = time.perf_counter()
     fn()
     torch.cuda.synchronize()

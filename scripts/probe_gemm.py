@@ -1,0 +1,100 @@
+"""GPU sweep of the GEMM main loop on large shapes (tuning work, not the benchmark).
+
+    PYTHONPATH=src python scripts/probe_gemm.py [M,K,N ...]
+
+For each shape (default 4096,4096,4096 and 4096,4096,11008; bf16, bias + GELU-tanh):
+cuBLAS (F.linear + gelu, and cuBLASLt's fused epilogue), then every large-tile candidate
+of the pointer kernel and the first four of the persistent TMA kernel, with and without
+`flatten` and warp specialisation of its tile loop. GPU time per call from CUDA-graph
+replays; TFLOP/s; ratio to the best cuBLAS arm. Variants that fail to compile are listed
+with their error and skipped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+from fuseml.ops import _elementwise as ew
+from fuseml.ops import _gemm
+from fuseml.testing import rel_err
+
+DT = torch.bfloat16
+GELU = ew.ACT_CODE["gelu_tanh"]
+
+
+def bench_us(fn) -> float:
+    return triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
+
+
+def sweep(m: int, k: int, n: int) -> None:
+    x = torch.randn(m, k, device="cuda", dtype=DT)
+    w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=DT)
+    out = torch.empty(m, n, device="cuda", dtype=DT)
+    ref = F.gelu(F.linear(x, w, b), approximate="tanh")
+    flop = 2.0 * m * n * k
+
+    def show(name: str, us: float, best: float | None, err: str = "") -> None:
+        ratio = f"{best / us:5.2f}x of best cuBLAS" if best else ""
+        print(f"  {name:58s} {us:9.1f} us {flop / us / 1e6:7.1f} TFLOP/s {ratio} {err}", flush=True)
+
+    print(f"== M={m} K={k} N={n} bf16, bias + gelu_tanh", flush=True)
+    peers = {
+        "cublas F.linear + gelu": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
+        "cublasLt addmm_activation(gelu)": lambda: torch._addmm_activation(
+            b, x, w.t(), use_gelu=True
+        ),
+    }
+    times = {name: bench_us(fn) for name, fn in peers.items()}
+    best = min(times.values())
+    for name, us in times.items():
+        show(name, us, best)
+    results = []
+    for cfg in _gemm._LARGE:
+        tag = "ptr bm{BLOCK_M} bn{BLOCK_N} bk{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
+
+        def run(cfg=cfg):
+            _gemm.launch_linear(out, x, w, b, None, 1.0, GELU, cfg)
+
+        results.append((tag, run))
+    for cfg, flatten, ws in itertools.product(_gemm._LARGE[:4], (False, True), (False, True)):
+        tag = "tma bm{BLOCK_M} bn{BLOCK_N} bk{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
+        tag += (" flatten" if flatten else "") + (" ws" if ws else "")
+
+        def run(cfg=cfg, flatten=flatten, ws=ws):
+            _gemm._launch_tma(out, x, w, b, None, 1.0, GELU, cfg, FLATTEN=flatten, WARP_SPEC=ws)
+
+        results.append((tag, run))
+    timed = []
+    for tag, run in results:
+        try:
+            out.fill_(float("nan"))
+            run()
+            torch.cuda.synchronize()
+            err = rel_err(out, ref)
+            us = bench_us(run)
+        except Exception as e:  # a variant this Triton / GPU cannot build or run
+            print(f"  {tag:58s} failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
+            continue
+        timed.append((us, tag))
+        show(tag, us, best, f"err={err:.1e}")
+    for us, tag in sorted(timed)[:3]:
+        print(f"  best: {tag} {us:.1f} us ({best / us:.2f}x of best cuBLAS)")
+
+
+def main() -> None:
+    shapes = [tuple(int(v) for v in a.split(",")) for a in sys.argv[1:]] or [
+        (4096, 4096, 4096),
+        (4096, 4096, 11008),
+    ]
+    for m, k, n in shapes:
+        sweep(m, k, n)
+
+
+if __name__ == "__main__":
+    main()
