@@ -358,3 +358,18 @@ def test_module_parameters_launch_directly_outside_autograd():
 
     with torch.no_grad():
         assert needs_dispatch(x.as_subclass(Sub), w)
+
+
+def test_tuning_where_no_config_runs_keeps_nothing(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
+    monkeypatch.setattr(_tune, "autotune_enabled", lambda: True)
+    monkeypatch.setattr(_tune, "_tables", {})
+
+    def bench(cfg):
+        raise RuntimeError("out of resource: shared memory")
+
+    with caplog.at_level("WARNING", logger="fuseml"):
+        got = _tune.tuned(torch.device("cpu"), "k", [{"a": 1}, {"a": 2}], bench, {"a": 0})
+    assert got == {"a": 0}
+    assert "none of 2 configs ran" in caplog.text and "shared memory" in caplog.text
+    assert not list(tmp_path.glob("tune/*.json"))

@@ -183,3 +183,23 @@ def _bad(**over):
 def test_lora_bad_input(over, exc, words):
     with pytest.raises(exc, match=re.escape(words)):
         _bad(**over)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(("adapters", "r"), [(1, 16), (4, 16), (16, 16)])
+def test_lora_large_batch_tuned_gpu(adapters, r, tmp_path, monkeypatch):
+    """Precomputed mode at a batch where Hopper takes the TMA kernel (up to 64 stacked
+    columns; 16 x 16 = 256 keeps the pointer kernel), with tuning on as users run it."""
+    from fuseml.ops import _tune
+
+    monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
+    monkeypatch.setattr(_tune, "_memo", {})
+    monkeypatch.setattr(_tune, "_tables", {})
+    dtype = torch.bfloat16
+    w, b, a, bb = _layer(512, 384, r, dtype, "cuda", adapters=adapters)
+    x = torch.randn(1500, 512, dtype=dtype, device="cuda")
+    ids = torch.randint(-1, adapters, (1500,), device="cuda")
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend="triton")
+    assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), dtype)

@@ -376,11 +376,14 @@ def use_tma(x: torch.Tensor, weight: torch.Tensor, traced: bool) -> bool:
     if traced:
         return False
     mode = gemm_mode()
-    if mode == "ptr" or not tma_eligible(x, weight):
-        return False
-    if mode == "tma":
-        return True
-    return x.is_cuda and x.shape[0] >= TMA_MIN_M and _has_tma(x.get_device())
+    if mode == "auto":  # cheapest checks first: this runs on every call
+        return (
+            x.shape[0] >= TMA_MIN_M
+            and x.is_cuda
+            and _has_tma(x.get_device())
+            and tma_eligible(x, weight)
+        )
+    return mode == "tma" and tma_eligible(x, weight)
 
 
 def tma_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -170,14 +170,22 @@ def tuned(
         return default
     start = time.perf_counter()
     best, best_ms = default, float("inf")
+    last_err = None
     for cfg in candidates:
         try:
             ms = bench(cfg)
         except Exception as err:  # a config the device cannot run (shared memory, ...)
             log.debug("fuseml: tuning %s: config %s failed: %s", key, cfg, err)
+            last_err = err
             continue
         if ms < best_ms:
             best, best_ms = cfg, ms
+    if best_ms == float("inf"):  # nothing ran: keep nothing, the launch reports the error
+        log.warning(
+            "fuseml: tuning %s: none of %d configs ran (last error: %s); using the default",
+            key, len(candidates), str(last_err).splitlines()[0] if last_err else "none",
+        )  # fmt: skip
+        return default
     log.info(
         "fuseml: tuned %s in %.1f s over %d configs: %s (%.4f ms)",
         key, time.perf_counter() - start, len(candidates), best, best_ms,

@@ -38,6 +38,7 @@ from fuseml.runtime import resolve_backend
 # small launch so the main GEMM does not redo it for every column tile (see _gemm). A first
 # guess, not a measured crossover: on an H100 (rank 16, 4096 x 4096) the fused layer
 # costs ~1% over the plain GEMM on both sides of it (NOTES.md).
+TMA_MAX_R = 64  # stacked LoRA columns the TMA kernel's epilogue takes (see lora_rows)
 IN_LOOP_MAX_M = 1024
 IN_LOOP_MAX_R = 64  # stacked LoRA columns that fit beside the accumulator in registers
 
@@ -107,7 +108,10 @@ def lora_rows(
     if not in_loop:  # x @ A^T in float32, by the same kernel
         xa = linear_rows(x2, a_stacked, None, None, 1.0, 0, traced=traced, out_dtype=torch.float32)
     mode = _gemm.LORA_IN_LOOP if in_loop else _gemm.LORA_PRECOMPUTED
-    tma = not in_loop and _gemm.use_tma(x2, weight, traced)
+    # TMA for the precomputed mode while the epilogue is one step of at most 64 stacked
+    # columns: more steps, pipelined by the flattened loop, overflow shared memory (H100:
+    # 466 KiB asked for 16 adapters x rank 16).
+    tma = not in_loop and r_pad <= TMA_MAX_R and _gemm.use_tma(x2, weight, traced)
 
     def run(cfg: dict) -> None:
         _gemm.launch_linear(
