@@ -256,7 +256,8 @@ def markdown_table(doc: dict, spec: dict, *, footer: bool = True) -> str:
     "compare": False (no best-peer columns), "fused" (the arm compared with its peers,
     default triton), "reference_arms" (shown, never peers), "extra_ceilings" (named in the
     footer besides copy and bf16 matmul), "ceilings": False (none named), "note" (the
-    footer's last sentences).
+    footer's last sentences), "first_call_arms" (arms whose first-call time, compile_s,
+    the footer reports as a range).
     """
     rows = [r for r in shown_rows(doc, spec) if r.get("numel", 0) >= spec.get("min_numel", 0)]
     arms = [a for a in spec["arms"] if any(r["arm"] == a for r in rows)]
@@ -312,8 +313,21 @@ def markdown_table(doc: dict, spec: dict, *, footer: bool = True) -> str:
         f"{meta['commit']}, {meta['date']}. "
         + (ceilings if spec.get("ceilings", True) else "")
         + spec.get("note", DEFAULT_CELLS_NOTE)
+        + _first_calls(rows, spec)
     )
     return "\n".join(lines)
+
+
+def _first_calls(rows: list[dict], spec: dict) -> str:
+    """' First calls (outside the timing): arm a-b s, ...' for spec['first_call_arms']."""
+    parts = []
+    for arm in spec.get("first_call_arms", ()):
+        secs = [r["compile_s"] for r in rows if r["arm"] == arm and r.get("compile_s")]
+        if secs:
+            lo, hi = min(secs), max(secs)
+            span = f"{lo:.1f} s" if len(secs) == 1 else f"{lo:.1f}-{hi:.1f} s"
+            parts.append(f"{arm} {span} ({len(secs)} case{'s' if len(secs) > 1 else ''})")
+    return " First calls, outside the timing: " + ", ".join(parts) + "." if parts else ""
 
 
 def update_readme(readme: Path, section: str, text: str) -> bool:

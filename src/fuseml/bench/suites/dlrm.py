@@ -137,6 +137,9 @@ README = {
     "ceilings": False,
     "note": (
         "Cells: samples/s (p50 / p99 latency per batch). +graph: the same forward captured "
-        "once in a CUDA graph and replayed (no host launch cost), as a server would run it."
+        "once in a CUDA graph and replayed (no host launch cost), as a server would run it. "
+        "fuseml: fuseml.optimize(model) (bf16; its first call per batch size tunes the "
+        "kernels)."
     ),
+    "first_call_arms": ("compile", "compile-max", "fuseml"),
 }
