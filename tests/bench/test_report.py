@@ -76,6 +76,22 @@ def test_markdown_table_and_readme_update(tmp_path):
     assert not report.update_readme(readme, "results:missing", table)
 
 
+def test_first_call_times_in_the_footer():
+    doc = _doc()
+    for r, secs in zip((r for r in doc["rows"] if r["arm"] == "compile"), (2.0, 4.5)):
+        r["compile_s"] = secs
+    spec = {**_elementwise_spec(), "first_call_arms": ("compile", "triton")}
+    table = report.markdown_table(doc, spec)
+    assert table.endswith("First calls, outside the timing: compile 2.0-4.5 s (2 cases).")
+    assert "First calls" not in report.markdown_table(doc, _elementwise_spec())
+
+
+def _elementwise_spec():
+    from fuseml.bench.suites import elementwise
+
+    return elementwise.README
+
+
 def test_overhead_table_and_summary():
     doc = _doc()
     assert "| add/float32/1000000 | triton-op | 12.5 |" in report.overhead_table(doc)
