@@ -1,13 +1,16 @@
+# ruff: noqa: B023  (closures are called inside the loop iteration that made them)
 """GPU sweep of the GEMM main loop on large shapes (tuning work, not the benchmark).
 
     PYTHONPATH=src python scripts/probe_gemm.py [M,K,N ...]
+    PYTHONPATH=src python scripts/probe_gemm.py lora
 
 For each shape (default 4096,4096,4096 and 4096,4096,11008; bf16, bias + GELU-tanh):
 cuBLAS (F.linear + gelu, and cuBLASLt's fused epilogue), then every large-tile candidate
 of the pointer kernel and the first four of the persistent TMA kernel, with and without
 `flatten` and warp specialisation of its tile loop. GPU time per call from CUDA-graph
 replays; TFLOP/s; ratio to the best cuBLAS arm. Variants that fail to compile are listed
-with their error and skipped.
+with their error and skipped. `lora`: rank 16 / 64 and 4 adapters at M = 4096 against the
+merged weight, for the fused modes (default, experimental in-loop TMA, in-loop pointer).
 """
 
 from __future__ import annotations
@@ -87,7 +90,66 @@ def sweep(m: int, k: int, n: int) -> None:
         print(f"  best: {tag} {us:.1f} us ({best / us:.2f}x of best cuBLAS)")
 
 
+def lora_sweep(m: int = 4096, k: int = 4096, n: int = 4096) -> None:
+    """LoRA at large M: merged cuBLAS vs the fused modes (each first call tunes)."""
+    import os
+
+    import fuseml
+    from fuseml.ops import lora as lora_mod
+
+    for adapters, r in ((None, 16), (None, 64), (4, 16)):
+        x = torch.randn(m, k, device="cuda", dtype=DT)
+        w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
+        b = torch.randn(n, device="cuda", dtype=DT)
+        lead = () if adapters is None else (adapters,)
+        a = torch.randn(*lead, r, k, device="cuda", dtype=DT) / k**0.5
+        bb = torch.randn(*lead, n, r, device="cuda", dtype=DT) / r**0.5
+        ids = None if adapters is None else torch.randint(0, adapters, (m,), device="cuda")
+        ref = lora_mod.lora_linear_ref(x, w, b, a, bb, 2.0, "relu", ids)
+        print(f"== LoRA M={m} K={k} N={n} rank {r} adapters {adapters or 1}, bf16, relu")
+        if adapters is None:
+            merged = w + 2.0 * (bb @ a)
+            t_merged = bench_us(lambda: torch.relu(F.linear(x, merged, b)))
+            print(f"  {'merged weight, cuBLAS':44s} {t_merged:9.1f} us")
+        else:
+            t_merged = None
+        variants = {
+            "fused, default (precomputed, TMA)": {},
+            "fused, in-loop inside TMA (experimental)": {"FUSEML_LORA_TMA_IN_LOOP": "1"},
+            "fused, in-loop, pointer kernel": {"FUSEML_GEMM": "ptr", "IN_LOOP_MAX_M": m},
+        }
+        for name, env in variants.items():
+            saved = {key: os.environ.get(key) for key in env if key.isupper() and "MAX" not in key}
+            limit = lora_mod.IN_LOOP_MAX_M
+            for key, val in env.items():
+                if key == "IN_LOOP_MAX_M":
+                    lora_mod.IN_LOOP_MAX_M = val
+                else:
+                    os.environ[key] = val
+            try:
+
+                def fn():
+                    return fuseml.ops.lora_linear(x, w, b, a, bb, 2.0, "relu", adapter_ids=ids)
+
+                err = rel_err(fn(), ref)
+                us = bench_us(fn)
+                ratio = f"{us / t_merged:5.2f}x merged" if t_merged else ""
+                print(f"  {name:44s} {us:9.1f} us {ratio} err={err:.1e}", flush=True)
+            except Exception as e:
+                print(f"  {name:44s} failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}")
+            finally:
+                lora_mod.IN_LOOP_MAX_M = limit
+                for key, val in saved.items():
+                    if val is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = val
+
+
 def main() -> None:
+    if sys.argv[1:] == ["lora"]:
+        lora_sweep()
+        return
     shapes = [tuple(int(v) for v in a.split(",")) for a in sys.argv[1:]] or [
         (4096, 4096, 4096),
         (4096, 4096, 11008),

@@ -29,15 +29,20 @@ def _ref64(x, w, b, a, bb, s, act=None, ids=None):
     return lora_linear_ref(_up(x), _up(w), _up(b), _up(a), _up(bb), s, act, ids)
 
 
-@pytest.fixture(params=["in_loop", "precomputed", "precomputed-tma"])
+@pytest.fixture(params=["in_loop", "precomputed", "precomputed-tma", "in_loop-tma"])
 def lora_mode(request, monkeypatch):
     """Both LoRA modes of the kernel: x @ A^T inside the K loop, or from a first launch;
-    the precomputed mode also through the TMA kernel (where the rows are 16-byte aligned)."""
+    both also through the TMA kernel (where the rows are 16-byte aligned; in-loop TMA is
+    the experimental FUSEML_LORA_TMA_IN_LOOP=1, here forced at every M)."""
     monkeypatch.setenv("FUSEML_GEMM", "ptr")
+    monkeypatch.delenv("FUSEML_LORA_TMA_IN_LOOP", raising=False)
     if request.param.startswith("precomputed"):
         monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 0)
-    if request.param == "precomputed-tma":
+    if request.param.endswith("-tma"):
         monkeypatch.setenv("FUSEML_GEMM", "tma")
+    if request.param == "in_loop-tma":
+        monkeypatch.setenv("FUSEML_LORA_TMA_IN_LOOP", "1")
+        monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 0)  # in-loop only through TMA
     return request.param
 
 

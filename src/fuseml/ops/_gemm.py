@@ -268,6 +268,7 @@ def _lora_kernel(
 def _tma_body(
     x_desc,  # TensorDescriptor over x (M, K), block (BLOCK_M, BLOCK_K)
     w_desc,  # TensorDescriptor over W (N, K), block (BLOCK_N, BLOCK_K)
+    a_desc,  # LORA 1: TensorDescriptor over stacked A (R, K), block (R_PAD, BLOCK_K)
     bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,  # as in _gemm_body
     M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
@@ -281,11 +282,13 @@ def _tma_body(
     """Hopper+ (see use_tma): a persistent grid (one program per SM, tiles in grouped
     order) whose tiles are loaded by the tensor-memory accelerator (TMA), which zero-fills
     past K, M and N: no masks or index math in the main loop. FLATTEN lets Triton pipeline
-    the tile and K loops as one (faster on H100: NOTES.md). LORA 0 or 2 (precomputed xa)."""
+    the tile and K loops as one (faster on H100: NOTES.md). LORA 1: x @ A^T accumulated
+    from the x tiles already in shared memory (A's rows past R arrive as zeros); LORA 2:
+    precomputed xa read by the epilogue."""
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_tiles_n
-    xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)  # unused: LORA 1 is pointer-only
+    xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
     for tile in tl.range(
         tl.program_id(0), n_tiles_m * n_tiles_n, NUM_PROGRAMS, flatten=FLATTEN,
         warp_specialize=WARP_SPEC,
@@ -297,10 +300,15 @@ def _tma_body(
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if LORA == 1:
+            xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             xt = x_desc.load([off_m, k0])
             wt = w_desc.load([off_n, k0])
             acc = mma(xt, wt.T, acc, PRECISION, UPCAST)
+            if LORA == 1:
+                at = a_desc.load([0, k0])
+                xa = mma(xt, at.T, xa, PRECISION, UPCAST)
         rows = off_m.to(tl.int64) + tl.arange(0, BLOCK_M)
         cols = off_n.to(tl.int64) + tl.arange(0, BLOCK_N)
         _epilogue(
@@ -323,7 +331,7 @@ def _linear_tma_kernel(
 ):  # fmt: skip
     """Plain linear layers through _tma_body (the fewest launch arguments)."""
     _tma_body(
-        x_desc, w_desc, bias_ptr, res_ptr, out_ptr, out_ptr, out_ptr, out_ptr, out_ptr,
+        x_desc, w_desc, x_desc, bias_ptr, res_ptr, out_ptr, out_ptr, out_ptr, out_ptr, out_ptr,
         M, N, K, stride_rm, stride_om, 0, alpha, 1.0,
         HAS_BIAS, HAS_RES, ACTIVATION, 0, False, 1, 1, 16, 16, False, PRECISION, UPCAST,
         BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN, WARP_SPEC,
@@ -332,21 +340,21 @@ def _linear_tma_kernel(
 
 @triton.jit
 def _lora_tma_kernel(
-    x_desc, w_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
+    x_desc, w_desc, a_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
     M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
-    MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, R_PAD: tl.constexpr,
+    LORA: tl.constexpr, MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, R_PAD: tl.constexpr,
     R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False,
 ):  # fmt: skip
-    """LoRA layers with the precomputed x @ A^T (LORA 2) through _tma_body."""
+    """LoRA layers (LORA 1 in-loop, 2 precomputed) through _tma_body."""
     _tma_body(
-        x_desc, w_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
+        x_desc, w_desc, a_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
         M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
-        HAS_BIAS, HAS_RES, ACTIVATION, 2, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
+        HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
         PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN,
         WARP_SPEC,
     )  # fmt: skip
@@ -402,8 +410,9 @@ def tma_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def _launch_tma(
     out, x, weight, bias, residual, alpha, activation, config, lora=None, **variant
 ) -> None:
-    """One launch of the TMA kernel. lora: None, or (lora_b, xa, ids, scales, lora_scale,
-    rank, r_block) for LORA 2 (x @ A^T precomputed)."""
+    """One launch of the TMA kernel. lora: None, or (mode, lora_a, lora_b, xa, ids,
+    scales, lora_scale, rank, r_block) with mode LORA_IN_LOOP (lora_a read through its own
+    descriptor) or LORA_PRECOMPUTED (xa = x @ A^T given)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     m, k = x.shape
@@ -428,14 +437,18 @@ def _launch_tma(
             m, n, k, stride_rm, out.stride(0), float(alpha), **common,
         )  # fmt: skip
         return
-    lora_b, xa, ids, scales, lora_scale, rank, r_block = lora
+    mode, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block = lora
     r = lora_b.shape[1]
+    r_pad = max(16, next_pow2(r))
+    a_desc = x_desc
+    if mode == LORA_IN_LOOP:
+        a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, bk])
     _lora_tma_kernel[(programs,)](
-        x_desc, w_desc, bias_arg, res_arg, out, lora_b, xa,
+        x_desc, w_desc, a_desc, bias_arg, res_arg, out, lora_b, out if xa is None else xa,
         out if ids is None else ids, out if scales is None else scales,
         m, n, k, stride_rm, out.stride(0), lora_b.stride(0), float(alpha), float(lora_scale),
-        MULTI=ids is not None, R=r, RANK=max(rank, 1), R_PAD=max(16, next_pow2(r)),
-        R_BLOCK=r_block, PER_ADAPTER_SCALE=scales is not None, **common,
+        LORA=mode, MULTI=ids is not None, R=r, RANK=max(rank, 1), R_PAD=r_pad, R_BLOCK=r_block,
+        PER_ADAPTER_SCALE=scales is not None, **common,
     )  # fmt: skip
 
 
@@ -470,7 +483,8 @@ def launch_linear(
     """One launch of ``_linear_kernel``; x (M, K), weight (N, K), out (M, N), all validated.
 
     lora_a (R, K) and lora_b (N, R) are the stacked adapters; ``rank`` the per-adapter rank.
-    tma: through the TMA kernel (the caller checked ``use_tma``); not for LORA_IN_LOOP.
+    tma: through the TMA kernel (the caller checked ``use_tma``; for LORA_IN_LOOP also that
+    lora_a can be read through a descriptor: see ``fuseml.ops.lora``).
     """
     if launches_skipped():
         return
@@ -485,10 +499,10 @@ def launch_linear(
     even_k = k % config["BLOCK_K"] == 0
     precision = dot_precision(x.dtype)
     upcast = triton_interpreting()
-    if tma and lora != LORA_IN_LOOP:
+    if tma:
         extra = None
-        if lora == LORA_PRECOMPUTED:
-            extra = (lora_b, xa, ids, scales, lora_scale, rank, r_block)
+        if lora != LORA_NONE:
+            extra = (lora, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block)
         _launch_tma(out, x, weight, bias, residual, alpha, activation, config, extra)
         return
     if lora == LORA_NONE:

@@ -15,6 +15,7 @@ serves a mixed batch; the adapters are stacked along r so each row keeps its own
 from __future__ import annotations
 
 import numbers
+import os
 from collections.abc import Sequence
 
 import torch
@@ -39,6 +40,13 @@ from fuseml.runtime import resolve_backend
 # guess, not a measured crossover: on an H100 (rank 16, 4096 x 4096) the fused layer
 # costs ~1% over the plain GEMM on both sides of it (NOTES.md).
 TMA_MAX_R = 64  # stacked LoRA columns the TMA kernel's epilogue takes (see lora_rows)
+
+
+def tma_in_loop_requested() -> bool:
+    """FUSEML_LORA_TMA_IN_LOOP=1: the in-loop LoRA mode inside the TMA kernel (experimental)."""
+    return os.environ.get("FUSEML_LORA_TMA_IN_LOOP", "0") == "1"
+
+
 IN_LOOP_MAX_M = 1024
 IN_LOOP_MAX_R = 64  # stacked LoRA columns that fit beside the accumulator in registers
 
@@ -103,15 +111,24 @@ def lora_rows(
     b = None if bias is None else bias.contiguous()
     r = a_stacked.shape[0]
     r_pad = max(16, next_pow2(r))  # as launch_linear pads it
-    in_loop = r_pad <= IN_LOOP_MAX_R and (type(m) is not int or m <= IN_LOOP_MAX_M)
+    # The TMA kernel while the epilogue is one step of at most 64 stacked columns: more
+    # steps, pipelined by the flattened loop, overflow shared memory (H100: 466 KiB asked
+    # for 16 adapters x rank 16).
+    tma_ok = r_pad <= TMA_MAX_R and _gemm.use_tma(x2, weight, traced)
+    # Experimental (FUSEML_LORA_TMA_IN_LOOP=1, not yet measured): the in-loop mode inside
+    # the TMA kernel at any M, instead of a second launch for x @ A^T.
+    in_loop_tma = (
+        tma_ok
+        and tma_in_loop_requested()
+        and r_pad <= IN_LOOP_MAX_R
+        and _gemm.tma_eligible(a_stacked, a_stacked)
+    )
+    in_loop = in_loop_tma or (r_pad <= IN_LOOP_MAX_R and (type(m) is not int or m <= IN_LOOP_MAX_M))
+    tma = tma_ok and (in_loop_tma or not in_loop)
     xa = None
     if not in_loop:  # x @ A^T in float32, by the same kernel
         xa = linear_rows(x2, a_stacked, None, None, 1.0, 0, traced=traced, out_dtype=torch.float32)
     mode = _gemm.LORA_IN_LOOP if in_loop else _gemm.LORA_PRECOMPUTED
-    # TMA for the precomputed mode while the epilogue is one step of at most 64 stacked
-    # columns: more steps, pipelined by the flattened loop, overflow shared memory (H100:
-    # 466 KiB asked for 16 adapters x rank 16).
-    tma = not in_loop and r_pad <= TMA_MAX_R and _gemm.use_tma(x2, weight, traced)
 
     def run(cfg: dict) -> None:
         _gemm.launch_linear(
