@@ -4,10 +4,13 @@
     h  += (s * (x @ A^T)) @ B^T                     LoRA, optional (see LORA modes)
     out = act(h + bias + alpha * residual)          rounded once to the output dtype
 
-One kernel serves plain linear layers and LoRA layers, so the epilogue cannot drift
-between them. Tiles are visited in grouped order (GROUP_M row-tiles share each column
-strip of W while it is in L2). Tile sizes come from ``fuseml.ops._tune``: measured once per
-device and shape bucket and kept on disk.
+Two main loops share one epilogue (``_epilogue``), so plain and LoRA layers, and both
+loops, compute the same thing: ``_gemm_body`` (pointer loads, any layout and GPU) and
+``_tma_body`` (Hopper+: a persistent grid whose tiles the tensor-memory accelerator loads;
+taken from ``TMA_MIN_M`` rows where rows are 16-byte aligned, see ``use_tma``). Tiles are
+visited in grouped order (GROUP_M row-tiles share each column strip of W while it is in
+L2). Tile sizes come from ``fuseml.ops._tune``: measured once per device and shape bucket
+and kept on disk.
 
 LoRA modes (constexpr LORA):
   1  in-loop: the (BLOCK_M, R) product x @ A^T is accumulated inside the main K loop from
