@@ -17,8 +17,9 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run tests 180 "$PY" -m pytest -q -m gpu -n 8 -rf tests/ops/test_lora.py tests/ops/test_linear.py
-run softmax 220 "$PY" scripts/probe_softmax.py
-run gemm-lora 140 "$PY" scripts/probe_gemm.py lora
+run tests 170 "$PY" -m pytest -q -m gpu -n 8 -rf tests/ops/test_lora.py tests/ops/test_linear.py
+run softmax 150 "$PY" scripts/probe_softmax.py
+run gemm-lora 120 "$PY" scripts/probe_gemm.py lora
+run gemm-small 120 "$PY" scripts/probe_gemm.py small
 tail -3 "$OUT/tests.txt"
 tar czf "$OUT/probes.tgz" -C "$OUT" --exclude probes.tgz .

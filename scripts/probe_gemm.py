@@ -3,6 +3,7 @@
 
     PYTHONPATH=src python scripts/probe_gemm.py [M,K,N ...]
     PYTHONPATH=src python scripts/probe_gemm.py lora
+    PYTHONPATH=src python scripts/probe_gemm.py small
 
 For each shape (default 4096,4096,4096 and 4096,4096,11008; bf16, bias + GELU-tanh):
 cuBLAS (F.linear + gelu, and cuBLASLt's fused epilogue), then every large-tile candidate
@@ -11,6 +12,8 @@ of the pointer kernel and the first four of the persistent TMA kernel, with and 
 replays; TFLOP/s; ratio to the best cuBLAS arm. Variants that fail to compile are listed
 with their error and skipped. `lora`: rank 16 / 64 and 4 adapters at M = 4096 against the
 merged weight, for the fused modes (default, experimental in-loop TMA, in-loop pointer).
+`small`: M = 1 / 16 / 64 (weight-read bound), a wider tile sweep than the tuner's
+candidates, to choose the small-M candidate list.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import triton
 import triton.testing
 
 from fuseml.ops import _elementwise as ew
@@ -146,9 +150,61 @@ def lora_sweep(m: int = 4096, k: int = 4096, n: int = 4096) -> None:
                         os.environ[key] = val
 
 
+def small_sweep(k: int = 4096, n: int = 4096) -> None:
+    """Decode-like rows (M = 1, 16, 64): a config sweep wider than the tuner's candidates,
+    pointer and TMA kernels, against cuBLAS. These shapes are bound by the weight read
+    (k x n x 2 bytes), so GB/s of W is the number that matters."""
+    import itertools
+
+    for m in (1, 16, 64):
+        x = torch.randn(m, k, device="cuda", dtype=DT)
+        w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
+        b = torch.randn(n, device="cuda", dtype=DT)
+        out = torch.empty(m, n, device="cuda", dtype=DT)
+        ref = torch.relu(F.linear(x, w, b))
+        w_bytes = w.numel() * w.element_size()
+        print(f"== M={m} K={k} N={n} bf16 + bias + relu (weights {w_bytes / 2**20:.0f} MiB)")
+        timed = []
+        for name, fn in (
+            ("cublas F.linear + relu", lambda: torch.relu(F.linear(x, w, b))),
+            ("cublasLt addmm_activation", lambda: torch._addmm_activation(b, x, w.t())),
+        ):
+            us = bench_us(fn)
+            timed.append((us, name))
+            print(f"  {name:50s} {us:8.1f} us {w_bytes / us / 1e3:7.0f} GB/s of W")
+        best_peer = min(timed)[0]
+        bm = max(16, triton.next_power_of_2(m))
+        for bn, bk, warps, stages, tma in itertools.product(
+            (16, 32, 64), (256, 512), (4,), (3, 5), (False, True)
+        ):
+            cfg = _gemm._cfg(bm, bn, bk, warps, stages)
+            tag = f"{'tma' if tma else 'ptr'} bn{bn} bk{bk} w{warps} s{stages}"
+
+            def run(cfg=cfg, tma=tma):
+                _gemm.launch_linear(out, x, w, b, None, 1.0, 1, cfg, tma=tma)
+
+            try:
+                out.fill_(float("nan"))
+                run()
+                torch.cuda.synchronize()
+                err = rel_err(out, ref)
+                us = bench_us(run)
+            except Exception as e:  # shared memory, box sizes: not buildable here
+                print(f"  {tag:50s} failed: {type(e).__name__}")
+                continue
+            timed.append((us, tag))
+            print(f"  {tag:50s} {us:8.1f} us {w_bytes / us / 1e3:7.0f} GB/s of W "
+                  f"{best_peer / us:5.2f}x best cuBLAS err={err:.1e}", flush=True)  # fmt: skip
+        for us, tag in sorted(timed)[:4]:
+            print(f"  best: {tag} {us:.1f} us ({best_peer / us:.2f}x of best cuBLAS)")
+
+
 def main() -> None:
     if sys.argv[1:] == ["lora"]:
         lora_sweep()
+        return
+    if sys.argv[1:] == ["small"]:
+        small_sweep()
         return
     shapes = [tuple(int(v) for v in a.split(",")) for a in sys.argv[1:]] or [
         (4096, 4096, 4096),
