@@ -20,6 +20,16 @@ def test_env_reports_versions_and_backends():
     assert "backend triton (interpreter)" in out and "backend cuda (C++ twins)" in out
     if not torch.cuda.is_available():
         assert "CPU only" in out and "measured on a GPU only" in out
+        assert "GEMM main loop" in out and "pointer-load kernel" in out
+
+
+def test_env_names_a_forced_or_bad_gemm_path(monkeypatch):
+    monkeypatch.setenv("FUSEML_GEMM", "ptr")
+    out = _flat(runner.invoke(app, ["env", "--no-build-cuda"]).output)
+    assert "forced by FUSEML_GEMM=ptr" in out
+    monkeypatch.setenv("FUSEML_GEMM", "fast")
+    out = _flat(runner.invoke(app, ["env", "--no-build-cuda"]).output)
+    assert "FUSEML_GEMM='fast' is not auto" in out
 
 
 def test_bench_refuses_unknown_suite_and_cpu_timing():

@@ -52,11 +52,31 @@ def env_report(*, remeasure: bool = False, build_cuda: bool = True) -> dict:
         )
     report["backends"] = backends
     report["tuning"] = _tuning_cache()
+    report["gemm"] = _gemm_path(gpu)
     if gpu:
         from fuseml.bench.roofline import ceilings
 
         report["ceilings"] = ceilings(remeasure=remeasure)
     return report
+
+
+def _gemm_path(gpu: bool) -> str:
+    """Which main loop fuseml.ops.linear takes here (fuseml.ops._gemm.use_tma)."""
+    import os
+
+    from fuseml.ops import _gemm
+
+    mode = os.environ.get("FUSEML_GEMM", "auto") or "auto"
+    if mode not in ("auto", "tma", "ptr"):
+        return f"FUSEML_GEMM={mode!r} is not auto, tma or ptr: fused linear calls will fail"
+    if mode != "auto":
+        return f"forced by FUSEML_GEMM={mode}"
+    if gpu and torch.cuda.get_device_capability(0)[0] >= 9:
+        return (
+            f"TMA persistent kernel from {_gemm.TMA_MIN_M} rows (16-byte aligned rows), "
+            "pointer-load kernel otherwise"
+        )
+    return "pointer-load kernel (the TMA kernel needs a Hopper or later GPU)"
 
 
 def _tuning_cache() -> str:
@@ -94,6 +114,7 @@ def print_env(*, remeasure: bool = False, build_cuda: bool = True, console=None)
         mark = "[green]yes[/green]" if ok else "[red]no[/red]"
         t.add_row(f"backend {name}", f"{mark}  {detail}")
     t.add_row("tuning cache", rep["tuning"])
+    t.add_row("GEMM main loop", rep["gemm"])
     if "ceilings" in rep:
         c = rep["ceilings"]
         t.add_row("copy bandwidth", f"{c['copy_gbps']:,.0f} GB/s (read + write)")
