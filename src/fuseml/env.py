@@ -66,12 +66,14 @@ def _gemm_path(gpu: bool) -> str:
 
     from fuseml.ops import _gemm
 
-    mode = os.environ.get("FUSEML_GEMM", "auto") or "auto"
-    if mode not in ("auto", "tma", "ptr"):
-        return f"FUSEML_GEMM={mode!r} is not auto, tma or ptr: fused linear calls will fail"
+    try:
+        mode = _gemm.gemm_mode()
+    except ValueError:
+        bad = os.environ["FUSEML_GEMM"]
+        return f"FUSEML_GEMM={bad!r} is not auto, tma or ptr: fused linear calls will fail"
     if mode != "auto":
         return f"forced by FUSEML_GEMM={mode}"
-    if gpu and torch.cuda.get_device_capability(0)[0] >= 9:
+    if gpu and _gemm._has_tma(0):
         return (
             f"TMA persistent kernel from {_gemm.TMA_MIN_M} rows (16-byte aligned rows), "
             "pointer-load kernel otherwise"

@@ -397,16 +397,11 @@ def use_tma(x: torch.Tensor, weight: torch.Tensor, traced: bool) -> bool:
     return mode == "tma" and tma_eligible(x, weight)
 
 
-def tma_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def tma_eligible(*tensors: torch.Tensor) -> bool:
     """TMA needs unit inner strides, 16-byte aligned row strides and base pointers."""
-    es = x.element_size()
-    return (
-        x.stride(1) == 1
-        and weight.stride(1) == 1
-        and (x.stride(0) * es) % 16 == 0
-        and (weight.stride(0) * es) % 16 == 0
-        and x.data_ptr() % 16 == 0
-        and weight.data_ptr() % 16 == 0
+    return all(
+        t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+        for t in tensors
     )
 
 

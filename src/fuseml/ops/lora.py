@@ -39,16 +39,15 @@ from fuseml.runtime import resolve_backend
 # small launch so the main GEMM does not redo it for every column tile (see _gemm). A first
 # guess, not a measured crossover: on an H100 (rank 16, 4096 x 4096) the fused layer
 # costs ~1% over the plain GEMM on both sides of it (NOTES.md).
+IN_LOOP_MAX_M = 1024
+IN_LOOP_MAX_R = 64  # stacked LoRA columns that fit beside the accumulator in registers
+
 TMA_MAX_R = 64  # stacked LoRA columns the TMA kernel's epilogue takes (see lora_rows)
 
 
 def tma_in_loop_requested() -> bool:
     """FUSEML_LORA_TMA_IN_LOOP=1: the in-loop LoRA mode inside the TMA kernel (experimental)."""
     return os.environ.get("FUSEML_LORA_TMA_IN_LOOP", "0") == "1"
-
-
-IN_LOOP_MAX_M = 1024
-IN_LOOP_MAX_R = 64  # stacked LoRA columns that fit beside the accumulator in registers
 
 
 def _scale_list(scaling, n: int) -> list[float]:
@@ -117,13 +116,11 @@ def lora_rows(
     tma_ok = r_pad <= TMA_MAX_R and _gemm.use_tma(x2, weight, traced)
     # Experimental (FUSEML_LORA_TMA_IN_LOOP=1, not yet measured): the in-loop mode inside
     # the TMA kernel at any M, instead of a second launch for x @ A^T.
+    fits_in_loop = r_pad <= IN_LOOP_MAX_R
     in_loop_tma = (
-        tma_ok
-        and tma_in_loop_requested()
-        and r_pad <= IN_LOOP_MAX_R
-        and _gemm.tma_eligible(a_stacked, a_stacked)
+        tma_ok and fits_in_loop and tma_in_loop_requested() and _gemm.tma_eligible(a_stacked)
     )
-    in_loop = in_loop_tma or (r_pad <= IN_LOOP_MAX_R and (type(m) is not int or m <= IN_LOOP_MAX_M))
+    in_loop = in_loop_tma or (fits_in_loop and (type(m) is not int or m <= IN_LOOP_MAX_M))
     tma = tma_ok and (in_loop_tma or not in_loop)
     xa = None
     if not in_loop:  # x @ A^T in float32, by the same kernel

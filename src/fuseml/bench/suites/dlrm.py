@@ -65,12 +65,7 @@ def _model_arm(model, inputs):
 
 def _compiled_arm(model, inputs, mode: str, tf32: bool):
     compiled = torch.compile(model, dynamic=False, mode=mode)
-
-    def call():
-        with torch.no_grad():
-            return compiled(*inputs)
-
-    return _with_tf32(call, tf32)
+    return _with_tf32(_model_arm(compiled, inputs), tf32)
 
 
 def cases(quick: bool = False, cuda: bool = True):  # cuda: no fused DLRM kernels yet
