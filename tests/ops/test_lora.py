@@ -208,3 +208,11 @@ def test_lora_large_batch_tuned_gpu(adapters, r, tmp_path, monkeypatch):
     ids = torch.randint(-1, adapters, (1500,), device="cuda")
     out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend="triton")
     assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), dtype)
+
+
+def test_lora_tma_in_loop_switch_rejects_other_values(monkeypatch):
+    monkeypatch.setenv("FUSEML_LORA_TMA_IN_LOOP", "yes")
+    with pytest.raises(ValueError, match="FUSEML_LORA_TMA_IN_LOOP must be '0' or '1'"):
+        lora_mod.tma_in_loop_requested()
+    monkeypatch.setenv("FUSEML_LORA_TMA_IN_LOOP", "1")
+    assert lora_mod.tma_in_loop_requested()

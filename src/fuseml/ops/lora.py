@@ -47,7 +47,10 @@ TMA_MAX_R = 64  # stacked LoRA columns the TMA kernel's epilogue takes (see lora
 
 def tma_in_loop_requested() -> bool:
     """FUSEML_LORA_TMA_IN_LOOP=1: the in-loop LoRA mode inside the TMA kernel (experimental)."""
-    return os.environ.get("FUSEML_LORA_TMA_IN_LOOP", "0") == "1"
+    value = os.environ.get("FUSEML_LORA_TMA_IN_LOOP", "0") or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"FUSEML_LORA_TMA_IN_LOOP must be '0' or '1', got {value!r}")
+    return value == "1"
 
 
 def _scale_list(scaling, n: int) -> list[float]:
