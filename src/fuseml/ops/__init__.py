@@ -4,6 +4,7 @@ Importing registers the ``fuseml::*`` custom ops with torch; nothing is compiled
 launched until an op is called.
 """
 
+from fuseml import _triton_key
 from fuseml.ops.add import add, add_ref
 from fuseml.ops.bias_act import ACTIVATIONS, bias_act, bias_act_ref
 from fuseml.ops.gelu import gelu, gelu_ref
@@ -31,3 +32,5 @@ __all__ = [
     "softmax",
     "softmax_ref",
 ]
+
+_triton_key.install()  # before any kernel launch: see fuseml._triton_key

@@ -1,0 +1,120 @@
+"""Triton's installation hash, kept on disk so a new process does not recompute it.
+
+Before a process's first kernel launch can look up its compiled binary in Triton's cache,
+Triton computes ``triton_key()``: a SHA-256 of its compiler and language sources and of
+the whole ``libtriton`` shared library (hundreds of MB), importing every Triton submodule
+on the way. On an H100 host that is 0.34 s of hashing plus 0.10 s of imports in every
+process, most of the first call of a layer whose tuning and kernels are already on disk.
+
+The key depends only on those files, so fuseml keeps it per *fingerprint* of them (path,
+size and modification time of every file the hash reads: one ``stat`` each, a few ms):
+
+    $FUSEML_CACHE/triton-key/<fingerprint>.txt
+
+A reinstall or an edit changes the fingerprint and the key is computed again by Triton's
+own function. Triton's own parallel-compile helpers replace ``triton_key`` the same way.
+``FUSEML_TRITON_KEY_CACHE=0`` leaves Triton's function alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import logging
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+log = logging.getLogger("fuseml")
+
+# Where Triton defines triton_key (it moved between versions).
+_DEFINERS = ("triton.runtime.cache", "triton.compiler.compiler")
+
+
+def enabled() -> bool:
+    value = os.environ.get("FUSEML_TRITON_KEY_CACHE", "1") or "1"
+    if value not in ("0", "1"):
+        raise ValueError(f"FUSEML_TRITON_KEY_CACHE must be '0' or '1', got {value!r}")
+    return value == "1"
+
+
+def fingerprint(triton_dir: Path, defining_file: Path) -> str:
+    """sha256 over (path, size, mtime) of every file Triton's key hashes."""
+    files = [defining_file]
+    for sub in ("compiler", "backends", "language"):
+        for root, dirs, names in os.walk(triton_dir / sub):
+            dirs.sort()
+            files += [Path(root) / n for n in sorted(names) if n.endswith(".py")]
+    ext = (sysconfig.get_config_var("EXT_SUFFIX") or ".so").split(".")[-1]
+    files.append(triton_dir / "_C" / f"libtriton.{ext}")
+    h = hashlib.sha256()
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:32]
+
+
+def _cache_file(fp: str) -> Path:
+    root = os.environ.get("FUSEML_CACHE") or Path.home() / ".cache" / "fuseml"
+    return Path(root) / "triton-key" / f"{fp}.txt"
+
+
+def install() -> bool:
+    """Route Triton's triton_key() through the on-disk copy. Idempotent; True if installed."""
+    if not enabled():
+        return False
+    original = None
+    defining = None
+    for name in _DEFINERS:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        fn = getattr(mod, "triton_key", None)
+        if fn is None:
+            continue
+        if getattr(fn, "_fuseml_cached", False):
+            return True
+        if getattr(fn, "__module__", None) == name:  # the defining module, not an import
+            original, defining = fn, mod
+            break
+    if original is None:
+        log.info("fuseml: Triton has no triton_key() here; its installation hash is not cached")
+        return False
+    triton_dir = Path(importlib.import_module("triton").__file__).parent
+    defining_file = Path(defining.__file__)
+
+    @functools.lru_cache
+    def cached_key() -> str:
+        try:
+            path = _cache_file(fingerprint(triton_dir, defining_file))
+            if path.is_file():
+                key = path.read_text()
+                if key:
+                    return key
+        except OSError:
+            path = None
+        key = cached_key.original()  # Triton's own function (an attribute: tests stub it)
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(key)
+                os.replace(tmp, path)  # atomic: a reader sees no key or the whole key
+            except OSError as err:
+                log.warning("fuseml: could not keep Triton's key in %s (%s)", path, err)
+        return key
+
+    cached_key._fuseml_cached = True
+    cached_key.original = original
+    # Every loaded Triton module that bound the function by name (``from .cache import
+    # triton_key``); modules imported later bind the replacement.
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("triton") and getattr(mod, "triton_key", None) is original:
+            mod.triton_key = cached_key
+    return True
