@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The open GPU experiments of NOTES.md in one call (tuning work, not the benchmark):
-# candidate kernels' sweeps and the GPU tests written since the last check. Logs go to
+# The open GPU experiments of NOTES.md in one call (tuning work, not the benchmark): the
+# GPU tests of the kernels changed since the last check, then the probes. Logs go to
 # OUTDIR, and OUTDIR/probes.tgz holds them all (one file to fetch).
 #
 #   scripts/gpu-probes.sh [OUTDIR]        (default: out/gpu-probes)
@@ -17,9 +17,8 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run tests 170 "$PY" -m pytest -q -m gpu -n 8 -rf tests/ops/test_lora.py tests/ops/test_linear.py
-run softmax 150 "$PY" scripts/probe_softmax.py
-run gemm-lora 120 "$PY" scripts/probe_gemm.py lora
-run gemm-small 120 "$PY" scripts/probe_gemm.py small
+run tests 240 "$PY" -m pytest -q -m gpu -n 8 -rf tests/ops/test_softmax.py \
+    tests/ops/test_lora.py tests/ops/test_linear.py tests/test_triton_key.py
+run gemm-lora 150 "$PY" scripts/probe_gemm.py lora
 tail -3 "$OUT/tests.txt"
-tar czf "$OUT/probes.tgz" -C "$OUT" --exclude probes.tgz .
+tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"

@@ -10,8 +10,8 @@ cuBLAS (F.linear + gelu, and cuBLASLt's fused epilogue), then every large-tile c
 of the pointer kernel and the first four of the persistent TMA kernel, with and without
 `flatten` and warp specialisation of its tile loop. GPU time per call from CUDA-graph
 replays; TFLOP/s; ratio to the best cuBLAS arm. Variants that fail to compile are listed
-with their error and skipped. `lora`: rank 16 / 64 and 4 adapters at M = 4096 against the
-merged weight, for the fused modes (default, experimental in-loop TMA, in-loop pointer).
+with their error and skipped. `lora`: the fused LoRA layer per kernel (profiler) next to
+the merged weight and fuseml's plain linear, with the tuned configs.
 `small`: M = 1 / 16 / 64 (weight-read bound), a wider tile sweep than the tuner's
 candidates, to choose the small-M candidate list.
 """
@@ -94,14 +94,36 @@ def sweep(m: int, k: int, n: int) -> None:
         print(f"  best: {tag} {us:.1f} us ({best / us:.2f}x of best cuBLAS)")
 
 
-def lora_sweep(m: int = 4096, k: int = 4096, n: int = 4096) -> None:
-    """LoRA at large M: merged cuBLAS vs the fused modes (each first call tunes)."""
-    import os
+def kernel_times(fn, iters: int = 20) -> list[tuple[str, float]]:
+    """(kernel name, GPU us per call) of each CUDA kernel one call of fn launches."""
+    from torch.profiler import ProfilerActivity, profile
 
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out = []
+    for evt in prof.key_averages():
+        t = getattr(evt, "self_device_time_total", 0) or getattr(evt, "self_cuda_time_total", 0)
+        if t > 0:
+            out.append((evt.key, t / iters))
+    return sorted(out, key=lambda kv: -kv[1])
+
+
+def lora_sweep(k: int = 4096, n: int = 4096) -> None:
+    """LoRA against the merged weight, per kernel: where the fused layer's time goes
+    (x @ A^T launch, main kernel), next to fuseml's own plain linear of the same shape,
+    and the tuned config of each (first call tunes)."""
     import fuseml
+    from fuseml.ops import _tune
     from fuseml.ops import lora as lora_mod
 
-    for adapters, r in ((None, 16), (None, 64), (4, 16)):
+    for m, adapters, r in (
+        (4096, None, 16), (4096, None, 64), (4096, 4, 16), (4096, 16, 16),
+        (256, None, 16), (16, None, 16), (1, None, 16),
+    ):  # fmt: skip
         x = torch.randn(m, k, device="cuda", dtype=DT)
         w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
         b = torch.randn(n, device="cuda", dtype=DT)
@@ -111,43 +133,30 @@ def lora_sweep(m: int = 4096, k: int = 4096, n: int = 4096) -> None:
         ids = None if adapters is None else torch.randint(0, adapters, (m,), device="cuda")
         ref = lora_mod.lora_linear_ref(x, w, b, a, bb, 2.0, "relu", ids)
         print(f"== LoRA M={m} K={k} N={n} rank {r} adapters {adapters or 1}, bf16, relu")
-        if adapters is None:
-            merged = w + 2.0 * (bb @ a)
-            t_merged = bench_us(lambda: torch.relu(F.linear(x, merged, b)))
-            print(f"  {'merged weight, cuBLAS':44s} {t_merged:9.1f} us")
-        else:
-            t_merged = None
-        variants = {
-            "fused, default (precomputed, TMA)": {},
-            "fused, in-loop inside TMA (experimental)": {"FUSEML_LORA_TMA_IN_LOOP": "1"},
-            "fused, in-loop, pointer kernel": {"FUSEML_GEMM": "ptr", "IN_LOOP_MAX_M": m},
+        merged_w = w + 2.0 * (bb @ a) if adapters is None else w
+        arms = {
+            "merged weight, cuBLAS (+ relu)": lambda: torch.relu(F.linear(x, merged_w, b)),
+            "fuseml.ops.linear, no adapter": lambda: fuseml.ops.linear(x, merged_w, b, "relu"),
+            "fused lora_linear": lambda: fuseml.ops.lora_linear(
+                x, w, b, a, bb, 2.0, "relu", adapter_ids=ids, check_ids=False
+            ),
         }
-        for name, env in variants.items():
-            saved = {key: os.environ.get(key) for key in env if key.isupper() and "MAX" not in key}
-            limit = lora_mod.IN_LOOP_MAX_M
-            for key, val in env.items():
-                if key == "IN_LOOP_MAX_M":
-                    lora_mod.IN_LOOP_MAX_M = val
-                else:
-                    os.environ[key] = val
+        base = None
+        for name, fn in arms.items():
             try:
-
-                def fn():
-                    return fuseml.ops.lora_linear(x, w, b, a, bb, 2.0, "relu", adapter_ids=ids)
-
-                err = rel_err(fn(), ref)
+                before = set(_tune._memo)
+                got = fn()
+                torch.cuda.synchronize()
+                err = f" err={rel_err(got, ref):.1e}" if name.startswith("fused") else ""
                 us = bench_us(fn)
-                ratio = f"{us / t_merged:5.2f}x merged" if t_merged else ""
-                print(f"  {name:44s} {us:9.1f} us {ratio} err={err:.1e}", flush=True)
+                base = base or us
+                print(f"  {name:40s} {us:8.1f} us {us / base:5.2f}x merged{err}", flush=True)
+                for key, kus in kernel_times(fn):
+                    print(f"      {kus:8.1f} us  {key[:90]}")
+                for key in set(_tune._memo) - before:
+                    print(f"      config {key[0]} {key[6] or '-'} m{key[3]}: {_tune._memo[key]}")
             except Exception as e:
-                print(f"  {name:44s} failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}")
-            finally:
-                lora_mod.IN_LOOP_MAX_M = limit
-                for key, val in saved.items():
-                    if val is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = val
+                print(f"  {name:40s} failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}")
 
 
 def small_sweep(k: int = 4096, n: int = 4096) -> None:

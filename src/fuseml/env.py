@@ -61,7 +61,7 @@ def env_report(*, remeasure: bool = False, build_cuda: bool = True) -> dict:
 
 
 def _gemm_path(gpu: bool) -> str:
-    """Which main loop fuseml.ops.linear takes here (fuseml.ops._gemm.use_tma)."""
+    """Which main loop fuseml.ops.linear takes here (fuseml.ops._gemm.gemm_loop)."""
     import os
 
     from fuseml.ops import _gemm
@@ -75,7 +75,8 @@ def _gemm_path(gpu: bool) -> str:
         return f"forced by FUSEML_GEMM={mode}"
     if gpu and _gemm._has_tma(0):
         return (
-            f"TMA persistent kernel from {_gemm.TMA_MIN_M} rows (16-byte aligned rows), "
+            f"TMA persistent kernel from {_gemm.TMA_MIN_M} rows, tuned choice of TMA or "
+            f"pointer loads up to {_gemm.TMA_TUNED_MAX_M} rows (16-byte aligned rows), "
             "pointer-load kernel otherwise"
         )
     return "pointer-load kernel (the TMA kernel needs a Hopper or later GPU)"

@@ -314,32 +314,76 @@ def test_linear_tma_kernel(device, backend, dtype, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize(("m", "k", "n"), [(4096, 4096, 4096), (300, 512, 1000), (1, 1024, 64)])
+@pytest.mark.parametrize(
+    ("m", "k", "n"),
+    [(4096, 4096, 4096), (300, 512, 1000), (1, 1024, 64), (16, 4096, 4096), (64, 4096, 4096)],
+)
 def test_linear_tma_kernel_gpu(m, k, n, monkeypatch):
     monkeypatch.setenv("FUSEML_GEMM", "tma")
     x, w, b, r = _inputs(m, k, n, torch.bfloat16, "cuda")
-    for cfg in _gemm.candidates(m, n, k, torch.bfloat16):
+    for cfg in _gemm.candidates(m, n, k, torch.bfloat16, _gemm.LOOP_TUNED):
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         _gemm.launch_linear(out, x, w, b, r, 0.5, 4, cfg, tma=True)  # 4: gelu_tanh
         assert_close_verbose(out, _ref64(x, w, b, "gelu_tanh", r, 0.5), torch.bfloat16)
 
 
 def test_gemm_path_choice(monkeypatch):
-    """FUSEML_GEMM: auto takes TMA only on Hopper+ CUDA tensors from TMA_MIN_M rows with
-    aligned rows; tma / ptr force it (where the layout allows); anything else is an error."""
+    """FUSEML_GEMM: auto takes TMA only on Hopper+ CUDA tensors with aligned rows, from
+    TMA_MIN_M rows, tuned up to TMA_TUNED_MAX_M rows; tma / ptr force it (where the layout
+    allows); anything else is an error."""
     x = torch.randn(_gemm.TMA_MIN_M, 64)
     w = torch.randn(32, 64)
     monkeypatch.delenv("FUSEML_GEMM", raising=False)
-    assert not _gemm.use_tma(x, w, False)  # CPU tensors: the pointer kernel by default
+    assert _gemm.gemm_loop(x, w, False) == _gemm.LOOP_PTR  # CPU tensors: pointer kernel
+    monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)  # as on a Hopper GPU
+    assert _gemm.gemm_loop(x, w, False) == _gemm.LOOP_TMA
+    assert _gemm.gemm_loop(x[: _gemm.TMA_TUNED_MAX_M], w, False) == _gemm.LOOP_TUNED
+    assert _gemm.gemm_loop(x[:1], w, False) == _gemm.LOOP_TUNED
+    assert _gemm.gemm_loop(x[: _gemm.TMA_TUNED_MAX_M + 1], w, False) == _gemm.LOOP_PTR
+    assert _gemm.gemm_loop(x, w, True) == _gemm.LOOP_PTR  # traced by torch.compile
+    x13, w13 = torch.randn(_gemm.TMA_MIN_M, 13), torch.randn(4, 13)
+    assert _gemm.gemm_loop(x13, w13, False) == _gemm.LOOP_PTR  # 52-byte rows: no TMA
     monkeypatch.setenv("FUSEML_GEMM", "tma")
-    assert _gemm.use_tma(x, w, False)
-    assert not _gemm.use_tma(x, w, True)  # traced by torch.compile: pointer kernel
-    assert not _gemm.use_tma(torch.randn(8, 13), torch.randn(4, 13), False)  # 52-byte rows
+    assert _gemm.gemm_loop(x[:1], w, False) == _gemm.LOOP_TMA
+    assert _gemm.gemm_loop(torch.randn(8, 13), torch.randn(4, 13), False) == _gemm.LOOP_PTR
     monkeypatch.setenv("FUSEML_GEMM", "ptr")
-    assert not _gemm.use_tma(x, w, False)
+    assert _gemm.gemm_loop(x, w, False) == _gemm.LOOP_PTR
     monkeypatch.setenv("FUSEML_GEMM", "wgmma")
     with pytest.raises(ValueError, match="FUSEML_GEMM"):
-        _gemm.use_tma(x, w, False)
+        _gemm.gemm_loop(x, w, False)
+
+
+def test_tuned_loop_adds_tma_candidates_for_small_rows_only():
+    for m in (1, 16, 64):
+        plain = _gemm.candidates(m, 4096, 4096, torch.bfloat16)
+        tuned = _gemm.candidates(m, 4096, 4096, torch.bfloat16, _gemm.LOOP_TUNED)
+        assert not any(c.get("TMA") for c in plain)
+        assert [c for c in tuned if not c.get("TMA")] == plain
+        assert len([c for c in tuned if c.get("TMA")]) == len(_gemm._SMALL_TMA)
+    big = _gemm.candidates(4096, 4096, 4096, torch.bfloat16, _gemm.LOOP_TUNED)
+    assert not any(c.get("TMA") for c in big)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_tuned_loop_runs_the_chosen_kernel(device, backend, monkeypatch):
+    """LOOP_TUNED: a config flagged TMA launches the TMA kernel, any other the pointer
+    kernel; both give the same result (small M, as on a Hopper GPU)."""
+    monkeypatch.delenv("FUSEML_GEMM", raising=False)
+    monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)
+    x, w, b, r = _inputs(16, 64, 40, torch.bfloat16, device)
+    ref = _ref64(x, w, b, "gelu", r, 0.5)
+    cands = _gemm.candidates(16, 40, 64, torch.bfloat16, _gemm.LOOP_TUNED)
+    launch = _gemm._launch_tma
+    for want_tma in (True, False):
+        cfg = next(c for c in cands if bool(c.get("TMA")) == want_tma)
+        monkeypatch.setattr(_gemm, "choose_config", lambda *a, cfg=cfg, **k: cfg)
+        used = []
+        monkeypatch.setattr(
+            _gemm, "_launch_tma", lambda *a, used=used: used.append(1) or launch(*a)
+        )
+        out = fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
+        assert_close_verbose(out, ref, torch.bfloat16)
+        assert bool(used) == want_tma, cfg
 
 
 def test_module_parameters_launch_directly_outside_autograd():

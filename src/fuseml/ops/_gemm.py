@@ -7,7 +7,7 @@
 Two main loops share one epilogue (``_epilogue``), so plain and LoRA layers, and both
 loops, compute the same thing: ``_gemm_body`` (pointer loads, any layout and GPU) and
 ``_tma_body`` (Hopper+: a persistent grid whose tiles the tensor-memory accelerator loads;
-taken from ``TMA_MIN_M`` rows where rows are 16-byte aligned, see ``use_tma``). Tiles are
+taken from ``TMA_MIN_M`` rows where rows are 16-byte aligned, see ``gemm_loop``). Tiles are
 visited in grouped order (GROUP_M row-tiles share each column strip of W while it is in
 L2). Tile sizes come from ``fuseml.ops._tune``: measured once per device and shape bucket
 and kept on disk.
@@ -282,7 +282,7 @@ def _tma_body(
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr,
 ):  # fmt: skip
-    """Hopper+ (see use_tma): a persistent grid (one program per SM, tiles in grouped
+    """Hopper+ (see gemm_loop): a persistent grid (one program per SM, tiles in grouped
     order) whose tiles are loaded by the tensor-memory accelerator (TMA), which zero-fills
     past K, M and N: no masks or index math in the main loop. FLATTEN lets Triton pipeline
     the tile and K loops as one (faster on H100: NOTES.md). LORA 1: x @ A^T accumulated
@@ -365,10 +365,13 @@ def _lora_tma_kernel(
 
 TMA_MIN_M = 512  # rows from which plain linear layers default to the TMA kernel (below:
 # few tiles per SM, and the measured win is on the compute-bound shapes; see NOTES.md)
+TMA_TUNED_MAX_M = 64  # up to this many rows the tuner chooses TMA or pointer loads: with
+# narrow tiles the TMA kernel read W at up to 1.16x cuBLAS (H100, M = 16, NOTES.md)
+LOOP_PTR, LOOP_TMA, LOOP_TUNED = 0, 1, 2  # gemm_loop's answers
 
 
 def gemm_mode() -> str:
-    """FUSEML_GEMM: auto (TMA kernel where it applies, see use_tma), tma or ptr (force)."""
+    """FUSEML_GEMM: auto (TMA kernel where it applies, see gemm_loop), tma or ptr (force)."""
     mode = os.environ.get("FUSEML_GEMM", "auto") or "auto"
     if mode not in ("auto", "tma", "ptr"):
         raise ValueError(f"FUSEML_GEMM must be 'auto', 'tma' or 'ptr', got {mode!r}")
@@ -380,21 +383,35 @@ def _has_tma(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9  # Hopper and later
 
 
-def use_tma(x: torch.Tensor, weight: torch.Tensor, traced: bool) -> bool:
-    """Does this plain linear call take _linear_tma_kernel? Only on direct launches (the
-    op traced by torch.compile keeps the pointer kernel), only for TMA-compatible layouts;
-    by default on Hopper+ GPUs from TMA_MIN_M rows (FUSEML_GEMM=tma / ptr force it)."""
+def _tma_device(x: torch.Tensor) -> bool:
+    return x.is_cuda and _has_tma(x.get_device())
+
+
+def gemm_loop(x: torch.Tensor, weight: torch.Tensor, traced: bool) -> int:
+    """Which main loop a linear call takes: LOOP_TMA (``_tma_body``), LOOP_PTR
+    (``_gemm_body``) or LOOP_TUNED (the tuned config's "TMA" flag decides, see
+    ``takes_tma``). Only direct launches take TMA (the op traced by torch.compile keeps
+    the pointer kernel), only for TMA-compatible layouts; by default on Hopper+ GPUs from
+    TMA_MIN_M rows, tuned up to TMA_TUNED_MAX_M rows (FUSEML_GEMM=tma / ptr force it)."""
     if traced:
-        return False
+        return LOOP_PTR
     mode = gemm_mode()
     if mode == "auto":  # cheapest checks first: this runs on every call
-        return (
-            x.shape[0] >= TMA_MIN_M
-            and x.is_cuda
-            and _has_tma(x.get_device())
-            and tma_eligible(x, weight)
-        )
-    return mode == "tma" and tma_eligible(x, weight)
+        m = x.shape[0]
+        if TMA_TUNED_MAX_M < m < TMA_MIN_M or not (_tma_device(x) and tma_eligible(x, weight)):
+            return LOOP_PTR
+        return LOOP_TMA if m >= TMA_MIN_M else LOOP_TUNED
+    return LOOP_TMA if mode == "tma" and tma_eligible(x, weight) else LOOP_PTR
+
+
+def takes_tma(loop: int, config: dict) -> bool:
+    """Does a launch with this loop choice and config take the TMA kernel?"""
+    return loop == LOOP_TMA or (loop == LOOP_TUNED and config.get("TMA", False))
+
+
+def loop_key(loop: int) -> str:
+    """The tuning-key suffix of a loop choice: each has its own entries (best tiles differ)."""
+    return ("", "tma", "tmatuned")[loop]
 
 
 def tma_eligible(*tensors: torch.Tensor) -> bool:
@@ -481,7 +498,7 @@ def launch_linear(
     """One launch of ``_linear_kernel``; x (M, K), weight (N, K), out (M, N), all validated.
 
     lora_a (R, K) and lora_b (N, R) are the stacked adapters; ``rank`` the per-adapter rank.
-    tma: through the TMA kernel (the caller checked ``use_tma``; for LORA_IN_LOOP also that
+    tma: through the TMA kernel (the caller checked ``gemm_loop``; for LORA_IN_LOOP also that
     lora_a can be read through a descriptor: see ``fuseml.ops.lora``).
     """
     if launches_skipped():
@@ -563,15 +580,22 @@ _SMALL = [  # (BLOCK_N, BLOCK_K, warps, stages); BLOCK_M from M. Narrow N tiles 
     (16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (64, 64, 4, 5),
     (128, 64, 4, 4), (128, 128, 8, 3),
 ]  # fmt: skip
+_SMALL_TMA = [  # the same for the TMA kernel (LOOP_TUNED): the best of a wider sweep,
+    # H100, 4096 -> 4096 bf16 at M = 1, 16, 64 (scripts/probe_gemm.py small, NOTES.md)
+    (64, 256, 4, 5), (64, 256, 4, 3), (32, 512, 4, 5), (32, 256, 4, 5), (32, 256, 4, 3),
+]  # fmt: skip
 
 
-def candidates(m: int, n: int, k: int, dtype: torch.dtype) -> list[dict]:
-    """Shape-pruned candidate configs (tile dims never far above the problem's)."""
+def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR) -> list[dict]:
+    """Shape-pruned candidate configs (tile dims never far above the problem's); with
+    LOOP_TUNED also TMA-kernel configs (flagged "TMA") for decode-like rows."""
     mb = max(16, _tune.m_bucket(m))
     cap_n = max(16, next_pow2(n))
     cap_k = max(16, next_pow2(k))
     if mb <= 64:
         base = [_cfg(mb, bn, bk, w, s) for bn, bk, w, s in _SMALL]
+        if loop == LOOP_TUNED:
+            base += [dict(_cfg(mb, bn, bk, w, s), TMA=True) for bn, bk, w, s in _SMALL_TMA]
     else:
         base = list(_LARGE)
     out = []
@@ -606,6 +630,7 @@ def choose_config(
     k: int,
     launch: Callable[[dict], None],
     extra: str = "",
+    loop: int = LOOP_PTR,
 ) -> dict:
     """The launch config of an (M, N, K) problem; ``launch(cfg)`` runs it (for tuning).
 
@@ -637,7 +662,7 @@ def choose_config(
         memo_key,
         x.device,
         text_key,
-        lambda: candidates(m, n, k, x.dtype),
+        lambda: candidates(m, n, k, x.dtype, loop),
         bench,
         default_config(m, n, k, x.dtype),
         can_time=x.is_cuda and not is_fake(x),

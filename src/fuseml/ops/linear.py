@@ -66,14 +66,14 @@ def linear_rows(
     res2 = None if residual is None else as_rows(residual.reshape(-1, n))
     b = None if bias is None else bias.contiguous()
 
-    tma = _gemm.use_tma(x2, weight, traced)
+    loop = _gemm.gemm_loop(x2, weight, traced)
 
     def run(cfg: dict) -> None:
+        tma = _gemm.takes_tma(loop, cfg)
         _gemm.launch_linear(out, x2, weight, b, res2, alpha, code, cfg, traced=traced, tma=tma)
 
     if x2.shape[0] and n:
-        # The TMA kernel has its own tuning entries: its best tiles differ.
-        run(_gemm.choose_config("linear", x2, n, k, run, "tma" if tma else ""))
+        run(_gemm.choose_config("linear", x2, n, k, run, _gemm.loop_key(loop), loop))
     return out.view(*x.shape[:-1], n)
 
 

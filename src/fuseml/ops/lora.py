@@ -116,15 +116,26 @@ def lora_rows(
     # The TMA kernel while the epilogue is one step of at most 64 stacked columns: more
     # steps, pipelined by the flattened loop, overflow shared memory (H100: 466 KiB asked
     # for 16 adapters x rank 16).
-    tma_ok = r_pad <= TMA_MAX_R and _gemm.use_tma(x2, weight, traced)
-    # Experimental (FUSEML_LORA_TMA_IN_LOOP=1, not yet measured): the in-loop mode inside
-    # the TMA kernel at any M, instead of a second launch for x @ A^T.
+    loop = _gemm.gemm_loop(x2, weight, traced) if r_pad <= TMA_MAX_R else _gemm.LOOP_PTR
     fits_in_loop = r_pad <= IN_LOOP_MAX_R
+    # Experimental (FUSEML_LORA_TMA_IN_LOOP=1; slower than the default at M = 4096 on an
+    # H100, NOTES.md): the in-loop mode inside the TMA kernel at any M.
     in_loop_tma = (
-        tma_ok and fits_in_loop and tma_in_loop_requested() and _gemm.tma_eligible(a_stacked)
+        loop == _gemm.LOOP_TMA
+        and fits_in_loop
+        and tma_in_loop_requested()
+        and _gemm.tma_eligible(a_stacked)
     )
     in_loop = in_loop_tma or (fits_in_loop and (type(m) is not int or m <= IN_LOOP_MAX_M))
-    tma = tma_ok and (in_loop_tma or not in_loop)
+    if (
+        in_loop
+        and not in_loop_tma
+        and loop != _gemm.LOOP_PTR
+        and (loop == _gemm.LOOP_TMA or not _gemm.tma_eligible(a_stacked))
+    ):
+        # In-loop below IN_LOOP_MAX_M takes the pointer kernel, except for decode-like rows
+        # (LOOP_TUNED), where the tuner may pick the TMA kernel (A through a descriptor).
+        loop = _gemm.LOOP_PTR
     xa = None
     if not in_loop:  # x @ A^T in float32, by the same kernel
         xa = linear_rows(x2, a_stacked, None, None, 1.0, 0, traced=traced, out_dtype=torch.float32)
@@ -134,12 +145,12 @@ def lora_rows(
         _gemm.launch_linear(
             out, x2, weight, b, None, 1.0, code, cfg,
             lora=mode, lora_a=a_stacked, lora_b=b_stacked, xa=xa, ids=ids, scales=scales,
-            lora_scale=scaling, rank=rank, traced=traced, tma=tma,
+            lora_scale=scaling, rank=rank, traced=traced, tma=_gemm.takes_tma(loop, cfg),
         )  # fmt: skip
 
     if m and n:
-        extra = f"lora{mode}r{r_pad}{'m' if ids is not None else ''}{'tma' if tma else ''}"
-        run(_gemm.choose_config("linear", x2, n, k, run, extra))
+        extra = f"lora{mode}r{r_pad}{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
+        run(_gemm.choose_config("linear", x2, n, k, run, extra, loop))
     return out.view(*x.shape[:-1], n)
 
 

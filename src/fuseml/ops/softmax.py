@@ -48,25 +48,34 @@ def _softmax_rows_kernel(
     stride_xm,  # row strides, in elements
     stride_om,
     LOG: tl.constexpr,  # log_softmax instead of softmax
+    ROWS: tl.constexpr,  # rows per step: a (ROWS, BLOCK_N) tile (short rows take several)
     BLOCK_N: tl.constexpr,  # next power of two >= n_cols: the whole row in registers
     NUM_STAGES: tl.constexpr,  # software pipelining depth of the row loop
 ):
-    # Persistent: the grid is what fits on the GPU at once; each program strides over rows
-    # so the loads of row i + grid overlap the math of row i.
+    # Persistent: the grid is what fits on the GPU at once; each program strides over
+    # blocks of ROWS rows so the loads of block i + grid overlap the math of block i.
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
-        row64 = tl.cast(row, tl.int64)
-        x = tl.load(x_ptr + row64 * stride_xm + cols, mask=mask, other=-float("inf"))
-        x = x.to(tl.float32)
-        z = x - tl.max(x, axis=0)  # a row of all -inf gives NaN, as torch does
+    col_ok = cols < n_cols
+    local = tl.arange(0, ROWS)
+    n_blocks = tl.cdiv(n_rows, ROWS)
+    for blk in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=NUM_STAGES):
+        rows = tl.cast(blk, tl.int64) * ROWS + local
+        mask = (rows < n_rows)[:, None] & col_ok[None, :]
+        x = tl.load(
+            x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=-float("inf")
+        ).to(tl.float32)
+        z = x - tl.max(x, axis=1)[:, None]  # a row of all -inf gives NaN, as torch does
         e = tl.exp(z)
-        s = tl.sum(e, axis=0)
+        s = tl.sum(e, axis=1)[:, None]
         if LOG:
             y = z - tl.log(s)
         else:
             y = e / s
-        tl.store(out_ptr + row64 * stride_om + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            out_ptr + rows[:, None] * stride_om + cols[None, :],
+            y.to(out_ptr.dtype.element_ty),
+            mask=mask,
+        )
 
 
 @triton.jit
@@ -187,14 +196,26 @@ MAX_ONCHIP_COLS = 32768
 ONLINE_BLOCK = 4096  # columns per step of the online kernel (16 KiB of fp32 in flight)
 
 
+# Short rows: ROWS_TILE elements per step (H100, bf16, M = 4096, a sweep in NOTES.md:
+# one row per step took 19.6 us at N = 128 and 25.0 us at N = 512, torch.softmax 6.1 and
+# 10.3; 16 rows x 128 took 5.6 us, 8 rows x 512 8.4 us. From N = 1024 one row per step
+# was fastest: 10.8 us vs 11.3 for the best multi-row tile, 16.8 vs 18.3 at 2048).
+ROWS_TILE = 4096
+MAX_ROWS = 16
+
+
 def _rows_config(n_cols: int) -> dict:
-    """num_warps / stages for the on-chip kernel: ~16 fp32 values per thread or fewer."""
+    """Tile / num_warps / stages for the on-chip kernel: ~16 fp32 values per thread or
+    fewer; rows shorter than 1024 go ROWS at a time."""
     block = next_pow2(n_cols)
-    warps = max(1, min(16, block // 512))
+    rows = 1 if block >= 1024 else min(MAX_ROWS, ROWS_TILE // block)
+    warps = 4 if rows > 1 else max(1, min(16, block // 512))
     if block >= 8192:
         warps = max(warps, 8)
     stages = 4 if block <= 2048 else 2
-    return {"BLOCK_N": block, "num_warps": warps, "NUM_STAGES": stages}
+    if rows > 1:
+        stages = 2
+    return {"ROWS": rows, "BLOCK_N": block, "num_warps": warps, "NUM_STAGES": stages}
 
 
 _PROGRAMS: dict[tuple, int] = {}
@@ -209,14 +230,14 @@ def _persistent_programs(x2: torch.Tensor, out2: torch.Tensor, cfg: dict, log: b
     torch.compile has no data pointer to specialise on).
     """
     device = x2.get_device()
-    key = (x2.dtype, cfg["BLOCK_N"], cfg["num_warps"], cfg["NUM_STAGES"], log, device)
+    key = (x2.dtype, cfg["ROWS"], cfg["BLOCK_N"], cfg["num_warps"], cfg["NUM_STAGES"], log, device)
     if key in _PROGRAMS:
         return _PROGRAMS[key]
     if triton_interpreting() or device < 0 or type(x2) is not torch.Tensor or is_fake(x2):
         return None
     k = _softmax_rows_kernel.warmup(
         x2, out2, x2.shape[0], x2.shape[1], x2.stride(0), out2.stride(0),
-        LOG=log, BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["NUM_STAGES"],
+        LOG=log, ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["NUM_STAGES"],
         num_warps=cfg["num_warps"], grid=(1,),
     )  # fmt: skip
     k._init_handles()
@@ -235,11 +256,12 @@ def _launch_rows(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) 
     n_rows, n_cols = x2.shape
     cfg = _rows_config(n_cols)
     programs = _persistent_programs(x2, out2, cfg, log)
-    grid = n_rows if programs is None else min(n_rows, programs)
+    blocks = cdiv(n_rows, cfg["ROWS"])
+    grid = blocks if programs is None else min(blocks, programs)
     kernel = torch.library.wrap_triton(_softmax_rows_kernel) if traced else _softmax_rows_kernel
     kernel[(grid,)](
         x2, out2, n_rows, n_cols, x2.stride(0), out2.stride(0),
-        LOG=log, BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["NUM_STAGES"],
+        LOG=log, ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["NUM_STAGES"],
         num_warps=cfg["num_warps"],
     )  # fmt: skip
 

@@ -34,7 +34,7 @@ import fuseml
 from fuseml.bench.harness import Case
 from fuseml.bench.suites._common import dtype_name, launch_bound, linear_params, no_tf32
 from fuseml.models.dlrm import DLRMConfig
-from fuseml.ops._gemm import TMA_MIN_M
+from fuseml.ops._gemm import TMA_MIN_M, TMA_TUNED_MAX_M
 
 # (in, out) = (K, N). DLRM (kaggle bottom 13-512-256-64-16, top input 367 -> 512, mlperf's
 # 1024-wide top layers) with ReLU; a 4096 hidden layer and a LLaMA-7B up-projection with GELU.
@@ -109,7 +109,8 @@ def linear_case(
             lambda x, w, b: eager(x, w, b), dynamic=False, mode="max-autotune-no-cudagraphs"
         )
     arms["triton"] = lambda x, w, b: fuseml.ops.linear(x, w, b, act, backend="triton")
-    if m >= TMA_MIN_M and (k * es) % 16 == 0:  # where `triton` takes the TMA kernel
+    # Where `triton` takes (or may take) the TMA kernel: the pointer kernel beside it.
+    if (m >= TMA_MIN_M or m <= TMA_TUNED_MAX_M) and (k * es) % 16 == 0:
         arms["triton-ptr"] = _ptr_arm(act)
     overhead_arms = {"triton-op": lambda x, w, b: torch.ops.fuseml.linear(x, w, b, None, 1.0, act)}
     if dtype == torch.float32:

@@ -8,6 +8,9 @@ Arms
   triton   fuseml.ops.softmax / log_softmax (on-chip persistent kernel up to 32,768
            columns, online two-pass kernel above)
   cuda     the CUDA C++ twin (warp per row for short rows, block per row for long ones)
+  copy     a device-to-device copy of the input (softmax only): what moving the same
+           bytes once costs at this size, the practical ceiling of a one-read, one-write
+           op (the copy_gbps ceiling is measured at 1 GiB). A reference, not a peer.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def _case(op: str, n: int, dtype: torch.dtype, cuda: bool) -> Case:
             "compile": torch.compile(lambda x: ref(x, -1), dynamic=False),
             "triton": lambda x: fused(x, -1, backend="triton"),
             **({"cuda": lambda x: fused(x, -1, backend="cuda")} if cuda else {}),
+            **({} if log else {"copy": lambda x: torch.empty_like(x).copy_(x)}),
         },
         bytes=2 * ROWS * n * es,
         dtype=dtype,
@@ -78,6 +82,7 @@ def cases(quick: bool = False, cuda: bool = True):
 PLOT = {"x": "n_cols", "panels": ("op", "dtype"), "xlabel": "columns (N)", "logx": True}
 README = {
     "rows": ("op", "dtype", "shape"),
-    "arms": ("manual", "torch", "compile", "triton", "cuda"),
+    "arms": ("manual", "torch", "compile", "triton", "cuda", "copy"),
     "min_numel": 0,
+    "reference_arms": ("copy",),
 }
