@@ -174,8 +174,10 @@ def test_linear_bad_input(kwargs, exc, words):
 def test_candidates_are_pruned_to_the_problem():
     for m, n, k in [(1, 16, 13), (3, 4096, 4096), (65536, 64, 16), (4096, 11008, 4096)]:
         cands = _gemm.candidates(m, n, k, torch.bfloat16)
-        assert cands and len(cands) <= 8
+        assert cands and len(cands) <= len(_gemm._LARGE) + len(_gemm._SKINNY_N)
         for c in cands:
+            smem = c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * 2
+            assert smem <= _gemm.SMEM_LIMIT, c
             assert 16 <= c["BLOCK_M"] <= max(16, _tune.m_bucket(m))
             assert 16 <= c["BLOCK_N"] <= max(16, 1 << (n - 1).bit_length())
             assert 16 <= c["BLOCK_K"] <= max(16, 1 << (k - 1).bit_length())
@@ -359,7 +361,7 @@ def test_tuned_loop_adds_tma_candidates_for_small_rows_only():
         tuned = _gemm.candidates(m, 4096, 4096, torch.bfloat16, _gemm.LOOP_TUNED)
         assert not any(c.get("TMA") for c in plain)
         assert [c for c in tuned if not c.get("TMA")] == plain
-        assert len([c for c in tuned if c.get("TMA")]) == len(_gemm._SMALL_TMA)
+        assert 1 <= len([c for c in tuned if c.get("TMA")]) <= len(_gemm._SMALL_TMA)
     big = _gemm.candidates(4096, 4096, 4096, torch.bfloat16, _gemm.LOOP_TUNED)
     assert not any(c.get("TMA") for c in big)
 

@@ -32,17 +32,11 @@ def _ref64(x, w, b, a, bb, s, act=None, ids=None):
 @pytest.fixture(params=["in_loop", "precomputed", "precomputed-tma", "in_loop-tma"])
 def lora_mode(request, monkeypatch):
     """Both LoRA modes of the kernel: x @ A^T inside the K loop, or from a first launch;
-    both also through the TMA kernel (where the rows are 16-byte aligned; in-loop TMA is
-    the experimental FUSEML_LORA_TMA_IN_LOOP=1, here forced at every M)."""
-    monkeypatch.setenv("FUSEML_GEMM", "ptr")
-    monkeypatch.delenv("FUSEML_LORA_TMA_IN_LOOP", raising=False)
+    both also through the TMA kernel where the rows are 16-byte aligned (precomputed-tma:
+    the expand mode where the rank is a multiple of 8, else precomputed fp32)."""
+    monkeypatch.setenv("FUSEML_GEMM", "tma" if request.param.endswith("-tma") else "ptr")
     if request.param.startswith("precomputed"):
         monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 0)
-    if request.param.endswith("-tma"):
-        monkeypatch.setenv("FUSEML_GEMM", "tma")
-    if request.param == "in_loop-tma":
-        monkeypatch.setenv("FUSEML_LORA_TMA_IN_LOOP", "1")
-        monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 0)  # in-loop only through TMA
     return request.param
 
 
@@ -260,9 +254,29 @@ def test_lora_small_rows_tuned_gpu(m, adapters, tmp_path, monkeypatch):
     assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), dtype)
 
 
-def test_lora_tma_in_loop_switch_rejects_other_values(monkeypatch):
-    monkeypatch.setenv("FUSEML_LORA_TMA_IN_LOOP", "yes")
-    with pytest.raises(ValueError, match="FUSEML_LORA_TMA_IN_LOOP must be '0' or '1'"):
-        lora_mod.tma_in_loop_requested()
-    monkeypatch.setenv("FUSEML_LORA_TMA_IN_LOOP", "1")
-    assert lora_mod.tma_in_loop_requested()
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_lora_modes_chosen(device, backend, monkeypatch):
+    """Which LoRA mode each call takes (as on a Hopper GPU): in-loop up to IN_LOOP_MAX_M
+    rows, expand through TMA above when the rank is a multiple of 8, precomputed fp32 else."""
+    from fuseml.ops import _gemm
+
+    monkeypatch.delenv("FUSEML_GEMM", raising=False)
+    monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)
+    modes = []
+    launch = _gemm.launch_linear
+    monkeypatch.setattr(
+        _gemm, "launch_linear", lambda *a, **k: modes.append(k.get("lora")) or launch(*a, **k)
+    )
+    for m, r in ((600, 8), (600, 6), (3, 8)):
+        monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 16)
+        w, b, a, bb = _layer(64, 40, r, torch.float32, device)
+        x = torch.randn(m, 64, device=device)
+        modes.clear()
+        out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend=backend)
+        assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5), torch.float32)
+        want = {
+            (600, 8): [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND],
+            (600, 6): [_gemm.LORA_NONE, _gemm.LORA_PRECOMPUTED],
+            (3, 8): [_gemm.LORA_IN_LOOP],
+        }[(m, r)]
+        assert [_gemm.LORA_NONE if v is None else v for v in modes] == want, (m, r)

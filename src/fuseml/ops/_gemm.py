@@ -19,7 +19,13 @@ LoRA modes (constexpr LORA):
      FLOPs), which is free while the GEMM waits on memory (small M).
   2  precomputed: xa = x @ A^T (fp32, M x R) comes from a first, small launch of this same
      kernel and the epilogue adds (s * xa) @ B^T. Two launches, R / N extra FLOPs in all:
-     the better trade once the GEMM is compute-bound (large M).
+     the better trade once the GEMM is compute-bound (large M). Pointer kernel, or TMA
+     where the rank is not a multiple of 8.
+  3  shrink: this launch *is* the first one of mode 4: x @ A^T with each row's scaling
+     and adapter mask applied in the epilogue, stored in the input dtype (xs).
+  4  expand (TMA kernel): xs and B tiles arrive through their own descriptors after the
+     K loop and one more dot adds xs @ B^T to the accumulator: an extra K step over the
+     stacked columns, no register-to-shared copies and no masking in the epilogue.
 Multi-adapter: A and B of every adapter are stacked along R (R = adapters x rank), and
 each row keeps only the columns of its own adapter (id -1: none), scaled per adapter.
 Exact, since the other columns are multiplied by zero.
@@ -41,7 +47,7 @@ from fuseml.ops._elementwise import _activation
 from fuseml.ops._utils import cdiv, launches_skipped, next_pow2, sm_count
 from fuseml.runtime import triton_interpreting
 
-LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED = 0, 1, 2
+LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND = 0, 1, 2, 3, 4
 
 
 @triton.jit
@@ -85,7 +91,19 @@ def _epilogue(
     by every GEMM kernel, so the epilogue cannot drift between them."""
     row_ok = rows < M
     col_ok = cols < N
-    if LORA > 0:
+    if LORA == 3:  # shrink: the tile's columns are stacked LoRA columns (cols // RANK: adapter)
+        if MULTI:
+            ids = tl.load(ids_ptr + rows, mask=row_ok, other=-1)
+            owner = cols // RANK
+            keep = ids[:, None] == owner[None, :]
+            if PER_ADAPTER_SCALE:
+                scale = tl.load(scale_ptr + owner, mask=col_ok, other=0.0)
+                acc = tl.where(keep, acc * scale[None, :], 0.0)
+            else:
+                acc = tl.where(keep, acc * tl.cast(lora_scale, tl.float32), 0.0)
+        else:
+            acc = acc * tl.cast(lora_scale, tl.float32)
+    if LORA == 1 or LORA == 2:
         # (s * xa) @ B^T, R_BLOCK stacked columns at a time (one step unless precomputed).
         for r0 in tl.static_range(0, R_PAD, R_BLOCK):
             rr = r0 + tl.arange(0, R_BLOCK)
@@ -271,7 +289,8 @@ def _lora_kernel(
 def _tma_body(
     x_desc,  # TensorDescriptor over x (M, K), block (BLOCK_M, BLOCK_K)
     w_desc,  # TensorDescriptor over W (N, K), block (BLOCK_N, BLOCK_K)
-    a_desc,  # LORA 1: TensorDescriptor over stacked A (R, K), block (R_PAD, BLOCK_K)
+    a_desc,  # LORA 1: over stacked A (R, K), block (R_PAD, BLOCK_K); LORA 4: over xs (M, R)
+    b_desc,  # LORA 4: TensorDescriptor over stacked B (N, R), block (BLOCK_N, R_BLOCK)
     bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,  # as in _gemm_body
     M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
@@ -287,7 +306,8 @@ def _tma_body(
     past K, M and N: no masks or index math in the main loop. FLATTEN lets Triton pipeline
     the tile and K loops as one (faster on H100: NOTES.md). LORA 1: x @ A^T accumulated
     from the x tiles already in shared memory (A's rows past R arrive as zeros); LORA 2:
-    precomputed xa read by the epilogue."""
+    precomputed xa read by the epilogue; LORA 4: xs @ B^T as one more K step (see the
+    module docstring)."""
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_tiles_n
@@ -312,6 +332,11 @@ def _tma_body(
             if LORA == 1:
                 at = a_desc.load([0, k0])
                 xa = mma(xt, at.T, xa, PRECISION, UPCAST)
+        if LORA == 4:
+            for r0 in tl.static_range(0, R_PAD, R_BLOCK):
+                st = a_desc.load([off_m, r0])
+                bt = b_desc.load([off_n, r0])
+                acc = mma(st, bt.T, acc, PRECISION, UPCAST)
         rows = off_m.to(tl.int64) + tl.arange(0, BLOCK_M)
         cols = off_n.to(tl.int64) + tl.arange(0, BLOCK_N)
         _epilogue(
@@ -334,7 +359,8 @@ def _linear_tma_kernel(
 ):  # fmt: skip
     """Plain linear layers through _tma_body (the fewest launch arguments)."""
     _tma_body(
-        x_desc, w_desc, x_desc, bias_ptr, res_ptr, out_ptr, out_ptr, out_ptr, out_ptr, out_ptr,
+        x_desc, w_desc, x_desc, x_desc, bias_ptr, res_ptr, out_ptr, out_ptr, out_ptr, out_ptr,
+        out_ptr,
         M, N, K, stride_rm, stride_om, 0, alpha, 1.0,
         HAS_BIAS, HAS_RES, ACTIVATION, 0, False, 1, 1, 16, 16, False, PRECISION, UPCAST,
         BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN, WARP_SPEC,
@@ -343,7 +369,7 @@ def _linear_tma_kernel(
 
 @triton.jit
 def _lora_tma_kernel(
-    x_desc, w_desc, a_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
+    x_desc, w_desc, a_desc, b_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
     M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
     LORA: tl.constexpr, MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, R_PAD: tl.constexpr,
@@ -353,9 +379,9 @@ def _lora_tma_kernel(
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False,
 ):  # fmt: skip
-    """LoRA layers (LORA 1 in-loop, 2 precomputed) through _tma_body."""
+    """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand) through _tma_body."""
     _tma_body(
-        x_desc, w_desc, a_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
+        x_desc, w_desc, a_desc, b_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
         M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
         PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN,
@@ -427,7 +453,8 @@ def _launch_tma(
 ) -> None:
     """One launch of the TMA kernel. lora: None, or (mode, lora_a, lora_b, xa, ids,
     scales, lora_scale, rank, r_block) with mode LORA_IN_LOOP (lora_a read through its own
-    descriptor) or LORA_PRECOMPUTED (xa = x @ A^T given)."""
+    descriptor), LORA_PRECOMPUTED (xa = x @ A^T given), LORA_SHRINK (weight is A) or
+    LORA_EXPAND (xa is xs, read with lora_b through descriptors)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     m, k = x.shape
@@ -453,15 +480,20 @@ def _launch_tma(
         )  # fmt: skip
         return
     mode, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block = lora
-    r = lora_b.shape[1]
+    r = 1 if lora_b is None else lora_b.shape[1]
     r_pad = max(16, next_pow2(r))
-    a_desc = x_desc
+    a_desc = b_desc = x_desc
     if mode == LORA_IN_LOOP:
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, bk])
+    elif mode == LORA_EXPAND:
+        a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
+        b_desc = TensorDescriptor.from_tensor(lora_b, [bn, r_block])
     _lora_tma_kernel[(programs,)](
-        x_desc, w_desc, a_desc, bias_arg, res_arg, out, lora_b, out if xa is None else xa,
+        x_desc, w_desc, a_desc, b_desc, bias_arg, res_arg, out,
+        out if lora_b is None else lora_b, out if xa is None else xa,
         out if ids is None else ids, out if scales is None else scales,
-        m, n, k, stride_rm, out.stride(0), lora_b.stride(0), float(alpha), float(lora_scale),
+        m, n, k, stride_rm, out.stride(0), 0 if lora_b is None else lora_b.stride(0),
+        float(alpha), float(lora_scale),
         LORA=mode, MULTI=ids is not None, R=r, RANK=max(rank, 1), R_PAD=r_pad, R_BLOCK=r_block,
         PER_ADAPTER_SCALE=scales is not None, **common,
     )  # fmt: skip
@@ -507,7 +539,7 @@ def launch_linear(
     n = weight.shape[0]
     if m == 0 or n == 0:
         return
-    r = 0 if lora == LORA_NONE else lora_b.shape[1]
+    r = 0 if lora == LORA_NONE else 1 if lora_b is None else lora_b.shape[1]
     r_pad = max(16, next_pow2(max(r, 1)))
     r_block = r_pad if lora == LORA_IN_LOOP else min(r_pad, 64)
     grid = (cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"]),)
@@ -533,6 +565,8 @@ def launch_linear(
             num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return
+    if lora == LORA_EXPAND:
+        raise ValueError("LORA_EXPAND runs on the TMA kernel only")
     kernel = torch.library.wrap_triton(_lora_kernel) if traced else _lora_kernel
     dummy = x
     kernel[grid](
@@ -541,14 +575,14 @@ def launch_linear(
         dummy if residual is None else residual,
         out,
         dummy if lora_a is None else lora_a,
-        lora_b,
+        dummy if lora_b is None else lora_b,
         dummy if xa is None else xa,
         dummy if ids is None else ids,
         dummy if scales is None else scales,
         m, n, k,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
         0 if residual is None else residual.stride(0), out.stride(0),
-        0 if lora_a is None else lora_a.stride(0), lora_b.stride(0),
+        0 if lora_a is None else lora_a.stride(0), 0 if lora_b is None else lora_b.stride(0),
         float(alpha), float(lora_scale),
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACTIVATION=activation,
         LORA=lora, MULTI=ids is not None, R=r, RANK=max(rank, 1), R_PAD=r_pad, R_BLOCK=r_block,
@@ -586,9 +620,18 @@ _SMALL_TMA = [  # the same for the TMA kernel (LOOP_TUNED): the best of a wider 
 ]  # fmt: skip
 
 
+_SKINNY_N = [  # (BLOCK_M, BLOCK_K, warps, stages) for many rows and N <= 64 (LoRA's
+    # x @ A^T): short row tiles, so that M / BLOCK_M programs cover the SMs (H100, M = 4096,
+    # N = 16: 64 x 16 tiles left half the SMs idle, 23 us for a 32 MiB read)
+    (16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3),
+]  # fmt: skip
+SMEM_LIMIT = 232448  # bytes of shared memory a block may use on Hopper (the largest)
+
+
 def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR) -> list[dict]:
-    """Shape-pruned candidate configs (tile dims never far above the problem's); with
-    LOOP_TUNED also TMA-kernel configs (flagged "TMA") for decode-like rows."""
+    """Shape-pruned candidate configs (tile dims never far above the problem's, pipeline
+    buffers within SMEM_LIMIT); with LOOP_TUNED also TMA-kernel configs (flagged "TMA")
+    for decode-like rows."""
     mb = max(16, _tune.m_bucket(m))
     cap_n = max(16, next_pow2(n))
     cap_k = max(16, next_pow2(k))
@@ -598,6 +641,9 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR)
             base += [dict(_cfg(mb, bn, bk, w, s), TMA=True) for bn, bk, w, s in _SMALL_TMA]
     else:
         base = list(_LARGE)
+        if cap_n <= 64:
+            base += [_cfg(bm, cap_n, bk, w, s) for bm, bk, w, s in _SKINNY_N]
+    es = torch.empty((), dtype=dtype).element_size()
     out = []
     for c in base:
         c = dict(c)
@@ -606,7 +652,8 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR)
         c["BLOCK_M"] = min(c["BLOCK_M"], mb)
         c["BLOCK_N"] = min(c["BLOCK_N"], cap_n)
         c["BLOCK_K"] = min(c["BLOCK_K"], cap_k)
-        if c not in out:
+        smem = c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * es
+        if c not in out and smem <= SMEM_LIMIT:
             out.append(c)
     return out
 

@@ -15,7 +15,6 @@ serves a mixed batch; the adapters are stacked along r so each row keeps its own
 from __future__ import annotations
 
 import numbers
-import os
 from collections.abc import Sequence
 
 import torch
@@ -43,14 +42,6 @@ IN_LOOP_MAX_M = 1024
 IN_LOOP_MAX_R = 64  # stacked LoRA columns that fit beside the accumulator in registers
 
 TMA_MAX_R = 64  # stacked LoRA columns the TMA kernel's epilogue takes (see lora_rows)
-
-
-def tma_in_loop_requested() -> bool:
-    """FUSEML_LORA_TMA_IN_LOOP=1: the in-loop LoRA mode inside the TMA kernel (experimental)."""
-    value = os.environ.get("FUSEML_LORA_TMA_IN_LOOP", "0") or "0"
-    if value not in ("0", "1"):
-        raise ValueError(f"FUSEML_LORA_TMA_IN_LOOP must be '0' or '1', got {value!r}")
-    return value == "1"
 
 
 def _scale_list(scaling, n: int) -> list[float]:
@@ -113,33 +104,29 @@ def lora_rows(
     b = None if bias is None else bias.contiguous()
     r = a_stacked.shape[0]
     r_pad = max(16, next_pow2(r))  # as launch_linear pads it
-    # The TMA kernel while the epilogue is one step of at most 64 stacked columns: more
+    # The TMA kernel while the LoRA step is one dot of at most 64 stacked columns: more
     # steps, pipelined by the flattened loop, overflow shared memory (H100: 466 KiB asked
     # for 16 adapters x rank 16).
     loop = _gemm.gemm_loop(x2, weight, traced) if r_pad <= TMA_MAX_R else _gemm.LOOP_PTR
-    fits_in_loop = r_pad <= IN_LOOP_MAX_R
-    # Experimental (FUSEML_LORA_TMA_IN_LOOP=1; slower than the default at M = 4096 on an
-    # H100, NOTES.md): the in-loop mode inside the TMA kernel at any M.
-    in_loop_tma = (
-        loop == _gemm.LOOP_TMA
-        and fits_in_loop
-        and tma_in_loop_requested()
-        and _gemm.tma_eligible(a_stacked)
-    )
-    in_loop = in_loop_tma or (fits_in_loop and (type(m) is not int or m <= IN_LOOP_MAX_M))
-    if (
-        in_loop
-        and not in_loop_tma
-        and loop != _gemm.LOOP_PTR
-        and (loop == _gemm.LOOP_TMA or not _gemm.tma_eligible(a_stacked))
-    ):
-        # In-loop below IN_LOOP_MAX_M takes the pointer kernel, except for decode-like rows
-        # (LOOP_TUNED), where the tuner may pick the TMA kernel (A through a descriptor).
-        loop = _gemm.LOOP_PTR
+    in_loop = r_pad <= IN_LOOP_MAX_R and (type(m) is not int or m <= IN_LOOP_MAX_M)
+    if in_loop and loop != _gemm.LOOP_PTR:
+        # In-loop inside the TMA kernel (A through a descriptor): a tuning candidate for
+        # decode-like rows (LOOP_TUNED), or forced (FUSEML_GEMM=tma); otherwise in-loop
+        # takes the pointer kernel.
+        forced = loop == _gemm.LOOP_TMA and _gemm.gemm_mode() == "tma"
+        if not (_gemm.tma_eligible(a_stacked) and (loop == _gemm.LOOP_TUNED or forced)):
+            loop = _gemm.LOOP_PTR
     xa = None
-    if not in_loop:  # x @ A^T in float32, by the same kernel
+    if in_loop:
+        mode = _gemm.LORA_IN_LOOP
+    elif loop == _gemm.LOOP_TMA and r % 8 == 0 and _gemm.tma_eligible(b_stacked):
+        # Expand: xs = scaled, masked x @ A^T in x's dtype from a first launch, then one
+        # more K step of the main kernel through descriptors (see fuseml.ops._gemm).
+        mode = _gemm.LORA_EXPAND
+        xa = _shrink(x2, a_stacked, rank, scaling, scales, ids, traced)
+    else:  # x @ A^T in float32, by the same kernel; the epilogue scales and masks it
+        mode = _gemm.LORA_PRECOMPUTED
         xa = linear_rows(x2, a_stacked, None, None, 1.0, 0, traced=traced, out_dtype=torch.float32)
-    mode = _gemm.LORA_IN_LOOP if in_loop else _gemm.LORA_PRECOMPUTED
 
     def run(cfg: dict) -> None:
         _gemm.launch_linear(
@@ -152,6 +139,27 @@ def lora_rows(
         extra = f"lora{mode}r{r_pad}{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
         run(_gemm.choose_config("linear", x2, n, k, run, extra, loop))
     return out.view(*x.shape[:-1], n)
+
+
+def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced) -> torch.Tensor:
+    """xs = (x @ A^T) * scaling, each row keeping only its adapter's columns (MULTI), in
+    x's dtype: the first launch of the expand mode (the rounding the unmerged chain does)."""
+    m, k = x2.shape
+    r = a_stacked.shape[0]
+    xs = torch.empty((m, r), dtype=x2.dtype, device=x2.device)
+    loop = _gemm.gemm_loop(x2, a_stacked, traced)
+
+    def run(cfg: dict) -> None:
+        _gemm.launch_linear(
+            xs, x2, a_stacked, None, None, 1.0, 0, cfg,
+            lora=_gemm.LORA_SHRINK, ids=ids, scales=scales, lora_scale=scaling, rank=rank,
+            traced=traced, tma=_gemm.takes_tma(loop, cfg),
+        )  # fmt: skip
+
+    if m:
+        extra = f"shrink{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
+        run(_gemm.choose_config("linear", x2, r, k, run, extra, loop))
+    return xs
 
 
 # ------------------------------------------------------------------------ registration
