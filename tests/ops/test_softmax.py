@@ -117,12 +117,15 @@ def test_softmax_strided_inputs(device, backend):
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_softmax_long_rows_online_path(device, backend, log, dtype, monkeypatch):
+@pytest.mark.parametrize("per_sm", [0, 1])
+def test_softmax_long_rows_online_path(device, backend, log, dtype, per_sm, monkeypatch):
     if backend == "cuda":
         pytest.skip("the CUDA twin's long-row path is covered by test_softmax_long_rows_on_gpu")
-    # Force the online (two-pass) kernel at sizes the interpreter can run.
+    # Force the online (two-pass) kernel at sizes the interpreter can run; per_sm 1: a
+    # persistent grid smaller than the rows.
     monkeypatch.setattr(sm, "MAX_ONCHIP_COLS", 64)
     monkeypatch.setattr(sm, "ONLINE_BLOCK", 128)
+    monkeypatch.setattr(sm, "ONLINE_PER_SM", per_sm)
     x = 8 * torch.randn(3, 1037, dtype=dtype, device=device)
     assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
 
@@ -130,9 +133,14 @@ def test_softmax_long_rows_online_path(device, backend, log, dtype, monkeypatch)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
-@pytest.mark.parametrize("n_cols", [1025, 8191, 32768, 32769, 262144, 1_048_576])
-def test_softmax_long_rows_on_gpu(backend, n_cols):
-    x = 10 * torch.randn(4, n_cols, device="cuda", dtype=torch.bfloat16)
+@pytest.mark.parametrize("n_cols", [1025, 8191, 32768, 32769, 50257, 262144, 1_048_576])
+@pytest.mark.parametrize("per_sm", [0, 1])
+def test_softmax_long_rows_on_gpu(backend, n_cols, per_sm, monkeypatch):
+    if per_sm and (backend == "cuda" or n_cols <= sm.MAX_ONCHIP_COLS):
+        pytest.skip("per_sm sets the Triton online kernel's grid only")
+    monkeypatch.setattr(sm, "ONLINE_PER_SM", per_sm)
+    rows = 300 if per_sm else 4  # more rows than the persistent grid
+    x = 10 * torch.randn(rows, n_cols, device="cuda", dtype=torch.bfloat16)
     out = fuseml.ops.softmax(x, backend=backend)
     assert_close_verbose(out, _ref(x, -1, False), torch.bfloat16)
     out = fuseml.ops.log_softmax(x, backend=backend)

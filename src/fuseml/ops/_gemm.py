@@ -333,9 +333,14 @@ def _tma_body(
                 at = a_desc.load([0, k0])
                 xa = mma(xt, at.T, xa, PRECISION, UPCAST)
         if LORA == 4:
-            for r0 in tl.static_range(0, R_PAD, R_BLOCK):
-                st = a_desc.load([off_m, r0])
-                bt = b_desc.load([off_n, r0])
+            if R_PAD > R_BLOCK:  # several steps: one set of buffers, not one per step
+                for r0 in tl.range(0, R_PAD, R_BLOCK, num_stages=1):
+                    st = a_desc.load([off_m, r0])
+                    bt = b_desc.load([off_n, r0])
+                    acc = mma(st, bt.T, acc, PRECISION, UPCAST)
+            else:
+                st = a_desc.load([off_m, 0])
+                bt = b_desc.load([off_n, 0])
                 acc = mma(st, bt.T, acc, PRECISION, UPCAST)
         rows = off_m.to(tl.int64) + tl.arange(0, BLOCK_M)
         cols = off_n.to(tl.int64) + tl.arange(0, BLOCK_N)

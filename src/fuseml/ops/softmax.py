@@ -82,44 +82,47 @@ def _softmax_rows_kernel(
 def _softmax_online_kernel(
     x_ptr,  # (M, N) input, unit column stride
     out_ptr,  # (M, N) output
+    n_rows,
     n_cols,
     stride_xm,
     stride_om,
     LOG: tl.constexpr,
     BLOCK_N: tl.constexpr,  # columns per step
 ):
-    # One program per row. Pass 1 keeps a running max and sum per lane (online softmax:
-    # s <- s * exp(m_old - m_new) + exp(x - m_new)), pass 2 writes the output: two reads
-    # and one write, however long the row.
-    row64 = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row64 * stride_xm
+    # Rows too long for registers. Pass 1 keeps a running max m and sum s of the row, one
+    # chunk at a time (online softmax: s <- s * exp(m_old - m_new) + sum(exp(x - m_new)),
+    # with m_new the max over the chunk and m_old: one exp per element, not two as a
+    # per-lane running max needs); pass 2 writes the output. Two reads and one write,
+    # however long the row; the grid may be smaller than the rows (a program takes
+    # rows pid, pid + grid, ...) so that fewer rows are in flight between the two reads.
     cols = tl.arange(0, BLOCK_N)
-    m = tl.full([BLOCK_N], -float("inf"), tl.float32)
-    s = tl.zeros([BLOCK_N], tl.float32)
-    for start in range(0, n_cols, BLOCK_N):
-        offs = start + cols
-        x = tl.load(x_row + offs, mask=offs < n_cols, other=-float("inf")).to(tl.float32)
-        m_new = tl.maximum(m, x)
-        # A lane that has only seen -inf keeps m = -inf: shift by 0 there, not by -inf
-        # (-inf - -inf would be NaN), so its sum stays 0.
-        shift = tl.where(m_new == -float("inf"), 0.0, m_new)
-        s = s * tl.exp(m - shift) + tl.exp(x - shift)
-        m = m_new
-    row_max = tl.max(m, axis=0)
-    shift = tl.where(row_max == -float("inf"), 0.0, row_max)
-    total = tl.sum(s * tl.exp(m - shift), axis=0)
-    log_total = tl.log(total)
-    out_row = out_ptr + row64 * stride_om
-    for start in range(0, n_cols, BLOCK_N):
-        offs = start + cols
-        mask = offs < n_cols
-        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        z = x - row_max  # NaN for an all -inf row, as torch
-        if LOG:
-            y = z - log_total
-        else:
-            y = tl.exp(z) / total
-        tl.store(out_row + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row64 = tl.cast(row, tl.int64)
+        x_row = x_ptr + row64 * stride_xm
+        m = tl.full([], -float("inf"), tl.float32)
+        s = tl.full([], 0.0, tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            offs = start + cols
+            x = tl.load(x_row + offs, mask=offs < n_cols, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            # While every value so far is -inf, shift by 0 rather than by -inf (-inf - -inf
+            # would be NaN), so the sum stays 0.
+            shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+            s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
+            m = m_new
+        log_total = tl.log(s)
+        inv_total = 1.0 / s
+        out_row = out_ptr + row64 * stride_om
+        for start in range(0, n_cols, BLOCK_N):
+            offs = start + cols
+            mask = offs < n_cols
+            x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+            z = x - m  # NaN for an all -inf row, as torch
+            if LOG:
+                y = z - log_total
+            else:
+                y = tl.exp(z) * inv_total
+            tl.store(out_row + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -193,7 +196,6 @@ def _softmax_strided_kernel(
 # Rows up to this many bytes of float32 math stay in registers (one program per row, 8-16
 # warps): 32768 columns = 128 KiB of fp32 per row, half of an H100/H200 SM's register file.
 MAX_ONCHIP_COLS = 32768
-ONLINE_BLOCK = 4096  # columns per step of the online kernel (16 KiB of fp32 in flight)
 
 
 # Short rows: ROWS_TILE elements per step (H100, bf16, M = 4096, a sweep in NOTES.md:
@@ -266,12 +268,22 @@ def _launch_rows(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) 
     )  # fmt: skip
 
 
+# Online kernel launch: columns per step, warps, and programs per SM (0: one program per
+# row). A first choice: see NOTES.md for the sweep that will set it.
+ONLINE_BLOCK = 4096
+ONLINE_WARPS = 8
+ONLINE_PER_SM = 0
+
+
 def _launch_online(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) -> None:
     n_rows, n_cols = x2.shape
+    grid = n_rows
+    if ONLINE_PER_SM:  # a persistent grid (CPU, for the tests: one "SM")
+        grid = min(n_rows, ONLINE_PER_SM * (sm_count(x2.get_device()) if x2.is_cuda else 1))
     kernel = torch.library.wrap_triton(_softmax_online_kernel) if traced else _softmax_online_kernel
-    kernel[(n_rows,)](
-        x2, out2, n_cols, x2.stride(0), out2.stride(0),
-        LOG=log, BLOCK_N=min(ONLINE_BLOCK, next_pow2(n_cols)), num_warps=8,
+    kernel[(grid,)](
+        x2, out2, n_rows, n_cols, x2.stride(0), out2.stride(0),
+        LOG=log, BLOCK_N=min(ONLINE_BLOCK, next_pow2(n_cols)), num_warps=ONLINE_WARPS,
     )  # fmt: skip
 
 

@@ -1,0 +1,63 @@
+"""GPU sweep of the online (long-row) softmax launch (tuning work, not the benchmark).
+
+    PYTHONPATH=src python scripts/probe_softmax.py
+
+M = 4096 bf16 rows of N = 32768 (where the on-chip kernel ends), 50257, 65536 and 262144
+columns: torch.softmax and a same-size copy, then fuseml.ops.softmax with the online
+kernel's columns per step, warps and programs per SM (0: one program per row) swept
+through the module constants. Median us (triton.testing.do_bench, L2 flushed) and GB/s
+(one read + one write).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import triton.testing
+
+import fuseml
+from fuseml.ops import softmax as sm
+from fuseml.testing import rel_err
+
+
+def _us(fn) -> float:
+    return triton.testing.do_bench(fn, return_mode="median") * 1e3
+
+
+def _width(n: int, m: int) -> None:
+    x = 3 * torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    ref = torch.softmax(x, -1)
+    nbytes = 2 * x.numel() * x.element_size()
+
+    def show(name: str, us: float, err: float | None = None) -> None:
+        e = "" if err is None else f" err={err:.1e}"
+        print(f"  {name:40s} {us:8.1f} us {nbytes / us / 1e3:6.0f} GB/s{e}", flush=True)
+
+    def fused():
+        return fuseml.ops.softmax(x)
+
+    print(f"== softmax {m} x {n} bf16")
+    show("copy", _us(lambda: torch.empty_like(x).copy_(x)))
+    show("torch.softmax", _us(lambda: torch.softmax(x, -1)))
+    if n <= sm.MAX_ONCHIP_COLS:
+        show("fuseml on-chip kernel", _us(fused))
+    saved = (sm.MAX_ONCHIP_COLS, sm.ONLINE_BLOCK, sm.ONLINE_WARPS, sm.ONLINE_PER_SM)
+    try:
+        sm.MAX_ONCHIP_COLS = 1024  # the online kernel at every width here
+        for block, warps, per_sm in itertools.product((4096, 8192), (8, 16), (0, 1, 2, 4)):
+            sm.ONLINE_BLOCK, sm.ONLINE_WARPS, sm.ONLINE_PER_SM = block, warps, per_sm
+            err = rel_err(fused(), ref)
+            show(f"online block={block} warps={warps} per_sm={per_sm}", _us(fused), err)
+    finally:
+        sm.MAX_ONCHIP_COLS, sm.ONLINE_BLOCK, sm.ONLINE_WARPS, sm.ONLINE_PER_SM = saved
+
+
+def main(m: int = 4096) -> None:
+    for n in (32768, 50257, 65536, 262144):
+        _width(n, m)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
