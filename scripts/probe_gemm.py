@@ -141,17 +141,6 @@ def lora_sweep(k: int = 4096, n: int = 4096) -> None:
                 x, w, b, a, bb, 2.0, "relu", adapter_ids=ids, check_ids=False
             ),
         }
-        if r * (adapters or 1) > lora_mod.TMA_MAX_R:
-
-            def wide_tma():  # candidate: the expand step over more than 64 stacked columns
-                limit = lora_mod.TMA_MAX_R
-                lora_mod.TMA_MAX_R = 256
-                try:
-                    return arms["fused lora_linear"]()
-                finally:
-                    lora_mod.TMA_MAX_R = limit
-
-            arms["fused, expand up to 256 columns"] = wide_tma
         base = None
         for name, fn in arms.items():
             try:

@@ -186,10 +186,10 @@ def test_lora_bad_input(over, exc, words):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize(("adapters", "r"), [(1, 16), (4, 16), (16, 16)])
+@pytest.mark.parametrize(("adapters", "r"), [(1, 16), (4, 16), (16, 16), (3, 6)])
 def test_lora_large_batch_tuned_gpu(adapters, r, tmp_path, monkeypatch):
-    """Precomputed mode at a batch where Hopper takes the TMA kernel (up to 64 stacked
-    columns; 16 x 16 = 256 keeps the pointer kernel), with tuning on as users run it."""
+    """Above the in-loop rows, where Hopper takes the expand mode on the TMA kernel (up to
+    256 stacked columns: 16 x 16 takes four steps), with tuning on as users run it."""
     from fuseml.ops import _tune
 
     monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
