@@ -104,7 +104,11 @@ def single_case(m: int, rank: int, *, overhead: bool = False, device: str = "cud
         bytes=nbytes,
         flops=flops,
         ceiling="matmul_bf16_tflops",
-        graph=launch_bound(flops, nbytes),
+        # Graph rows at every M: the fused layer's two launches above the in-loop rows
+        # (shrink, then the main GEMM) leave the GPU idle while the host prepares the
+        # second, which event timing with a flushed L2 shows (H100: 287 us events vs 219
+        # us of GPU time at M = 4096); graph replays give the GPU time beside it.
+        graph=True,
         overhead=overhead and launch_bound(flops, nbytes),  # else the loop waits on the GPU
         overhead_arms=overhead_arms,
         dtype=DTYPE,
