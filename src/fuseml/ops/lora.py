@@ -5,7 +5,7 @@
 Unmerged eager (peft) runs three GEMMs and an add: x @ W^T, x @ A^T, (.) @ B^T, each
 writing to memory. Merging W' = W + s B A costs nothing per call but fixes one adapter
 per weight copy. The fused kernel keeps the adapter separate and adds the rank-r term to
-the GEMM's accumulator tiles (see ``fuseml.ops._gemm`` for the two LoRA modes).
+the GEMM's accumulator tiles (see ``fuseml.ops._gemm`` for the LoRA modes).
 
 Multi-adapter: ``lora_a`` (adapters, r, in), ``lora_b`` (adapters, out, r) and an
 ``adapter_ids`` tensor giving each row's adapter (-1: base weight only). One launch
