@@ -1,12 +1,12 @@
-"""GPU sweep of the online (long-row) softmax launch (tuning work, not the benchmark).
+"""GPU sweep of the softmax launch configs (tuning work, not the benchmark).
 
     PYTHONPATH=src python scripts/probe_softmax.py
 
-M = 4096 bf16 rows of N = 32768 (where the on-chip kernel ends), 50257, 65536 and 262144
-columns: torch.softmax and a same-size copy, then fuseml.ops.softmax with the online
-kernel's columns per step, warps and programs per SM (0: one program per row) swept
-through the module constants. Median us (triton.testing.do_bench, L2 flushed) and GB/s
-(one read + one write).
+M = 4096 bf16 rows of N = 16384, 32768 (where the on-chip kernel ends), 50257, 65536 and
+262144 columns: torch.softmax and a same-size copy; the on-chip kernel with 8 / 16 / 32
+warps where it applies; then the online kernel's columns per step, warps and programs
+per SM (0: one program per row), swept through the module constants. Median us
+(triton.testing.do_bench, L2 flushed) and GB/s (one read + one write).
 """
 
 from __future__ import annotations
@@ -44,6 +44,14 @@ def _width(n: int, m: int) -> None:
     show("torch.softmax", _us(lambda: torch.softmax(x, -1)))
     if n <= sm.MAX_ONCHIP_COLS:
         show("fuseml on-chip kernel", _us(fused))
+        base = sm._rows_config
+        try:  # warps: at 32768 columns, 16 warps spill 72 B a thread (offline sm_90a
+            # compile), 32 warps do not (NOTES.md)
+            for warps in (8, 16, 32):
+                sm._rows_config = lambda cols, warps=warps: dict(base(cols), num_warps=warps)
+                show(f"on-chip kernel, {warps} warps", _us(fused), rel_err(fused(), ref))
+        finally:
+            sm._rows_config = base
     saved = (sm.MAX_ONCHIP_COLS, sm.ONLINE_BLOCK, sm.ONLINE_WARPS, sm.ONLINE_PER_SM)
     try:
         sm.MAX_ONCHIP_COLS = 1024  # the online kernel at every width here
@@ -56,7 +64,7 @@ def _width(n: int, m: int) -> None:
 
 
 def main(m: int = 4096) -> None:
-    for n in (32768, 50257, 65536, 262144):
+    for n in (16384, 32768, 50257, 65536, 262144):
         _width(n, m)
         torch.cuda.empty_cache()
 
