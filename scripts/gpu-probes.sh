@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The open GPU experiments of NOTES.md in one call (tuning work, not the benchmark): the
-# GPU tests of the kernels changed since the last check, then the probes. Logs go to
-# OUTDIR, and OUTDIR/probes.tgz holds them all (one file to fetch).
+# The open GPU checks of NOTES.md in one call: the GPU tests of the modules that call the
+# changed GEMM paths, the softmax launch sweep, and the lora suite with its graph rows.
+# Logs go to OUTDIR, and OUTDIR/probes.tgz holds them all (one file to fetch). Set
+# FUSEML_COMMIT=<sha> for the results' commit stamp where the tree has no current .git.
 #
 #   scripts/gpu-probes.sh [OUTDIR]        (default: out/gpu-probes)
 set -uo pipefail
@@ -17,8 +18,9 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run tests 240 "$PY" -m pytest -q -m gpu -n 8 -rf tests/ops/test_softmax.py \
-    tests/ops/test_lora.py tests/ops/test_linear.py tests/test_triton_key.py
-run gemm-lora 150 "$PY" scripts/probe_gemm.py lora
+run tests 200 "$PY" -m pytest -q -m gpu -n 12 -rf tests/ops/test_mlp.py tests/nn \
+    tests/test_optimize.py
+run softmax 150 "$PY" scripts/probe_softmax.py
+run bench-lora 200 "$PY" -m fuseml.cli bench lora --quick --out "$OUT/results"
 tail -3 "$OUT/tests.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"
