@@ -224,8 +224,11 @@ def test_tables_plots_readme_and_summary(name, tmp_path):
     if name == "mlp":
         assert "eager+graph" in tables[0] and "(graph)" not in tables[0]
     if name == "lora":
-        single, multi = tables
+        single, per_call, multi = tables
         assert "| rank | m | eager | merged | compile | triton |" in single
+        assert "4096 (graph)" in single  # graph rows at every M stand in for events
+        # The per-call table: the event rows themselves, only from 1024 rows.
+        assert "(graph)" not in per_call and "| 4096 |" in per_call and "| 1 |" not in per_call
         assert "| adapters | m | eager | triton | triton-single |" in multi
     if name == "tuning":
         assert "8.000 s" in tables[0] and "0.150 s" in tables[0]
