@@ -124,3 +124,30 @@ def test_run_cases_times_and_checks_on_gpu():
     wrong = next(r for r in rows if r["arm"] == "wrong" and r["mode"] == "events")
     assert wrong["matches_ref"] is False
     assert all(r["p50_ms"] > 0 for r in rows if "p50_ms" in r)
+
+
+def test_fusion_side_by_side_names_its_sources(tmp_path):
+    """The README's fusion table: GELU and softmax rows of one GPU, five arms, and the
+    run, commit and date each suite's rows come from."""
+    from fuseml.bench import readme
+
+    meta = {
+        "gpu": "Test GPU",
+        "gpu_slug": "test-gpu",
+        "commit": "abc",
+        "date": "2026-01-01",
+        "run": "quick",
+    }
+    row = {"mode": "events", "p50_ms": 0.01, "pct_of_ceiling": 50.0, "numel": 1 << 20}
+    gelu = [{**row, "case": "gelu/bfloat16/1048576", "arm": a, "op": "gelu"}
+            for a in ("manual", "builtin", "cuda", "triton", "compile")]  # fmt: skip
+    meta_sm = {**meta, "commit": "def"}
+    soft = [{**row, "case": "softmax/bfloat16/4096x256", "arm": a, "op": "softmax"}
+            for a in ("manual", "torch", "cuda", "triton", "compile")]  # fmt: skip
+    for suite, rows, m in (("elementwise", gelu, meta), ("softmax", soft, meta_sm)):
+        report.write_results(suite, rows, {"copy_gbps": 3000.0}, m, tmp_path)
+    text = readme.fusion_markdown(tmp_path)
+    assert "| gelu/bfloat16/1048576 | 10.0 us (50%) |" in text
+    assert "| softmax/bfloat16/4096x256 | 10.0 us (50%) |" in text
+    assert "gelu: quick run of the elementwise suite, commit abc" in text
+    assert "softmax: quick run of the softmax suite, commit def" in text

@@ -48,8 +48,14 @@ def fusion_markdown(root: Path) -> str | None:
         if not (ew.exists() and sm.exists()):
             continue
         rows = []
+        sources = []
         for path, op_key, builtin in ((ew, "gelu", "builtin"), (sm, "softmax", "torch")):
             doc = report.load_results(path)
+            meta = doc["meta"]
+            sources.append(
+                f"{op_key}: {meta.get('run', '?')} run of the {doc['suite']} suite, commit "
+                f"{meta.get('commit', '?')}, {meta.get('date', '?')}"
+            )
             events = [r for r in doc["rows"] if r.get("mode") == "events" and r["op"] == op_key]
             graph = report.graph_rows(doc)
             by_case: dict[str, dict] = {}
@@ -72,7 +78,8 @@ def fusion_markdown(root: Path) -> str | None:
             gpu = doc["meta"]["gpu"]
         head = "| case | " + " | ".join(label for _, label in FUSION_ARMS) + " |"
         parts += [f"**{gpu}**: median time (% of the copy bandwidth measured in the same run)\n",
-                  head, "|---" * (len(FUSION_ARMS) + 1) + "|", *rows]  # fmt: skip
+                  head, "|---" * (len(FUSION_ARMS) + 1) + "|", *rows,
+                  "", "Sources: " + "; ".join(sources) + "."]  # fmt: skip
         png = gpu_dir / "softmax.png"
         if png.exists():
             parts.append(f"\n![softmax GB/s across N on {gpu}]({png.as_posix()})\n")
