@@ -91,6 +91,29 @@ def main():
             C8="tf32",
         ),
     }
+    # TMA launches: host TensorDescriptors, encoded by Triton's launcher on every launch
+    # (linear TMA: 2; LoRA expand: a shrink launch with 2 used, then a main launch with 4).
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    xl = torch.randn(2048, 1024, device=dev, dtype=dt)
+    wl = torch.randn(1024, 1024, device=dev, dtype=dt)
+    bl = torch.randn(1024, device=dev, dtype=dt)
+    al = torch.randn(16, 1024, device=dev, dtype=dt)
+    bbl = torch.randn(1024, 16, device=dev, dtype=dt)
+    fuseml.ops.lora_linear(xl, wl, bl, al, bbl, 2.0)  # tunes (expand mode at 2048 rows)
+    fuseml.ops.lora_linear(xl[:64], wl, bl, al, bbl, 2.0)  # in-loop mode
+    rows.update({
+        "TensorDescriptor.from_tensor": lambda: TensorDescriptor.from_tensor(x, [16, 64]),
+        "launch_linear, TMA kernel": lambda: _gemm.launch_linear(
+            out, x, w, b, None, 1.0, 1, cfg, tma=True
+        ),
+        "lora_linear M=2048 (expand: 2 launches)": lambda: fuseml.ops.lora_linear(
+            xl, wl, bl, al, bbl, 2.0
+        ),
+        "lora_linear M=64 (in-loop: 1 launch)": lambda: fuseml.ops.lora_linear(
+            xl[:64], wl, bl, al, bbl, 2.0
+        ),
+    })  # fmt: skip
     # Modules and a whole model, as fuseml.optimize leaves them (parameters, no_grad).
     from fuseml.models.bench_cases import random_inputs
     from fuseml.models.dlrm import DLRM, DLRMConfig
@@ -120,6 +143,7 @@ def main():
         for label, fn in (
             ("fuseml.ops.linear", lambda: fuseml.ops.linear(x, w, b, "relu")),
             ("fused DLRM forward", lambda: fused_model(dense, sparse)),
+            ("lora_linear expand", lambda: fuseml.ops.lora_linear(xl, wl, bl, al, bbl, 2.0)),
         ):
             pr = cProfile.Profile()
             pr.enable()
