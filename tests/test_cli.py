@@ -21,6 +21,7 @@ def test_env_reports_versions_and_backends():
     if not torch.cuda.is_available():
         assert "CPU only" in out and "measured on a GPU only" in out
         assert "GEMM main loop" in out and "pointer-load kernel" in out
+    assert "Triton install hash" in out and "triton-key" in out
 
 
 def test_env_names_a_forced_or_bad_gemm_path(monkeypatch):

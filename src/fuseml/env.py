@@ -52,6 +52,7 @@ def env_report(*, remeasure: bool = False, build_cuda: bool = True) -> dict:
         )
     report["backends"] = backends
     report["tuning"] = _tuning_cache()
+    report["triton_key"] = _triton_key_cache()
     report["gemm"] = _gemm_path(gpu)
     if gpu:
         from fuseml.bench.roofline import ceilings
@@ -93,6 +94,22 @@ def _tuning_cache() -> str:
     return f"{_tune.cache_dir()}: {entries} tuned shape(s) in {files} file(s); tuning {state}"
 
 
+def _triton_key_cache() -> str:
+    """Whether Triton's installation hash is read from disk (fuseml._triton_key)."""
+    import os
+
+    from fuseml import _triton_key
+
+    try:
+        on = _triton_key.enabled()
+    except ValueError as err:
+        return str(err)
+    if not on:
+        return "recomputed by Triton in every process (FUSEML_TRITON_KEY_CACHE=0)"
+    root = os.environ.get("FUSEML_CACHE") or "~/.cache/fuseml"
+    return f"kept on disk per Triton install ({root}/triton-key): no rehash per process"
+
+
 def print_env(*, remeasure: bool = False, build_cuda: bool = True, console=None) -> dict:
     from rich.console import Console
     from rich.table import Table
@@ -117,6 +134,7 @@ def print_env(*, remeasure: bool = False, build_cuda: bool = True, console=None)
         mark = "[green]yes[/green]" if ok else "[red]no[/red]"
         t.add_row(f"backend {name}", f"{mark}  {detail}")
     t.add_row("tuning cache", rep["tuning"])
+    t.add_row("Triton install hash", rep["triton_key"])
     t.add_row("GEMM main loop", rep["gemm"])
     if "ceilings" in rep:
         c = rep["ceilings"]
