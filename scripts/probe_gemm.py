@@ -141,6 +141,23 @@ def lora_sweep(k: int = 4096, n: int = 4096) -> None:
                 x, w, b, a, bb, 2.0, "relu", adapter_ids=ids, check_ids=False
             ),
         }
+        if m <= 256:
+
+            def expand_forced():  # candidate for small M: the expand mode's two launches
+                import os
+
+                saved, limit = os.environ.get("FUSEML_GEMM"), lora_mod.IN_LOOP_MAX_M
+                os.environ["FUSEML_GEMM"], lora_mod.IN_LOOP_MAX_M = "tma", 0
+                try:
+                    return arms["fused lora_linear"]()
+                finally:
+                    lora_mod.IN_LOOP_MAX_M = limit
+                    if saved is None:
+                        os.environ.pop("FUSEML_GEMM", None)
+                    else:
+                        os.environ["FUSEML_GEMM"] = saved
+
+            arms["fused, expand mode forced"] = expand_forced
         base = None
         for name, fn in arms.items():
             try:
