@@ -77,6 +77,29 @@ def mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _adapter_scale(
+    t, rows, row_ok,  # (BLOCK_M, C) fp32 tile over stacked LoRA columns, its rows
+    stacked, stacked_ok,  # (C,) stacked column indices (column c belongs to adapter c // RANK)
+    ids_ptr, scale_ptr, lora_scale,
+    MULTI: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr, RANK: tl.constexpr,
+):  # fmt: skip
+    """t scaled by its adapter's scaling; MULTI: each row keeps only its own adapter's
+    columns (id -1: none)."""
+    if MULTI:
+        ids = tl.load(ids_ptr + rows, mask=row_ok, other=-1)
+        owner = stacked // RANK
+        keep = ids[:, None] == owner[None, :]
+        if PER_ADAPTER_SCALE:
+            scale = tl.load(scale_ptr + owner, mask=stacked_ok, other=0.0)
+            t = tl.where(keep, t * scale[None, :], 0.0)
+        else:
+            t = tl.where(keep, t * tl.cast(lora_scale, tl.float32), 0.0)
+    else:
+        t = t * tl.cast(lora_scale, tl.float32)
+    return t
+
+
+@triton.jit
 def _epilogue(
     acc, rows, cols, M, N,  # (BLOCK_M, BLOCK_N) fp32 tile, its int64 row / column indices
     bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,  # as in _gemm_body
@@ -91,18 +114,11 @@ def _epilogue(
     by every GEMM kernel, so the epilogue cannot drift between them."""
     row_ok = rows < M
     col_ok = cols < N
-    if LORA == 3:  # shrink: the tile's columns are stacked LoRA columns (cols // RANK: adapter)
-        if MULTI:
-            ids = tl.load(ids_ptr + rows, mask=row_ok, other=-1)
-            owner = cols // RANK
-            keep = ids[:, None] == owner[None, :]
-            if PER_ADAPTER_SCALE:
-                scale = tl.load(scale_ptr + owner, mask=col_ok, other=0.0)
-                acc = tl.where(keep, acc * scale[None, :], 0.0)
-            else:
-                acc = tl.where(keep, acc * tl.cast(lora_scale, tl.float32), 0.0)
-        else:
-            acc = acc * tl.cast(lora_scale, tl.float32)
+    if LORA == 3:  # shrink: the tile's columns are stacked LoRA columns
+        acc = _adapter_scale(
+            acc, rows, row_ok, cols, col_ok, ids_ptr, scale_ptr, lora_scale,
+            MULTI, PER_ADAPTER_SCALE, RANK,
+        )  # fmt: skip
     if LORA == 1 or LORA == 2:
         # (s * xa) @ B^T, R_BLOCK stacked columns at a time (one step unless precomputed).
         for r0 in tl.static_range(0, R_PAD, R_BLOCK):
@@ -116,17 +132,10 @@ def _epilogue(
                 )
             else:
                 t = xa
-            if MULTI:
-                ids = tl.load(ids_ptr + rows, mask=row_ok, other=-1)
-                owner = rr // RANK  # adapter of each stacked column
-                keep = ids[:, None] == owner[None, :]
-                if PER_ADAPTER_SCALE:
-                    scale = tl.load(scale_ptr + owner, mask=r_ok, other=0.0)
-                    t = tl.where(keep, t * scale[None, :], 0.0)
-                else:
-                    t = tl.where(keep, t * tl.cast(lora_scale, tl.float32), 0.0)
-            else:
-                t = t * tl.cast(lora_scale, tl.float32)
+            t = _adapter_scale(
+                t, rows, row_ok, rr, r_ok, ids_ptr, scale_ptr, lora_scale,
+                MULTI, PER_ADAPTER_SCALE, RANK,
+            )  # fmt: skip
             bt = tl.load(
                 b_ptr + cols[None, :] * stride_bn + rr[:, None],
                 mask=r_ok[:, None] & col_ok[None, :],
