@@ -21,3 +21,23 @@ import pytest
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def tuned_gemm_call(monkeypatch):
+    """As on a Hopper GPU at decode-like rows (LOOP_TUNED): ``run(cfg, fn)`` calls ``fn``
+    with the GEMM config forced to ``cfg`` and returns its output and the LoRA argument of
+    every TMA-kernel launch it made (None for a plain layer)."""
+    from fuseml.ops import _gemm
+
+    monkeypatch.delenv("FUSEML_GEMM", raising=False)
+    monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)
+    launch = _gemm._launch_tma
+
+    def run(cfg, fn):
+        used = []
+        monkeypatch.setattr(_gemm, "choose_config", lambda *a, **k: cfg)
+        monkeypatch.setattr(_gemm, "_launch_tma", lambda *a: used.append(a[-1]) or launch(*a))
+        return fn(), used
+
+    return run

@@ -367,23 +367,17 @@ def test_tuned_loop_adds_tma_candidates_for_small_rows_only():
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
-def test_tuned_loop_runs_the_chosen_kernel(device, backend, monkeypatch):
+def test_tuned_loop_runs_the_chosen_kernel(device, backend, tuned_gemm_call):
     """LOOP_TUNED: a config flagged TMA launches the TMA kernel, any other the pointer
     kernel; both give the same result (small M, as on a Hopper GPU)."""
-    monkeypatch.delenv("FUSEML_GEMM", raising=False)
-    monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)
     x, w, b, r = _inputs(16, 64, 40, torch.bfloat16, device)
     ref = _ref64(x, w, b, "gelu", r, 0.5)
     cands = _gemm.candidates(16, 40, 64, torch.bfloat16, _gemm.LOOP_TUNED)
-    launch = _gemm._launch_tma
     for want_tma in (True, False):
         cfg = next(c for c in cands if bool(c.get("TMA")) == want_tma)
-        monkeypatch.setattr(_gemm, "choose_config", lambda *a, cfg=cfg, **k: cfg)
-        used = []
-        monkeypatch.setattr(
-            _gemm, "_launch_tma", lambda *a, used=used: used.append(1) or launch(*a)
+        out, used = tuned_gemm_call(
+            cfg, lambda: fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
         )
-        out = fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
         assert_close_verbose(out, ref, torch.bfloat16)
         assert bool(used) == want_tma, cfg
 

@@ -206,29 +206,25 @@ def test_lora_large_batch_tuned_gpu(adapters, r, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("adapters", [None, 3])
-def test_lora_small_rows_tuned_loop(device, backend, adapters, monkeypatch):
+def test_lora_small_rows_tuned_loop(device, backend, adapters, tuned_gemm_call):
     """Decode-like rows on a Hopper GPU (LOOP_TUNED): a config flagged TMA runs the in-loop
     mode inside the TMA kernel (A through a descriptor), any other the pointer kernel."""
     from fuseml.ops import _gemm
 
-    monkeypatch.delenv("FUSEML_GEMM", raising=False)
-    monkeypatch.delenv("FUSEML_LORA_TMA_IN_LOOP", raising=False)
-    monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)
     dtype = torch.bfloat16
     w, b, a, bb = _layer(64, 40, 8, dtype, device, adapters=adapters)
     x = torch.randn(5, 64, dtype=dtype, device=device)
     ids = None if adapters is None else torch.tensor([0, -1, 2, 1, 2], device=device)
     ref = _ref64(x, w, b, a, bb, 0.5, "relu", ids)
     cands = _gemm.candidates(5, 40, 64, dtype, _gemm.LOOP_TUNED)
-    launch = _gemm._launch_tma
     for want_tma in (True, False):
         cfg = next(c for c in cands if bool(c.get("TMA")) == want_tma)
-        monkeypatch.setattr(_gemm, "choose_config", lambda *a, cfg=cfg, **k: cfg)
-        used = []
-        monkeypatch.setattr(
-            _gemm, "_launch_tma", lambda *a, used=used: used.append(a[-1]) or launch(*a)
+        out, used = tuned_gemm_call(
+            cfg,
+            lambda: fuseml.ops.lora_linear(
+                x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend=backend
+            ),
         )
-        out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend=backend)
         assert_close_verbose(out, ref, dtype)
         assert bool(used) == want_tma, cfg
         assert all(extra[0] == _gemm.LORA_IN_LOOP for extra in used)
