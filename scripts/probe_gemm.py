@@ -38,6 +38,15 @@ def bench_us(fn) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
 
 
+def measure(run, out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(GPU us per call, relative error) of a variant writing ``out``; raises where the
+    variant cannot be built or run here."""
+    out.fill_(float("nan"))
+    run()
+    torch.cuda.synchronize()
+    return bench_us(run), rel_err(out, ref)
+
+
 def sweep(m: int, k: int, n: int) -> None:
     x = torch.randn(m, k, device="cuda", dtype=DT)
     w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
@@ -80,11 +89,7 @@ def sweep(m: int, k: int, n: int) -> None:
     timed = []
     for tag, run in results:
         try:
-            out.fill_(float("nan"))
-            run()
-            torch.cuda.synchronize()
-            err = rel_err(out, ref)
-            us = bench_us(run)
+            us, err = measure(run, out, ref)
         except Exception as e:  # a variant this Triton / GPU cannot build or run
             print(f"  {tag:58s} failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
             continue
@@ -210,11 +215,7 @@ def small_sweep(k: int = 4096, n: int = 4096) -> None:
                 _gemm.launch_linear(out, x, w, b, None, 1.0, 1, cfg, tma=tma)
 
             try:
-                out.fill_(float("nan"))
-                run()
-                torch.cuda.synchronize()
-                err = rel_err(out, ref)
-                us = bench_us(run)
+                us, err = measure(run, out, ref)
             except Exception as e:  # shared memory, box sizes: not buildable here
                 print(f"  {tag:50s} failed: {type(e).__name__}")
                 continue
