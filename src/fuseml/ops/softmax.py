@@ -214,9 +214,7 @@ def _rows_config(n_cols: int) -> dict:
     warps = 4 if rows > 1 else max(1, min(16, block // 512))
     if block >= 8192:
         warps = max(warps, 8)
-    stages = 4 if block <= 2048 else 2
-    if rows > 1:
-        stages = 2
+    stages = 4 if rows == 1 and block <= 2048 else 2
     return {"ROWS": rows, "BLOCK_N": block, "num_warps": warps, "NUM_STAGES": stages}
 
 
