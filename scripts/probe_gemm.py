@@ -2,7 +2,7 @@
 """GPU sweep of the GEMM main loop on large shapes (tuning work, not the benchmark).
 
     PYTHONPATH=src python scripts/probe_gemm.py [M,K,N ...]
-    PYTHONPATH=src python scripts/probe_gemm.py lora
+    PYTHONPATH=src python scripts/probe_gemm.py lora [M:adapters:rank ...]
     PYTHONPATH=src python scripts/probe_gemm.py small
 
 For each shape (default 4096,4096,4096 and 4096,4096,11008; bf16, bias + GELU-tanh):
@@ -10,7 +10,7 @@ cuBLAS (F.linear + gelu, and cuBLASLt's fused epilogue), then every large-tile c
 of the pointer kernel and the first four of the persistent TMA kernel, with and without
 `flatten` and warp specialisation of its tile loop. GPU time per call from CUDA-graph
 replays; TFLOP/s; ratio to the best cuBLAS arm. Variants that fail to compile are listed
-with their error and skipped. `lora`: the fused LoRA layer per kernel (profiler) next to
+with their error and skipped. `lora`: the fused LoRA layer per mode (see lora_sweep) next to
 the merged weight and fuseml's plain linear, with the tuned configs.
 `small`: M = 1 / 16 / 64 (weight-read bound), a wider tile sweep than the tuner's
 candidates, to choose the small-M candidate list.
@@ -99,70 +99,70 @@ def sweep(m: int, k: int, n: int) -> None:
         print(f"  best: {tag} {us:.1f} us ({best / us:.2f}x of best cuBLAS)")
 
 
-def kernel_times(fn, iters: int = 20) -> list[tuple[str, float]]:
-    """(kernel name, GPU us per call) of each CUDA kernel one call of fn launches."""
-    from torch.profiler import ProfilerActivity, profile
+def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
+    """LoRA against the merged weight and fuseml's own plain linear of the same shape, per
+    mode: the default (with PDL on Hopper: the expand mode, its main launch overlapping the
+    shrink), the expand mode with the overlap switched off (launches in stream order), and
+    FUSEML_PDL=0 (in-loop up to IN_LOOP_MAX_M rows). First call of each arm tunes; the
+    configs it chose are listed. ``shapes``: "M:adapters:rank,..." (adapters 0: single)."""
+    import os
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    out = []
-    for evt in prof.key_averages():
-        t = getattr(evt, "self_device_time_total", 0) or getattr(evt, "self_cuda_time_total", 0)
-        if t > 0:
-            out.append((evt.key, t / iters))
-    return sorted(out, key=lambda kv: -kv[1])
-
-
-def lora_sweep(k: int = 4096, n: int = 4096) -> None:
-    """LoRA against the merged weight, per kernel: where the fused layer's time goes
-    (x @ A^T launch, main kernel), next to fuseml's own plain linear of the same shape,
-    and the tuned config of each (first call tunes)."""
     import fuseml
     from fuseml.ops import _tune
     from fuseml.ops import lora as lora_mod
 
-    for m, adapters, r in (
-        (4096, None, 16), (4096, None, 64), (4096, 4, 16), (4096, 16, 16),
-        (256, None, 16), (16, None, 16), (1, None, 16),
-    ):  # fmt: skip
+    todo = [tuple(int(v) for v in t.split(":")) for t in shapes.split(",") if t] or [
+        (1, 0, 16), (16, 0, 16), (64, 0, 16), (256, 0, 16), (1024, 0, 16), (1, 0, 64),
+        (256, 0, 64), (4096, 0, 16), (4096, 0, 64), (1024, 16, 16),
+    ]  # fmt: skip
+    launch = _gemm.launch_linear
+
+    def no_overlap(*a, **kw):  # the expand mode's two launches, in plain stream order
+        kw["pdl"] = False
+        return launch(*a, **kw)
+
+    for m, adapters, r in todo:
         x = torch.randn(m, k, device="cuda", dtype=DT)
         w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
         b = torch.randn(n, device="cuda", dtype=DT)
-        lead = () if adapters is None else (adapters,)
+        lead = (adapters,) if adapters else ()
         a = torch.randn(*lead, r, k, device="cuda", dtype=DT) / k**0.5
         bb = torch.randn(*lead, n, r, device="cuda", dtype=DT) / r**0.5
-        ids = None if adapters is None else torch.randint(0, adapters, (m,), device="cuda")
+        ids = torch.randint(0, adapters, (m,), device="cuda") if adapters else None
         ref = lora_mod.lora_linear_ref(x, w, b, a, bb, 2.0, "relu", ids)
         print(f"== LoRA M={m} K={k} N={n} rank {r} adapters {adapters or 1}, bf16, relu")
-        merged_w = w + 2.0 * (bb @ a) if adapters is None else w
+        merged_w = w + 2.0 * (bb @ a) if not adapters else w
+
+        def fused():
+            return fuseml.ops.lora_linear(
+                x, w, b, a, bb, 2.0, "relu", adapter_ids=ids, check_ids=False
+            )
+
+        def variant(env=None, patch=None):
+            def run():
+                saved = os.environ.get("FUSEML_PDL")
+                if env is not None:
+                    os.environ["FUSEML_PDL"] = env
+                if patch is not None:
+                    _gemm.launch_linear = patch
+                try:
+                    return fused()
+                finally:
+                    _gemm.launch_linear = launch
+                    if saved is None:
+                        os.environ.pop("FUSEML_PDL", None)
+                    else:
+                        os.environ["FUSEML_PDL"] = saved
+
+            return run
+
         arms = {
             "merged weight, cuBLAS (+ relu)": lambda: torch.relu(F.linear(x, merged_w, b)),
             "fuseml.ops.linear, no adapter": lambda: fuseml.ops.linear(x, merged_w, b, "relu"),
-            "fused lora_linear": lambda: fuseml.ops.lora_linear(
-                x, w, b, a, bb, 2.0, "relu", adapter_ids=ids, check_ids=False
-            ),
+            "fused (default)": fused,
+            "fused, expand without overlap": variant(patch=no_overlap),
+            "fused, FUSEML_PDL=0": variant(env="0"),
         }
-        if m <= 256:
-
-            def expand_forced():  # candidate for small M: the expand mode's two launches
-                import os
-
-                saved, limit = os.environ.get("FUSEML_GEMM"), lora_mod.IN_LOOP_MAX_M
-                os.environ["FUSEML_GEMM"], lora_mod.IN_LOOP_MAX_M = "tma", 0
-                try:
-                    return arms["fused lora_linear"]()
-                finally:
-                    lora_mod.IN_LOOP_MAX_M = limit
-                    if saved is None:
-                        os.environ.pop("FUSEML_GEMM", None)
-                    else:
-                        os.environ["FUSEML_GEMM"] = saved
-
-            arms["fused, expand mode forced"] = expand_forced
         base = None
         for name, fn in arms.items():
             try:
@@ -173,8 +173,6 @@ def lora_sweep(k: int = 4096, n: int = 4096) -> None:
                 us = bench_us(fn)
                 base = base or us
                 print(f"  {name:40s} {us:8.1f} us {us / base:5.2f}x merged{err}", flush=True)
-                for key, kus in kernel_times(fn):
-                    print(f"      {kus:8.1f} us  {key[:90]}")
                 for key in set(_tune._memo) - before:
                     print(f"      config {key[0]} {key[6] or '-'} m{key[3]}: {_tune._memo[key]}")
             except Exception as e:
@@ -227,8 +225,8 @@ def small_sweep(k: int = 4096, n: int = 4096) -> None:
 
 
 def main() -> None:
-    if sys.argv[1:] == ["lora"]:
-        lora_sweep()
+    if sys.argv[1:2] == ["lora"]:
+        lora_sweep(shapes=",".join(sys.argv[2:]))
         return
     if sys.argv[1:] == ["small"]:
         small_sweep()

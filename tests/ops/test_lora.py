@@ -29,12 +29,22 @@ def _ref64(x, w, b, a, bb, s, act=None, ids=None):
     return lora_linear_ref(_up(x), _up(w), _up(b), _up(a), _up(bb), s, act, ids)
 
 
-@pytest.fixture(params=["in_loop", "precomputed", "precomputed-tma", "in_loop-tma"])
+@pytest.fixture(
+    params=["in_loop", "precomputed", "precomputed-tma", "in_loop-tma", "expand", "expand-tma"]
+)
 def lora_mode(request, monkeypatch):
-    """Both LoRA modes of the kernel: x @ A^T inside the K loop, or from a first launch;
-    both also through the TMA kernel where the rows are 16-byte aligned (precomputed-tma:
-    the expand mode where the rank is a multiple of 8, else precomputed fp32)."""
+    """The LoRA modes of the kernel: x @ A^T inside the K loop, or from a first launch;
+    each also through the TMA kernel where the rows are 16-byte aligned (precomputed-tma:
+    the expand mode where the rank is a multiple of 8, else precomputed fp32). expand: the
+    small-batch expand mode taken where launches can overlap (PDL, Hopper); forced here on
+    any device (the interpreter runs the launches in order)."""
+    from fuseml.ops import _gemm
+
     monkeypatch.setenv("FUSEML_GEMM", "tma" if request.param.endswith("-tma") else "ptr")
+    if request.param.startswith("expand"):
+        monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
+    else:
+        monkeypatch.setenv("FUSEML_PDL", "0")
     if request.param.startswith("precomputed"):
         monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 0)
     return request.param
@@ -206,10 +216,18 @@ def test_lora_large_batch_tuned_gpu(adapters, r, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("adapters", [None, 3])
-def test_lora_small_rows_tuned_loop(device, backend, adapters, tuned_gemm_call):
-    """Decode-like rows on a Hopper GPU (LOOP_TUNED): a config flagged TMA runs the in-loop
-    mode inside the TMA kernel (A through a descriptor), any other the pointer kernel."""
+@pytest.mark.parametrize("pdl", [False, True])
+def test_lora_small_rows_tuned_loop(device, backend, adapters, pdl, tuned_gemm_call, monkeypatch):
+    """Decode-like rows on a Hopper GPU (LOOP_TUNED): a config flagged TMA runs the LoRA
+    launches on the TMA kernel (in-loop: A through a descriptor; with PDL the shrink and
+    expand launches), any other the pointer kernel."""
     from fuseml.ops import _gemm
+
+    if pdl:
+        monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
+    else:
+        monkeypatch.setenv("FUSEML_PDL", "0")
+    want_modes = [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND] if pdl else [_gemm.LORA_IN_LOOP]
 
     dtype = torch.bfloat16
     w, b, a, bb = _layer(64, 40, 8, dtype, device, adapters=adapters)
@@ -226,18 +244,20 @@ def test_lora_small_rows_tuned_loop(device, backend, adapters, tuned_gemm_call):
             ),
         )
         assert_close_verbose(out, ref, dtype)
-        assert bool(used) == want_tma, cfg
-        assert all(extra[0] == _gemm.LORA_IN_LOOP for extra in used)
+        assert [extra[0] for extra in used] == (want_modes if want_tma else []), cfg
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m", [1, 16, 64])
 @pytest.mark.parametrize("adapters", [None, 4])
-def test_lora_small_rows_tuned_gpu(m, adapters, tmp_path, monkeypatch):
-    """Decode-like rows with tuning on (on Hopper the tuner also times the TMA kernel)."""
+@pytest.mark.parametrize("pdl", ["0", "1"])
+def test_lora_small_rows_tuned_gpu(m, adapters, pdl, tmp_path, monkeypatch):
+    """Decode-like rows with tuning on (on Hopper the tuner also times the TMA kernel),
+    in-loop (FUSEML_PDL=0) and, on Hopper, the overlapped shrink / expand launches."""
     from fuseml.ops import _tune
 
+    monkeypatch.setenv("FUSEML_PDL", pdl)
     monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
     monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
     monkeypatch.setattr(_tune, "_memo", {})
@@ -253,7 +273,8 @@ def test_lora_small_rows_tuned_gpu(m, adapters, tmp_path, monkeypatch):
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 def test_lora_modes_chosen(device, backend, monkeypatch):
     """Which LoRA mode each call takes (as on a Hopper GPU): in-loop up to IN_LOOP_MAX_M
-    rows, expand through TMA above when the rank is a multiple of 8, precomputed fp32 else."""
+    rows, expand through TMA above when the rank is a multiple of 8, precomputed fp32 else;
+    with PDL the expand mode at every row count."""
     from fuseml.ops import _gemm
 
     monkeypatch.delenv("FUSEML_GEMM", raising=False)
@@ -263,8 +284,9 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
     monkeypatch.setattr(
         _gemm, "launch_linear", lambda *a, **k: modes.append(k.get("lora")) or launch(*a, **k)
     )
-    for m, r in ((600, 8), (600, 6), (3, 8)):
+    for m, r, pdl in ((600, 8, False), (600, 6, False), (3, 8, False), (3, 6, True)):
         monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 16)
+        monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced, pdl=pdl: pdl)
         w, b, a, bb = _layer(64, 40, r, torch.float32, device)
         x = torch.randn(m, 64, device=device)
         modes.clear()
@@ -274,5 +296,6 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
             (600, 8): [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND],
             (600, 6): [_gemm.LORA_NONE, _gemm.LORA_PRECOMPUTED],
             (3, 8): [_gemm.LORA_IN_LOOP],
+            (3, 6): [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND],  # PDL: pointer kernel, any rank
         }[(m, r)]
         assert [_gemm.LORA_NONE if v is None else v for v in modes] == want, (m, r)

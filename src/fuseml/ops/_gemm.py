@@ -202,7 +202,10 @@ def _gemm_body(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,  # row tiles per group of the grouped order
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K masks in the main loop
+    PDL: tl.constexpr = False,  # programmatic dependent launch (LORA 3 / 4, see lora_pdl)
 ):
+    if LORA == 3 and PDL:  # shrink: let the expand launch start now (it waits for xs)
+        tl.extra.cuda.gdc_launch_dependents()
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_tiles_n
@@ -241,6 +244,22 @@ def _gemm_body(
             a_ptrs += BLOCK_K
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
+    if LORA == 4:  # expand: xs @ B^T as more K steps (xs scaled and masked by the shrink)
+        if PDL:  # launched while the shrink runs: wait for its xs
+            tl.extra.cuda.gdc_wait()
+        row_ok = rows < M
+        for r0 in tl.static_range(0, R_PAD, R_BLOCK):
+            rr = r0 + tl.arange(0, R_BLOCK)
+            r_ok = rr < R
+            st = tl.load(
+                xa_ptr + rows[:, None] * R + rr[None, :], mask=row_ok[:, None] & r_ok[None, :],
+                other=0.0,
+            )  # fmt: skip
+            bt = tl.load(
+                b_ptr + (cols % N)[None, :] * stride_bn + rr[:, None], mask=r_ok[:, None],
+                other=0.0,
+            )  # fmt: skip
+            acc = mma(st, bt, acc, PRECISION, UPCAST)
 
     _epilogue(
         acc, rows, cols, M, N, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
@@ -281,16 +300,17 @@ def _lora_kernel(
     R_PAD: tl.constexpr, R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """LoRA layers (LORA 1 or 2): every argument of _gemm_body."""
+    """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand): every argument of
+    _gemm_body."""
     _gemm_body(
         tl.program_id(0), x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
         a_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
         M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_om,
         stride_ar, stride_bn, alpha, lora_scale,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK,
-        PER_ADAPTER_SCALE, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
+        PER_ADAPTER_SCALE, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PDL,
     )  # fmt: skip
 
 
@@ -308,7 +328,7 @@ def _tma_body(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-    FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr,
+    FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Hopper+ (see gemm_loop): a persistent grid (one program per SM, tiles in grouped
     order) whose tiles are loaded by the tensor-memory accelerator (TMA), which zero-fills
@@ -316,7 +336,9 @@ def _tma_body(
     the tile and K loops as one (faster on H100: NOTES.md). LORA 1: x @ A^T accumulated
     from the x tiles already in shared memory (A's rows past R arrive as zeros); LORA 2:
     precomputed xa read by the epilogue; LORA 4: xs @ B^T as one more K step (see the
-    module docstring)."""
+    module docstring). PDL: as in _gemm_body."""
+    if LORA == 3 and PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_tiles_n
@@ -342,6 +364,8 @@ def _tma_body(
                 at = a_desc.load([0, k0])
                 xa = mma(xt, at.T, xa, PRECISION, UPCAST)
         if LORA == 4:
+            if PDL:
+                tl.extra.cuda.gdc_wait()
             if R_PAD > R_BLOCK:  # several steps: one set of buffers, not one per step
                 for r0 in tl.range(0, R_PAD, R_BLOCK, num_stages=1):
                     st = a_desc.load([off_m, r0])
@@ -377,7 +401,7 @@ def _linear_tma_kernel(
         out_ptr,
         M, N, K, stride_rm, stride_om, 0, alpha, 1.0,
         HAS_BIAS, HAS_RES, ACTIVATION, 0, False, 1, 1, 16, 16, False, PRECISION, UPCAST,
-        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN, WARP_SPEC,
+        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN, WARP_SPEC, False,
     )  # fmt: skip
 
 
@@ -391,7 +415,7 @@ def _lora_tma_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-    FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False,
+    FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand) through _tma_body."""
     _tma_body(
@@ -399,7 +423,7 @@ def _lora_tma_kernel(
         M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
         PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN,
-        WARP_SPEC,
+        WARP_SPEC, PDL,
     )  # fmt: skip
 
 
@@ -442,6 +466,18 @@ def gemm_loop(x: torch.Tensor, weight: torch.Tensor, traced: bool) -> int:
             return LOOP_PTR
         return LOOP_TMA if m >= TMA_MIN_M else LOOP_TUNED
     return LOOP_TMA if mode == "tma" and tma_eligible(x, weight) else LOOP_PTR
+
+
+def pdl_available(x: torch.Tensor, traced: bool) -> bool:
+    """Can LoRA's expand launch overlap its shrink launch (programmatic dependent launch,
+    Hopper+)? Not under the interpreter or torch.compile's tracing; FUSEML_PDL=0 turns it
+    off (then small batches take the one-launch in-loop mode, see fuseml.ops.lora)."""
+    if traced or not x.is_cuda or triton_interpreting():
+        return False
+    flag = os.environ.get("FUSEML_PDL", "1")
+    if flag not in ("0", "1"):
+        raise ValueError(f"FUSEML_PDL must be 0 or 1, got {flag!r}")
+    return flag == "1" and _has_tma(x.get_device())
 
 
 def takes_tma(loop: int, config: dict) -> bool:
@@ -540,12 +576,15 @@ def launch_linear(
     rank: int = 1,
     traced: bool = False,
     tma: bool = False,
+    pdl: bool = False,
 ) -> None:
     """One launch of ``_linear_kernel``; x (M, K), weight (N, K), out (M, N), all validated.
 
     lora_a (R, K) and lora_b (N, R) are the stacked adapters; ``rank`` the per-adapter rank.
     tma: through the TMA kernel (the caller checked ``gemm_loop``; for LORA_IN_LOOP also that
-    lora_a can be read through a descriptor: see ``fuseml.ops.lora``).
+    lora_a can be read through a descriptor: see ``fuseml.ops.lora``). pdl (LORA_SHRINK and
+    the LORA_EXPAND launch right after it; see ``lora_pdl``): the expand launch starts while
+    the shrink runs and waits for xs only before its last K steps.
     """
     if launches_skipped():
         return
@@ -560,11 +599,15 @@ def launch_linear(
     even_k = k % config["BLOCK_K"] == 0
     precision = dot_precision(x.dtype)
     upcast = triton_interpreting()
+    pdl = pdl and not upcast  # a launch-order hint: the interpreter runs launches in order
     if tma:
         extra = None
         if lora != LORA_NONE:
             extra = (lora, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block)
-        _launch_tma(out, x, weight, bias, residual, alpha, activation, config, extra)
+        variant = {}
+        if pdl:
+            variant = {"PDL": True, "launch_pdl": True} if lora == LORA_EXPAND else {"PDL": True}
+        _launch_tma(out, x, weight, bias, residual, alpha, activation, config, extra, **variant)
         return
     if lora == LORA_NONE:
         kernel = torch.library.wrap_triton(_linear_kernel) if traced else _linear_kernel
@@ -579,9 +622,11 @@ def launch_linear(
             num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return
-    if lora == LORA_EXPAND:
-        raise ValueError("LORA_EXPAND runs on the TMA kernel only")
     kernel = torch.library.wrap_triton(_lora_kernel) if traced else _lora_kernel
+    if pdl:  # the expand launch may start while the shrink runs (see lora_pdl)
+        variant = {"PDL": True, "launch_pdl": True} if lora == LORA_EXPAND else {"PDL": True}
+    else:
+        variant = {}
     dummy = x
     kernel[grid](
         x, weight,
@@ -603,7 +648,7 @@ def launch_linear(
         PER_ADAPTER_SCALE=scales is not None, PRECISION=precision, UPCAST=upcast,
         BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
         GROUP_M=config["GROUP_M"], EVEN_K=even_k,
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        num_warps=config["num_warps"], num_stages=config["num_stages"], **variant,
     )  # fmt: skip
 
 

@@ -109,35 +109,46 @@ def lora_rows(
     r = a_stacked.shape[0]
     r_pad = max(16, next_pow2(r))  # as launch_linear pads it
     loop = _gemm.gemm_loop(x2, weight, traced) if r_pad <= EXPAND_MAX_R else _gemm.LOOP_PTR
-    in_loop = r_pad <= IN_LOOP_MAX_R and (type(m) is not int or m <= IN_LOOP_MAX_M)
-    if in_loop and loop != _gemm.LOOP_PTR:
-        # In-loop inside the TMA kernel (A through a descriptor): a tuning candidate for
-        # decode-like rows (LOOP_TUNED), or forced (FUSEML_GEMM=tma); otherwise in-loop
-        # takes the pointer kernel.
-        forced = loop == _gemm.LOOP_TMA and _gemm.gemm_mode() == "tma"
-        if not (_gemm.tma_eligible(a_stacked) and (loop == _gemm.LOOP_TUNED or forced)):
-            loop = _gemm.LOOP_PTR
+    small = type(m) is not int or m <= IN_LOOP_MAX_M
+    pdl = r_pad <= EXPAND_MAX_R and _gemm.pdl_available(x2, traced)
     xa = None
-    if in_loop:
+    if small and pdl:
+        # Expand, its main launch overlapping the shrink (PDL): the main kernel streams W
+        # while the shrink computes xs, and waits for xs only before its last K steps. No
+        # column tile redoes x @ A^T (the in-loop mode's cost: all of A per tile).
+        mode = _gemm.LORA_EXPAND
+        if loop != _gemm.LOOP_PTR and not _expand_tma(r, b_stacked):
+            loop = _gemm.LOOP_PTR
+    elif small and r_pad <= IN_LOOP_MAX_R:
         mode = _gemm.LORA_IN_LOOP
-    elif loop == _gemm.LOOP_TMA and r % 8 == 0 and _gemm.tma_eligible(b_stacked):
+        if loop != _gemm.LOOP_PTR:
+            # In-loop inside the TMA kernel (A through a descriptor): a tuning candidate for
+            # decode-like rows (LOOP_TUNED), or forced (FUSEML_GEMM=tma); otherwise in-loop
+            # takes the pointer kernel.
+            forced = loop == _gemm.LOOP_TMA and _gemm.gemm_mode() == "tma"
+            if not (_gemm.tma_eligible(a_stacked) and (loop == _gemm.LOOP_TUNED or forced)):
+                loop = _gemm.LOOP_PTR
+    elif loop == _gemm.LOOP_TMA and _expand_tma(r, b_stacked):
         # Expand: xs = scaled, masked x @ A^T in x's dtype from a first launch, then more
         # K steps of the main kernel through descriptors (see fuseml.ops._gemm).
         mode = _gemm.LORA_EXPAND
-        xa = _shrink(x2, a_stacked, rank, scaling, scales, ids, traced)
     else:  # x @ A^T in float32, by the same kernel; the epilogue scales and masks it
         mode = _gemm.LORA_PRECOMPUTED
+        pdl = False
         xa = linear_rows(x2, a_stacked, None, None, 1.0, 0, traced=traced, out_dtype=torch.float32)
         if r_pad > TMA_MAX_R:
             # More than one epilogue step of the fp32 mode overflows the TMA kernel's
             # shared memory (H100: 466 KiB asked for 16 adapters x rank 16).
             loop = _gemm.LOOP_PTR
+    if mode == _gemm.LORA_EXPAND:
+        xa = _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, pdl)
 
     def run(cfg: dict) -> None:
         _gemm.launch_linear(
             out, x2, weight, b, None, 1.0, code, cfg,
             lora=mode, lora_a=a_stacked, lora_b=b_stacked, xa=xa, ids=ids, scales=scales,
             lora_scale=scaling, rank=rank, traced=traced, tma=_gemm.takes_tma(loop, cfg),
+            pdl=pdl and mode == _gemm.LORA_EXPAND,
         )  # fmt: skip
 
     if m and n:
@@ -146,9 +157,15 @@ def lora_rows(
     return out.view(*x.shape[:-1], n)
 
 
-def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced) -> torch.Tensor:
+def _expand_tma(r: int, b_stacked: torch.Tensor) -> bool:
+    """Can the TMA kernel's expand mode read B and xs (R columns) through descriptors?"""
+    return r % 8 == 0 and _gemm.tma_eligible(b_stacked)
+
+
+def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, pdl) -> torch.Tensor:
     """xs = (x @ A^T) * scaling, each row keeping only its adapter's columns (MULTI), in
-    x's dtype: the first launch of the expand mode (the rounding the unmerged chain does)."""
+    x's dtype: the first launch of the expand mode (the rounding the unmerged chain does).
+    pdl: it lets the expand launch start at once (see ``_gemm.launch_linear``)."""
     m, k = x2.shape
     r = a_stacked.shape[0]
     xs = torch.empty((m, r), dtype=x2.dtype, device=x2.device)
@@ -158,7 +175,7 @@ def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced) -> torch.Tensor:
         _gemm.launch_linear(
             xs, x2, a_stacked, None, None, 1.0, 0, cfg,
             lora=_gemm.LORA_SHRINK, ids=ids, scales=scales, lora_scale=scaling, rank=rank,
-            traced=traced, tma=_gemm.takes_tma(loop, cfg),
+            traced=traced, tma=_gemm.takes_tma(loop, cfg), pdl=pdl,
         )  # fmt: skip
 
     if m:
