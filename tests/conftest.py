@@ -37,7 +37,9 @@ def tuned_gemm_call(monkeypatch):
     def run(cfg, fn):
         used = []
         monkeypatch.setattr(_gemm, "choose_config", lambda *a, **k: cfg)
-        monkeypatch.setattr(_gemm, "_launch_tma", lambda *a: used.append(a[-1]) or launch(*a))
+        monkeypatch.setattr(
+            _gemm, "_launch_tma", lambda *a, **k: used.append(a[-1]) or launch(*a, **k)
+        )
         return fn(), used
 
     return run

@@ -355,13 +355,16 @@ def test_gemm_path_choice(monkeypatch):
         _gemm.gemm_loop(x, w, False)
 
 
-def test_tuned_loop_adds_tma_candidates_for_small_rows_only():
+def test_tuned_loop_adds_tma_candidates_up_to_tma_tuned_max_m():
     for m in (1, 16, 64):
         plain = _gemm.candidates(m, 4096, 4096, torch.bfloat16)
         tuned = _gemm.candidates(m, 4096, 4096, torch.bfloat16, _gemm.LOOP_TUNED)
         assert not any(c.get("TMA") for c in plain)
         assert [c for c in tuned if not c.get("TMA")] == plain
         assert 1 <= len([c for c in tuned if c.get("TMA")]) <= len(_gemm._SMALL_TMA)
+    mid = _gemm.candidates(256, 4096, 4096, torch.bfloat16, _gemm.LOOP_TUNED)
+    assert [c for c in mid if not c.get("TMA")] == _gemm.candidates(256, 4096, 4096, torch.bfloat16)
+    assert len([c for c in mid if c.get("TMA")]) == len(_gemm._MID_TMA)
     big = _gemm.candidates(4096, 4096, 4096, torch.bfloat16, _gemm.LOOP_TUNED)
     assert not any(c.get("TMA") for c in big)
 

@@ -274,7 +274,7 @@ def test_lora_small_rows_tuned_gpu(m, adapters, pdl, tmp_path, monkeypatch):
 def test_lora_modes_chosen(device, backend, monkeypatch):
     """Which LoRA mode each call takes (as on a Hopper GPU): in-loop up to IN_LOOP_MAX_M
     rows, expand through TMA above when the rank is a multiple of 8, precomputed fp32 else;
-    with PDL the expand mode at every row count."""
+    with PDL up to IN_LOOP_MAX_M rows the tuned choice of in-loop and overlapped expand."""
     from fuseml.ops import _gemm
 
     monkeypatch.delenv("FUSEML_GEMM", raising=False)
@@ -284,9 +284,12 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
     monkeypatch.setattr(
         _gemm, "launch_linear", lambda *a, **k: modes.append(k.get("lora")) or launch(*a, **k)
     )
-    for m, r, pdl in ((600, 8, False), (600, 6, False), (3, 8, False), (3, 6, True)):
+    cases = ((600, 8, False, "auto"), (600, 6, False, "auto"), (3, 8, False, "auto"),
+             (3, 6, True, "auto"), (3, 8, True, "ptr"))  # fmt: skip
+    for m, r, pdl, loop in cases:
         monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 16)
         monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced, pdl=pdl: pdl)
+        monkeypatch.setenv("FUSEML_GEMM", loop)
         w, b, a, bb = _layer(64, 40, r, torch.float32, device)
         x = torch.randn(m, 64, device=device)
         modes.clear()
@@ -296,6 +299,9 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
             (600, 8): [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND],
             (600, 6): [_gemm.LORA_NONE, _gemm.LORA_PRECOMPUTED],
             (3, 8): [_gemm.LORA_IN_LOOP],
-            (3, 6): [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND],  # PDL: pointer kernel, any rank
-        }[(m, r)]
+            # PDL, untuned (the interpreter): overlapped expand where the tuner may take
+            # the TMA kernel (any rank: the pointer kernel's expand), in-loop on pointers
+            (3, 6, "auto"): [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND],
+            (3, 8, "ptr"): [_gemm.LORA_IN_LOOP],
+        }[(m, r, loop) if pdl else (m, r)]
         assert [_gemm.LORA_NONE if v is None else v for v in modes] == want, (m, r)

@@ -202,7 +202,7 @@ def _gemm_body(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,  # row tiles per group of the grouped order
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K masks in the main loop
-    PDL: tl.constexpr = False,  # programmatic dependent launch (LORA 3 / 4, see lora_pdl)
+    PDL: tl.constexpr = False,  # programmatic dependent launch (LORA 3 / 4, see pdl_available)
 ):
     if LORA == 3 and PDL:  # shrink: let the expand launch start now (it waits for xs)
         tl.extra.cuda.gdc_launch_dependents()
@@ -300,7 +300,7 @@ def _lora_kernel(
     R_PAD: tl.constexpr, R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand): every argument of
     _gemm_body."""
@@ -429,8 +429,9 @@ def _lora_tma_kernel(
 
 TMA_MIN_M = 512  # rows from which plain linear layers default to the TMA kernel (below:
 # few tiles per SM, and the measured win is on the compute-bound shapes; see NOTES.md)
-TMA_TUNED_MAX_M = 64  # up to this many rows the tuner chooses TMA or pointer loads: with
-# narrow tiles the TMA kernel read W at up to 1.16x cuBLAS (H100, M = 16, NOTES.md)
+TMA_TUNED_MAX_M = 256  # up to this many rows the tuner chooses TMA or pointer loads: with
+# narrow tiles the TMA kernel read W at up to 1.16x cuBLAS (H100, M = 16, NOTES.md); at
+# M = 256 the pointer kernel's best tile took 23.4 us against cuBLAS's 20.4 (4096 x 4096)
 LOOP_PTR, LOOP_TMA, LOOP_TUNED = 0, 1, 2  # gemm_loop's answers
 
 
@@ -583,7 +584,7 @@ def launch_linear(
     lora_a (R, K) and lora_b (N, R) are the stacked adapters; ``rank`` the per-adapter rank.
     tma: through the TMA kernel (the caller checked ``gemm_loop``; for LORA_IN_LOOP also that
     lora_a can be read through a descriptor: see ``fuseml.ops.lora``). pdl (LORA_SHRINK and
-    the LORA_EXPAND launch right after it; see ``lora_pdl``): the expand launch starts while
+    the LORA_EXPAND launch right after it; see ``pdl_available``): the expand launch starts while
     the shrink runs and waits for xs only before its last K steps.
     """
     if launches_skipped():
@@ -623,10 +624,9 @@ def launch_linear(
         )  # fmt: skip
         return
     kernel = torch.library.wrap_triton(_lora_kernel) if traced else _lora_kernel
-    if pdl:  # the expand launch may start while the shrink runs (see lora_pdl)
-        variant = {"PDL": True, "launch_pdl": True} if lora == LORA_EXPAND else {"PDL": True}
-    else:
-        variant = {}
+    # PDL: the expand launch may start while the shrink runs (passed even when False:
+    # torch.compile's wrap_triton takes no defaulted arguments)
+    variant = {"PDL": pdl, "launch_pdl": True} if pdl and lora == LORA_EXPAND else {"PDL": pdl}
     dummy = x
     kernel[grid](
         x, weight,
@@ -679,6 +679,12 @@ _SMALL_TMA = [  # the same for the TMA kernel (LOOP_TUNED): the best of a wider 
 ]  # fmt: skip
 
 
+_MID_TMA = [  # TMA-kernel candidates for 65 to TMA_TUNED_MAX_M rows (LOOP_TUNED): tiles
+    # that give 128-256 programs at M = 256, N = 4096, beside the pointer kernel's _LARGE
+    _cfg(64, 128, 64, 4, 4), _cfg(128, 64, 64, 4, 4), _cfg(64, 64, 128, 4, 4),
+]  # fmt: skip
+
+
 _SKINNY_N = [  # (BLOCK_M, BLOCK_K, warps, stages) for many rows and N <= 64 (LoRA's
     # x @ A^T): short row tiles, so that M / BLOCK_M programs cover the SMs (H100, M = 4096,
     # N = 16: 64 x 16 tiles left half the SMs idle, 23 us for a 32 MiB read)
@@ -690,7 +696,7 @@ SMEM_LIMIT = 232448  # bytes of shared memory a block may use on Hopper (the lar
 def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR) -> list[dict]:
     """Shape-pruned candidate configs (tile dims never far above the problem's, pipeline
     buffers within SMEM_LIMIT); with LOOP_TUNED also TMA-kernel configs (flagged "TMA")
-    for decode-like rows."""
+    up to TMA_TUNED_MAX_M rows."""
     mb = max(16, _tune.m_bucket(m))
     cap_n = max(16, next_pow2(n))
     cap_k = max(16, next_pow2(k))
@@ -702,6 +708,8 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR)
         base = list(_LARGE)
         if cap_n <= 64:
             base += [_cfg(bm, cap_n, bk, w, s) for bm, bk, w, s in _SKINNY_N]
+        if loop == LOOP_TUNED and mb <= TMA_TUNED_MAX_M:
+            base += [dict(c, TMA=True) for c in _MID_TMA]
     es = torch.empty((), dtype=dtype).element_size()
     out = []
     for c in base:

@@ -104,23 +104,78 @@ def lora_rows(
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if not (m and n):
+        return out.view(*x.shape[:-1], n)
     ids = None if adapter_ids is None else adapter_ids.reshape(-1)
     b = None if bias is None else bias.contiguous()
     r = a_stacked.shape[0]
     r_pad = max(16, next_pow2(r))  # as launch_linear pads it
     loop = _gemm.gemm_loop(x2, weight, traced) if r_pad <= EXPAND_MAX_R else _gemm.LOOP_PTR
     small = type(m) is not int or m <= IN_LOOP_MAX_M
-    pdl = r_pad <= EXPAND_MAX_R and _gemm.pdl_available(x2, traced)
-    xa = None
-    if small and pdl:
-        # Expand, its main launch overlapping the shrink (PDL): the main kernel streams W
-        # while the shrink computes xs, and waits for xs only before its last K steps. No
-        # column tile redoes x @ A^T (the in-loop mode's cost: all of A per tile).
+    pdl = small and r_pad <= EXPAND_MAX_R and _gemm.pdl_available(x2, traced)
+    args = (out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code, traced)
+    if pdl and r_pad <= IN_LOOP_MAX_R:
+        # Either one launch (in-loop: every column tile redoes x @ A^T) or the overlapped
+        # shrink + expand launches: which is faster depends on the kernel and tile the
+        # GEMM takes at this size (H100, 4096 x 4096, rank 16: expand 13.8 vs 23.7 us at
+        # M = 1, in-loop 25.8 vs 36.1 us at M = 256 on the pointer kernel). Measured once
+        # per shape bucket, as tiles are.
+        default = _gemm.LORA_IN_LOOP if loop == _gemm.LOOP_PTR else _gemm.LORA_EXPAND
+        mode = _tuned_mode(args, loop, r_pad, default)
+    elif pdl:
         mode = _gemm.LORA_EXPAND
-        if loop != _gemm.LOOP_PTR and not _expand_tma(r, b_stacked):
-            loop = _gemm.LOOP_PTR
     elif small and r_pad <= IN_LOOP_MAX_R:
         mode = _gemm.LORA_IN_LOOP
+    elif loop == _gemm.LOOP_TMA and _expand_tma(r, b_stacked):
+        # Above IN_LOOP_MAX_M rows the launches run in stream order: the overlap measured
+        # slower there (H100, M = 4096, rank 16: 223.9 vs 209.0 us), its main kernel's
+        # persistent programs taking SMs the shrink needs.
+        mode = _gemm.LORA_EXPAND
+    else:
+        mode = _gemm.LORA_PRECOMPUTED
+    _run_mode(mode, loop, pdl, *args)
+    return out.view(*x.shape[:-1], n)
+
+
+def _tuned_mode(args: tuple, loop: int, r_pad: int, default: int) -> int:
+    """LORA_IN_LOOP or LORA_EXPAND (overlapped) for this shape bucket: from the tuning
+    cache, else both timed whole (each with its own tuned tiles) and the faster kept."""
+    from fuseml.ops import _tune
+
+    _out, x2, weight, *_rest, ids, _code, _traced = args
+    m, k = x2.shape
+    n = weight.shape[0]
+    bucket = _tune.m_bucket(m)
+    multi = "m" if ids is not None else ""
+    memo_key = ("loramode", x2.dtype, bucket, n, k, r_pad, multi, loop, x2.device)
+
+    def text_key() -> str:
+        return f"loramode:{str(x2.dtype)[6:]}:m{bucket}:n{n}:k{k}:r{r_pad}{multi}{_gemm.loop_key(loop)}"
+
+    def bench(cfg: dict) -> float:
+        return _tune.gpu_time_ms(lambda: _run_mode(cfg["LORA"], loop, True, *args))
+
+    cfg = _tune.choose(
+        memo_key, x2.device, text_key,
+        lambda: [{"LORA": _gemm.LORA_IN_LOOP}, {"LORA": _gemm.LORA_EXPAND}],
+        bench, {"LORA": default}, can_time=True,
+    )  # fmt: skip
+    return cfg["LORA"]
+
+
+def _run_mode(
+    mode, loop, pdl, out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code,
+    traced,
+) -> None:  # fmt: skip
+    """Writes the fused layer to ``out`` in LoRA mode ``mode`` (see fuseml.ops._gemm); pdl:
+    the expand mode's two launches overlap."""
+    k = x2.shape[1]
+    n = weight.shape[0]
+    r = a_stacked.shape[0]
+    r_pad = max(16, next_pow2(r))
+    xa = None
+    if mode == _gemm.LORA_IN_LOOP:
+        pdl = False
         if loop != _gemm.LOOP_PTR:
             # In-loop inside the TMA kernel (A through a descriptor): a tuning candidate for
             # decode-like rows (LOOP_TUNED), or forced (FUSEML_GEMM=tma); otherwise in-loop
@@ -128,33 +183,32 @@ def lora_rows(
             forced = loop == _gemm.LOOP_TMA and _gemm.gemm_mode() == "tma"
             if not (_gemm.tma_eligible(a_stacked) and (loop == _gemm.LOOP_TUNED or forced)):
                 loop = _gemm.LOOP_PTR
-    elif loop == _gemm.LOOP_TMA and _expand_tma(r, b_stacked):
-        # Expand: xs = scaled, masked x @ A^T in x's dtype from a first launch, then more
-        # K steps of the main kernel through descriptors (see fuseml.ops._gemm).
-        mode = _gemm.LORA_EXPAND
-    else:  # x @ A^T in float32, by the same kernel; the epilogue scales and masks it
-        mode = _gemm.LORA_PRECOMPUTED
+    elif mode == _gemm.LORA_EXPAND:
+        # xs = scaled, masked x @ A^T in x's dtype from a first launch, then more K steps of
+        # the main kernel (on the TMA kernel B and xs through descriptors). With pdl the
+        # main kernel streams W while the shrink computes xs, and waits for xs only before
+        # its last K steps (no column tile redoes x @ A^T, the in-loop mode's cost).
+        if loop != _gemm.LOOP_PTR and not _expand_tma(r, b_stacked):
+            loop = _gemm.LOOP_PTR
+        xa = _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, pdl)
+    else:  # precomputed: x @ A^T in float32, by the same kernel; the epilogue scales, masks
         pdl = False
         xa = linear_rows(x2, a_stacked, None, None, 1.0, 0, traced=traced, out_dtype=torch.float32)
         if r_pad > TMA_MAX_R:
             # More than one epilogue step of the fp32 mode overflows the TMA kernel's
             # shared memory (H100: 466 KiB asked for 16 adapters x rank 16).
             loop = _gemm.LOOP_PTR
-    if mode == _gemm.LORA_EXPAND:
-        xa = _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, pdl)
 
     def run(cfg: dict) -> None:
         _gemm.launch_linear(
             out, x2, weight, b, None, 1.0, code, cfg,
             lora=mode, lora_a=a_stacked, lora_b=b_stacked, xa=xa, ids=ids, scales=scales,
             lora_scale=scaling, rank=rank, traced=traced, tma=_gemm.takes_tma(loop, cfg),
-            pdl=pdl and mode == _gemm.LORA_EXPAND,
+            pdl=pdl,
         )  # fmt: skip
 
-    if m and n:
-        extra = f"lora{mode}r{r_pad}{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
-        run(_gemm.choose_config("linear", x2, n, k, run, extra, loop))
-    return out.view(*x.shape[:-1], n)
+    extra = f"lora{mode}r{r_pad}{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
+    run(_gemm.choose_config("linear", x2, n, k, run, extra, loop))
 
 
 def _expand_tma(r: int, b_stacked: torch.Tensor) -> bool:
