@@ -685,10 +685,11 @@ _MID_TMA = [  # TMA-kernel candidates for 65 to TMA_TUNED_MAX_M rows (LOOP_TUNED
 ]  # fmt: skip
 
 
-_SKINNY_N = [  # (BLOCK_M, BLOCK_K, warps, stages) for many rows and N <= 64 (LoRA's
-    # x @ A^T): short row tiles, so that M / BLOCK_M programs cover the SMs (H100, M = 4096,
-    # N = 16: 64 x 16 tiles left half the SMs idle, 23 us for a 32 MiB read)
-    (16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3),
+_SKINNY_N = [  # (BLOCK_M, BLOCK_K, warps, stages) for many rows and N <= 256 (LoRA's
+    # x @ A^T; BLOCK_N at most 64): short row tiles, so that the programs cover the SMs
+    # (H100, M = 4096, N = 16: 64 x 16 tiles left half the SMs idle, 23 us for a 32 MiB
+    # read; M = 1024, 16 adapters x rank 16 = 256 columns: 64 x 128 tiles made 32 programs)
+    (16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 3),
 ]  # fmt: skip
 SMEM_LIMIT = 232448  # bytes of shared memory a block may use on Hopper (the largest)
 
@@ -706,8 +707,8 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR)
             base += [dict(_cfg(mb, bn, bk, w, s), TMA=True) for bn, bk, w, s in _SMALL_TMA]
     else:
         base = list(_LARGE)
-        if cap_n <= 64:
-            base += [_cfg(bm, cap_n, bk, w, s) for bm, bk, w, s in _SKINNY_N]
+        if cap_n <= 256:
+            base += [_cfg(bm, min(cap_n, 64), bk, w, s) for bm, bk, w, s in _SKINNY_N]
         if loop == LOOP_TUNED and mb <= TMA_TUNED_MAX_M:
             base += [dict(c, TMA=True) for c in _MID_TMA]
     es = torch.empty((), dtype=dtype).element_size()
