@@ -43,6 +43,7 @@ def lora_mode(request, monkeypatch):
     monkeypatch.setenv("FUSEML_GEMM", "tma" if request.param.endswith("-tma") else "ptr")
     if request.param.startswith("expand"):
         monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
+        monkeypatch.setattr(lora_mod, "capturing", lambda x: True)  # as in a graph capture
     else:
         monkeypatch.setenv("FUSEML_PDL", "0")
     if request.param.startswith("precomputed"):
@@ -225,6 +226,7 @@ def test_lora_small_rows_tuned_loop(device, backend, adapters, pdl, tuned_gemm_c
 
     if pdl:
         monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
+        monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
     else:
         monkeypatch.setenv("FUSEML_PDL", "0")
     want_modes = [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND] if pdl else [_gemm.LORA_IN_LOOP]
@@ -270,11 +272,51 @@ def test_lora_small_rows_tuned_gpu(m, adapters, pdl, tmp_path, monkeypatch):
     assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), dtype)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [1, 64, 256, 1024])
+@pytest.mark.parametrize("adapters", [None, 4])
+def test_lora_cuda_graph_gpu(m, adapters, tmp_path, monkeypatch):
+    """Captured into a CUDA graph after an eager warm-up (which tunes), as serving does: on
+    Hopper the capture takes the tuned mode (the overlapped shrink / expand launches where
+    they measured faster); replays match the reference for new inputs."""
+    from fuseml.ops import _tune
+
+    monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
+    monkeypatch.setattr(_tune, "_memo", {})
+    monkeypatch.setattr(_tune, "_tables", {})
+    dtype = torch.bfloat16
+    w, b, a, bb = _layer(1024, 768, 16, dtype, "cuda", adapters=adapters)
+    x = torch.randn(m, 1024, dtype=dtype, device="cuda")
+    ids = None if adapters is None else torch.randint(-1, adapters, (m,), device="cuda")
+
+    def call():
+        return fuseml.ops.lora_linear(
+            x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, check_ids=False, backend="triton"
+        )
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()  # warm-up: tunes both modes
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), dtype)
+
+
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 def test_lora_modes_chosen(device, backend, monkeypatch):
     """Which LoRA mode each call takes (as on a Hopper GPU): in-loop up to IN_LOOP_MAX_M
     rows, expand through TMA above when the rank is a multiple of 8, precomputed fp32 else;
-    with PDL up to IN_LOOP_MAX_M rows the tuned choice of in-loop and overlapped expand."""
+    with PDL up to IN_LOOP_MAX_M rows the tuned choice of in-loop and overlapped expand
+    in a CUDA-graph capture (forced here), in-loop for eager calls."""
     from fuseml.ops import _gemm
 
     monkeypatch.delenv("FUSEML_GEMM", raising=False)
@@ -289,6 +331,7 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
     for m, r, pdl, loop in cases:
         monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 16)
         monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced, pdl=pdl: pdl)
+        monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
         monkeypatch.setenv("FUSEML_GEMM", loop)
         w, b, a, bb = _layer(64, 40, r, torch.float32, device)
         x = torch.randn(m, 64, device=device)
@@ -305,3 +348,7 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
             (3, 8, "ptr"): [_gemm.LORA_IN_LOOP],
         }[(m, r, loop) if pdl else (m, r)]
         assert [_gemm.LORA_NONE if v is None else v for v in modes] == want, (m, r)
+    monkeypatch.setattr(lora_mod, "capturing", lambda x: False)  # an eager call: one launch
+    modes.clear()
+    fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend=backend)
+    assert modes == [_gemm.LORA_IN_LOOP]

@@ -116,12 +116,18 @@ def lora_rows(
     args = (out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code, traced)
     if pdl and r_pad <= IN_LOOP_MAX_R:
         # Either one launch (in-loop: every column tile redoes x @ A^T) or the overlapped
-        # shrink + expand launches: which is faster depends on the kernel and tile the
-        # GEMM takes at this size (H100, 4096 x 4096, rank 16: expand 13.8 vs 23.7 us at
-        # M = 1, in-loop 25.8 vs 36.1 us at M = 256 on the pointer kernel). Measured once
-        # per shape bucket, as tiles are.
+        # shrink + expand launches: which has the shorter GPU time depends on the kernel
+        # and tile the GEMM takes at this size (H100, 4096 x 4096, rank 16: expand 13.8 vs
+        # 23.7 us at M = 1, in-loop 25.8 vs 36.1 us at M = 256 on the pointer kernel), so
+        # it is measured once per shape bucket, as tiles are. That choice is for calls
+        # captured into a CUDA graph, where only GPU time counts. An eager call at these
+        # sizes is bound by host time, where one launch beats two (H100 host, M = 1: 87 vs
+        # 320 us per call): it takes the in-loop mode. (The first, eager call of a bucket
+        # measures both, so a later capture finds the choice made.)
         default = _gemm.LORA_IN_LOOP if loop == _gemm.LOOP_PTR else _gemm.LORA_EXPAND
         mode = _tuned_mode(args, loop, r_pad, default)
+        if not capturing(x2):
+            mode = _gemm.LORA_IN_LOOP
     elif pdl:
         mode = _gemm.LORA_EXPAND
     elif small and r_pad <= IN_LOOP_MAX_R:
@@ -135,6 +141,11 @@ def lora_rows(
         mode = _gemm.LORA_PRECOMPUTED
     _run_mode(mode, loop, pdl, *args)
     return out.view(*x.shape[:-1], n)
+
+
+def capturing(x: torch.Tensor) -> bool:
+    """Is this call being captured into a CUDA graph (on x's current stream)?"""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _tuned_mode(args: tuple, loop: int, r_pad: int, default: int) -> int:
