@@ -53,7 +53,8 @@ class Case:
     flops: int = 0
     samples: int = 0  # rows per call: when set, the rate is samples/s (model suites)
     ceiling: str = "copy_gbps"  # key of the ceiling the rate is compared with
-    graph: bool = False  # also time under a CUDA graph (launch-bound sizes)
+    graph: bool | tuple[str, ...] = False  # also time under a CUDA graph (launch-bound
+    # sizes): every arm, or only the arms named (ones that sync with the host cannot be)
     overhead: bool = False  # also measure host time per call
     overhead_arms: dict[str, Callable] = field(default_factory=dict)  # host-overhead-only arms
     check: bool = True  # compare every arm's output with the reference arm's
@@ -295,7 +296,7 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
         if case.overhead:
             fields["host_us"] = round(host_overhead_us(fn, sets[0], settings.overhead_iters), 2)
         rows.append(_row(case, arm, meta, ceilings, **fields))
-        if case.graph:
+        if case.graph is True or (case.graph and arm in case.graph):
             g50, g20, g80 = bench_graph_ms(fn, sets, settings)
             rows.append(
                 _row(case, arm, meta, ceilings, mode="graph", p50_ms=g50, p20_ms=g20, p80_ms=g80)
