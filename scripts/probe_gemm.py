@@ -121,34 +121,54 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
         kw["pdl"] = False
         return launch(*a, **kw)
 
+    nsets = int(os.environ.get("PROBE_SETS", "1"))  # > 1: weights rotate (L2-cold, as
+    # the suite's graph rows); the time shown is per call
     for m, adapters, r in todo:
-        x = torch.randn(m, k, device="cuda", dtype=DT)
-        w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
-        b = torch.randn(n, device="cuda", dtype=DT)
-        lead = (adapters,) if adapters else ()
-        a = torch.randn(*lead, r, k, device="cuda", dtype=DT) / k**0.5
-        bb = torch.randn(*lead, n, r, device="cuda", dtype=DT) / r**0.5
+        sets = []
+        for _ in range(nsets):
+            x = torch.randn(m, k, device="cuda", dtype=DT)
+            w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
+            b = torch.randn(n, device="cuda", dtype=DT)
+            lead = (adapters,) if adapters else ()
+            a = torch.randn(*lead, r, k, device="cuda", dtype=DT) / k**0.5
+            bb = torch.randn(*lead, n, r, device="cuda", dtype=DT) / r**0.5
+            merged_w = w + 2.0 * (bb @ a) if not adapters else w
+            sets.append((x, w, b, a, bb, merged_w))
         ids = torch.randint(0, adapters, (m,), device="cuda") if adapters else None
+        x, w, b, a, bb, _ = sets[-1]
         ref = lora_mod.lora_linear_ref(x, w, b, a, bb, 2.0, "relu", ids)
-        print(f"== LoRA M={m} K={k} N={n} rank {r} adapters {adapters or 1}, bf16, relu")
-        merged_w = w + 2.0 * (bb @ a) if not adapters else w
+        print(f"== LoRA M={m} K={k} N={n} rank {r} adapters {adapters or 1}, bf16, relu, "
+              f"{nsets} weight set(s)")  # fmt: skip
 
-        def fused():
-            return fuseml.ops.lora_linear(
+        def each(call):
+            def run():
+                for s in sets:
+                    out = call(*s)
+                return out
+
+            return run
+
+        fused = each(
+            lambda x, w, b, a, bb, _m: fuseml.ops.lora_linear(
                 x, w, b, a, bb, 2.0, "relu", adapter_ids=ids, check_ids=False
             )
+        )
 
-        def variant(env=None, patch=None):
+        def variant(env=None, patch=None, mode=None):
             def run():
                 saved = os.environ.get("FUSEML_PDL")
+                tuned_mode = lora_mod._tuned_mode
                 if env is not None:
                     os.environ["FUSEML_PDL"] = env
                 if patch is not None:
                     _gemm.launch_linear = patch
+                if mode is not None:
+                    lora_mod._tuned_mode = lambda *a, **kw: mode
                 try:
                     return fused()
                 finally:
                     _gemm.launch_linear = launch
+                    lora_mod._tuned_mode = tuned_mode
                     if saved is None:
                         os.environ.pop("FUSEML_PDL", None)
                     else:
@@ -157,11 +177,16 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
             return run
 
         arms = {
-            "merged weight, cuBLAS (+ relu)": lambda: torch.relu(F.linear(x, merged_w, b)),
-            "fuseml.ops.linear, no adapter": lambda: fuseml.ops.linear(x, merged_w, b, "relu"),
-            "fused (default)": fused,
-            "fused, expand without overlap": variant(patch=no_overlap),
-            "fused, FUSEML_PDL=0": variant(env="0"),
+            "merged weight, cuBLAS (+ relu)": each(
+                lambda x, w, b, a, bb, mw: torch.relu(F.linear(x, mw, b))
+            ),
+            "fuseml.ops.linear, no adapter": each(
+                lambda x, w, b, a, bb, mw: fuseml.ops.linear(x, mw, b, "relu")
+            ),
+            "fused (default: tuned mode)": fused,
+            "fused, expand + PDL": variant(mode=_gemm.LORA_EXPAND),
+            "fused, expand in stream order": variant(patch=no_overlap, mode=_gemm.LORA_EXPAND),
+            "fused, FUSEML_PDL=0 (in-loop)": variant(env="0"),
         }
         base = None
         for name, fn in arms.items():
@@ -170,11 +195,11 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
                 got = fn()
                 torch.cuda.synchronize()
                 err = f" err={rel_err(got, ref):.1e}" if name.startswith("fused") else ""
-                us = bench_us(fn)
+                us = bench_us(fn) / nsets
                 base = base or us
                 print(f"  {name:40s} {us:8.1f} us {us / base:5.2f}x merged{err}", flush=True)
                 for key in set(_tune._memo) - before:
-                    print(f"      config {key[0]} {key[6] or '-'} m{key[3]}: {_tune._memo[key]}")
+                    print(f"      config {key}: {_tune._memo[key]}")
             except Exception as e:
                 print(f"  {name:40s} failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}")
 
