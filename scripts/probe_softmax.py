@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import os
 import sys
 
 import torch
@@ -56,8 +57,13 @@ def _width(n: int, m: int) -> None:
     saved = (sm.MAX_ONCHIP_COLS, sm.ONLINE_BLOCK, sm.ONLINE_WARPS, sm.ONLINE_PER_SM)
     try:
         sm.MAX_ONCHIP_COLS = 1024  # the online kernel at every width here
-        # (per_sm 1 and 4 never beat 0 or 2 at 16384 / 32768, H100: NOTES.md)
-        for block, warps, per_sm in itertools.product((4096, 8192, 16384), (8, 16, 32), (0, 2)):
+        # (per_sm 1 and 4 never beat 0 or 2 at 16384 / 32768, H100: NOTES.md).
+        # PROBE_ONLINE="block:warps:per_sm,...": only those.
+        only = os.environ.get("PROBE_ONLINE", "")
+        sweep = [tuple(int(v) for v in t.split(":")) for t in only.split(",") if t] or list(
+            itertools.product((4096, 8192, 16384), (8, 16, 32), (0, 2))
+        )
+        for block, warps, per_sm in sweep:
             sm.ONLINE_BLOCK, sm.ONLINE_WARPS, sm.ONLINE_PER_SM = block, warps, per_sm
             err = rel_err(fused(), ref)
             show(f"online block={block} warps={warps} per_sm={per_sm}", _us(fused), err)

@@ -267,10 +267,11 @@ def _launch_rows(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) 
 
 
 # Online kernel launch: columns per step, warps, and programs per SM (0: one program per
-# row). H100, bf16, 4096 x 50257 (scripts/probe_softmax.py, NOTES.md): 4096 / 8 / 0 took
-# 512 us; 1, 2 or 4 programs per SM 518-799 us, 16 warps 556 us.
-ONLINE_BLOCK = 4096
-ONLINE_WARPS = 8
+# row). H100, bf16, 4096 rows (scripts/probe_softmax.py, NOTES.md): at 65536 columns
+# 16384 / 16 / 0 took 527 us against 551 for 4096 / 8 / 0 (a sweep over 4096-16384
+# columns, 8-32 warps, 0 or 2 programs per SM); persistent grids were never faster.
+ONLINE_BLOCK = 16384
+ONLINE_WARPS = 16
 ONLINE_PER_SM = 0
 
 
