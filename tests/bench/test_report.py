@@ -151,3 +151,12 @@ def test_fusion_side_by_side_names_its_sources(tmp_path):
     assert "| softmax/bfloat16/4096x256 | 10.0 us (50%) |" in text
     assert "gelu: quick run of the elementwise suite, commit abc" in text
     assert "softmax: quick run of the softmax suite, commit def" in text
+
+
+def test_commits_note_names_every_commit_of_merged_rows():
+    meta = {"commit": "bbb", "date": "2026-01-02"}
+    assert report.commits_note([{"commit": "bbb"}] * 2, meta) == "commit bbb, 2026-01-02"
+    rows = [{"commit": "aaa"}, {"commit": "bbb"}, {"commit": "aaa"}]
+    assert report.commits_note(rows, meta) == (
+        "rows from commits aaa (2 rows), bbb (1 rows); last run 2026-01-02"
+    )

@@ -52,11 +52,11 @@ def fusion_markdown(root: Path) -> str | None:
         for path, op_key, builtin in ((ew, "gelu", "builtin"), (sm, "softmax", "torch")):
             doc = report.load_results(path)
             meta = doc["meta"]
-            sources.append(
-                f"{op_key}: {meta.get('run', '?')} run of the {doc['suite']} suite, commit "
-                f"{meta.get('commit', '?')}, {meta.get('date', '?')}"
-            )
             events = [r for r in doc["rows"] if r.get("mode") == "events" and r["op"] == op_key]
+            sources.append(
+                f"{op_key}: {meta.get('run', '?')} run of the {doc['suite']} suite, "
+                f"{report.commits_note(events, meta)}"
+            )
             graph = report.graph_rows(doc)
             by_case: dict[str, dict] = {}
             for r in events:

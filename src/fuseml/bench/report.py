@@ -309,13 +309,26 @@ def markdown_table(doc: dict, spec: dict, *, footer: bool = True) -> str:
     )
     lines.append("")
     lines.append(
-        f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, commit "
-        f"{meta['commit']}, {meta['date']}. "
+        f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, "
+        f"{commits_note(rows, meta)}. "
         + (ceilings if spec.get("ceilings", True) else "")
         + spec.get("note", DEFAULT_CELLS_NOTE)
         + _first_calls(rows, spec)
     )
     return "\n".join(lines)
+
+
+def commits_note(rows: list[dict], meta: dict) -> str:
+    """'commit X, date' when the rows come from one commit; with rows merged from several
+    runs ('--merge'), each commit and how many of the rows it measured."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        c = r.get("commit", meta.get("commit", "?"))
+        counts[c] = counts.get(c, 0) + 1
+    if len(counts) <= 1:
+        return f"commit {next(iter(counts), meta.get('commit', '?'))}, {meta.get('date', '?')}"
+    parts = ", ".join(f"{c} ({n} rows)" for c, n in counts.items())
+    return f"rows from commits {parts}; last run {meta.get('date', '?')}"
 
 
 def _first_calls(rows: list[dict], spec: dict) -> str:

@@ -267,12 +267,21 @@ def _launch_rows(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) 
 
 
 # Online kernel launch: columns per step, warps, and programs per SM (0: one program per
-# row). H100, bf16, 4096 rows (scripts/probe_softmax.py, NOTES.md): at 65536 columns
-# 16384 / 16 / 0 took 527 us against 551 for 4096 / 8 / 0 (a sweep over 4096-16384
-# columns, 8-32 warps, 0 or 2 programs per SM); persistent grids were never faster.
+# row). H100, bf16, 4096 rows (scripts/probe_softmax.py and the quick suite, NOTES.md):
+# 16384 columns a step and 16 warps took 527 us at 65536 columns and 2172 at 262144
+# against 551 / 2214 for 4096 / 8 (a sweep over 4096-16384 columns, 8-32 warps, 0 or 2
+# programs per SM; persistent grids were never faster). Rows it does not divide take half
+# the step (less of the last step masked off): at 50257, 8192 / 16 took 481 us, 16384 572,
+# 4096 / 8 512.
 ONLINE_BLOCK = 16384
 ONLINE_WARPS = 16
 ONLINE_PER_SM = 0
+
+
+def _online_block(n_cols: int) -> int:
+    """Columns per step of the online kernel for rows of ``n_cols`` (see ONLINE_BLOCK)."""
+    block = ONLINE_BLOCK if n_cols % ONLINE_BLOCK == 0 else ONLINE_BLOCK // 2 or 1
+    return min(block, next_pow2(n_cols))
 
 
 def _launch_online(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) -> None:
@@ -283,7 +292,7 @@ def _launch_online(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool
     kernel = torch.library.wrap_triton(_softmax_online_kernel) if traced else _softmax_online_kernel
     kernel[(grid,)](
         x2, out2, n_rows, n_cols, x2.stride(0), out2.stride(0),
-        LOG=log, BLOCK_N=min(ONLINE_BLOCK, next_pow2(n_cols)), num_warps=ONLINE_WARPS,
+        LOG=log, BLOCK_N=_online_block(n_cols), num_warps=ONLINE_WARPS,
     )  # fmt: skip
 
 
