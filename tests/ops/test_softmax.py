@@ -237,3 +237,10 @@ def test_softmax_bad_input():
 def test_poison_helper_marks_unwritten():
     t = poison_(torch.empty(3))
     assert torch.isnan(t).all()
+
+
+def test_online_block_halves_the_step_for_rows_it_does_not_divide():
+    full = sm.ONLINE_BLOCK
+    assert sm._online_block(4 * full) == full  # 65536 with 16384-column steps
+    assert sm._online_block(3 * full + 1) == full // 2  # ragged (50257): half the step
+    assert sm._online_block(1000) == 1024  # shorter than a step: one step of the row
