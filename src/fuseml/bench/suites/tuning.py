@@ -44,9 +44,16 @@ PROBLEMS = {
     "linear 512->256, M 64, relu": {"op": "linear", "m": 64, "k": 512, "n": 256, "act": "relu"},
     "lora_linear 4096->4096 r16, M 4096": {"op": "lora", "m": 4096, "k": 4096, "n": 4096,
                                             "rank": 16},
+    # Decode-like rows on Hopper tune three launches (in-loop GEMM, shrink, expand GEMM)
+    # and time both LoRA modes on the first call
+    "lora_linear 4096->4096 r16, M 1": {"op": "lora", "m": 1, "k": 4096, "n": 4096,
+                                         "rank": 16},
     "mlp 13-512-256-64-16, B 4096": {"op": "mlp", "m": 4096, "widths": [13, 512, 256, 64, 16]},
 }  # fmt: skip
-QUICK = ["linear 4096->4096, M 4096, gelu_tanh", "linear 512->256, M 64, relu"]
+QUICK = [
+    "linear 4096->4096, M 4096, gelu_tanh", "linear 512->256, M 64, relu",
+    "lora_linear 4096->4096 r16, M 1",
+]  # fmt: skip
 ARMS = {"cold": ("a", "triton"), "tune": ("b", "triton"), "warm": ("a", "triton")}
 TARGET_MS = {"cold": 10_000.0, "tune": 10_000.0, "warm": 200.0}
 CHILD_TIMEOUT_S = 300
