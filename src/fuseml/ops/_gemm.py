@@ -601,13 +601,15 @@ def launch_linear(
     precision = dot_precision(x.dtype)
     upcast = triton_interpreting()
     pdl = pdl and not upcast  # a launch-order hint: the interpreter runs launches in order
+    # LoRA launches' PDL flag (passed even when False: torch.compile's wrap_triton takes no
+    # defaulted arguments); the expand launch may start while the shrink runs
+    variant = {"PDL": pdl, "launch_pdl": True} if pdl and lora == LORA_EXPAND else {"PDL": pdl}
     if tma:
         extra = None
         if lora != LORA_NONE:
             extra = (lora, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block)
-        variant = {}
-        if pdl:
-            variant = {"PDL": True, "launch_pdl": True} if lora == LORA_EXPAND else {"PDL": True}
+        else:
+            variant = {}  # the plain TMA kernel has no PDL argument
         _launch_tma(out, x, weight, bias, residual, alpha, activation, config, extra, **variant)
         return
     if lora == LORA_NONE:
@@ -624,9 +626,6 @@ def launch_linear(
         )  # fmt: skip
         return
     kernel = torch.library.wrap_triton(_lora_kernel) if traced else _lora_kernel
-    # PDL: the expand launch may start while the shrink runs (passed even when False:
-    # torch.compile's wrap_triton takes no defaulted arguments)
-    variant = {"PDL": pdl, "launch_pdl": True} if pdl and lora == LORA_EXPAND else {"PDL": pdl}
     dummy = x
     kernel[grid](
         x, weight,
