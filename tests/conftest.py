@@ -43,3 +43,16 @@ def tuned_gemm_call(monkeypatch):
         return fn(), used
 
     return run
+
+
+@pytest.fixture
+def fresh_tuning(tmp_path, monkeypatch):
+    """Tuning on, as users run it, with an empty cache in ``tmp_path`` (returned) and
+    nothing remembered from earlier tests of this process."""
+    from fuseml.ops import _tune
+
+    monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
+    monkeypatch.setattr(_tune, "_memo", {})
+    monkeypatch.setattr(_tune, "_tables", {})
+    return tmp_path

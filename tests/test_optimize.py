@@ -276,17 +276,12 @@ def test_optimize_peft_unsupported_layers_are_left():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("config", ["kaggle", "mlperf"])
-def test_optimized_dlrm_large_batch_tuned_gpu(config, tmp_path, monkeypatch):
+def test_optimized_dlrm_large_batch_tuned_gpu(config, fresh_tuning):
     """fuseml.optimize on a DLRM at B = 65536 in bf16 with tuning on, stage by stage."""
     from fuseml.models.bench_cases import random_inputs
     from fuseml.models.dlrm import DLRM, DLRMConfig
-    from fuseml.ops import _tune
     from fuseml.testing import rel_err, tolerance
 
-    monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
-    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
-    monkeypatch.setattr(_tune, "_memo", {})
-    monkeypatch.setattr(_tune, "_tables", {})
     cfg = DLRMConfig.from_name(config, max_cardinality=100_000)
     torch.manual_seed(0)
     with torch.device("cuda"):

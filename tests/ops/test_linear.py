@@ -256,15 +256,11 @@ def test_tuning_disabled_uses_default(tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_first_gpu_call_tunes_and_writes_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
-    monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
-    monkeypatch.setattr(_tune, "_tables", {})
-    monkeypatch.setattr(_tune, "_memo", {})
+def test_first_gpu_call_tunes_and_writes_the_cache(fresh_tuning):
     x, w, b, _ = _inputs(77, 96, 80, torch.bfloat16, "cuda", residual=False)
     out = fuseml.ops.linear(x, w, b, "relu", backend="triton")
     assert_close_verbose(out, _ref64(x, w, b, "relu"), torch.bfloat16)
-    (table,) = (tmp_path / "tune").glob("*.json")
+    (table,) = (fresh_tuning / "tune").glob("*.json")
     entries = json.loads(table.read_text())
     assert any(key.startswith("linear:bfloat16") and ":m128:n80:k96" in key for key in entries)
 

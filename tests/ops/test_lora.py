@@ -198,15 +198,9 @@ def test_lora_bad_input(over, exc, words):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(("adapters", "r"), [(1, 16), (4, 16), (16, 16), (3, 6)])
-def test_lora_large_batch_tuned_gpu(adapters, r, tmp_path, monkeypatch):
+def test_lora_large_batch_tuned_gpu(adapters, r, fresh_tuning):
     """Above the in-loop rows, where Hopper takes the expand mode on the TMA kernel (up to
     256 stacked columns: 16 x 16 takes four steps), with tuning on as users run it."""
-    from fuseml.ops import _tune
-
-    monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
-    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
-    monkeypatch.setattr(_tune, "_memo", {})
-    monkeypatch.setattr(_tune, "_tables", {})
     dtype = torch.bfloat16
     w, b, a, bb = _layer(512, 384, r, dtype, "cuda", adapters=adapters)
     x = torch.randn(1500, 512, dtype=dtype, device="cuda")
@@ -254,16 +248,10 @@ def test_lora_small_rows_tuned_loop(device, backend, adapters, pdl, tuned_gemm_c
 @pytest.mark.parametrize("m", [1, 16, 64])
 @pytest.mark.parametrize("adapters", [None, 4])
 @pytest.mark.parametrize("pdl", ["0", "1"])
-def test_lora_small_rows_tuned_gpu(m, adapters, pdl, tmp_path, monkeypatch):
+def test_lora_small_rows_tuned_gpu(m, adapters, pdl, fresh_tuning, monkeypatch):
     """Decode-like rows with tuning on (on Hopper the tuner also times the TMA kernel),
     in-loop (FUSEML_PDL=0) and, on Hopper, the overlapped shrink / expand launches."""
-    from fuseml.ops import _tune
-
     monkeypatch.setenv("FUSEML_PDL", pdl)
-    monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
-    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
-    monkeypatch.setattr(_tune, "_memo", {})
-    monkeypatch.setattr(_tune, "_tables", {})
     dtype = torch.bfloat16
     w, b, a, bb = _layer(1024, 768, 16, dtype, "cuda", adapters=adapters)
     x = torch.randn(m, 1024, dtype=dtype, device="cuda")
@@ -276,16 +264,10 @@ def test_lora_small_rows_tuned_gpu(m, adapters, pdl, tmp_path, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m", [1, 64, 256, 1024])
 @pytest.mark.parametrize("adapters", [None, 4])
-def test_lora_cuda_graph_gpu(m, adapters, tmp_path, monkeypatch):
+def test_lora_cuda_graph_gpu(m, adapters, fresh_tuning):
     """Captured into a CUDA graph after an eager warm-up (which tunes), as serving does: on
     Hopper the capture takes the tuned mode (the overlapped shrink / expand launches where
     they measured faster); replays match the reference for new inputs."""
-    from fuseml.ops import _tune
-
-    monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
-    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
-    monkeypatch.setattr(_tune, "_memo", {})
-    monkeypatch.setattr(_tune, "_tables", {})
     dtype = torch.bfloat16
     w, b, a, bb = _layer(1024, 768, 16, dtype, "cuda", adapters=adapters)
     x = torch.randn(m, 1024, dtype=dtype, device="cuda")

@@ -172,14 +172,10 @@ def test_every_mlp_candidate_config_is_correct(dtype, m):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m", [32768, 65536])
-def test_mlp_tuned_large_batch_gpu(m, tmp_path, monkeypatch):
+def test_mlp_tuned_large_batch_gpu(m, fresh_tuning):
     """With tuning on (as users run it), the chosen config gives the reference's result."""
     from fuseml.ops import _tune
 
-    monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
-    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
-    monkeypatch.setattr(_tune, "_memo", {})
-    monkeypatch.setattr(_tune, "_tables", {})
     widths = [13, 512, 256, 128]
     ws, bs = _layers(widths, torch.bfloat16, "cuda")
     x = torch.randn(m, widths[0], dtype=torch.bfloat16, device="cuda")
