@@ -3,10 +3,12 @@
     PYTHONPATH=src python scripts/probe_softmax.py [N ...]
 
 M = 4096 bf16 rows of N = 16384, 32768 (where the on-chip kernel ends), 50257, 65536 and
-262144 columns (or the N given): torch.softmax and a same-size copy; the on-chip kernel with 8 / 16 / 32
-warps where it applies; then the online kernel's columns per step, warps and programs
-per SM (0: one program per row), swept through the module constants. Median us
-(triton.testing.do_bench, L2 flushed) and GB/s (one read + one write).
+262144 columns (or the N given): torch.softmax and a same-size copy; the on-chip kernel
+with 8 / 16 / 32 warps where it applies; the CUDA twin; the split-row kernel's columns per
+program and warps (PROBE_SPLIT="block:warps,..."); then the online kernel's columns per
+step, warps and programs per SM (0: one program per row; PROBE_ONLINE, "none" to skip),
+swept through the module constants. Median us (triton.testing.do_bench, L2 flushed) and
+GB/s (one read + one write).
 """
 
 from __future__ import annotations
@@ -54,9 +56,30 @@ def _width(n: int, m: int) -> None:
                 show(f"on-chip kernel, {warps} warps", _us(fused), rel_err(fused(), ref))
         finally:
             sm._rows_config = base
+    show("fuseml CUDA twin", _us(lambda: fuseml.ops.softmax(x, backend="cuda")))
+    saved = (sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_WARPS, sm.SPLIT_MAX_CHUNKS)
+    try:
+        # The split-row kernel: PROBE_SPLIT="block:warps,..." (columns a program, warps)
+        sm.MAX_ONCHIP_COLS = 1024
+        only = os.environ.get("PROBE_SPLIT", "")
+        sweep = [tuple(int(v) for v in t.split(":")) for t in only.split(",") if t] or [
+            (4096, 4), (8192, 8), (8192, 16), (16384, 16), (16384, 32), (32768, 32)
+        ]  # fmt: skip
+        for block, warps in sweep:
+            sm.SPLIT_BLOCK, sm.SPLIT_WARPS = block, warps
+            if not sm._split_chunks(x):
+                continue
+            err = rel_err(fused(), ref)
+            show(f"split block={block} warps={warps}", _us(fused), err)
+    finally:
+        sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_WARPS, sm.SPLIT_MAX_CHUNKS = saved
+    if os.environ.get("PROBE_ONLINE") == "none":
+        return
     saved = (sm.MAX_ONCHIP_COLS, sm.ONLINE_BLOCK, sm.ONLINE_WARPS, sm.ONLINE_PER_SM)
+    split_max = sm.SPLIT_MAX_CHUNKS
     try:
         sm.MAX_ONCHIP_COLS = 1024  # the online kernel at every width here
+        sm.SPLIT_MAX_CHUNKS = 0
         # (per_sm 1 and 4 never beat 0 or 2 at 16384 / 32768, H100: NOTES.md).
         # PROBE_ONLINE="block:warps:per_sm,...": only those.
         only = os.environ.get("PROBE_ONLINE", "")
@@ -69,6 +92,7 @@ def _width(n: int, m: int) -> None:
             show(f"online block={block} warps={warps} per_sm={per_sm}", _us(fused), err)
     finally:
         sm.MAX_ONCHIP_COLS, sm.ONLINE_BLOCK, sm.ONLINE_WARPS, sm.ONLINE_PER_SM = saved
+        sm.SPLIT_MAX_CHUNKS = split_max
 
 
 def main(m: int = 4096) -> None:

@@ -114,33 +114,61 @@ def test_softmax_strided_inputs(device, backend):
         assert_close_verbose(fuseml.ops.softmax(x, backend=backend), _ref(x, -1, False))
 
 
+def _long_row_path(monkeypatch, path: str, block: int) -> None:
+    """Send rows longer than ``block`` columns down one of the long-row kernels: "split"
+    (chunks of ``block`` columns over several programs), "online" (the two-pass kernel, one
+    program per row) or "online-persistent" (the same, fewer programs than rows)."""
+    monkeypatch.setattr(sm, "MAX_ONCHIP_COLS", block)
+    monkeypatch.setattr(sm, "SPLIT_BLOCK", block)
+    monkeypatch.setattr(sm, "ONLINE_BLOCK", block)
+    if path != "split":
+        monkeypatch.setattr(sm, "SPLIT_MAX_CHUNKS", 0)
+    monkeypatch.setattr(sm, "ONLINE_PER_SM", int(path == "online-persistent"))
+
+
+LONG_PATHS = ["split", "online", "online-persistent"]
+
+
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("per_sm", [0, 1])
-def test_softmax_long_rows_online_path(device, backend, log, dtype, per_sm, monkeypatch):
+@pytest.mark.parametrize("path", LONG_PATHS)
+def test_softmax_long_row_paths(device, backend, log, dtype, path, monkeypatch):
     if backend == "cuda":
         pytest.skip("the CUDA twin's long-row path is covered by test_softmax_long_rows_on_gpu")
-    # Force the online (two-pass) kernel at sizes the interpreter can run; per_sm 1: a
-    # persistent grid smaller than the rows.
-    monkeypatch.setattr(sm, "MAX_ONCHIP_COLS", 64)
-    monkeypatch.setattr(sm, "ONLINE_BLOCK", 128)
-    monkeypatch.setattr(sm, "ONLINE_PER_SM", per_sm)
+    # The long-row kernels at sizes the interpreter can run: 9 chunks of 128 columns a row
+    # (the last one ragged) for "split".
+    _long_row_path(monkeypatch, path, 128)
     x = 8 * torch.randn(3, 1037, dtype=dtype, device=device)
+    if path == "split":
+        assert sm._split_chunks(x) == 9
     assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
+
+
+def test_split_chunks_limits():
+    x = torch.empty(2, 1)
+    for n_cols, chunks in ((sm.SPLIT_BLOCK, 0), (sm.SPLIT_BLOCK + 1, 2), (4 * sm.SPLIT_BLOCK, 4)):
+        assert sm._split_chunks(x.expand(2, n_cols)) == chunks
+    # Past SPLIT_MAX_CHUNKS programs a row: the online kernel
+    assert sm._split_chunks(x.expand(2, sm.SPLIT_BLOCK * sm.SPLIT_MAX_CHUNKS + 1)) == 0
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
 @pytest.mark.parametrize("n_cols", [1025, 8191, 32768, 32769, 50257, 262144, 1_048_576])
-@pytest.mark.parametrize("per_sm", [0, 1])
-def test_softmax_long_rows_on_gpu(backend, n_cols, per_sm, monkeypatch):
-    if per_sm and (backend == "cuda" or n_cols <= sm.MAX_ONCHIP_COLS):
-        pytest.skip("per_sm sets the Triton online kernel's grid only")
-    monkeypatch.setattr(sm, "ONLINE_PER_SM", per_sm)
-    rows = 300 if per_sm else 4  # more rows than the persistent grid
+@pytest.mark.parametrize("path", ["default", *LONG_PATHS])
+def test_softmax_long_rows_on_gpu(backend, n_cols, path, monkeypatch):
+    if path != "default" and (backend == "cuda" or n_cols <= sm.MAX_ONCHIP_COLS):
+        pytest.skip("path sets the Triton long-row kernels only")
+    if path != "default":
+        _long_row_path(monkeypatch, path, sm.MAX_ONCHIP_COLS)
+        monkeypatch.setattr(sm, "SPLIT_BLOCK", 16384)
+        monkeypatch.setattr(sm, "ONLINE_BLOCK", 16384)
+    rows = 300 if path == "online-persistent" else 40  # more rows than the persistent grid
     x = 10 * torch.randn(rows, n_cols, device="cuda", dtype=torch.bfloat16)
+    if path == "split":
+        assert sm._split_chunks(x) > 1
     out = fuseml.ops.softmax(x, backend=backend)
     assert_close_verbose(out, _ref(x, -1, False), torch.bfloat16)
     out = fuseml.ops.log_softmax(x, backend=backend)
@@ -149,13 +177,12 @@ def test_softmax_long_rows_on_gpu(backend, n_cols, per_sm, monkeypatch):
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("log", [False, True])
-@pytest.mark.parametrize("online", [False, True])
-def test_softmax_edge_values_match_torch(device, backend, log, online, monkeypatch):
-    if online and backend == "cuda":
+@pytest.mark.parametrize("path", ["onchip", "split", "online"])
+def test_softmax_edge_values_match_torch(device, backend, log, path, monkeypatch):
+    if path != "onchip" and backend == "cuda":
         pytest.skip("thresholds of the Triton kernels only")
-    if online:
-        monkeypatch.setattr(sm, "MAX_ONCHIP_COLS", 4)
-        monkeypatch.setattr(sm, "ONLINE_BLOCK", 4)
+    if path != "onchip":
+        _long_row_path(monkeypatch, path, 4)  # split: 3 chunks of 4 columns a row
     ninf, inf = float("-inf"), float("inf")
     x = torch.tensor(
         [
@@ -163,6 +190,7 @@ def test_softmax_edge_values_match_torch(device, backend, log, online, monkeypat
             [ninf, 0.0, ninf, 1.0, ninf, ninf, 2.0, ninf, ninf],
             [1e4, -1e4, 0.0, 5e3, 1e4, 3.0, -2.0, 0.5, 1e4],  # large but finite in fp16
             [inf, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],  # +inf: NaN/0 pattern of torch
+            [1.0, 2.0, 3.0, 4.0, ninf, ninf, ninf, ninf, 0.5],  # a whole chunk of -inf
         ],
         device=device,
     )

@@ -126,6 +126,63 @@ def _softmax_online_kernel(
 
 
 @triton.jit
+def _softmax_split_kernel(
+    x_ptr,  # (M, N) input, unit column stride
+    out_ptr,  # (M, N) output
+    stats_ptr,  # (M, CHUNKS, 2) float32 scratch: each chunk's (max, sum of exp(x - max))
+    count_ptr,  # (M,) int32, zero at launch: chunks of the row whose statistics are posted
+    n_cols,
+    stride_xm,
+    stride_om,
+    CHUNKS,  # programs per row
+    LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # columns per program
+    BLOCK_G: tl.constexpr,  # next power of two >= CHUNKS
+    PHASE: tl.constexpr,  # 0: whole op, the row's programs wait for each other; 1 / 2:
+    # statistics / output only, as two launches (the interpreter runs programs one by one)
+):
+    # Long rows split over CHUNKS programs, each holding its chunk in registers: one read
+    # and one write per element, however long the row. A program reduces its chunk to
+    # (max, sum), posts them, waits until every chunk of its row has posted, combines
+    # the CHUNKS pairs into the row's max and sum, and writes its chunk. The programs of a
+    # row have consecutive ids and each waits only on them, so the wait ends if blocks
+    # start in id order and CHUNKS of them fit on the GPU at once (the assumption CUB's
+    # single-pass scan makes); the launcher keeps CHUNKS well under that.
+    pid = tl.program_id(0)
+    row = tl.cast(pid // CHUNKS, tl.int64)
+    chunk = pid % CHUNKS
+    offs = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=-float("inf")).to(tl.float32)
+    stats_row = stats_ptr + row * (2 * CHUNKS)
+    if PHASE != 2:
+        m = tl.max(x, axis=0)
+        shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf chunk: sum 0, not NaN
+        tl.store(stats_row + 2 * chunk, m)
+        tl.store(stats_row + 2 * chunk + 1, tl.sum(tl.exp(x - shift), axis=0))
+        if PHASE == 0:
+            # release: the stores above are visible to whoever sees the new count;
+            # acquire: the other chunks' statistics are visible once the count is full
+            posted = tl.atomic_add(count_ptr + row, 1, sem="acq_rel") + 1
+            while posted < CHUNKS:
+                posted = tl.atomic_add(count_ptr + row, 0, sem="acquire")
+    if PHASE != 1:
+        g = tl.arange(0, BLOCK_G)
+        g_ok = g < CHUNKS
+        ms = tl.load(stats_row + 2 * g, mask=g_ok, other=-float("inf"), cache_modifier=".cg")
+        ss = tl.load(stats_row + 2 * g + 1, mask=g_ok, other=0.0, cache_modifier=".cg")
+        m_row = tl.max(ms, axis=0)
+        shift = tl.where(m_row == -float("inf"), 0.0, m_row)
+        total = tl.sum(ss * tl.exp(ms - shift), axis=0)
+        z = x - m_row  # NaN for an all -inf row, as torch
+        if LOG:
+            y = z - tl.log(total)
+        else:
+            y = tl.exp(z) / total
+        tl.store(out_ptr + row * stride_om + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _softmax_strided_kernel(
     x_ptr,  # (outer, N, inner) input view, any strides
     out_ptr,  # (outer, N, inner) contiguous output
@@ -296,6 +353,41 @@ def _launch_online(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool
     )  # fmt: skip
 
 
+# Split-row kernel (rows longer than MAX_ONCHIP_COLS): SPLIT_BLOCK columns a program,
+# SPLIT_WARPS warps; at most SPLIT_MAX_CHUNKS programs a row, and never more than half the
+# SMs (its programs wait for each other: they must all fit on the GPU at once). Longer
+# rows take the online kernel.
+SPLIT_BLOCK = 16384
+SPLIT_WARPS = 16
+SPLIT_MAX_CHUNKS = 64
+
+
+def _split_chunks(x2: torch.Tensor) -> int:
+    """Programs per row of the split-row kernel for ``x2``, or 0 where it does not apply."""
+    chunks = cdiv(x2.shape[1], SPLIT_BLOCK)
+    limit = SPLIT_MAX_CHUNKS
+    if x2.is_cuda:
+        limit = min(limit, sm_count(x2.get_device()) // 2)
+    return chunks if 1 < chunks <= limit else 0
+
+
+def _launch_split(
+    x2: torch.Tensor, out2: torch.Tensor, chunks: int, log: bool, traced: bool
+) -> None:
+    n_rows, n_cols = x2.shape
+    stats = torch.empty((n_rows, chunks, 2), dtype=torch.float32, device=x2.device)
+    count = torch.zeros((n_rows,), dtype=torch.int32, device=x2.device)
+    kernel = torch.library.wrap_triton(_softmax_split_kernel) if traced else _softmax_split_kernel
+    # The interpreter runs one program after another, so a program cannot wait for the
+    # next: there the statistics and the output are two launches.
+    for phase in (1, 2) if triton_interpreting() else (0,):
+        kernel[(n_rows * chunks,)](
+            x2, out2, stats, count, n_cols, x2.stride(0), out2.stride(0), chunks,
+            LOG=log, BLOCK_N=SPLIT_BLOCK, BLOCK_G=next_pow2(chunks), PHASE=phase,
+            num_warps=SPLIT_WARPS,
+        )  # fmt: skip
+
+
 # Strided (non-last dim) kernel: tiles of at most STRIDED_TILE elements; one pass when the
 # whole softmax dim fits in one tile.
 STRIDED_TILE = 4096
@@ -371,6 +463,8 @@ def _dispatch(x2: torch.Tensor, out2: torch.Tensor, log: bool, impl: str, traced
         torch.ops.fuseml.softmax_cuda_out(x2, log, out2)
     elif x2.shape[1] <= MAX_ONCHIP_COLS:
         _launch_rows(x2, out2, log, traced)
+    elif chunks := _split_chunks(x2):
+        _launch_split(x2, out2, chunks, log, traced)
     else:
         _launch_online(x2, out2, log, traced)
 
