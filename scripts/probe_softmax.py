@@ -5,7 +5,7 @@
 M = 4096 bf16 rows of N = 16384, 32768 (where the on-chip kernel ends), 50257, 65536 and
 262144 columns (or the N given): torch.softmax and a same-size copy; the on-chip kernel
 with 8 / 16 / 32 warps where it applies; the CUDA twin; the split-row kernel's columns per
-program and warps (PROBE_SPLIT="block:warps,..."); then the online kernel's columns per
+program and columns per warp (PROBE_SPLIT="block:cols_per_warp,..."); then the online kernel's columns per
 step, warps and programs per SM (0: one program per row; PROBE_ONLINE, "none" to skip),
 swept through the module constants. Median us (triton.testing.do_bench, L2 flushed) and
 GB/s (one read + one write).
@@ -57,22 +57,24 @@ def _width(n: int, m: int) -> None:
         finally:
             sm._rows_config = base
     show("fuseml CUDA twin", _us(lambda: fuseml.ops.softmax(x, backend="cuda")))
-    saved = (sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_WARPS, sm.SPLIT_MAX_CHUNKS)
+    saved = (sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_MAX_BLOCK, sm.SPLIT_COLS_PER_WARP)
     try:
-        # The split-row kernel: PROBE_SPLIT="block:warps,..." (columns a program, warps)
+        # The split-row kernel: PROBE_SPLIT="block:cols_per_warp,..." (columns a program)
         sm.MAX_ONCHIP_COLS = 1024
         only = os.environ.get("PROBE_SPLIT", "")
         sweep = [tuple(int(v) for v in t.split(":")) for t in only.split(",") if t] or [
-            (4096, 4), (8192, 8), (8192, 16), (16384, 16), (16384, 32), (32768, 32)
+            (2048, 512), (2048, 1024), (4096, 512), (4096, 1024), (8192, 1024), (16384, 1024)
         ]  # fmt: skip
-        for block, warps in sweep:
-            sm.SPLIT_BLOCK, sm.SPLIT_WARPS = block, warps
-            if not sm._split_chunks(x):
+        for block, per_warp in sweep:
+            sm.SPLIT_BLOCK, sm.SPLIT_COLS_PER_WARP = block, per_warp
+            sm.SPLIT_MAX_BLOCK = max(block, saved[2])
+            if not sm._split_config(x):
                 continue
             err = rel_err(fused(), ref)
-            show(f"split block={block} warps={warps}", _us(fused), err)
+            name = f"split block={block} warps={block // per_warp} ({sm._split_config(x)})"
+            show(name, _us(fused), err)
     finally:
-        sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_WARPS, sm.SPLIT_MAX_CHUNKS = saved
+        sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_MAX_BLOCK, sm.SPLIT_COLS_PER_WARP = saved
     if os.environ.get("PROBE_ONLINE") == "none":
         return
     saved = (sm.MAX_ONCHIP_COLS, sm.ONLINE_BLOCK, sm.ONLINE_WARPS, sm.ONLINE_PER_SM)

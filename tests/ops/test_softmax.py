@@ -139,18 +139,25 @@ def test_softmax_long_row_paths(device, backend, log, dtype, path, monkeypatch):
     # The long-row kernels at sizes the interpreter can run: 9 chunks of 128 columns a row
     # (the last one ragged) for "split".
     _long_row_path(monkeypatch, path, 128)
-    x = 8 * torch.randn(3, 1037, dtype=dtype, device=device)
-    if path == "split":
-        assert sm._split_chunks(x) == 9
-    assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
+    big = 8 * torch.randn(3, 1045, dtype=dtype, device=device)
+    # An odd width (rows start at every alignment: each row's aligned body, head and tail),
+    # and a view whose rows are not lined up with the output's (one element at a time).
+    for x in (big[:, :1037].contiguous(), big[:, 3:1040]):
+        if path == "split":
+            assert sm._split_config(x) == (128, 9)
+        assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
 
 
-def test_split_chunks_limits():
+def test_split_config_limits():
     x = torch.empty(2, 1)
-    for n_cols, chunks in ((sm.SPLIT_BLOCK, 0), (sm.SPLIT_BLOCK + 1, 2), (4 * sm.SPLIT_BLOCK, 4)):
-        assert sm._split_chunks(x.expand(2, n_cols)) == chunks
-    # Past SPLIT_MAX_CHUNKS programs a row: the online kernel
-    assert sm._split_chunks(x.expand(2, sm.SPLIT_BLOCK * sm.SPLIT_MAX_CHUNKS + 1)) == 0
+    block = sm.SPLIT_BLOCK
+    for n_cols, config in ((block, None), (block + 1, (block, 2)), (4 * block, (block, 4))):
+        assert sm._split_config(x.expand(2, n_cols)) == config
+    # Longer rows take longer chunks, up to SPLIT_MAX_BLOCK columns; past that, the online
+    # kernel
+    most = sm.SPLIT_MAX_BLOCK * sm.SPLIT_MAX_CHUNKS
+    assert sm._split_config(x.expand(2, most)) == (sm.SPLIT_MAX_BLOCK, sm.SPLIT_MAX_CHUNKS)
+    assert sm._split_config(x.expand(2, most + 1)) is None
 
 
 @pytest.mark.gpu
@@ -166,13 +173,15 @@ def test_softmax_long_rows_on_gpu(backend, n_cols, path, monkeypatch):
         monkeypatch.setattr(sm, "SPLIT_BLOCK", 16384)
         monkeypatch.setattr(sm, "ONLINE_BLOCK", 16384)
     rows = 300 if path == "online-persistent" else 40  # more rows than the persistent grid
-    x = 10 * torch.randn(rows, n_cols, device="cuda", dtype=torch.bfloat16)
-    if path == "split":
-        assert sm._split_chunks(x) > 1
-    out = fuseml.ops.softmax(x, backend=backend)
-    assert_close_verbose(out, _ref(x, -1, False), torch.bfloat16)
-    out = fuseml.ops.log_softmax(x, backend=backend)
-    assert_close_verbose(out, _ref(x, -1, True), torch.bfloat16)
+    big = 10 * torch.randn(rows, n_cols + 3, device="cuda", dtype=torch.bfloat16)
+    # contiguous, and a view with unaligned rows (the split kernel's one-element path)
+    for x in (big[:, :n_cols].contiguous(), big[:, 3:]):
+        if path == "split":
+            assert sm._split_config(x) is not None
+        out = fuseml.ops.softmax(x, backend=backend)
+        assert_close_verbose(out, _ref(x, -1, False), torch.bfloat16)
+        out = fuseml.ops.log_softmax(x, backend=backend)
+        assert_close_verbose(out, _ref(x, -1, True), torch.bfloat16)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)

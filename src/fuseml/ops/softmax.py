@@ -138,6 +138,8 @@ def _softmax_split_kernel(
     LOG: tl.constexpr,
     BLOCK_N: tl.constexpr,  # columns per program
     BLOCK_G: tl.constexpr,  # next power of two >= CHUNKS
+    VEC: tl.constexpr,  # elements in 16 bytes where rows of x and out share their
+    # alignment (the launcher checks), else 1
     PHASE: tl.constexpr,  # 0: whole op, the row's programs wait for each other; 1 / 2:
     # statistics / output only, as two launches (the interpreter runs programs one by one)
 ):
@@ -148,21 +150,41 @@ def _softmax_split_kernel(
     # row have consecutive ids and each waits only on them, so the wait ends if blocks
     # start in id order and CHUNKS of them fit on the GPU at once (the assumption CUB's
     # single-pass scan makes); the launcher keeps CHUNKS well under that.
+    #
+    # Rows whose start is not 16-byte aligned (odd widths: 50257) would load one element
+    # at a time; so the chunks tile the row from its first 16-byte boundary ("lead"
+    # elements in) in whole 16-byte groups, and the last chunk also takes the unaligned
+    # head and tail (fewer than VEC elements each) as a small separate piece.
     pid = tl.program_id(0)
     row = tl.cast(pid // CHUNKS, tl.int64)
     chunk = pid % CHUNKS
-    offs = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = offs < n_cols
-    x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=-float("inf")).to(tl.float32)
+    x_off = row * stride_xm
+    o_off = row * stride_om
+    x_row = x_ptr + x_off
+    out_row = out_ptr + o_off
+    lead = (VEC - x_off % VEC) % VEC  # the launcher checks o_off + lead is aligned too
+    body = tl.maximum(((n_cols - lead) // VEC) * VEC, 0)  # elements in whole groups
+    rel = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = rel < tl.multiple_of(body, VEC)
+    x_body = x_ptr + tl.multiple_of(x_off + lead, VEC)  # 16-byte aligned where x is
+    out_body = out_ptr + tl.multiple_of(o_off + lead, VEC)
+    x = tl.load(x_body + rel, mask=mask, other=-float("inf")).to(tl.float32)
+    # head [0, lead) and tail [lead + body, n_cols), in the last chunk only
+    e = tl.arange(0, 2 * VEC)
+    edge = tl.where(e < VEC, e, lead + body + e - VEC)
+    edge_ok = (tl.where(e < VEC, e < lead, True) & (edge < n_cols)) & (chunk == CHUNKS - 1)
+    x_edge = tl.load(x_row + edge, mask=edge_ok, other=-float("inf")).to(tl.float32)
     stats_row = stats_ptr + row * (2 * CHUNKS)
     if PHASE != 2:
-        m = tl.max(x, axis=0)
+        m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
         shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf chunk: sum 0, not NaN
+        s = tl.sum(tl.exp(x - shift), axis=0) + tl.sum(tl.exp(x_edge - shift), axis=0)
         tl.store(stats_row + 2 * chunk, m)
-        tl.store(stats_row + 2 * chunk + 1, tl.sum(tl.exp(x - shift), axis=0))
+        tl.store(stats_row + 2 * chunk + 1, s)
         if PHASE == 0:
             # release: the stores above are visible to whoever sees the new count;
             # acquire: the other chunks' statistics are visible once the count is full
+            # (the polling add of 0 compiles to an acquire load, sm_90)
             posted = tl.atomic_add(count_ptr + row, 1, sem="acq_rel") + 1
             while posted < CHUNKS:
                 posted = tl.atomic_add(count_ptr + row, 0, sem="acquire")
@@ -175,11 +197,17 @@ def _softmax_split_kernel(
         shift = tl.where(m_row == -float("inf"), 0.0, m_row)
         total = tl.sum(ss * tl.exp(ms - shift), axis=0)
         z = x - m_row  # NaN for an all -inf row, as torch
+        z_edge = x_edge - m_row
         if LOG:
-            y = z - tl.log(total)
+            log_total = tl.log(total)
+            y = z - log_total
+            y_edge = z_edge - log_total
         else:
-            y = tl.exp(z) / total
-        tl.store(out_ptr + row * stride_om + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+            inv_total = 1.0 / total
+            y = tl.exp(z) * inv_total
+            y_edge = tl.exp(z_edge) * inv_total
+        tl.store(out_body + rel, y.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_row + edge, y_edge.to(out_ptr.dtype.element_ty), mask=edge_ok)
 
 
 @triton.jit
@@ -353,28 +381,40 @@ def _launch_online(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool
     )  # fmt: skip
 
 
-# Split-row kernel (rows longer than MAX_ONCHIP_COLS): SPLIT_BLOCK columns a program,
-# SPLIT_WARPS warps; at most SPLIT_MAX_CHUNKS programs a row, and never more than half the
-# SMs (its programs wait for each other: they must all fit on the GPU at once). Longer
-# rows take the online kernel.
-SPLIT_BLOCK = 16384
-SPLIT_WARPS = 16
+# Split-row kernel (rows longer than MAX_ONCHIP_COLS): SPLIT_BLOCK columns a program
+# with one warp per SPLIT_COLS_PER_WARP columns, more columns (up to SPLIT_MAX_BLOCK) where a row would
+# need more than SPLIT_MAX_CHUNKS programs, and never more than half the SMs' worth (a
+# row's programs wait for each other: they must all fit on the GPU at once). Longer rows
+# take the online kernel. H100, bf16, 4096 rows, one program a block of the GPU
+# (scripts/probe_softmax.py, NOTES.md): 4096 columns / 4 warps took 448 us at 65536
+# columns (81% of copy; 8192 / 8 455, 16384 / 16 469) and 1853 at 262144 (8192 / 8 1912).
+SPLIT_BLOCK = 4096
+SPLIT_MAX_BLOCK = 16384
 SPLIT_MAX_CHUNKS = 64
+SPLIT_COLS_PER_WARP = 1024
 
 
-def _split_chunks(x2: torch.Tensor) -> int:
-    """Programs per row of the split-row kernel for ``x2``, or 0 where it does not apply."""
-    chunks = cdiv(x2.shape[1], SPLIT_BLOCK)
+def _split_config(x2: torch.Tensor) -> tuple[int, int] | None:
+    """(columns a program, programs a row) of the split-row kernel for ``x2``, or None
+    where it does not apply (a row that fits one program, or too many programs a row)."""
+    n_cols = x2.shape[1]
+    if SPLIT_MAX_CHUNKS < 2:  # off
+        return None
+    block = max(SPLIT_BLOCK, min(SPLIT_MAX_BLOCK, next_pow2(cdiv(n_cols, SPLIT_MAX_CHUNKS))))
+    chunks = cdiv(n_cols, block)
     limit = SPLIT_MAX_CHUNKS
     if x2.is_cuda:
         limit = min(limit, sm_count(x2.get_device()) // 2)
-    return chunks if 1 < chunks <= limit else 0
+    return (block, chunks) if 1 < chunks <= limit else None
 
 
 def _launch_split(
-    x2: torch.Tensor, out2: torch.Tensor, chunks: int, log: bool, traced: bool
+    x2: torch.Tensor, out2: torch.Tensor, config: tuple[int, int], log: bool, traced: bool
 ) -> None:
     n_rows, n_cols = x2.shape
+    block, chunks = config
+    vec = 16 // x2.element_size()
+    aligned = (x2.stride(0) - out2.stride(0)) % vec == 0  # rows of x and out line up
     stats = torch.empty((n_rows, chunks, 2), dtype=torch.float32, device=x2.device)
     count = torch.zeros((n_rows,), dtype=torch.int32, device=x2.device)
     kernel = torch.library.wrap_triton(_softmax_split_kernel) if traced else _softmax_split_kernel
@@ -383,8 +423,8 @@ def _launch_split(
     for phase in (1, 2) if triton_interpreting() else (0,):
         kernel[(n_rows * chunks,)](
             x2, out2, stats, count, n_cols, x2.stride(0), out2.stride(0), chunks,
-            LOG=log, BLOCK_N=SPLIT_BLOCK, BLOCK_G=next_pow2(chunks), PHASE=phase,
-            num_warps=SPLIT_WARPS,
+            LOG=log, BLOCK_N=block, BLOCK_G=next_pow2(chunks), VEC=vec if aligned else 1,
+            PHASE=phase, num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)),
         )  # fmt: skip
 
 
@@ -463,8 +503,8 @@ def _dispatch(x2: torch.Tensor, out2: torch.Tensor, log: bool, impl: str, traced
         torch.ops.fuseml.softmax_cuda_out(x2, log, out2)
     elif x2.shape[1] <= MAX_ONCHIP_COLS:
         _launch_rows(x2, out2, log, traced)
-    elif chunks := _split_chunks(x2):
-        _launch_split(x2, out2, chunks, log, traced)
+    elif config := _split_config(x2):
+        _launch_split(x2, out2, config, log, traced)
     else:
         _launch_online(x2, out2, log, traced)
 
