@@ -3,8 +3,10 @@
 The naive chain (max, subtract, exp, sum, divide) reads the matrix five times and writes
 it three times. Here a row that fits on chip is loaded once into registers, reduced and
 written once, by a persistent grid sized from the compiled kernel's register and
-shared-memory use; a row too long for that is streamed twice (statistics with a running
-max and sum, then the output), never materialising exp(x) in memory.
+shared-memory use. A row too long for that is split over several programs that each hold
+a chunk in registers and exchange their chunks' (max, sum) through a small scratch buffer
+(still one read and one write); past 64 chunks a row is streamed twice (statistics with a
+running max and sum, then the output). exp(x) is never materialised in memory.
 
 Math in float32 whatever the storage dtype; the output has the input's dtype.
 """
@@ -382,13 +384,19 @@ def _launch_online(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool
 
 
 # Split-row kernel (rows longer than MAX_ONCHIP_COLS): SPLIT_BLOCK columns a program
-# with one warp per SPLIT_COLS_PER_WARP columns, more columns (up to SPLIT_MAX_BLOCK) where a row would
-# need more than SPLIT_MAX_CHUNKS programs, and never more than half the SMs' worth (a
-# row's programs wait for each other: they must all fit on the GPU at once). Longer rows
-# take the online kernel. H100, bf16, 4096 rows, one program a block of the GPU
-# (scripts/probe_softmax.py, NOTES.md): 4096 columns / 4 warps took 448 us at 65536
-# columns (81% of copy; 8192 / 8 455, 16384 / 16 469) and 1853 at 262144 (8192 / 8 1912).
-SPLIT_BLOCK = 4096
+# with one warp per SPLIT_COLS_PER_WARP columns, more columns (up to SPLIT_MAX_BLOCK)
+# where a row would need more than SPLIT_MAX_CHUNKS programs, and never more than half the
+# SMs' worth (a row's programs wait for each other: they must all fit on the GPU at once).
+# Longer rows take the online kernel. H100, bf16, 4096 rows (scripts/probe_softmax.py,
+# e0f1c30, NOTES.md), columns / warps a program, us (% of copy):
+#
+#   N        2048/2   4096/4   8192/8   16384/16   online kernel   torch.softmax
+#   50257     398.3    366.8    366.5     424.5        481.3           394.2
+#   65536     523.1    458.6    446.5     471.1        527.3           683.4
+#   262144      -     1861.6   1851.4    1946.3       2172.3          2889.1
+#
+# 8192 / 8: 75%, 81% and 77% of the copy ceiling at 50257 / 65536 / 262144.
+SPLIT_BLOCK = 8192
 SPLIT_MAX_BLOCK = 16384
 SPLIT_MAX_CHUNKS = 64
 SPLIT_COLS_PER_WARP = 1024
