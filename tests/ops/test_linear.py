@@ -241,6 +241,42 @@ def test_choose_memoises_and_only_times_where_it_can(tmp_path, monkeypatch):
     assert _tune.memoized(("p",)) == {"B": 2} and built == ["key"]
 
 
+def test_compile_candidates_runs_each_config_compile_only(tmp_path, monkeypatch):
+    pytest.importorskip("triton.runtime._async_compile")
+    from fuseml.ops._utils import compiling_only, grid_launch
+
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
+    monkeypatch.setattr(_tune, "triton_interpreting", lambda: False)
+    monkeypatch.setattr(_tune, "_tables", {})
+    monkeypatch.setattr(_tune, "_memo", {})
+    seen = []
+
+    class Kernel:  # what a launch site does with a @triton.jit kernel
+        def __getitem__(self, grid):
+            raise AssertionError("launched while compiling only")
+
+        def warmup(self, *args, grid, **kwargs):
+            seen.append((args, grid, kwargs))
+
+    def run(cfg):
+        assert compiling_only()
+        # a nested tuning problem inside the launch is not timed while compiling
+        nested = _tune.choose(("n",), torch.device("cpu"), lambda: "n", lambda: [{"B": 1}],
+                              None, {"B": 0}, can_time=True)  # fmt: skip
+        assert nested == {"B": 0}
+        grid_launch(Kernel(), (cfg["B"],))(1, 2, BLOCK=cfg["B"])
+
+    monkeypatch.setenv("FUSEML_COMPILE_THREADS", "4")
+    assert _tune.compile_candidates([{"B": 1}, {"B": 2}], run) == 2
+    assert seen == [((1, 2), (1,), {"BLOCK": 1}), ((1, 2), (2,), {"BLOCK": 2})]
+    assert not compiling_only() and _tune._memo == {}
+    monkeypatch.setenv("FUSEML_COMPILE_THREADS", "0")
+    assert _tune.compile_candidates([{"B": 1}, {"B": 2}], run) == 0
+    monkeypatch.setenv("FUSEML_COMPILE_THREADS", "many")
+    with pytest.raises(ValueError, match="FUSEML_COMPILE_THREADS"):
+        _tune.compile_candidates([{"B": 1}, {"B": 2}], run)
+
+
 def test_tuning_disabled_uses_default(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
     monkeypatch.setenv("FUSEML_AUTOTUNE", "0")

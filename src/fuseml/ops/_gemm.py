@@ -44,7 +44,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from fuseml.ops import _tune
 from fuseml.ops._elementwise import _activation
-from fuseml.ops._utils import cdiv, launches_skipped, next_pow2, sm_count
+from fuseml.ops._utils import cdiv, grid_launch, launches_skipped, next_pow2, sm_count
 from fuseml.runtime import triton_interpreting
 
 LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND = 0, 1, 2, 3, 4
@@ -525,7 +525,7 @@ def _launch_tma(
         num_warps=config["num_warps"], num_stages=config["num_stages"], **variant,
     )  # fmt: skip
     if lora is None:
-        _linear_tma_kernel[(programs,)](
+        grid_launch(_linear_tma_kernel, (programs,))(
             x_desc, w_desc, bias_arg, res_arg, out,
             m, n, k, stride_rm, out.stride(0), float(alpha), **common,
         )  # fmt: skip
@@ -539,7 +539,7 @@ def _launch_tma(
     elif mode == LORA_EXPAND:
         a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
         b_desc = TensorDescriptor.from_tensor(lora_b, [bn, r_block])
-    _lora_tma_kernel[(programs,)](
+    grid_launch(_lora_tma_kernel, (programs,))(
         x_desc, w_desc, a_desc, b_desc, bias_arg, res_arg, out,
         out if lora_b is None else lora_b, out if xa is None else xa,
         out if ids is None else ids, out if scales is None else scales,
@@ -614,7 +614,7 @@ def launch_linear(
         return
     if lora == LORA_NONE:
         kernel = torch.library.wrap_triton(_linear_kernel) if traced else _linear_kernel
-        kernel[grid](
+        grid_launch(kernel, grid)(
             x, weight, x if bias is None else bias, x if residual is None else residual, out,
             m, n, k, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
             0 if residual is None else residual.stride(0), out.stride(0), float(alpha),
@@ -627,7 +627,7 @@ def launch_linear(
         return
     kernel = torch.library.wrap_triton(_lora_kernel) if traced else _lora_kernel
     dummy = x
-    kernel[grid](
+    grid_launch(kernel, grid)(
         x, weight,
         dummy if bias is None else bias,
         dummy if residual is None else residual,
@@ -780,4 +780,5 @@ def choose_config(
         bench,
         default_config(m, n, k, x.dtype),
         can_time=x.is_cuda and not is_fake(x),
+        run=launch,
     )

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from fuseml.ops._utils import compile_only, compiling_only
 from fuseml.runtime import gpu_slug, triton_interpreting, triton_version
 
 log = logging.getLogger("fuseml")
@@ -96,6 +97,50 @@ def gpu_time_ms(fn: Callable[[], object]) -> float:
     return ms
 
 
+def _compile_threads() -> int:
+    """Threads that compile candidate configs before tuning times them
+    (``FUSEML_COMPILE_THREADS``, default: up to 8, one per CPU core; 0 or 1: none)."""
+    flag = os.environ.get("FUSEML_COMPILE_THREADS")
+    if flag is None:
+        return min(8, os.cpu_count() or 1)
+    try:
+        return max(0, int(flag))
+    except ValueError:
+        raise ValueError(f"FUSEML_COMPILE_THREADS must be an integer, got {flag!r}") from None
+
+
+def compile_candidates(candidates: list[dict], run: Callable[[dict], object]) -> int:
+    """Compile every candidate's kernels at once, on a thread pool, before they are timed
+    one by one: Triton's compiler releases the GIL, so a cold first call (nothing in
+    Triton's on-disk cache) compiles its candidates in parallel instead of one after
+    another. ``run(config)`` is the timed launch; inside ``compile_only()`` its kernels
+    are compiled (Triton's ``AsyncCompileMode`` with warmup launches), not run. Returns the
+    number of candidates submitted (0 where this Triton has no async compile mode or
+    threads are off). Errors are left to the timing pass, which skips a failing config.
+    """
+    threads = min(_compile_threads(), len(candidates))
+    if threads <= 1 or triton_interpreting():
+        return 0
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:  # an older Triton: candidates compile as they are timed
+        return 0
+    from concurrent.futures import ThreadPoolExecutor
+
+    # (leaving AsyncCompileMode waits for every compile, before the pool shuts down)
+    with (
+        ThreadPoolExecutor(threads) as pool,
+        AsyncCompileMode(pool, ignore_errors=True),
+        compile_only(),
+    ):
+        for cfg in candidates:
+            try:
+                run(cfg)
+            except Exception as err:  # reported again (or not) when timed
+                log.debug("fuseml: compiling config %s failed: %s", cfg, err)
+    return len(candidates)
+
+
 def entry_count(folder: Path | None = None) -> tuple[int, int]:
     """(tuned entries, table files) in the tuning cache folder; a half-written file counts 0."""
     folder = cache_dir() if folder is None else Path(folder)
@@ -131,21 +176,26 @@ def choose(
     default: dict,
     *,
     can_time: bool,
+    run: Callable[[dict], object] | None = None,
 ) -> dict:
     """The config for one problem: in-process memo (this runs on every call), then the
     on-disk table, then tuning (only where ``can_time``: real CUDA tensors, not the fake
     ones torch.compile traces with). ``key`` and ``candidates`` are built on a miss only.
+    ``run(config)``, where given, is the launch ``bench`` times: the candidates are then
+    compiled in parallel first (``compile_candidates``).
     """
     cfg = _memo.get(memo_key)
     if cfg is not None:
         return cfg
+    if compiling_only():  # a candidate of an enclosing tuning being compiled: no timing
+        return lookup(device, key()) or default
     if not can_time and device.type != "cuda":  # no table to read: the default, every time
         _memo[memo_key] = default
         return default
     text_key = key()
     if not can_time:  # fake CUDA tensors (torch.compile tracing): the table, not memoised
         return lookup(device, text_key) or default
-    cfg = tuned(device, text_key, candidates(), bench, default)
+    cfg = tuned(device, text_key, candidates(), bench, default, run=run)
     if not torch.compiler.is_compiling():
         _memo[memo_key] = cfg
     return cfg
@@ -157,18 +207,23 @@ def tuned(
     candidates: list[dict],
     bench: Callable[[dict], float],
     default: dict,
+    run: Callable[[dict], object] | None = None,
 ) -> dict:
     """The config for ``key``: from the cache, else measured now, else ``default``.
 
     ``bench(config)`` returns a time in ms (it may raise for a config that does not fit,
-    e.g. out of shared memory; that config is skipped).
+    e.g. out of shared memory; that config is skipped). ``run``: see ``choose``.
     """
     found = lookup(device, key)
     if found is not None:
         return found
     if not autotune_enabled() or torch.compiler.is_compiling() or len(candidates) <= 1:
         return default
+    if compiling_only():
+        return default
     start = time.perf_counter()
+    if run is not None and device.type == "cuda":
+        compile_candidates(candidates, run)
     best, best_ms = default, float("inf")
     last_err = None
     for cfg in candidates:

@@ -166,6 +166,30 @@ def _skipping_launches():
         _launch_state.skip = prev
 
 
+def compiling_only() -> bool:
+    """True while the tuner compiles candidate configs ahead of timing them (see
+    ``fuseml.ops._tune``): kernel launches then compile without running."""
+    return getattr(_launch_state, "compile_only", False)
+
+
+@contextlib.contextmanager
+def compile_only():
+    prev = compiling_only()
+    _launch_state.compile_only = True
+    try:
+        yield
+    finally:
+        _launch_state.compile_only = prev
+
+
+def grid_launch(kernel, grid):
+    """``kernel[grid]``, or inside ``compile_only()`` the kernel's warmup (compiles it for
+    these arguments, launches nothing). For launches the tuner reaches."""
+    if getattr(_launch_state, "compile_only", False):
+        return functools.partial(kernel.warmup, grid=grid)
+    return kernel[grid]
+
+
 def fused_op(name: str, *, mutates_args=()):
     """Register ``fn`` as the custom op ``name`` so torch.compile can trace through it.
 
