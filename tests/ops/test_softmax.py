@@ -200,6 +200,7 @@ def test_softmax_edge_values_match_torch(device, backend, log, path, monkeypatch
             [1e4, -1e4, 0.0, 5e3, 1e4, 3.0, -2.0, 0.5, 1e4],  # large but finite in fp16
             [inf, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],  # +inf: NaN/0 pattern of torch
             [1.0, 2.0, 3.0, 4.0, ninf, ninf, ninf, ninf, 0.5],  # a whole chunk of -inf
+            [-100.0, -100.0, -100.0, ninf, ninf, ninf, ninf, ninf, -100.0],  # ... low max
         ],
         device=device,
     )
@@ -208,6 +209,30 @@ def test_softmax_edge_values_match_torch(device, backend, log, path, monkeypatch
         out = _op(log)(xd, backend=backend)
         ref = (torch.log_softmax if log else torch.softmax)(xd.double(), -1).to(dtype)
         torch.testing.assert_close(out, ref, equal_nan=True, rtol=2e-3, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_long_row_edge_values_on_gpu(backend, dtype):
+    # Rows long enough for the split-row kernels (several blocks a row), with values that
+    # test how the blocks' (max, sum) pairs combine.
+    n = 40_000
+    x = torch.randn(6, n, device="cuda", dtype=torch.float32)
+    x[0] = float("-inf")  # all -inf: NaN, as torch
+    x[1, :20_000] = float("-inf")  # whole blocks of -inf, the rest near -100: a block's
+    x[1, 20_000:] -= 100.0  # factor exp(0 - row max) would overflow
+    x[2, 123] = float("inf")  # +inf: NaN / 0 as torch
+    x[3, 39_999] = float("nan")
+    x[4] *= 1e4  # large magnitudes
+    x[5, ::2] = float("-inf")
+    x = x.to(dtype)
+    for log in (False, True):
+        out = _op(log)(x, backend=backend)
+        ref = (torch.log_softmax if log else torch.softmax)(x.double(), -1).to(dtype)
+        rtol = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}[dtype]
+        torch.testing.assert_close(out, ref, equal_nan=True, rtol=rtol, atol=1e-7)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)

@@ -15,11 +15,15 @@
 //            rows) owns a row, which stays in registers; max and sum are shuffle reductions.
 //   * BLOCK  (span <= 32768): a block owns a row, which stays in registers (16 or 32 values
 //            per thread); block reductions through shuffles and 32 floats of shared memory.
-//   * ONLINE (longer rows, and layouts where vectors are illegal): a block per row and two
-//            reads: pass 1 keeps a running (max, sum) per thread, pass 2 writes the output.
-//            Pass 2 walks the row backwards, so it starts on what pass 1 read last (most
-//            likely still in L2), and its loads and stores are marked evict-first.
-// WARP and BLOCK are one read and one write of every element.
+//   * SPLIT  (longer rows, up to 64 blocks of 8192 or 16384 columns): a row split over
+//            consecutive blocks, each holding its chunk in registers; a block reduces its
+//            chunk to (max, sum), posts the pair to a scratch buffer, waits until every
+//            block of its row has posted, combines the pairs and writes its chunk.
+//   * ONLINE (longer rows still, and layouts where vectors are illegal): a block per row and
+//            two reads: pass 1 keeps a running (max, sum) per thread, pass 2 writes the
+//            output. Pass 2 walks the row backwards, so it starts on what pass 1 read last
+//            (most likely still in L2), and its loads and stores are marked evict-first.
+// WARP, BLOCK and SPLIT are one read and one write of every element.
 //
 // Vectors: a row's columns are grouped in packs of V = 16 / sizeof(element) counted from the
 // 16-byte boundary at or before the row's start (`lead` elements before column 0). A pack
@@ -30,7 +34,7 @@
 // aligned (room for the lead).
 //
 // Instantiations: dtype (3) x log (2) x {WARP: 9 fp32 / 8 16-bit shapes, BLOCK: 5 shapes,
-// ONLINE: 2 pack widths} = 92 kernels.
+// SPLIT: 2 shapes, ONLINE: 2 pack widths} = 104 kernels.
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -55,6 +59,7 @@ constexpr int kWarpKernelThreads = 128;   // 4 warps per block, each on its own 
 constexpr int64_t kMaxWarpSpan = 1024;    // 32 values per lane at most
 constexpr int64_t kMaxBlockSpan = 32768;  // 32 values per thread of a 1024-thread block
 constexpr int kOnlineThreads = 1024;
+constexpr int64_t kMaxSplitChunks = 64;  // blocks per row of the SPLIT kernel
 // Elements per thread per step of the ONLINE kernel: 64 bytes of fp32 (4 wide loads) or 32 of
 // a 16-bit dtype in flight per thread, 32-64 KiB per 1024-thread block.
 constexpr int kOnlineStepElems = 16;
@@ -527,6 +532,115 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// SPLIT: block b takes chunk b % chunks of row b / chunks, THREADS x ELEMS columns counted
+// from the 16-byte boundary at or before the row's start. The wait ends if blocks start in
+// index order and `chunks` of them fit on the GPU at once (the assumption of CUB's single-
+// pass scan); the host keeps chunks at or under half the SMs. stats: (rows, chunks) pairs;
+// count: (rows,) zeros at launch, the blocks of the row that have posted.
+template <class Tr, bool LOG, int THREADS, int ELEMS>
+__global__ void __launch_bounds__(THREADS)
+    softmax_split_kernel(const RowArgs<typename Tr::Storage> a, float2* stats, int* count,
+                         int chunks) {
+  using S = typename Tr::Storage;
+  using P = Pack<S, kVec<S>>;
+  constexpr int V = kVec<S>;
+  constexpr int PACKS = ELEMS / V;
+  constexpr int kPackStride = THREADS * V;
+  static_assert(ELEMS % V == 0, "ELEMS must be a whole number of packs");
+  __shared__ float red_max[kWarp];
+  __shared__ float red_sum[kWarp];
+  __shared__ float row_scale[2];  // this chunk's factor onto the row's max, and log / 1/sum
+
+  const int64_t row = blockIdx.x / chunks;
+  const int chunk = static_cast<int>(blockIdx.x % chunks);
+  const S* xrow = a.x + row * a.x_row_stride;
+  S* orow = a.out + row * a.out_row_stride;
+  const int64_t n = a.cols;
+  const int64_t c_first = static_cast<int64_t>(chunk) * THREADS * ELEMS +
+                          static_cast<int64_t>(threadIdx.x) * V - lead_of<V>(xrow);
+
+  P raw[PACKS];
+#pragma unroll
+  for (int k = 0; k < PACKS; ++k) {
+    raw[k] = load_full<Tr, V, false>(xrow, c_first + k * kPackStride, n);
+  }
+#pragma unroll
+  for (int k = 0; k < PACKS; ++k) load_partial<Tr, V>(xrow, c_first + k * kPackStride, n, raw[k]);
+  float v[ELEMS];
+  float mx = neg_inf();
+#pragma unroll
+  for (int k = 0; k < PACKS; ++k) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      v[k * V + j] = Tr::to_float(raw[k].v[j]);
+      mx = fmaxf(mx, v[k * V + j]);
+    }
+  }
+  // The chunk's statistics against its own max (0 for a chunk of only -inf, so that its sum
+  // is 0, not NaN). v keeps exp(x - shift) for softmax, x - shift for log_softmax.
+  mx = block_reduce<true>(mx, red_max);
+  const float shift = mx == neg_inf() ? 0.f : mx;
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < ELEMS; ++i) {
+    const float z = v[i] - shift;
+    const float e = expf(z);
+    sum += e;
+    v[i] = LOG ? z : e;
+  }
+  sum = block_reduce<false>(sum, red_sum);
+
+  float2* row_stats = stats + row * chunks;
+  if (threadIdx.x == 0) {
+    row_stats[chunk] = make_float2(mx, sum);
+    __threadfence();  // the pair is visible to any block that sees the new count
+    atomicAdd(count + row, 1);
+    while (atomicAdd(count + row, 0) < chunks) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700
+      __nanosleep(64);
+#endif
+    }
+    __threadfence();
+  }
+  __syncthreads();
+  if (threadIdx.x < kWarp) {  // warp 0 combines the pairs (chunks <= 64: two per lane)
+    float m_row = neg_inf();
+    for (int j = static_cast<int>(threadIdx.x); j < chunks; j += kWarp) {
+      m_row = fmaxf(m_row, __ldcg(&row_stats[j]).x);
+    }
+    m_row = group_max<kWarp>(m_row);
+    const float row_shift = m_row == neg_inf() ? 0.f : m_row;
+    float total = 0.f;
+    for (int j = static_cast<int>(threadIdx.x); j < chunks; j += kWarp) {
+      const float2 st = __ldcg(&row_stats[j]);
+      total += st.y * expf(st.x - row_shift);  // a chunk of only -inf adds 0 * 0
+    }
+    total = group_sum<kWarp>(total);
+    if (threadIdx.x == 0) {
+      // out = v * exp(shift - m_row) / total (softmax), v + (shift - m_row) - log(total) (log).
+      // A chunk of only -inf in a row with a finite max has v = 0 / -inf: its factor is 0 /
+      // anything (exp(0 - m_row) may overflow); a row of only -inf keeps m_row = -inf, and
+      // the factor inf (0 * inf) / -inf + inf make its outputs NaN, as in torch.
+      const bool empty = mx == neg_inf() && m_row != neg_inf();
+      row_scale[0] = LOG ? (empty ? 0.f : shift - m_row) : (empty ? 0.f : expf(shift - m_row));
+      row_scale[1] = LOG ? logf(total) : 1.f / total;
+    }
+  }
+  __syncthreads();
+  const float scale = row_scale[0];
+  const float post = row_scale[1];
+#pragma unroll
+  for (int k = 0; k < PACKS; ++k) {
+    P o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float t = v[k * V + j];
+      o.v[j] = Tr::from_float(LOG ? t + scale - post : t * scale * post);
+    }
+    store_pack<Tr, V, false>(orow, c_first + k * kPackStride, n, o);
+  }
+}
+
 // ------------------------------------------------------------------------------ host
 struct Launch {
   int sm_count;
@@ -574,6 +688,20 @@ void launch_block(const RowArgs<typename Tr::Storage>& a, const Launch& l) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+template <class Tr, bool LOG, int THREADS, int ELEMS>
+void launch_split(const RowArgs<typename Tr::Storage>& a, int chunks, const at::Tensor& like,
+                  const Launch& l) {
+  const at::Tensor count = at::zeros({a.rows}, like.options().dtype(at::kInt));
+  const at::Tensor stats = at::empty({a.rows, chunks, 2}, like.options().dtype(at::kFloat));
+  const int64_t grid = a.rows * chunks;
+  TORCH_CHECK(grid <= INT32_MAX, "softmax_cuda_out: too many rows for the split kernel");
+  softmax_split_kernel<Tr, LOG, THREADS, ELEMS><<<static_cast<unsigned>(grid), THREADS, 0,
+                                                  l.stream>>>(
+      a, reinterpret_cast<float2*>(stats.mutable_data_ptr<float>()),
+      count.mutable_data_ptr<int>(), chunks);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 template <class Tr, bool LOG, int V>
 void launch_online(const RowArgs<typename Tr::Storage>& a, int threads, const Launch& l) {
   // Blocks per SM for each block size (32 << slot threads), asked once; 0 = not asked yet.
@@ -610,6 +738,7 @@ struct Problem {
   int64_t x_row_stride, out_row_stride;
   bool coaligned;     // every x row and its out row sit at the same offset within 16 bytes
   bool rows_aligned;  // ... and that offset is 0 (no lead anywhere)
+  const at::Tensor* like;  // x: device and stream of the SPLIT kernel's scratch
 };
 
 template <class Tr, bool LOG>
@@ -658,6 +787,13 @@ void launch_softmax(const Problem& p, const Launch& l) {
       default: break;
     }
   } else {
+    // SPLIT: 8192 columns a block (256 threads x 32), 16384 (512 x 32) where a row would
+    // take more than kMaxSplitChunks blocks; at most half the SMs' worth of blocks a row.
+    const int64_t limit = std::min<int64_t>(kMaxSplitChunks, l.sm_count / 2);
+    const int64_t small = (span + 8191) / 8192;
+    const int64_t large = (span + 16383) / 16384;
+    if (small <= limit) return launch_split<Tr, LOG, 256, 32>(a, small, *p.like, l);
+    if (large <= limit) return launch_split<Tr, LOG, 512, 32>(a, large, *p.like, l);
     return launch_online<Tr, LOG, V>(a, kOnlineThreads, l);
   }
   TORCH_INTERNAL_ASSERT(false, "softmax_cuda_out: no kernel for a span of ", span, " columns");
@@ -713,6 +849,7 @@ void softmax_cuda_out(const at::Tensor& x, bool log, at::Tensor& out) {
   c10::cuda::CUDAGuard device_guard(x.device());
 
   Problem p;
+  p.like = &x;
   p.x = x.const_data_ptr();
   p.out = out.mutable_data_ptr();
   p.rows = M;
