@@ -532,6 +532,29 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// The SPLIT kernel's per-row counter: a release add (the poster's earlier stores are
+// visible to whoever reads the new count) and an acquire load (a plain L2 read to poll, not
+// an atomic read-modify-write). Before sm_70: fences around relaxed operations.
+__device__ __forceinline__ void post_count(int* count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count) : "memory");
+#else
+  __threadfence();
+  atomicAdd(count, 1);
+#endif
+}
+
+__device__ __forceinline__ int acquire_count(const int* count) {
+  int v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+#else
+  v = *reinterpret_cast<const volatile int*>(count);
+  __threadfence();
+#endif
+  return v;
+}
+
 // SPLIT: block b takes chunk b % chunks of row b / chunks, THREADS x ELEMS columns counted
 // from the 16-byte boundary at or before the row's start. The wait ends if blocks start in
 // index order and `chunks` of them fit on the GPU at once (the assumption of CUB's single-
@@ -593,16 +616,11 @@ __global__ void __launch_bounds__(THREADS)
   float2* row_stats = stats + row * chunks;
   if (threadIdx.x == 0) {
     row_stats[chunk] = make_float2(mx, sum);
-    __threadfence();  // the pair is visible to any block that sees the new count
-    atomicAdd(count + row, 1);
-    while (atomicAdd(count + row, 0) < chunks) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700
-      __nanosleep(64);
-#endif
+    post_count(count + row);  // the pair is visible to any block that sees the new count
+    while (acquire_count(count + row) < chunks) {
     }
-    __threadfence();
   }
-  __syncthreads();
+  __syncthreads();  // after thread 0's acquire: the pairs are visible to the block
   if (threadIdx.x < kWarp) {  // warp 0 combines the pairs (chunks <= 64: two per lane)
     float m_row = neg_inf();
     for (int j = static_cast<int>(threadIdx.x); j < chunks; j += kWarp) {
