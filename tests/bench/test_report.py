@@ -151,6 +151,13 @@ def test_fusion_side_by_side_names_its_sources(tmp_path):
     assert "| softmax/bfloat16/4096x256 | 10.0 us (50%) |" in text
     assert "gelu: quick run of the elementwise suite, commit abc" in text
     assert "softmax: quick run of the softmax suite, commit def" in text
+    # A second GPU with softmax results only: its own table, which says GELU is missing
+    meta2 = {**meta_sm, "gpu": "Other GPU", "gpu_slug": "other-gpu"}
+    report.write_results("softmax", soft, {"copy_gbps": 3000.0}, meta2, tmp_path)
+    text = readme.fusion_markdown(tmp_path)
+    assert "**Other GPU**" in text and "**Test GPU**" in text
+    assert "gelu: no elementwise results on this GPU yet" in text
+    assert text.count("| softmax/bfloat16/4096x256 |") == 2
 
 
 def test_commits_note_names_every_commit_of_merged_rows():

@@ -41,15 +41,25 @@ FUSION_ARMS = (("manual", "manual PyTorch"), ("builtin", "PyTorch built-in"),
 
 
 def fusion_markdown(root: Path) -> str | None:
-    """GELU (elementwise suite) and softmax side by side: the same op five ways."""
+    """GELU (elementwise suite) and softmax side by side: the same op five ways, per GPU
+    with results of either suite (a GPU without one of them says so)."""
     parts = []
     for gpu_dir in sorted(p for p in Path(root).iterdir() if p.is_dir()):
         ew, sm = gpu_dir / "elementwise.json", gpu_dir / "softmax.json"
-        if not (ew.exists() and sm.exists()):
+        present = [
+            (path, op_key, builtin)
+            for path, op_key, builtin in ((ew, "gelu", "builtin"), (sm, "softmax", "torch"))
+            if path.exists()
+        ]
+        if not present:
             continue
         rows = []
-        sources = []
-        for path, op_key, builtin in ((ew, "gelu", "builtin"), (sm, "softmax", "torch")):
+        sources = [
+            f"{op_key}: no {path.stem} results on this GPU yet"
+            for path, op_key, _ in ((ew, "gelu", None), (sm, "softmax", None))
+            if not path.exists()
+        ]
+        for path, op_key, builtin in present:
             doc = report.load_results(path)
             meta = doc["meta"]
             events = [r for r in doc["rows"] if r.get("mode") == "events" and r["op"] == op_key]
