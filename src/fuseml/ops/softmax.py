@@ -144,6 +144,7 @@ def _softmax_split_kernel(
     # alignment (the launcher checks), else 1
     PHASE: tl.constexpr,  # 0: whole op, the row's programs wait for each other; 1 / 2:
     # statistics / output only, as two launches (the interpreter runs programs one by one)
+    STREAM: tl.constexpr,  # mark x's loads and out's stores evict-first (each is used once)
 ):
     # Long rows split over CHUNKS programs, each holding its chunk in registers: one read
     # and one write per element, however long the row. A program reduces its chunk to
@@ -170,7 +171,11 @@ def _softmax_split_kernel(
     mask = rel < tl.multiple_of(body, VEC)
     x_body = x_ptr + tl.multiple_of(x_off + lead, VEC)  # 16-byte aligned where x is
     out_body = out_ptr + tl.multiple_of(o_off + lead, VEC)
-    x = tl.load(x_body + rel, mask=mask, other=-float("inf")).to(tl.float32)
+    if STREAM:
+        x = tl.load(x_body + rel, mask=mask, other=-float("inf"), eviction_policy="evict_first")
+    else:
+        x = tl.load(x_body + rel, mask=mask, other=-float("inf"))
+    x = x.to(tl.float32)
     # head [0, lead) and tail [lead + body, n_cols), in the last chunk only
     e = tl.arange(0, 2 * VEC)
     edge = tl.where(e < VEC, e, lead + body + e - VEC)
@@ -208,7 +213,11 @@ def _softmax_split_kernel(
             inv_total = 1.0 / total
             y = tl.exp(z) * inv_total
             y_edge = tl.exp(z_edge) * inv_total
-        tl.store(out_body + rel, y.to(out_ptr.dtype.element_ty), mask=mask)
+        if STREAM:
+            tl.store(out_body + rel, y.to(out_ptr.dtype.element_ty), mask=mask,
+                     eviction_policy="evict_first")  # fmt: skip
+        else:
+            tl.store(out_body + rel, y.to(out_ptr.dtype.element_ty), mask=mask)
         tl.store(out_row + edge, y_edge.to(out_ptr.dtype.element_ty), mask=edge_ok)
 
 
@@ -400,6 +409,7 @@ SPLIT_BLOCK = 8192
 SPLIT_MAX_BLOCK = 16384
 SPLIT_MAX_CHUNKS = 64
 SPLIT_COLS_PER_WARP = 1024
+SPLIT_STREAM = False  # evict-first loads / stores: not yet measured (a probe option)
 
 
 def _split_config(x2: torch.Tensor) -> tuple[int, int] | None:
@@ -432,7 +442,8 @@ def _launch_split(
         kernel[(n_rows * chunks,)](
             x2, out2, stats, count, n_cols, x2.stride(0), out2.stride(0), chunks,
             LOG=log, BLOCK_N=block, BLOCK_G=next_pow2(chunks), VEC=vec if aligned else 1,
-            PHASE=phase, num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)),
+            PHASE=phase, STREAM=SPLIT_STREAM,
+            num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)),
         )  # fmt: skip
 
 
