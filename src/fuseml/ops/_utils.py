@@ -151,19 +151,24 @@ def compiled(fn):
 _launch_state = threading.local()
 
 
+@contextlib.contextmanager
+def _launch_flag(name: str):
+    """Set the thread's launch-state flag ``name`` inside the block."""
+    prev = getattr(_launch_state, name, False)
+    setattr(_launch_state, name, True)
+    try:
+        yield
+    finally:
+        setattr(_launch_state, name, prev)
+
+
 def launches_skipped() -> bool:
     """True while an op body runs as its own fake (shape-only) implementation."""
     return getattr(_launch_state, "skip", False)
 
 
-@contextlib.contextmanager
 def _skipping_launches():
-    prev = launches_skipped()
-    _launch_state.skip = True
-    try:
-        yield
-    finally:
-        _launch_state.skip = prev
+    return _launch_flag("skip")
 
 
 def compiling_only() -> bool:
@@ -172,14 +177,8 @@ def compiling_only() -> bool:
     return getattr(_launch_state, "compile_only", False)
 
 
-@contextlib.contextmanager
 def compile_only():
-    prev = compiling_only()
-    _launch_state.compile_only = True
-    try:
-        yield
-    finally:
-        _launch_state.compile_only = prev
+    return _launch_flag("compile_only")
 
 
 def grid_launch(kernel, grid):
