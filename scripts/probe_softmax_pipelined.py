@@ -1,0 +1,149 @@
+"""GPU probe of a candidate long-row softmax: the split-row scheme with a persistent grid
+that loads its next chunk before it waits for the current row's other chunks.
+
+    PYTHONPATH=src timeout 300 python scripts/probe_softmax_pipelined.py [N ...]
+
+fuseml's split-row kernel (fuseml.ops.softmax) gives each (row, chunk) its own program,
+which sits idle, holding its registers, while it waits for the row's other chunks. Here
+a grid of exactly the programs that fit on the GPU at once walks the (row, chunk) items
+in order (item i on program i % grid), and issues the loads of its next item before the
+wait, so the wait overlaps memory traffic. The wait is safe when every program is
+resident (the grid comes from the compiled kernel's registers and the device's limits)
+and the grid is at least twice the chunks of a row. Softmax only, bf16 rows whose width
+is a multiple of 8 (no unaligned head or tail); compared with torch.softmax, a same-size
+copy and fuseml's split-row kernel. Median us (triton.testing.do_bench, L2 flushed).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+
+import fuseml
+from fuseml.ops._utils import cdiv, next_pow2, sm_count
+from fuseml.testing import rel_err
+
+
+@triton.jit
+def _load_item(x_ptr, item, n_items, chunks, n_cols, stride_xm, BLOCK_N: tl.constexpr):
+    row = tl.cast(item // chunks, tl.int64)
+    rel = (item % chunks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rel < n_cols) & (item < n_items)
+    return tl.load(x_ptr + row * stride_xm + rel, mask=mask, other=-float("inf"))
+
+
+@triton.jit
+def _pipelined_kernel(
+    x_ptr, out_ptr, stats_ptr, count_ptr, n_rows, n_cols, stride_xm, stride_om, chunks,
+    BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
+):  # fmt: skip
+    n_items = n_rows * chunks
+    step = tl.num_programs(0)
+    item = tl.program_id(0)
+    x = _load_item(x_ptr, item, n_items, chunks, n_cols, stride_xm, BLOCK_N)
+    while item < n_items:
+        nxt = item + step
+        x_next = _load_item(x_ptr, nxt, n_items, chunks, n_cols, stride_xm, BLOCK_N)
+        row = tl.cast(item // chunks, tl.int64)
+        chunk = item % chunks
+        xf = x.to(tl.float32)
+        m = tl.max(xf, axis=0)
+        shift = tl.where(m == -float("inf"), 0.0, m)
+        stats_row = stats_ptr + row * (2 * chunks)
+        tl.store(stats_row + 2 * chunk, m)
+        tl.store(stats_row + 2 * chunk + 1, tl.sum(tl.exp(xf - shift), axis=0))
+        posted = tl.atomic_add(count_ptr + row, 1, sem="acq_rel") + 1
+        while posted < chunks:
+            posted = tl.atomic_add(count_ptr + row, 0, sem="acquire")
+        g = tl.arange(0, BLOCK_G)
+        g_ok = g < chunks
+        ms = tl.load(stats_row + 2 * g, mask=g_ok, other=-float("inf"), cache_modifier=".cg")
+        ss = tl.load(stats_row + 2 * g + 1, mask=g_ok, other=0.0, cache_modifier=".cg")
+        m_row = tl.max(ms, axis=0)
+        row_shift = tl.where(m_row == -float("inf"), 0.0, m_row)
+        total = tl.sum(ss * tl.exp(ms - row_shift), axis=0)
+        y = tl.exp(xf - m_row) / total
+        rel = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(out_ptr + row * stride_om + rel, y.to(out_ptr.dtype.element_ty), mask=rel < n_cols)
+        x = x_next
+        item = nxt
+
+
+_GRIDS: dict[tuple, int] = {}
+
+
+def _grid(x, out, stats, count, chunks, block, warps) -> int:
+    """Programs that fit on the GPU at once, from the compiled kernel."""
+    key = (block, warps, chunks)
+    if key not in _GRIDS:
+        k = _pipelined_kernel.warmup(
+            x, out, stats, count, x.shape[0], x.shape[1], x.stride(0), out.stride(0), chunks,
+            BLOCK_N=block, BLOCK_G=next_pow2(chunks), num_warps=warps, grid=(1,),
+        )  # fmt: skip
+        k._init_handles()
+        props = torch.cuda.get_device_properties(x.device)
+        threads = warps * 32
+        per_sm = min(
+            props.max_threads_per_multi_processor // threads,
+            props.regs_per_multiprocessor // max(1, k.n_regs * threads),
+            props.shared_memory_per_multiprocessor // k.metadata.shared
+            if k.metadata.shared
+            else 64,
+        )
+        _GRIDS[key] = max(1, per_sm) * sm_count(x.get_device())
+        print(f"    (block {block}, {warps} warps: {k.n_regs} registers, {per_sm} per SM)")
+    return _GRIDS[key]
+
+
+def pipelined_softmax(x: torch.Tensor, block: int, warps: int) -> torch.Tensor:
+    n_rows, n_cols = x.shape
+    assert n_cols % 8 == 0 and x.is_contiguous(), "aligned rows only"
+    chunks = cdiv(n_cols, block)
+    out = torch.empty_like(x)
+    stats = torch.empty((n_rows, chunks, 2), dtype=torch.float32, device=x.device)
+    count = torch.zeros((n_rows,), dtype=torch.int32, device=x.device)
+    grid = _grid(x, out, stats, count, chunks, block, warps)
+    if grid < 2 * chunks:
+        raise ValueError(f"grid {grid} < 2 x {chunks} chunks: the wait could hang")
+    _pipelined_kernel[(grid,)](
+        x, out, stats, count, n_rows, n_cols, x.stride(0), out.stride(0), chunks,
+        BLOCK_N=block, BLOCK_G=next_pow2(chunks), num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
+def _us(fn) -> float:
+    return triton.testing.do_bench(fn, return_mode="median") * 1e3
+
+
+def _width(n: int, m: int) -> None:
+    x = 3 * torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    ref = torch.softmax(x, -1)
+    nbytes = 2 * x.numel() * x.element_size()
+
+    def show(name: str, us: float, err: float | None = None) -> None:
+        e = "" if err is None else f" err={err:.1e}"
+        print(f"  {name:36s} {us:8.1f} us {nbytes / us / 1e3:6.0f} GB/s{e}", flush=True)
+
+    print(f"== softmax {m} x {n} bf16")
+    show("copy", _us(lambda: torch.empty_like(x).copy_(x)))
+    show("torch.softmax", _us(lambda: torch.softmax(x, -1)))
+    show("fuseml (split-row kernel)", _us(lambda: fuseml.ops.softmax(x)))
+    for block, warps in ((4096, 4), (8192, 8), (8192, 4), (16384, 16)):
+        err = rel_err(pipelined_softmax(x, block, warps), ref)
+        us = _us(lambda b=block, w=warps: pipelined_softmax(x, b, w))
+        show(f"pipelined block={block} warps={warps}", us, err)
+
+
+def main(m: int = 4096) -> None:
+    for n in [int(a) for a in sys.argv[1:]] or [65536, 262144]:
+        _width(n, m)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
