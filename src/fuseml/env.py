@@ -90,7 +90,13 @@ def _tuning_cache() -> str:
     from fuseml.ops import _tune
 
     entries, files = _tune.entry_count()
-    state = "off (FUSEML_AUTOTUNE=0)" if os.environ.get("FUSEML_AUTOTUNE") == "0" else "on"
+    if os.environ.get("FUSEML_AUTOTUNE") == "0":
+        state = "off (FUSEML_AUTOTUNE=0)"
+    else:
+        try:
+            state = f"on, candidates compiled {_tune.parallel_compile()}"
+        except ValueError as err:  # a bad FUSEML_COMPILE_THREADS
+            state = f"on; {err}"
     return f"{_tune.cache_dir()}: {entries} tuned shape(s) in {files} file(s); tuning {state}"
 
 

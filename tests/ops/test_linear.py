@@ -272,9 +272,12 @@ def test_compile_candidates_runs_each_config_compile_only(tmp_path, monkeypatch)
     assert not compiling_only() and _tune._memo == {}
     monkeypatch.setenv("FUSEML_COMPILE_THREADS", "0")
     assert _tune.compile_candidates([{"B": 1}, {"B": 2}], run) == 0
+    assert "one at a time" in _tune.parallel_compile()
     monkeypatch.setenv("FUSEML_COMPILE_THREADS", "many")
     with pytest.raises(ValueError, match="FUSEML_COMPILE_THREADS"):
         _tune.compile_candidates([{"B": 1}, {"B": 2}], run)
+    monkeypatch.setenv("FUSEML_COMPILE_THREADS", "3")
+    assert _tune.parallel_compile() == "in parallel on up to 3 threads, then timed one by one"
 
 
 def test_tuning_disabled_uses_default(tmp_path, monkeypatch):

@@ -109,6 +109,18 @@ def _compile_threads() -> int:
         raise ValueError(f"FUSEML_COMPILE_THREADS must be an integer, got {flag!r}") from None
 
 
+def parallel_compile() -> str:
+    """How a cold first call compiles its candidates here, in words (``fuseml env``)."""
+    threads = _compile_threads()
+    if threads <= 1:
+        return "one at a time as they are timed (FUSEML_COMPILE_THREADS)"
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode  # noqa: F401
+    except ImportError:
+        return "one at a time as they are timed (this Triton has no async compile mode)"
+    return f"in parallel on up to {threads} threads, then timed one by one"
+
+
 def compile_candidates(candidates: list[dict], run: Callable[[dict], object]) -> int:
     """Compile every candidate's kernels at once, on a thread pool, before they are timed
     one by one: Triton's compiler releases the GIL, so a cold first call (nothing in
