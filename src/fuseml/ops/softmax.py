@@ -397,7 +397,8 @@ def _launch_online(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool
 # where a row would need more than SPLIT_MAX_CHUNKS programs, and never more than half the
 # SMs' worth (a row's programs wait for each other: they must all fit on the GPU at once).
 # Longer rows take the online kernel. H100, bf16, 4096 rows (scripts/probe_softmax.py,
-# e0f1c30, NOTES.md), columns / warps a program, us (% of copy):
+# e0f1c30, NOTES.md), us by columns / warps a program; the online kernel from earlier
+# runs of the same probe and suite:
 #
 #   N        2048/2   4096/4   8192/8   16384/16   online kernel   torch.softmax
 #   50257     398.3    366.8    366.5     424.5        481.3           394.2
