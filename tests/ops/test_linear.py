@@ -273,6 +273,14 @@ def test_compile_candidates_runs_each_config_compile_only(tmp_path, monkeypatch)
     monkeypatch.setenv("FUSEML_COMPILE_THREADS", "0")
     assert _tune.compile_candidates([{"B": 1}, {"B": 2}], run) == 0
     assert "one at a time" in _tune.parallel_compile()
+    # inside an async compile mode of the caller's own: left alone, nothing submitted
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    monkeypatch.setenv("FUSEML_COMPILE_THREADS", "4")
+    with ThreadPoolExecutor(1) as pool, AsyncCompileMode(pool):
+        assert _tune.compile_candidates([{"B": 1}, {"B": 2}], run) == 0
     monkeypatch.setenv("FUSEML_COMPILE_THREADS", "many")
     with pytest.raises(ValueError, match="FUSEML_COMPILE_THREADS"):
         _tune.compile_candidates([{"B": 1}, {"B": 2}], run)

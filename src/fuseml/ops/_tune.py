@@ -134,8 +134,12 @@ def compile_candidates(candidates: list[dict], run: Callable[[dict], object]) ->
     if threads <= 1 or triton_interpreting():
         return 0
     try:
+        from triton.runtime import _async_compile
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:  # an older Triton: candidates compile as they are timed
+        return 0
+    active = getattr(_async_compile, "active_mode", None)
+    if active is not None and active.get() is not None:  # the caller's own: leave it be
         return 0
     from concurrent.futures import ThreadPoolExecutor
 
