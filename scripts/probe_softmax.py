@@ -28,11 +28,13 @@ from fuseml.testing import rel_err
 sm = importlib.import_module("fuseml.ops.softmax")  # the module (fuseml.ops.softmax: the op)
 
 
-def _us(fn) -> float:
+def us_of(fn) -> float:
     return triton.testing.do_bench(fn, return_mode="median") * 1e3
 
 
-def _width(n: int, m: int) -> None:
+def inputs(n: int, m: int):
+    """(x, torch.softmax(x), show): m x n bf16 rows, and a printer of one timing line
+    (us, GB/s of one read and one write, error against the reference)."""
     x = 3 * torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     ref = torch.softmax(x, -1)
     nbytes = 2 * x.numel() * x.element_size()
@@ -41,23 +43,29 @@ def _width(n: int, m: int) -> None:
         e = "" if err is None else f" err={err:.1e}"
         print(f"  {name:40s} {us:8.1f} us {nbytes / us / 1e3:6.0f} GB/s{e}", flush=True)
 
+    return x, ref, show
+
+
+def _width(n: int, m: int) -> None:
+    x, ref, show = inputs(n, m)
+
     def fused():
         return fuseml.ops.softmax(x)
 
     print(f"== softmax {m} x {n} bf16")
-    show("copy", _us(lambda: torch.empty_like(x).copy_(x)))
-    show("torch.softmax", _us(lambda: torch.softmax(x, -1)))
+    show("copy", us_of(lambda: torch.empty_like(x).copy_(x)))
+    show("torch.softmax", us_of(lambda: torch.softmax(x, -1)))
     if n <= sm.MAX_ONCHIP_COLS:
-        show("fuseml on-chip kernel", _us(fused))
+        show("fuseml on-chip kernel", us_of(fused))
         base = sm._rows_config
         try:  # warps: at 32768 columns, 16 warps spill 72 B a thread (offline sm_90a
             # compile), 32 warps do not (NOTES.md)
             for warps in (8, 16, 32):
                 sm._rows_config = lambda cols, warps=warps: dict(base(cols), num_warps=warps)
-                show(f"on-chip kernel, {warps} warps", _us(fused), rel_err(fused(), ref))
+                show(f"on-chip kernel, {warps} warps", us_of(fused), rel_err(fused(), ref))
         finally:
             sm._rows_config = base
-    show("fuseml CUDA twin", _us(lambda: fuseml.ops.softmax(x, backend="cuda")))
+    show("fuseml CUDA twin", us_of(lambda: fuseml.ops.softmax(x, backend="cuda")))
     saved = (sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_MAX_BLOCK, sm.SPLIT_COLS_PER_WARP)
     try:
         # The split-row kernel: PROBE_SPLIT="block:cols_per_warp,..." (columns a program)
@@ -74,7 +82,7 @@ def _width(n: int, m: int) -> None:
                 continue
             err = rel_err(fused(), ref)
             name = f"split block={block} warps={block // per_warp} stream={int(stream)}"
-            show(f"{name} ({sm._split_config(x)})", _us(fused), err)
+            show(f"{name} ({sm._split_config(x)})", us_of(fused), err)
     finally:
         sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_MAX_BLOCK, sm.SPLIT_COLS_PER_WARP = saved
         sm.SPLIT_STREAM = False
@@ -94,7 +102,7 @@ def _width(n: int, m: int) -> None:
         for block, warps, per_sm in sweep:
             sm.ONLINE_BLOCK, sm.ONLINE_WARPS, sm.ONLINE_PER_SM = block, warps, per_sm
             err = rel_err(fused(), ref)
-            show(f"online block={block} warps={warps} per_sm={per_sm}", _us(fused), err)
+            show(f"online block={block} warps={warps} per_sm={per_sm}", us_of(fused), err)
     finally:
         sm.MAX_ONCHIP_COLS, sm.ONLINE_BLOCK, sm.ONLINE_WARPS, sm.ONLINE_PER_SM = saved
         sm.SPLIT_MAX_CHUNKS = split_max

@@ -21,7 +21,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
-import triton.testing
+from probe_softmax import inputs, us_of  # scripts/ (this script's folder)
 
 import fuseml
 from fuseml.ops._utils import cdiv, next_pow2, sm_count
@@ -116,26 +116,15 @@ def pipelined_softmax(x: torch.Tensor, block: int, warps: int) -> torch.Tensor:
     return out
 
 
-def _us(fn) -> float:
-    return triton.testing.do_bench(fn, return_mode="median") * 1e3
-
-
 def _width(n: int, m: int) -> None:
-    x = 3 * torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    ref = torch.softmax(x, -1)
-    nbytes = 2 * x.numel() * x.element_size()
-
-    def show(name: str, us: float, err: float | None = None) -> None:
-        e = "" if err is None else f" err={err:.1e}"
-        print(f"  {name:36s} {us:8.1f} us {nbytes / us / 1e3:6.0f} GB/s{e}", flush=True)
-
+    x, ref, show = inputs(n, m)
     print(f"== softmax {m} x {n} bf16")
-    show("copy", _us(lambda: torch.empty_like(x).copy_(x)))
-    show("torch.softmax", _us(lambda: torch.softmax(x, -1)))
-    show("fuseml (split-row kernel)", _us(lambda: fuseml.ops.softmax(x)))
+    show("copy", us_of(lambda: torch.empty_like(x).copy_(x)))
+    show("torch.softmax", us_of(lambda: torch.softmax(x, -1)))
+    show("fuseml (split-row kernel)", us_of(lambda: fuseml.ops.softmax(x)))
     for block, warps in ((4096, 4), (8192, 8), (8192, 4), (16384, 16)):
         err = rel_err(pipelined_softmax(x, block, warps), ref)
-        us = _us(lambda b=block, w=warps: pipelined_softmax(x, b, w))
+        us = us_of(lambda b=block, w=warps: pipelined_softmax(x, b, w))
         show(f"pipelined block={block} warps={warps}", us, err)
 
 
