@@ -288,6 +288,31 @@ def test_compile_candidates_runs_each_config_compile_only(tmp_path, monkeypatch)
     assert _tune.parallel_compile() == "in parallel on up to 3 threads, then timed one by one"
 
 
+def test_tuned_compiles_candidates_before_timing_them(tmp_path, monkeypatch):
+    # On a CUDA device with a launch given, every candidate is compiled first, then timed
+    monkeypatch.setattr(_tune, "autotune_enabled", lambda: True)
+    monkeypatch.setattr(_tune, "_tables", {})
+    monkeypatch.setattr(_tune, "_table_path", lambda device: tmp_path / "table.json")
+    events = []
+    monkeypatch.setattr(
+        _tune, "compile_candidates", lambda cands, run: events.append(("compile", len(cands)))
+    )
+
+    def bench(cfg):
+        events.append(("time", cfg["B"]))
+        return float(cfg["B"])
+
+    cands = [{"B": 2}, {"B": 1}]
+    got = _tune.tuned(torch.device("cuda"), "k", cands, bench, {"B": 0}, run=lambda c: None)
+    assert got == {"B": 1} and events == [("compile", 2), ("time", 2), ("time", 1)]
+    # without a launch to compile through: timed only
+    events.clear()
+    monkeypatch.setattr(_tune, "_tables", {})
+    (tmp_path / "table.json").unlink()
+    assert _tune.tuned(torch.device("cuda"), "k", cands, bench, {"B": 0}) == {"B": 1}
+    assert events == [("time", 2), ("time", 1)]
+
+
 def test_tuning_disabled_uses_default(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
     monkeypatch.setenv("FUSEML_AUTOTUNE", "0")
