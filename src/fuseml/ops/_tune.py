@@ -238,8 +238,10 @@ def tuned(
     if compiling_only():
         return default
     start = time.perf_counter()
+    compiled = 0
     if run is not None and device.type == "cuda":
-        compile_candidates(candidates, run)
+        compiled = compile_candidates(candidates, run)
+    compile_s = time.perf_counter() - start
     best, best_ms = default, float("inf")
     last_err = None
     for cfg in candidates:
@@ -258,8 +260,10 @@ def tuned(
         )  # fmt: skip
         return default
     log.info(
-        "fuseml: tuned %s in %.1f s over %d configs: %s (%.4f ms)",
-        key, time.perf_counter() - start, len(candidates), best, best_ms,
+        "fuseml: tuned %s in %.1f s over %d configs (%s): %s (%.4f ms)",
+        key, time.perf_counter() - start, len(candidates),
+        f"compiled in parallel in {compile_s:.1f} s" if compiled else "compiled as timed",
+        best, best_ms,
     )  # fmt: skip
     path = _table_path(device)
     with _lock:
