@@ -146,6 +146,9 @@ def test_softmax_long_row_paths(device, backend, log, dtype, path, monkeypatch):
         if path == "split":
             assert sm._split_config(x) == (128, 9)
         assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
+    # one row, and a batched (3-D) input
+    for x in (big[:1, :1037], big[:, :1040].reshape(3, 2, 520)):
+        assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
 
 
 def test_split_config_limits():
