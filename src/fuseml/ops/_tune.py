@@ -109,14 +109,21 @@ def _compile_threads() -> int:
         raise ValueError(f"FUSEML_COMPILE_THREADS must be an integer, got {flag!r}") from None
 
 
+def _async_compile_module():
+    """Triton's async-compile module where it has ``AsyncCompileMode``, else None."""
+    try:
+        from triton.runtime import _async_compile
+    except ImportError:
+        return None
+    return _async_compile if hasattr(_async_compile, "AsyncCompileMode") else None
+
+
 def parallel_compile() -> str:
     """How a cold first call compiles its candidates here, in words (``fuseml env``)."""
     threads = _compile_threads()
     if threads <= 1:
         return "one at a time as they are timed (FUSEML_COMPILE_THREADS)"
-    try:
-        from triton.runtime._async_compile import AsyncCompileMode  # noqa: F401
-    except ImportError:
+    if _async_compile_module() is None:
         return "one at a time as they are timed (this Triton has no async compile mode)"
     return f"in parallel on up to {threads} threads, then timed one by one"
 
@@ -133,12 +140,10 @@ def compile_candidates(candidates: list[dict], run: Callable[[dict], object]) ->
     threads = min(_compile_threads(), len(candidates))
     if threads <= 1 or triton_interpreting():
         return 0
-    try:
-        from triton.runtime import _async_compile
-        from triton.runtime._async_compile import AsyncCompileMode
-    except ImportError:  # an older Triton: candidates compile as they are timed
+    ac = _async_compile_module()
+    if ac is None:  # an older Triton: candidates compile as they are timed
         return 0
-    active = getattr(_async_compile, "active_mode", None)
+    active = getattr(ac, "active_mode", None)
     if active is not None and active.get() is not None:  # the caller's own: leave it be
         return 0
     from concurrent.futures import ThreadPoolExecutor
@@ -146,7 +151,7 @@ def compile_candidates(candidates: list[dict], run: Callable[[dict], object]) ->
     # (leaving AsyncCompileMode waits for every compile, before the pool shuts down)
     with (
         ThreadPoolExecutor(threads) as pool,
-        AsyncCompileMode(pool, ignore_errors=True),
+        ac.AsyncCompileMode(pool, ignore_errors=True),
         compile_only(),
     ):
         for cfg in candidates:
@@ -234,8 +239,6 @@ def tuned(
     if found is not None:
         return found
     if not autotune_enabled() or torch.compiler.is_compiling() or len(candidates) <= 1:
-        return default
-    if compiling_only():
         return default
     start = time.perf_counter()
     compiled = 0
