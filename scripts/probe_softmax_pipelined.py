@@ -25,6 +25,7 @@ from probe_softmax import inputs, us_of  # scripts/ (this script's folder)
 
 import fuseml
 from fuseml.ops._utils import cdiv, next_pow2, sm_count
+from fuseml.ops.softmax import row_stats
 from fuseml.testing import rel_err
 
 
@@ -59,13 +60,7 @@ def _pipelined_kernel(
         posted = tl.atomic_add(count_ptr + row, 1, sem="acq_rel") + 1
         while posted < chunks:
             posted = tl.atomic_add(count_ptr + row, 0, sem="acquire")
-        g = tl.arange(0, BLOCK_G)
-        g_ok = g < chunks
-        ms = tl.load(stats_row + 2 * g, mask=g_ok, other=-float("inf"), cache_modifier=".cg")
-        ss = tl.load(stats_row + 2 * g + 1, mask=g_ok, other=0.0, cache_modifier=".cg")
-        m_row = tl.max(ms, axis=0)
-        row_shift = tl.where(m_row == -float("inf"), 0.0, m_row)
-        total = tl.sum(ss * tl.exp(ms - row_shift), axis=0)
+        m_row, total = row_stats(stats_row, chunks, BLOCK_G)
         y = tl.exp(xf - m_row) / total
         rel = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
         tl.store(out_ptr + row * stride_om + rel, y.to(out_ptr.dtype.element_ty), mask=rel < n_cols)

@@ -128,6 +128,19 @@ def _softmax_online_kernel(
 
 
 @triton.jit
+def row_stats(stats_row, CHUNKS, BLOCK_G: tl.constexpr):
+    """A split row's max and sum of exp(x - max), from its CHUNKS posted (max, sum) pairs
+    at stats_row (read from L2: other programs wrote them)."""
+    g = tl.arange(0, BLOCK_G)
+    g_ok = g < CHUNKS
+    ms = tl.load(stats_row + 2 * g, mask=g_ok, other=-float("inf"), cache_modifier=".cg")
+    ss = tl.load(stats_row + 2 * g + 1, mask=g_ok, other=0.0, cache_modifier=".cg")
+    m_row = tl.max(ms, axis=0)
+    shift = tl.where(m_row == -float("inf"), 0.0, m_row)  # a chunk of only -inf adds 0
+    return m_row, tl.sum(ss * tl.exp(ms - shift), axis=0)
+
+
+@triton.jit
 def _softmax_split_kernel(
     x_ptr,  # (M, N) input, unit column stride
     out_ptr,  # (M, N) output
@@ -196,13 +209,7 @@ def _softmax_split_kernel(
             while posted < CHUNKS:
                 posted = tl.atomic_add(count_ptr + row, 0, sem="acquire")
     if PHASE != 1:
-        g = tl.arange(0, BLOCK_G)
-        g_ok = g < CHUNKS
-        ms = tl.load(stats_row + 2 * g, mask=g_ok, other=-float("inf"), cache_modifier=".cg")
-        ss = tl.load(stats_row + 2 * g + 1, mask=g_ok, other=0.0, cache_modifier=".cg")
-        m_row = tl.max(ms, axis=0)
-        shift = tl.where(m_row == -float("inf"), 0.0, m_row)
-        total = tl.sum(ss * tl.exp(ms - shift), axis=0)
+        m_row, total = row_stats(stats_row, CHUNKS, BLOCK_G)
         z = x - m_row  # NaN for an all -inf row, as torch
         z_edge = x_edge - m_row
         if LOG:
