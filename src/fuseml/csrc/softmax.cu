@@ -329,6 +329,51 @@ struct RowArgs {
   int64_t out_row_stride;
 };
 
+// A thread's part of a row held in registers: ELEMS values in packs PACK_STRIDE columns
+// apart from column c_first (negative inside the lead), every register index a
+// compile-time constant. Loads them into v (float) and returns their max; every wide load
+// is issued before any partial pack is filled in (see load_full).
+template <class Tr, int ELEMS, int PACK_STRIDE, typename I>
+__device__ __forceinline__ float load_part(const typename Tr::Storage* xrow, I c_first, I n,
+                                           float (&v)[ELEMS]) {
+  using S = typename Tr::Storage;
+  constexpr int V = kVec<S>;
+  constexpr int PACKS = ELEMS / V;
+  static_assert(ELEMS % V == 0, "ELEMS must be a whole number of packs");
+  Pack<S, V> raw[PACKS];
+#pragma unroll
+  for (int k = 0; k < PACKS; ++k) {
+    raw[k] = load_full<Tr, V, false>(xrow, c_first + k * PACK_STRIDE, n);
+  }
+#pragma unroll
+  for (int k = 0; k < PACKS; ++k) load_partial<Tr, V>(xrow, c_first + k * PACK_STRIDE, n, raw[k]);
+  float mx = neg_inf();
+#pragma unroll
+  for (int k = 0; k < PACKS; ++k) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      v[k * V + j] = Tr::to_float(raw[k].v[j]);
+      mx = fmaxf(mx, v[k * V + j]);
+    }
+  }
+  return mx;
+}
+
+// Writes out(v[i]) for the values load_part loaded, at the same columns.
+template <class Tr, int ELEMS, int PACK_STRIDE, typename I, class Out>
+__device__ __forceinline__ void store_part(typename Tr::Storage* orow, I c_first, I n,
+                                           const float (&v)[ELEMS], const Out& out) {
+  using S = typename Tr::Storage;
+  constexpr int V = kVec<S>;
+#pragma unroll
+  for (int k = 0; k < ELEMS / V; ++k) {
+    Pack<S, V> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) o.v[j] = Tr::from_float(out(v[k * V + j]));
+    store_pack<Tr, V, false>(orow, c_first + k * PACK_STRIDE, n, o);
+  }
+}
+
 // One row held in registers: ELEMS values per thread, in packs STRIDE packs apart, so that
 // the STRIDE threads sharing the row read consecutive packs (coalesced) and every register
 // index is a compile-time constant. c_first: the first column of this thread's first pack
@@ -339,32 +384,9 @@ template <class Tr, bool LOG, int ELEMS, int STRIDE, class Reduce>
 __device__ __forceinline__ void row_in_registers(const typename Tr::Storage* xrow,
                                                  typename Tr::Storage* orow, int n, int c_first,
                                                  const Reduce& red) {
-  using S = typename Tr::Storage;
-  constexpr int V = kVec<S>;
-  constexpr int PACKS = ELEMS / V;
-  constexpr int kPackStride = STRIDE * V;  // columns between one thread's packs
-  static_assert(ELEMS % V == 0, "ELEMS must be a whole number of packs");
-  using P = Pack<S, V>;
-
-  P raw[PACKS];
-#pragma unroll
-  for (int k = 0; k < PACKS; ++k) {
-    raw[k] = load_full<Tr, V, false>(xrow, c_first + k * kPackStride, n);
-  }
-#pragma unroll
-  for (int k = 0; k < PACKS; ++k) load_partial<Tr, V>(xrow, c_first + k * kPackStride, n, raw[k]);
-
+  constexpr int kPackStride = STRIDE * kVec<typename Tr::Storage>;  // between its packs
   float v[ELEMS];
-  float mx = neg_inf();
-#pragma unroll
-  for (int k = 0; k < PACKS; ++k) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      v[k * V + j] = Tr::to_float(raw[k].v[j]);
-      mx = fmaxf(mx, v[k * V + j]);
-    }
-  }
-  mx = red.all_max(mx);
+  float mx = red.all_max(load_part<Tr, ELEMS, kPackStride>(xrow, c_first, n, v));
 
   // Keep exp(x - max) for softmax, x - max for log_softmax: one exp per element either way.
   float sum = 0.f;
@@ -377,17 +399,9 @@ __device__ __forceinline__ void row_in_registers(const typename Tr::Storage* xro
   }
   sum = red.all_sum(sum);
   const float post = LOG ? logf(sum) : 1.f / sum;
-
-#pragma unroll
-  for (int k = 0; k < PACKS; ++k) {
-    P o;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float t = v[k * V + j];
-      o.v[j] = Tr::from_float(LOG ? t - post : normalize<Tr>(t, sum, post));
-    }
-    store_pack<Tr, V, false>(orow, c_first + k * kPackStride, n, o);
-  }
+  store_part<Tr, ELEMS, kPackStride>(orow, c_first, n, v, [&](float t) {
+    return LOG ? t - post : normalize<Tr>(t, sum, post);
+  });
 }
 
 // WARP: LANES lanes per row, ELEMS values per lane, 32 / LANES rows per warp; warps stride
@@ -565,11 +579,8 @@ __global__ void __launch_bounds__(THREADS)
     softmax_split_kernel(const RowArgs<typename Tr::Storage> a, float2* stats, int* count,
                          int chunks) {
   using S = typename Tr::Storage;
-  using P = Pack<S, kVec<S>>;
   constexpr int V = kVec<S>;
-  constexpr int PACKS = ELEMS / V;
   constexpr int kPackStride = THREADS * V;
-  static_assert(ELEMS % V == 0, "ELEMS must be a whole number of packs");
   __shared__ float red_max[kWarp];
   __shared__ float red_sum[kWarp];
   __shared__ float row_scale[2];  // this chunk's factor onto the row's max, and log / 1/sum
@@ -581,24 +592,8 @@ __global__ void __launch_bounds__(THREADS)
   const int64_t n = a.cols;
   const int64_t c_first = static_cast<int64_t>(chunk) * THREADS * ELEMS +
                           static_cast<int64_t>(threadIdx.x) * V - lead_of<V>(xrow);
-
-  P raw[PACKS];
-#pragma unroll
-  for (int k = 0; k < PACKS; ++k) {
-    raw[k] = load_full<Tr, V, false>(xrow, c_first + k * kPackStride, n);
-  }
-#pragma unroll
-  for (int k = 0; k < PACKS; ++k) load_partial<Tr, V>(xrow, c_first + k * kPackStride, n, raw[k]);
   float v[ELEMS];
-  float mx = neg_inf();
-#pragma unroll
-  for (int k = 0; k < PACKS; ++k) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      v[k * V + j] = Tr::to_float(raw[k].v[j]);
-      mx = fmaxf(mx, v[k * V + j]);
-    }
-  }
+  float mx = load_part<Tr, ELEMS, kPackStride>(xrow, c_first, n, v);
   // The chunk's statistics against its own max (0 for a chunk of only -inf, so that its sum
   // is 0, not NaN). v keeps exp(x - shift) for softmax, x - shift for log_softmax.
   mx = block_reduce<true>(mx, red_max);
@@ -647,16 +642,9 @@ __global__ void __launch_bounds__(THREADS)
   __syncthreads();
   const float scale = row_scale[0];
   const float post = row_scale[1];
-#pragma unroll
-  for (int k = 0; k < PACKS; ++k) {
-    P o;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float t = v[k * V + j];
-      o.v[j] = Tr::from_float(LOG ? t + scale - post : t * scale * post);
-    }
-    store_pack<Tr, V, false>(orow, c_first + k * kPackStride, n, o);
-  }
+  store_part<Tr, ELEMS, kPackStride>(orow, c_first, n, v, [&](float t) {
+    return LOG ? t + scale - post : t * scale * post;
+  });
 }
 
 // ------------------------------------------------------------------------------ host
