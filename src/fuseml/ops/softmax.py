@@ -128,11 +128,11 @@ def _softmax_online_kernel(
 
 
 @triton.jit
-def row_stats(stats_row, CHUNKS, BLOCK_G: tl.constexpr):
-    """A split row's max and sum of exp(x - max), from its CHUNKS posted (max, sum) pairs
-    at stats_row (read from L2: other programs wrote them)."""
+def row_stats(stats_row, chunks, BLOCK_G: tl.constexpr):
+    """A split row's max and sum of exp(x - max), from the (max, sum) pairs its `chunks`
+    programs posted at stats_row (read from L2: other programs wrote them)."""
     g = tl.arange(0, BLOCK_G)
-    g_ok = g < CHUNKS
+    g_ok = g < chunks
     ms = tl.load(stats_row + 2 * g, mask=g_ok, other=-float("inf"), cache_modifier=".cg")
     ss = tl.load(stats_row + 2 * g + 1, mask=g_ok, other=0.0, cache_modifier=".cg")
     m_row = tl.max(ms, axis=0)
@@ -144,36 +144,36 @@ def row_stats(stats_row, CHUNKS, BLOCK_G: tl.constexpr):
 def _softmax_split_kernel(
     x_ptr,  # (M, N) input, unit column stride
     out_ptr,  # (M, N) output
-    stats_ptr,  # (M, CHUNKS, 2) float32 scratch: each chunk's (max, sum of exp(x - max))
+    stats_ptr,  # (M, chunks, 2) float32 scratch: each chunk's (max, sum of exp(x - max))
     count_ptr,  # (M,) int32, zero at launch: chunks of the row whose statistics are posted
     n_cols,
     stride_xm,
     stride_om,
-    CHUNKS,  # programs per row
+    chunks,  # programs per row
     LOG: tl.constexpr,
     BLOCK_N: tl.constexpr,  # columns per program
-    BLOCK_G: tl.constexpr,  # next power of two >= CHUNKS
+    BLOCK_G: tl.constexpr,  # next power of two >= chunks
     VEC: tl.constexpr,  # elements in 16 bytes where rows of x and out share their
     # alignment (the launcher checks), else 1
     PHASE: tl.constexpr,  # 0: whole op, the row's programs wait for each other; 1 / 2:
     # statistics / output only, as two launches (the interpreter runs programs one by one)
     STREAM: tl.constexpr,  # mark x's loads and out's stores evict-first (each is used once)
 ):
-    # Long rows split over CHUNKS programs, each holding its chunk in registers: one read
+    # Long rows split over `chunks` programs, each holding its chunk in registers: one read
     # and one write per element, however long the row. A program reduces its chunk to
     # (max, sum), posts them, waits until every chunk of its row has posted, combines
-    # the CHUNKS pairs into the row's max and sum, and writes its chunk. The programs of a
+    # the `chunks` pairs into the row's max and sum, and writes its chunk. The programs of a
     # row have consecutive ids and each waits only on them, so the wait ends if blocks
-    # start in id order and CHUNKS of them fit on the GPU at once (the assumption CUB's
-    # single-pass scan makes); the launcher keeps CHUNKS well under that.
+    # start in id order and `chunks` of them fit on the GPU at once (the assumption CUB's
+    # single-pass scan makes); the launcher keeps `chunks` well under that.
     #
     # Rows whose start is not 16-byte aligned (odd widths: 50257) would load one element
     # at a time; so the chunks tile the row from its first 16-byte boundary ("lead"
     # elements in) in whole 16-byte groups, and the last chunk also takes the unaligned
     # head and tail (fewer than VEC elements each) as a small separate piece.
     pid = tl.program_id(0)
-    row = tl.cast(pid // CHUNKS, tl.int64)
-    chunk = pid % CHUNKS
+    row = tl.cast(pid // chunks, tl.int64)
+    chunk = pid % chunks
     x_off = row * stride_xm
     o_off = row * stride_om
     x_row = x_ptr + x_off
@@ -192,9 +192,9 @@ def _softmax_split_kernel(
     # head [0, lead) and tail [lead + body, n_cols), in the last chunk only
     e = tl.arange(0, 2 * VEC)
     edge = tl.where(e < VEC, e, lead + body + e - VEC)
-    edge_ok = (tl.where(e < VEC, e < lead, True) & (edge < n_cols)) & (chunk == CHUNKS - 1)
+    edge_ok = (tl.where(e < VEC, e < lead, True) & (edge < n_cols)) & (chunk == chunks - 1)
     x_edge = tl.load(x_row + edge, mask=edge_ok, other=-float("inf")).to(tl.float32)
-    stats_row = stats_ptr + row * (2 * CHUNKS)
+    stats_row = stats_ptr + row * (2 * chunks)
     if PHASE != 2:
         m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
         shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf chunk: sum 0, not NaN
@@ -206,10 +206,10 @@ def _softmax_split_kernel(
             # acquire: the other chunks' statistics are visible once the count is full
             # (the polling add of 0 compiles to an acquire load, sm_90)
             posted = tl.atomic_add(count_ptr + row, 1, sem="acq_rel") + 1
-            while posted < CHUNKS:
+            while posted < chunks:
                 posted = tl.atomic_add(count_ptr + row, 0, sem="acquire")
     if PHASE != 1:
-        m_row, total = row_stats(stats_row, CHUNKS, BLOCK_G)
+        m_row, total = row_stats(stats_row, chunks, BLOCK_G)
         z = x - m_row  # NaN for an all -inf row, as torch
         z_edge = x_edge - m_row
         if LOG:
