@@ -26,6 +26,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <optional>
 
 namespace fuseml {
@@ -89,29 +92,51 @@ struct alignas(sizeof(S) * VEC) Pack {
 };
 
 // ----------------------------------------------------------------------------- math
-// Phi(h) = 0.5 * erfc(-h / sqrt(2)) with erfc from a Chebyshev fit of fractional error
-// < 1.2e-7 (Numerical Recipes' erfcc), the same formula as the Triton kernel. In 16-bit
-// dtypes GELU is compute-bound with erff (~25 instructions per element at 4 bytes moved);
-// this is one fast division, one exp and 9 FMAs, and it does not cancel in the negative tail.
+// The same formulas as the Triton kernel (ops/_elementwise.py), on the same two PTX
+// approximations: 2^x and 1/x are one MUFU instruction each (ex2.approx.ftz: ~2 ulp;
+// rcp.approx.ftz: 1 ulp; subnormal results flush to 0). expf and an IEEE division cost
+// ~8 more instructions each, which made 16-bit erf-GELU compute-bound (NOTES.md).
+// Plain asm (not volatile): the compiler may schedule and merge them like other math.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float sigmoid(float h) {
+  return rcp_approx(1.f + exp2_approx(-kLog2e * h));  // e^-h = inf below -88: gives 0
+}
+
+// Phi(h) = 0.5 * erfc(-h / sqrt(2)), with erfc(z) = t * exp(P(t) - z^2), t = 1 / (1 + z/2),
+// from a Chebyshev fit of fractional error < 1.2e-7 (Numerical Recipes' erfcc). Folded for
+// exp2: w = z * sqrt(log2 e), 0.5 * erfc(z) = t * 2^(P2(t) - w^2), P2 = log2(e) * P - 1.
+// One reciprocal, one exp2 and 9 FMAs; no cancellation in the negative tail.
 __device__ __forceinline__ float normal_cdf(float h) {
-  const float z = fabsf(h) * 0.7071067811865476f;
-  const float t = __fdividef(1.f, 1.f + 0.5f * z);  // 2 ulp, as Triton's div.full
-  float p = fmaf(0.17087277f, t, -0.82215223f);
-  p = fmaf(p, t, 1.48851587f);
-  p = fmaf(p, t, -1.13520398f);
-  p = fmaf(p, t, 0.27886807f);
-  p = fmaf(p, t, -0.18628806f);
-  p = fmaf(p, t, 0.09678418f);
-  p = fmaf(p, t, 0.37409196f);
-  p = fmaf(p, t, 1.00002368f);
-  p = fmaf(p, t, -1.26551223f);
-  const float half_erfc = 0.5f * t * expf(p - z * z);
+  const float w = fabsf(h) * 0.8493218002880191f;
+  const float t = rcp_approx(fmaf(0.41627730557884884f, w, 1.f));
+  float p = fmaf(0.246517298f, t, -1.18611495f);
+  p = fmaf(p, t, 2.14747446f);
+  p = fmaf(p, t, -1.63775315f);
+  p = fmaf(p, t, 0.402321582f);
+  p = fmaf(p, t, -0.26875686f);
+  p = fmaf(p, t, 0.139630057f);
+  p = fmaf(p, t, 0.539700616f);
+  p = fmaf(p, t, 1.4427292f);
+  p = fmaf(p, t, -2.82574822f);
+  const float half_erfc = t * exp2_approx(fmaf(-w, w, p));
   return h < 0.f ? half_erfc : 1.f - half_erfc;
 }
 
 template <int ACT>
 __device__ __forceinline__ float activate(float h) {
-  // expf / tanhf without fast-math; the GELUs use normal_cdf and a 2-ulp division (above).
   if constexpr (ACT == kRelu) {
     return h < 0.f ? 0.f : h;  // NaN fails the test and passes through, as in torch.relu
   } else if constexpr (ACT == kLeakyRelu) {
@@ -119,13 +144,14 @@ __device__ __forceinline__ float activate(float h) {
   } else if constexpr (ACT == kGelu) {
     return h * normal_cdf(h);
   } else if constexpr (ACT == kGeluTanh) {
-    // 0.5 * (1 + tanh(u)) == sigmoid(2u) exactly; one exp and one division instead of tanhf.
-    const float u = 0.7978845608028654f * (h + 0.044715f * (h * h * h));
-    return __fdividef(h, 1.f + expf(-2.f * u));
+    // 0.5 * (1 + tanh(u)) == sigmoid(2u) exactly, u = c (h + k h^3); -2 c log2(e) and
+    // -2 c k log2(e) are folded into the two constants.
+    const float v = h * fmaf(-0.1029432395800235f, h * h, -2.302208198144325f);
+    return h * rcp_approx(1.f + exp2_approx(v));
   } else if constexpr (ACT == kSilu) {
-    return h / (1.f + expf(-h));
+    return h * sigmoid(h);
   } else if constexpr (ACT == kSigmoid) {
-    return 1.f / (1.f + expf(-h));
+    return sigmoid(h);
   } else if constexpr (ACT == kTanh) {
     return tanhf(h);
   } else {
@@ -269,20 +295,35 @@ struct Launch {
   cudaStream_t stream;
 };
 
+// Grid policy, read once per process. Default: one block per kItemsPerBlock items, as the
+// Triton kernel has one program per tile; the last partial wave is then a sliver of many
+// short ones. FUSEML_EW_CUDA_GRID=wave: one resident wave of blocks striding over the rest
+// (the earlier policy, kept for comparison by scripts/probe_elementwise.py): at 268M bf16
+// elements on 132 SMs its last stride step is 3% full, ~1/32 of the run at low occupancy.
+bool one_wave_grid() {
+  static const bool wave = [] {
+    const char* v = std::getenv("FUSEML_EW_CUDA_GRID");
+    return v != nullptr && std::strcmp(v, "wave") == 0;
+  }();
+  return wave;
+}
+
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
 void launch(const Args<typename Tr::Storage>& a, const Launch& l) {
-  // One resident wave, each thread striding over the rest: as many blocks as fit on the
-  // SMs at once (asked of the occupancy calculator once per instantiation, since register
-  // use differs between them), fewer when the tensor is small.
-  static const int blocks_per_sm = [] {
-    int n = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT>, kThreads, 0));
-    return std::max(n, 1);
-  }();
   constexpr int kItemsPerBlock = kThreads * kUnroll<typename Tr::Storage, FLAT>;
   const int64_t wanted = (a.items + kItemsPerBlock - 1) / kItemsPerBlock;
-  const int64_t cap = static_cast<int64_t>(l.sm_count) * blocks_per_sm;
+  int64_t cap = std::numeric_limits<int>::max();  // the kernel strides past 2^31 blocks
+  if (one_wave_grid()) {
+    // As many blocks as fit on the SMs at once (asked of the occupancy calculator once per
+    // instantiation, since register use differs between them).
+    static const int blocks_per_sm = [] {
+      int n = 0;
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &n, bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT>, kThreads, 0));
+      return std::max(n, 1);
+    }();
+    cap = static_cast<int64_t>(l.sm_count) * blocks_per_sm;
+  }
   // At least one block: a FLAT call may be all tail (items == 0, tail > 0).
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min(wanted, cap)));
   bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT><<<grid, kThreads, 0, l.stream>>>(a);

@@ -24,6 +24,7 @@ import triton.language as tl
 from fuseml.ops._utils import (
     as_rows,
     cdiv,
+    fast_math,
     flat_storage_view,
     is_dense,
     launches_skipped,
@@ -40,8 +41,48 @@ IMPLS = ("triton", "cuda")
 
 
 # ------------------------------------------------------------------- activation math
+# Each formula is written once; FAST (a constexpr, True for compiled CUDA launches) picks
+# the instructions of its two primitives. 2**x and 1/x are then one MUFU instruction each
+# (ex2.approx.ftz: ~2 ulp; rcp.approx.ftz: 1 ulp; both flush subnormal results to 0)
+# instead of tl.exp2's range fix-up (4 more) and the 2-ulp division's (7 more). In 16-bit
+# dtypes erf-GELU moves 4 bytes per element and was compute-bound at 35 instructions an
+# element (76% of copy bandwidth on an H200); tanh-GELU at 21 reached 98% (NOTES.md).
+# The interpreter has no inline assembly: FAST=False there, same formulas.
+LOG2E = 1.4426950408889634
+
+
 @triton.jit
-def _tanh(x):
+def _exp2(x, FAST: tl.constexpr):
+    """2 ** x for float32 x."""
+    if FAST:
+        y = tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        y = tl.exp2(x)
+    return y
+
+
+@triton.jit
+def _rcp(x, FAST: tl.constexpr):
+    """1 / x for float32 x."""
+    if FAST:
+        y = tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        y = 1.0 / x
+    return y
+
+
+@triton.jit
+def _sigmoid(x, FAST: tl.constexpr):
+    # 1 / (1 + e^-x); e^-x = inf for x < -88 gives 0, as it should.
+    return _rcp(1.0 + _exp2(-1.4426950408889634 * x, FAST), FAST)
+
+
+@triton.jit
+def _tanh(x, FAST: tl.constexpr):
     # Triton has no portable tanh (libdevice's is not available under the interpreter).
     # Small |x|: odd minimax polynomial (Cephes tanhf coefficients, ~1 ulp), which avoids the
     # cancellation of 1 - 2/(e^2x + 1) near 0; large |x|: that formula, exact to rounding.
@@ -52,57 +93,59 @@ def _tanh(x):
         * z
         - 3.33332819422e-1
     ) * z * x + x
-    big = 1.0 - 2.0 / (tl.exp(2.0 * ax) + 1.0)
+    big = 1.0 - 2.0 * _rcp(_exp2(2.8853900817779268 * ax, FAST) + 1.0, FAST)
     big = tl.where(x < 0.0, -big, big)
     return tl.where(ax < 0.625, p, big)
 
 
 @triton.jit
-def _normal_cdf(h):
-    # Phi(h) = 0.5 * erfc(-h / sqrt(2)), with erfc from a Chebyshev fit whose *fractional*
-    # error is < 1.2e-7 everywhere (Numerical Recipes' erfcc). Why not erf: in 16-bit dtypes
-    # GELU moves 4 bytes per element, and the ~25 instructions of libdevice's erff made the
-    # kernel compute-bound at 67% of copy bandwidth on an H200 (2.9 of 4.2 TB/s); this is
-    # one approximate division, one exp and 9 FMAs. It is also more accurate than 1 + erf(x)
-    # in the negative tail, where that sum cancels.
-    z = tl.abs(h) * 0.7071067811865476
-    t = tl.math.fdiv(1.0, 1.0 + 0.5 * z, ieee_rounding=False)  # 2 ulp, no IEEE slow path
-    p = 0.17087277 * t - 0.82215223
-    p = p * t + 1.48851587
-    p = p * t - 1.13520398
-    p = p * t + 0.27886807
-    p = p * t - 0.18628806
-    p = p * t + 0.09678418
-    p = p * t + 0.37409196
-    p = p * t + 1.00002368
-    p = p * t - 1.26551223
-    half_erfc = 0.5 * t * tl.exp(p - z * z)
+def _normal_cdf(h, FAST: tl.constexpr):
+    # Phi(h) = 0.5 * erfc(-h / sqrt(2)), with erfc(z) = t * exp(P(t) - z^2), t = 1 / (1 +
+    # z / 2), from a Chebyshev fit whose *fractional* error is < 1.2e-7 everywhere
+    # (Numerical Recipes' erfcc): one reciprocal, one exp2 and 9 FMAs, where libdevice's
+    # erff costs ~25 instructions; and no cancellation in the negative tail, as 1 + erf(x)
+    # has. Folded for exp2: w = z * sqrt(log2 e), so 0.5 * erfc(z) = t * 2^(P2(t) - w^2)
+    # with P2 = log2(e) * P - 1 (the coefficients below).
+    w = tl.abs(h) * 0.8493218002880191
+    t = _rcp(1.0 + 0.41627730557884884 * w, FAST)
+    p = 0.246517298 * t - 1.18611495
+    p = p * t + 2.14747446
+    p = p * t - 1.63775315
+    p = p * t + 0.402321582
+    p = p * t - 0.26875686
+    p = p * t + 0.139630057
+    p = p * t + 0.539700616
+    p = p * t + 1.4427292
+    p = p * t - 2.82574822
+    half_erfc = t * _exp2(p - w * w, FAST)
     return tl.where(h < 0.0, half_erfc, 1.0 - half_erfc)
 
 
 @triton.jit
-def _activation(h, ACTIVATION: tl.constexpr):
+def _activation(h, ACTIVATION: tl.constexpr, FAST: tl.constexpr = False):
     """act(h) for float32 h; ACTIVATION is a code from ACTIVATIONS (branch-free per launch)."""
     if ACTIVATION == 1:  # relu; NaN stays NaN as in torch.relu
         h = tl.where(h < 0.0, 0.0, h)
     elif ACTIVATION == 2:  # leaky_relu, slope 0.01
         h = tl.where(h < 0.0, 0.01 * h, h)
     elif ACTIVATION == 3:  # gelu, erf form: h * Phi(h)
-        h = h * _normal_cdf(h)
-    elif ACTIVATION == 4:  # gelu, tanh form: 0.5 * (1 + tanh(u)) == sigmoid(2u), exactly
-        u = 0.7978845608028654 * (h + 0.044715 * h * h * h)
-        h = tl.math.fdiv(h, 1.0 + tl.exp(-2.0 * u), ieee_rounding=False)
+        h = h * _normal_cdf(h, FAST)
+    elif ACTIVATION == 4:
+        # gelu, tanh form: 0.5 * (1 + tanh(u)) == sigmoid(2u) exactly, u = c (h + k h^3);
+        # -2 c log2(e) and -2 c k log2(e) are folded into the two constants.
+        v = h * (-2.302208198144325 - 0.1029432395800235 * (h * h))
+        h = h * _rcp(1.0 + _exp2(v, FAST), FAST)
     elif ACTIVATION == 5:  # silu
-        h = h * tl.sigmoid(h)
+        h = h * _sigmoid(h, FAST)
     elif ACTIVATION == 6:
-        h = tl.sigmoid(h)
+        h = _sigmoid(h, FAST)
     elif ACTIVATION == 7:
-        h = _tanh(h)
+        h = _tanh(h, FAST)
     return h
 
 
 @triton.jit
-def _activation_grad(h, ACTIVATION: tl.constexpr):
+def _activation_grad(h, ACTIVATION: tl.constexpr, FAST: tl.constexpr):
     """d act / d h at float32 h."""
     if ACTIVATION == 0:
         d = tl.full(h.shape, 1.0, tl.float32)
@@ -111,20 +154,20 @@ def _activation_grad(h, ACTIVATION: tl.constexpr):
     elif ACTIVATION == 2:
         d = tl.where(h > 0.0, 1.0, 0.01)
     elif ACTIVATION == 3:
-        pdf = tl.exp(-0.5 * h * h) * 0.3989422804014327
-        d = _normal_cdf(h) + h * pdf
+        pdf = _exp2(-0.7213475204444817 * h * h, FAST) * 0.3989422804014327
+        d = _normal_cdf(h, FAST) + h * pdf
     elif ACTIVATION == 4:
-        s = 1.0 / (1.0 + tl.exp(-2.0 * 0.7978845608028654 * (h + 0.044715 * h * h * h)))
+        s = _rcp(1.0 + _exp2(h * (-2.302208198144325 - 0.1029432395800235 * (h * h)), FAST), FAST)
         du = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * h * h)
         d = s + 2.0 * h * s * (1.0 - s) * du
     elif ACTIVATION == 5:
-        s = tl.sigmoid(h)
+        s = _sigmoid(h, FAST)
         d = s * (1.0 + h * (1.0 - s))
     elif ACTIVATION == 6:
-        s = tl.sigmoid(h)
+        s = _sigmoid(h, FAST)
         d = s * (1.0 - s)
     else:
-        t = _tanh(h)
+        t = _tanh(h, FAST)
         d = 1.0 - t * t
     return d
 
@@ -177,13 +220,14 @@ def _bias_act_kernel(
     ACTIVATION: tl.constexpr,  # code from ACTIVATIONS
     BLOCK_M: tl.constexpr,  # rows per tile (1 on the flat path)
     BLOCK_N: tl.constexpr,  # columns per tile
+    FAST: tl.constexpr,  # single-instruction exp2 / reciprocal (compiled CUDA launches)
 ):
     rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N)
     h = _load_pre(
         x_ptr, y_ptr, bias_ptr, rows, cols, mask, n_cols, stride_xm, stride_ym, alpha,
         HAS_Y, HAS_BIAS,
     )  # fmt: skip
-    out = _activation(h, ACTIVATION)
+    out = _activation(h, ACTIVATION, FAST)
     offs = rows[:, None] * stride_om + cols[None, :]
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -207,6 +251,7 @@ def _bias_act_backward_kernel(
     ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     # Recomputes h instead of saving it: one extra read of x (and y) but no forward store
     # of an fp32 pre-activation, which is the better trade for inference-first kernels.
@@ -216,7 +261,7 @@ def _bias_act_backward_kernel(
         HAS_Y, HAS_BIAS,
     )  # fmt: skip
     g = tl.load(grad_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask).to(tl.float32)
-    dh = g * _activation_grad(h, ACTIVATION)
+    dh = g * _activation_grad(h, ACTIVATION, FAST)
     offs = rows[:, None] * stride_dm + cols[None, :]
     tl.store(dh_ptr + offs, dh.to(dh_ptr.dtype.element_ty), mask=mask)
 
@@ -338,7 +383,8 @@ def _launch(
         x, x if y is None else y, x if bias is None else bias, out,
         n_rows, n_cols, stride_x, stride_y, stride_out, float(alpha),
         HAS_Y=y is not None, HAS_BIAS=bias is not None, ACTIVATION=activation,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"],
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], FAST=fast_math(x),
+        num_warps=cfg["num_warps"],
     )  # fmt: skip
 
 
@@ -375,6 +421,7 @@ def bias_act_backward_rows(
         gs.stride(0), xs.stride(0), 0 if ys is None else ys.stride(0), ds.stride(0),
         float(alpha),
         HAS_Y=ys is not None, HAS_BIAS=bs is not None, ACTIVATION=activation,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"],
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], FAST=fast_math(xs),
+        num_warps=cfg["num_warps"],
     )  # fmt: skip
     return dh

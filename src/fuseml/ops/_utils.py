@@ -106,6 +106,15 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def fast_math(t: torch.Tensor) -> bool:
+    """Whether a Triton launch on ``t`` may use PTX approximations (inline assembly).
+
+    True for CUDA tensors on NVIDIA builds; CPU tensors mean the interpreter, which has no
+    inline assembly.
+    """
+    return t.is_cuda and torch.version.hip is None
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) in plain Python: triton.cdiv is a JIT function, whose Python call costs
     microseconds on every launch (it also works on SymInts under torch.compile)."""
