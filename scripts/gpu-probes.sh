@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call: the GPU tests of the modules that call the
-# changed GEMM paths, the softmax launch sweep, the lora suite with its graph rows, and
-# the host time of TMA launches (descriptors) and of LoRA's two-launch expand mode.
-# Logs go to OUTDIR, and OUTDIR/probes.tgz holds them all (one file to fetch). Set
-# FUSEML_COMMIT=<sha> for the results' commit stamp where the tree has no current .git.
+# The open GPU checks of NOTES.md in one call: the GPU tests of the kernels whose math
+# changed (single-instruction exp2 / reciprocal), the elementwise CUDA twin's grid
+# policies, the pipelined split-row softmax probe, and the softmax suite's long rows for
+# the fused arms (merged into a copy of the committed results). Logs go to OUTDIR, and
+# OUTDIR/probes.tgz holds them all (one file to fetch). Set FUSEML_COMMIT=<sha> for the
+# results' commit stamp where the tree has no current .git.
 #
 #   scripts/gpu-probes.sh [OUTDIR]        (default: out/gpu-probes)
 set -uo pipefail
@@ -19,10 +20,12 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run tests 180 "$PY" -m pytest -q -m gpu -n 12 -rf tests/ops/test_mlp.py tests/nn \
-    tests/test_optimize.py
-run softmax 120 "$PY" scripts/probe_softmax.py
-run bench-lora 180 "$PY" -m fuseml.cli bench lora --quick --out "$OUT/results"
-run host 90 "$PY" scripts/host_overhead.py
+run tests 300 "$PY" -m pytest -q -m gpu -n 12 -rf tests/ops/test_add.py \
+    tests/ops/test_gelu.py tests/ops/test_bias_act.py tests/ops/test_softmax.py
+run probe-elementwise 100 "$PY" scripts/probe_elementwise.py
+run probe-softmax-pipelined 80 "$PY" scripts/probe_softmax_pipelined.py 65536 262144
+cp -r benchmarks/results "$OUT/results"
+run bench-softmax-long 100 "$PY" -m fuseml.cli bench softmax --quick --merge \
+    --cases "x(50257|65536|262144)$" --arms triton,cuda,copy --out "$OUT/results"
 tail -3 "$OUT/tests.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"

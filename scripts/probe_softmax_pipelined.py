@@ -24,6 +24,7 @@ import triton.language as tl
 from probe_softmax import inputs, us_of  # scripts/ (this script's folder)
 
 import fuseml
+from fuseml.ops._math import LOG2E, _exp2, _rcp
 from fuseml.ops._utils import cdiv, next_pow2, sm_count
 from fuseml.ops.softmax import row_stats
 from fuseml.testing import rel_err
@@ -56,12 +57,12 @@ def _pipelined_kernel(
         shift = tl.where(m == -float("inf"), 0.0, m)
         stats_row = stats_ptr + row * (2 * chunks)
         tl.store(stats_row + 2 * chunk, m)
-        tl.store(stats_row + 2 * chunk + 1, tl.sum(tl.exp(xf - shift), axis=0))
+        tl.store(stats_row + 2 * chunk + 1, tl.sum(_exp2((xf - shift) * LOG2E, True), axis=0))
         posted = tl.atomic_add(count_ptr + row, 1, sem="acq_rel") + 1
         while posted < chunks:
             posted = tl.atomic_add(count_ptr + row, 0, sem="acquire")
-        m_row, total = row_stats(stats_row, chunks, BLOCK_G)
-        y = tl.exp(xf - m_row) / total
+        m_row, total = row_stats(stats_row, chunks, BLOCK_G, True)
+        y = _exp2((xf - m_row) * LOG2E, True) * _rcp(total, True)
         rel = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
         tl.store(out_ptr + row * stride_om + rel, y.to(out_ptr.dtype.element_ty), mask=rel < n_cols)
         x = x_next

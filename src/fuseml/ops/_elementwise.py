@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fuseml.ops._math import _exp2, _rcp
 from fuseml.ops._utils import (
     as_rows,
     cdiv,
@@ -41,38 +42,11 @@ IMPLS = ("triton", "cuda")
 
 
 # ------------------------------------------------------------------- activation math
-# Each formula is written once; FAST (a constexpr, True for compiled CUDA launches) picks
-# the instructions of its two primitives. 2**x and 1/x are then one MUFU instruction each
-# (ex2.approx.ftz: ~2 ulp; rcp.approx.ftz: 1 ulp; both flush subnormal results to 0)
-# instead of tl.exp2's range fix-up (4 more) and the 2-ulp division's (7 more). In 16-bit
-# dtypes erf-GELU moves 4 bytes per element and was compute-bound at 35 instructions an
-# element (76% of copy bandwidth on an H200); tanh-GELU at 21 reached 98% (NOTES.md).
-# The interpreter has no inline assembly: FAST=False there, same formulas.
-LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _exp2(x, FAST: tl.constexpr):
-    """2 ** x for float32 x."""
-    if FAST:
-        y = tl.inline_asm_elementwise(
-            "ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        y = tl.exp2(x)
-    return y
-
-
-@triton.jit
-def _rcp(x, FAST: tl.constexpr):
-    """1 / x for float32 x."""
-    if FAST:
-        y = tl.inline_asm_elementwise(
-            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        y = 1.0 / x
-    return y
+# Each formula is written once; FAST (a constexpr, fast_math() of the input: True for
+# compiled CUDA launches) picks the instructions of its two primitives (ops/_math.py).
+# In 16-bit dtypes erf-GELU moves 4 bytes per element and was compute-bound at 35 SASS
+# instructions an element (76% of copy bandwidth on an H200; tanh-GELU at 21 reached 98%,
+# NOTES.md); with FAST it is 23.
 
 
 @triton.jit

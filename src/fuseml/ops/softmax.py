@@ -18,10 +18,12 @@ import triton
 import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
 
+from fuseml.ops._math import LOG2E, _exp2, _rcp
 from fuseml.ops._utils import (
     cdiv,
     check_tensor,
     compiled,
+    fast_math,
     fused_op,
     launches_skipped,
     needs_dispatch,
@@ -53,6 +55,7 @@ def _softmax_rows_kernel(
     ROWS: tl.constexpr,  # rows per step: a (ROWS, BLOCK_N) tile (short rows take several)
     BLOCK_N: tl.constexpr,  # next power of two >= n_cols: the whole row in registers
     NUM_STAGES: tl.constexpr,  # software pipelining depth of the row loop
+    FAST: tl.constexpr,  # one-instruction exp2 / reciprocal (ops/_math.py)
 ):
     # Persistent: the grid is what fits on the GPU at once; each program strides over
     # blocks of ROWS rows so the loads of block i + grid overlap the math of block i.
@@ -67,12 +70,12 @@ def _softmax_rows_kernel(
             x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=-float("inf")
         ).to(tl.float32)
         z = x - tl.max(x, axis=1)[:, None]  # a row of all -inf gives NaN, as torch does
-        e = tl.exp(z)
+        e = _exp2(z * LOG2E, FAST)  # z first: x - max is exact near the max
         s = tl.sum(e, axis=1)[:, None]
         if LOG:
             y = z - tl.log(s)
         else:
-            y = e / s
+            y = e * _rcp(s, FAST)
         tl.store(
             out_ptr + rows[:, None] * stride_om + cols[None, :],
             y.to(out_ptr.dtype.element_ty),
@@ -90,6 +93,7 @@ def _softmax_online_kernel(
     stride_om,
     LOG: tl.constexpr,
     BLOCK_N: tl.constexpr,  # columns per step
+    FAST: tl.constexpr,
 ):
     # Rows too long for registers. Pass 1 keeps a running max m and sum s of the row, one
     # chunk at a time (online softmax: s <- s * exp(m_old - m_new) + sum(exp(x - m_new)),
@@ -110,10 +114,12 @@ def _softmax_online_kernel(
             # While every value so far is -inf, shift by 0 rather than by -inf (-inf - -inf
             # would be NaN), so the sum stays 0.
             shift = tl.where(m_new == -float("inf"), 0.0, m_new)
-            s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
+            s = s * _exp2((m - shift) * LOG2E, FAST) + tl.sum(
+                _exp2((x - shift) * LOG2E, FAST), axis=0
+            )
             m = m_new
         log_total = tl.log(s)
-        inv_total = 1.0 / s
+        inv_total = _rcp(s, FAST)
         out_row = out_ptr + row64 * stride_om
         for start in range(0, n_cols, BLOCK_N):
             offs = start + cols
@@ -123,12 +129,12 @@ def _softmax_online_kernel(
             if LOG:
                 y = z - log_total
             else:
-                y = tl.exp(z) * inv_total
+                y = _exp2(z * LOG2E, FAST) * inv_total
             tl.store(out_row + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def row_stats(stats_row, chunks, BLOCK_G: tl.constexpr):
+def row_stats(stats_row, chunks, BLOCK_G: tl.constexpr, FAST: tl.constexpr):
     """A split row's max and sum of exp(x - max), from the (max, sum) pairs its `chunks`
     programs posted at stats_row (read from L2: other programs wrote them)."""
     g = tl.arange(0, BLOCK_G)
@@ -137,7 +143,7 @@ def row_stats(stats_row, chunks, BLOCK_G: tl.constexpr):
     ss = tl.load(stats_row + 2 * g + 1, mask=g_ok, other=0.0, cache_modifier=".cg")
     m_row = tl.max(ms, axis=0)
     shift = tl.where(m_row == -float("inf"), 0.0, m_row)  # a chunk of only -inf adds 0
-    return m_row, tl.sum(ss * tl.exp(ms - shift), axis=0)
+    return m_row, tl.sum(ss * _exp2((ms - shift) * LOG2E, FAST), axis=0)
 
 
 @triton.jit
@@ -158,6 +164,7 @@ def _softmax_split_kernel(
     PHASE: tl.constexpr,  # 0: whole op, the row's programs wait for each other; 1 / 2:
     # statistics / output only, as two launches (the interpreter runs programs one by one)
     STREAM: tl.constexpr,  # mark x's loads and out's stores evict-first (each is used once)
+    FAST: tl.constexpr,
 ):
     # Long rows split over `chunks` programs, each holding its chunk in registers: one read
     # and one write per element, however long the row. A program reduces its chunk to
@@ -198,6 +205,9 @@ def _softmax_split_kernel(
     if PHASE != 2:
         m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
         shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf chunk: sum 0, not NaN
+        # tl.exp here, not _exp2: with the one-instruction exp2 in this phase ptxas gives
+        # the kernel 64 registers instead of 48 (4 blocks of 8 warps per SM, not 5;
+        # triton 3.9, sm_90, offline); in the output phase it costs none.
         s = tl.sum(tl.exp(x - shift), axis=0) + tl.sum(tl.exp(x_edge - shift), axis=0)
         tl.store(stats_row + 2 * chunk, m)
         tl.store(stats_row + 2 * chunk + 1, s)
@@ -209,7 +219,7 @@ def _softmax_split_kernel(
             while posted < chunks:
                 posted = tl.atomic_add(count_ptr + row, 0, sem="acquire")
     if PHASE != 1:
-        m_row, total = row_stats(stats_row, chunks, BLOCK_G)
+        m_row, total = row_stats(stats_row, chunks, BLOCK_G, FAST)
         z = x - m_row  # NaN for an all -inf row, as torch
         z_edge = x_edge - m_row
         if LOG:
@@ -217,9 +227,9 @@ def _softmax_split_kernel(
             y = z - log_total
             y_edge = z_edge - log_total
         else:
-            inv_total = 1.0 / total
-            y = tl.exp(z) * inv_total
-            y_edge = tl.exp(z_edge) * inv_total
+            inv_total = _rcp(total, FAST)
+            y = _exp2(z * LOG2E, FAST) * inv_total
+            y_edge = _exp2(z_edge * LOG2E, FAST) * inv_total
         if STREAM:
             tl.store(out_body + rel, y.to(out_ptr.dtype.element_ty), mask=mask,
                      eviction_policy="evict_first")  # fmt: skip
@@ -241,6 +251,7 @@ def _softmax_strided_kernel(
     ONE_PASS: tl.constexpr,  # BLOCK_N covers N: one read, the tile stays in registers
     BLOCK_N: tl.constexpr,  # positions along N per step
     BLOCK_I: tl.constexpr,  # inner positions per program (the coalesced direction)
+    FAST: tl.constexpr,
 ):
     # Softmax over a non-last dim without transposing: a program owns BLOCK_I neighbouring
     # inner positions of one outer index and reduces down the N axis of a
@@ -261,12 +272,12 @@ def _softmax_strided_kernel(
         mask = (rs < n_red)[:, None] & i_ok[None, :]
         x = tl.load(x_base + r64 * stride_xn, mask=mask, other=-float("inf")).to(tl.float32)
         z = x - tl.max(x, axis=0)[None, :]  # an all -inf column gives NaN, as torch
-        e = tl.exp(z)
+        e = _exp2(z * LOG2E, FAST)
         total = tl.sum(e, axis=0)[None, :]
         if LOG:
             y = z - tl.log(total)
         else:
-            y = e / total
+            y = e * _rcp(total, FAST)
         tl.store(out_base + r64 * n_inner, y.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         m = tl.full([BLOCK_I], -float("inf"), tl.float32)
@@ -279,9 +290,12 @@ def _softmax_strided_kernel(
             ).to(tl.float32)
             m_new = tl.maximum(m, tl.max(x, axis=0))
             shift = tl.where(m_new == -float("inf"), 0.0, m_new)  # see the online kernel
-            s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift[None, :]), axis=0)
+            s = s * _exp2((m - shift) * LOG2E, FAST) + tl.sum(
+                _exp2((x - shift[None, :]) * LOG2E, FAST), axis=0
+            )
             m = m_new
         log_total = tl.log(s)
+        inv_total = _rcp(s, FAST)
         for start in range(0, n_red, BLOCK_N):
             r = start + rs
             r64 = r.to(tl.int64)[:, None]
@@ -291,7 +305,7 @@ def _softmax_strided_kernel(
             if LOG:
                 y = z - log_total[None, :]
             else:
-                y = tl.exp(z) / s[None, :]
+                y = _exp2(z * LOG2E, FAST) * inv_total[None, :]
             tl.store(out_base + r64 * n_inner, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -341,7 +355,7 @@ def _persistent_programs(x2: torch.Tensor, out2: torch.Tensor, cfg: dict, log: b
     k = _softmax_rows_kernel.warmup(
         x2, out2, x2.shape[0], x2.shape[1], x2.stride(0), out2.stride(0),
         LOG=log, ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["NUM_STAGES"],
-        num_warps=cfg["num_warps"], grid=(1,),
+        FAST=fast_math(x2), num_warps=cfg["num_warps"], grid=(1,),
     )  # fmt: skip
     k._init_handles()
     props = torch.cuda.get_device_properties(device)
@@ -365,7 +379,7 @@ def _launch_rows(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) 
     kernel[(grid,)](
         x2, out2, n_rows, n_cols, x2.stride(0), out2.stride(0),
         LOG=log, ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["NUM_STAGES"],
-        num_warps=cfg["num_warps"],
+        FAST=fast_math(x2), num_warps=cfg["num_warps"],
     )  # fmt: skip
 
 
@@ -395,7 +409,7 @@ def _launch_online(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool
     kernel = torch.library.wrap_triton(_softmax_online_kernel) if traced else _softmax_online_kernel
     kernel[(grid,)](
         x2, out2, n_rows, n_cols, x2.stride(0), out2.stride(0),
-        LOG=log, BLOCK_N=_online_block(n_cols), num_warps=ONLINE_WARPS,
+        LOG=log, BLOCK_N=_online_block(n_cols), FAST=fast_math(x2), num_warps=ONLINE_WARPS,
     )  # fmt: skip
 
 
@@ -450,7 +464,7 @@ def _launch_split(
         kernel[(n_rows * chunks,)](
             x2, out2, stats, count, n_cols, x2.stride(0), out2.stride(0), chunks,
             LOG=log, BLOCK_N=block, BLOCK_G=next_pow2(chunks), VEC=vec if aligned else 1,
-            PHASE=phase, STREAM=SPLIT_STREAM,
+            PHASE=phase, STREAM=SPLIT_STREAM, FAST=fast_math(x2),
             num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)),
         )  # fmt: skip
 
@@ -473,7 +487,7 @@ def _launch_strided(x3: torch.Tensor, out3: torch.Tensor, log: bool, traced: boo
     )
     kernel[grid](
         x3, out3, n_red, n_inner, x3.stride(0), x3.stride(1), x3.stride(2),
-        LOG=log, ONE_PASS=one_pass, BLOCK_N=block_n, BLOCK_I=block_i,
+        LOG=log, ONE_PASS=one_pass, BLOCK_N=block_n, BLOCK_I=block_i, FAST=fast_math(x3),
         num_warps=8 if block_n * block_i > STRIDED_TILE else 4,
     )  # fmt: skip
 
