@@ -56,6 +56,11 @@ def time_case(policy, op, dtype_name, shape, has_bias, has_y) -> str:
 
 
 def child(policy: str) -> None:
+    from fuseml.runtime import cuda_backend_status
+
+    ok, why = cuda_backend_status("cuda")  # builds / loads the CUDA twin
+    if not ok:
+        raise SystemExit(f"CUDA twin unavailable: {why}")
     for case in CASES:
         print(time_case(policy, *case), flush=True)
 
