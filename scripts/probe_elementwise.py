@@ -1,17 +1,25 @@
-"""Time the elementwise epilogue's CUDA twin under both grid policies, next to the Triton
-kernel and a same-size copy, on the GPU.
+"""Time the elementwise epilogue's CUDA twin next to the Triton kernel and a same-size copy
+on the GPU, at the sizes where the suite's targets apply (16M elements and more) and the
+DLRM / LoRA epilogue shapes (2-D, with a bias).
 
-The CUDA launcher reads FUSEML_EW_CUDA_GRID once per process ("wave": one resident wave of
-blocks striding over the tensor; default: one block per tile), so each policy runs in a
-child process of its own. Medians of triton.testing.do_bench (L2 flushed), GB/s counted
-as one read of each input and one write.
+Medians of triton.testing.do_bench (L2 flushed), GB/s counted as one read of each input
+and one write of the output.
 
-Usage (GPU machine): PYTHONPATH=src python3 scripts/probe_elementwise.py
+Then, for the mid-size 2-D epilogues where the Triton kernel trailed torch.compile (up to
+10% on an H200), the Triton kernel's tile (bytes per operand) and warps against
+torch.compile of the reference chain.
+
+Usage (GPU machine): PYTHONPATH=src python3 scripts/probe_elementwise.py [--sweep-only]
 """
 
-import os
-import subprocess
 import sys
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+from fuseml.ops import _elementwise as ew
+from fuseml.runtime import cuda_backend_status
 
 CASES = (  # op, dtype, shape, bias, residual
     ("add", "float32", (1 << 28,), False, True),
@@ -24,18 +32,61 @@ CASES = (  # op, dtype, shape, bias, residual
     ("relu", "bfloat16", (4096, 4096), True, True),
     ("relu", "bfloat16", (65536, 4096), True, True),
     ("gelu", "bfloat16", (4096, 4096), True, False),
+    ("gelu", "float32", (65536, 4096), True, False),
+    ("relu", "bfloat16", (65536, 512), True, True),
+    ("gelu", "bfloat16", (65536, 512), True, False),
+    ("gelu", "bfloat16", (4096, 1000), True, False),
 )
 
 
-def time_case(policy, op, dtype_name, shape, has_bias, has_y) -> str:
-    import torch
-    import triton.testing
+SWEEP = (  # op, dtype, shape (bias always; residual for relu)
+    ("relu", "bfloat16", (4096, 512)),
+    ("relu", "bfloat16", (4096, 4096)),
+    ("gelu", "bfloat16", (4096, 512)),
+    ("gelu", "bfloat16", (4096, 4096)),
+    ("relu", "float32", (4096, 512)),
+    ("gelu", "float32", (4096, 4096)),
+)
 
-    from fuseml.ops import _elementwise as ew
 
-    def ms(fn):
-        return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+def ms(fn):
+    return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
 
+
+def sweep_case(op, dtype_name, shape) -> str:
+    dtype = getattr(torch, dtype_name)
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    b = torch.randn(shape[-1], device="cuda", dtype=dtype)
+    y = torch.randn_like(x) if op == "relu" else None
+    out = torch.empty_like(x)
+    act = ew.ACT_CODE[op]
+    if op == "relu":
+        ref = torch.compile(lambda x, b, y: torch.relu(x + b + y), dynamic=False)
+        args = (x, b, y)
+    else:
+        ref = torch.compile(lambda x, b: F.gelu(x + b), dynamic=False)
+        args = (x, b)
+    ref(*args)
+    cells = [f"compile {ms(lambda: ref(*args)) * 1e3:.1f}"]
+    heur = ew.launch_config(*shape, x.element_size(), 0)
+    t = ms(lambda: ew.bias_act_into(out, x, y, b, 1.0, act))
+    cells.append(
+        f"heuristic {heur['BLOCK_M']}x{heur['BLOCK_N']}/{heur['num_warps']}w {t * 1e3:.1f}"
+    )
+    es = x.element_size()
+    for tile_bytes in (2048, 4096, 8192, 16384):
+        for warps in (2, 4, 8):
+            tile = tile_bytes // es
+            bn = min(tile, triton.next_power_of_2(shape[1]))
+            cfg = {"BLOCK_M": max(1, tile // bn), "BLOCK_N": bn, "num_warps": warps}
+            if tile // (32 * warps) < 16 // es:  # under one 16-byte vector a thread
+                continue
+            t = ms(lambda cfg=cfg: ew.bias_act_into(out, x, y, b, 1.0, act, config=cfg))
+            cells.append(f"{tile_bytes // 1024}K/{warps}w {t * 1e3:.1f}")
+    return f"{op:5} {dtype_name:8} {shape!s:12} us: " + " | ".join(cells)
+
+
+def time_case(op, dtype_name, shape, has_bias, has_y) -> str:
     dtype = getattr(torch, dtype_name)
     x = torch.randn(shape, device="cuda", dtype=dtype)
     y = torch.randn_like(x) if has_y else None
@@ -44,37 +95,25 @@ def time_case(policy, op, dtype_name, shape, has_bias, has_y) -> str:
     act = ew.ACT_CODE["none" if op == "add" else op]
     nbytes = (2 + has_y) * x.numel() * x.element_size()
     cells = []
-    impls = ("cuda", "triton") if policy == "full" else ("cuda",)
-    for impl in impls:
+    for impl in ("cuda", "triton"):
         t = ms(lambda impl=impl: ew.bias_act_into(out, x, y, b, 1.0, act, impl=impl))
         cells.append(f"{impl} {t * 1e3:8.1f} us {nbytes / t / 1e6:7.0f} GB/s")
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     t = ms(lambda: dst.copy_(src))
     cells.append(f"copy {t * 1e3:8.1f} us")
-    return f"[{policy:4}] {op:9} {dtype_name:8} {shape!s:14} " + " | ".join(cells)
-
-
-def child(policy: str) -> None:
-    from fuseml.runtime import cuda_backend_status
-
-    ok, why = cuda_backend_status("cuda")  # builds / loads the CUDA twin
-    if not ok:
-        raise SystemExit(f"CUDA twin unavailable: {why}")
-    for case in CASES:
-        print(time_case(policy, *case), flush=True)
+    return f"{op:9} {dtype_name:8} {shape!s:14} " + " | ".join(cells)
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2])
-        return
-    for policy in ("full", "wave"):
-        env = dict(os.environ)
-        env.pop("FUSEML_EW_CUDA_GRID", None)
-        if policy == "wave":
-            env["FUSEML_EW_CUDA_GRID"] = "wave"
-        subprocess.run([sys.executable, __file__, "--child", policy], env=env, check=True)
+    ok, why = cuda_backend_status("cuda")  # builds / loads the CUDA twin
+    if not ok:
+        raise SystemExit(f"CUDA twin unavailable: {why}")
+    if "--sweep-only" not in sys.argv:
+        for case in CASES:
+            print(time_case(*case), flush=True)
+    for case in SWEEP:
+        print(sweep_case(*case), flush=True)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,14 @@
 // Paths, picked on the host per call:
 //   * FLAT:   no bias and every operand's rows packed back to back -> one flat index, no
 //             div/mod; a tail of numel % VEC elements is done one by one.
-//   * 2-D:    one work item = one vector of a row; row/col come from a multiply-high by a
-//             precomputed magic number (a 64-bit division past 2^31 work items).
+//   * 2-D:    a block takes a tile of TILE_COLS neighbouring vectors (a power of two, up to
+//             a block's threads) of ROWS_PER_STEP x U rows, where ROWS_PER_STEP = threads /
+//             TILE_COLS: a thread's row and column come from shifts, and its bias vector is
+//             loaded once for its U rows (the same tiling as the Triton kernel's 2-D tiles).
 //   * VEC:    16-byte accesses when every pointer is 16-byte aligned and, for 2-D, N and
 //             every row stride are multiples of the vector width. VEC == 1 otherwise.
 // The activation, the dtype, HAS_Y, HAS_BIAS, VEC and FLAT are all template parameters, so
-// the inner loop branches only on the bounds and on the grid-uniform divider choice.
+// the inner loops branch only on the bounds.
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -26,8 +28,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <optional>
 
@@ -47,10 +47,10 @@ enum Activation : int {
 };
 
 constexpr int kThreads = 256;  // threads per block
-// Work items (vectors) per thread per grid-stride step, all loaded before any is stored.
-// A 16-bit 2-D item keeps up to three packs plus an offset live across the loads: at 4 such
-// kernels took ~120 registers and reached ~77% of copy bandwidth on an H100, at 2 they
-// reach >= 90%. Flat kernels (math-bound for erf at 16 bits) do slightly better at 4.
+// Work items (vectors) per thread, all loaded before any is stored: FLAT, U consecutive
+// vectors kThreads apart; 2-D, one vector column of U rows (its bias pack loaded and
+// converted once for all U). 16-bit 2-D kernels take 2: at 4 they need 90-96 registers
+// (2 blocks of 256 threads per SM; nvcc 13, sm_90), at 2 at most 57.
 template <typename S, bool FLAT>
 constexpr int kUnroll = (sizeof(S) == 2 && !FLAT) ? 2 : 4;
 constexpr int kVecBytes = 16;  // widest single global load/store
@@ -170,45 +170,6 @@ __device__ __forceinline__ typename Tr::Storage fused(typename Tr::Storage x,
   return Tr::from_float(activate<ACT>(h));
 }
 
-// Splits a 2-D work item index v into (row, column item) for d items per row. A 32-bit
-// division costs ~20 instructions and a 64-bit one a long call, a lot next to 8 bf16
-// elements of math; below 2^31 items a multiply-high by a magic number is exact
-// (Granlund & Montgomery): with shift = ceil(log2 d) and
-// magic = floor(2^32 * (2^shift - d) / d) + 1, v / d = (umulhi(v, magic) + v) >> shift,
-// where umulhi(v, magic) < v keeps the sum within 32 bits for v < 2^31.
-struct RowDivider {
-  int64_t d;       // work items per row, >= 1
-  uint32_t magic;  // fast only
-  uint32_t shift;  // fast only
-  bool fast;       // every item index is below 2^31
-};
-
-RowDivider make_row_divider(int64_t d, int64_t items) {
-  RowDivider r{};
-  r.d = d;
-  r.fast = items < (int64_t{1} << 31);
-  if (r.fast) {
-    uint32_t shift = 0;
-    while ((int64_t{1} << shift) < d) ++shift;
-    const uint64_t gap = (uint64_t{1} << shift) - static_cast<uint64_t>(d);  // < d < 2^31
-    r.shift = shift;
-    r.magic = static_cast<uint32_t>((gap << 32) / static_cast<uint64_t>(d) + 1);
-  }
-  return r;
-}
-
-__device__ __forceinline__ int64_t split_item(int64_t v, const RowDivider& div, int64_t& col) {
-  if (div.fast) {  // uniform across the grid: no divergence
-    const uint32_t v32 = static_cast<uint32_t>(v);
-    const uint32_t q = (__umulhi(v32, div.magic) + v32) >> div.shift;
-    col = static_cast<int64_t>(v32 - q * static_cast<uint32_t>(div.d));
-    return static_cast<int64_t>(q);
-  }
-  const int64_t q = v / div.d;
-  col = v - q * div.d;
-  return q;
-}
-
 // ---------------------------------------------------------------------------- kernel
 template <typename S>
 struct Args {
@@ -219,9 +180,11 @@ struct Args {
   int64_t x_row_stride;  // in elements (2-D only)
   int64_t y_row_stride;
   int64_t out_row_stride;
-  int64_t items;     // work items: vectors of VEC elements
-  RowDivider rows;   // work items per row (2-D only)
-  int tail;          // FLAT, VEC > 1: trailing numel % VEC elements past the last vector
+  int64_t items;      // FLAT: work items (vectors of VEC elements); 2-D: items per row
+  int64_t rows;       // 2-D: rows
+  int64_t col_tiles;  // 2-D: tiles across a row, ceil(items / TILE_COLS)
+  int tile_shift;     // 2-D: log2(TILE_COLS)
+  int tail;           // FLAT, VEC > 1: trailing numel % VEC elements past the last vector
   float alpha;
 };
 
@@ -230,102 +193,116 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
   static_assert(!(FLAT && HAS_BIAS), "a bias needs the column, i.e. the 2-D path");
   using S = typename Tr::Storage;
   using P = Pack<S, VEC>;
-
   constexpr int U = kUnroll<S, FLAT>;
-  constexpr int kItemsPerBlock = kThreads * U;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kItemsPerBlock;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kItemsPerBlock + threadIdx.x;
-       base < a.items; base += step) {
-    // Issue every load of this step before any store: U independent 16-byte loads
-    // per operand in flight per thread. Item k is base + k * kThreads, so each unrolled
-    // access is coalesced across the warp.
-    P xv[U] = {};
-    P yv[U] = {};
-    P bv[U] = {};
-    int64_t out_off[U];
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-      const int64_t v = base + static_cast<int64_t>(k) * kThreads;
-      if (v < a.items) {
-        // FLAT: row is the constant 0 and col the flat element index, so the row terms fold
-        // away at compile time.
-        int64_t row = 0, col;
-        if constexpr (FLAT) {
-          col = v * VEC;
-        } else {
-          int64_t col_item;
-          row = split_item(v, a.rows, col_item);
-          col = col_item * VEC;
-        }
-        xv[k] = *reinterpret_cast<const P*>(a.x + row * a.x_row_stride + col);
-        if constexpr (HAS_Y) yv[k] = *reinterpret_cast<const P*>(a.y + row * a.y_row_stride + col);
-        // The bias is N elements, reread by every row: it stays in L1/L2.
-        if constexpr (HAS_BIAS) bv[k] = *reinterpret_cast<const P*>(a.bias + col);
-        out_off[k] = row * a.out_row_stride + col;
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-      const int64_t v = base + static_cast<int64_t>(k) * kThreads;
-      if (v < a.items) {
-        P r;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          r.v[j] = fused<Tr, ACT, HAS_Y, HAS_BIAS>(xv[k].v[j], yv[k].v[j], bv[k].v[j], a.alpha);
-        }
-        *reinterpret_cast<P*>(a.out + out_off[k]) = r;
-      }
-    }
-  }
 
-  if constexpr (FLAT && VEC > 1) {
-    // Fewer than VEC elements past the last whole vector: the first threads of block 0.
-    if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < a.tail) {
-      const int64_t i = a.items * VEC + threadIdx.x;
-      S y = S();
-      if constexpr (HAS_Y) y = a.y[i];
-      a.out[i] = fused<Tr, ACT, HAS_Y, false>(a.x[i], y, S(), a.alpha);
+  if constexpr (FLAT) {
+    constexpr int kItemsPerBlock = kThreads * U;
+    const int64_t step = static_cast<int64_t>(gridDim.x) * kItemsPerBlock;
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * kItemsPerBlock + threadIdx.x;
+         base < a.items; base += step) {
+      // Issue every load of this step before any store: U independent 16-byte loads
+      // per operand in flight per thread. Item k is base + k * kThreads, so each unrolled
+      // access is coalesced across the warp.
+      P xv[U] = {};
+      P yv[U] = {};
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        const int64_t v = base + static_cast<int64_t>(k) * kThreads;
+        if (v < a.items) {
+          xv[k] = *reinterpret_cast<const P*>(a.x + v * VEC);
+          if constexpr (HAS_Y) yv[k] = *reinterpret_cast<const P*>(a.y + v * VEC);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        const int64_t v = base + static_cast<int64_t>(k) * kThreads;
+        if (v < a.items) {
+          P r;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            r.v[j] = fused<Tr, ACT, HAS_Y, false>(xv[k].v[j], yv[k].v[j], S(), a.alpha);
+          }
+          *reinterpret_cast<P*>(a.out + v * VEC) = r;
+        }
+      }
+    }
+    if constexpr (VEC > 1) {
+      // Fewer than VEC elements past the last whole vector: the first threads of block 0.
+      if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < a.tail) {
+        const int64_t i = a.items * VEC + threadIdx.x;
+        S y = S();
+        if constexpr (HAS_Y) y = a.y[i];
+        a.out[i] = fused<Tr, ACT, HAS_Y, false>(a.x[i], y, S(), a.alpha);
+      }
+    }
+  } else {
+    // Tile: TILE_COLS vectors x (ROWS_PER_STEP * U) rows; thread (ty, tx) takes vector
+    // column tx of rows ty, ty + ROWS_PER_STEP, ... (U of them). Column tiles past
+    // gridDim.y (more than 65535 of them) are strided over.
+    const int tile_cols = 1 << a.tile_shift;
+    const int tx = static_cast<int>(threadIdx.x) & (tile_cols - 1);
+    const int ty = static_cast<int>(threadIdx.x) >> a.tile_shift;
+    const int rows_per_step = kThreads >> a.tile_shift;
+    const int64_t row0 = static_cast<int64_t>(blockIdx.x) * rows_per_step * U + ty;
+    for (int64_t ct = blockIdx.y; ct < a.col_tiles; ct += gridDim.y) {
+      const int64_t item = ct * tile_cols + tx;
+      if (item >= a.items) break;  // no barriers below: an idle thread may leave
+      const int64_t col = item * VEC;
+      // The bias is N elements, reread by every row: it stays in L1/L2.
+      P bv = {};
+      if constexpr (HAS_BIAS) bv = *reinterpret_cast<const P*>(a.bias + col);
+      P xv[U] = {};
+      P yv[U] = {};
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        const int64_t row = row0 + static_cast<int64_t>(k) * rows_per_step;
+        if (row < a.rows) {
+          xv[k] = *reinterpret_cast<const P*>(a.x + row * a.x_row_stride + col);
+          if constexpr (HAS_Y) yv[k] = *reinterpret_cast<const P*>(a.y + row * a.y_row_stride + col);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        const int64_t row = row0 + static_cast<int64_t>(k) * rows_per_step;
+        if (row < a.rows) {
+          P r;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            r.v[j] = fused<Tr, ACT, HAS_Y, HAS_BIAS>(xv[k].v[j], yv[k].v[j], bv.v[j], a.alpha);
+          }
+          *reinterpret_cast<P*>(a.out + row * a.out_row_stride + col) = r;
+        }
+      }
     }
   }
 }
 
 // ------------------------------------------------------------------------------ host
 struct Launch {
-  int sm_count;
   cudaStream_t stream;
 };
 
-// Grid policy, read once per process. Default: one block per kItemsPerBlock items, as the
-// Triton kernel has one program per tile; the last partial wave is then a sliver of many
-// short ones. FUSEML_EW_CUDA_GRID=wave: one resident wave of blocks striding over the rest
-// (the earlier policy, kept for comparison by scripts/probe_elementwise.py): at 268M bf16
-// elements on 132 SMs its last stride step is 3% full, ~1/32 of the run at low occupancy.
-bool one_wave_grid() {
-  static const bool wave = [] {
-    const char* v = std::getenv("FUSEML_EW_CUDA_GRID");
-    return v != nullptr && std::strcmp(v, "wave") == 0;
-  }();
-  return wave;
-}
-
+// One block per tile, as the Triton kernel has one program per tile. (A single resident
+// wave of blocks striding over the tensor was 4-6% slower at 268M elements on an H100:
+// its last stride step runs a few percent full; NOTES.md.)
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
 void launch(const Args<typename Tr::Storage>& a, const Launch& l) {
-  constexpr int kItemsPerBlock = kThreads * kUnroll<typename Tr::Storage, FLAT>;
-  const int64_t wanted = (a.items + kItemsPerBlock - 1) / kItemsPerBlock;
-  int64_t cap = std::numeric_limits<int>::max();  // the kernel strides past 2^31 blocks
-  if (one_wave_grid()) {
-    // As many blocks as fit on the SMs at once (asked of the occupancy calculator once per
-    // instantiation, since register use differs between them).
-    static const int blocks_per_sm = [] {
-      int n = 0;
-      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &n, bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT>, kThreads, 0));
-      return std::max(n, 1);
-    }();
-    cap = static_cast<int64_t>(l.sm_count) * blocks_per_sm;
+  constexpr int U = kUnroll<typename Tr::Storage, FLAT>;
+  dim3 grid;
+  if constexpr (FLAT) {
+    const int64_t wanted = (a.items + kThreads * U - 1) / (kThreads * U);
+    // At least one block (a call may be all tail: items == 0, tail > 0); past 2^31 - 1
+    // blocks the kernel strides.
+    grid.x = static_cast<unsigned>(
+        std::max<int64_t>(1, std::min<int64_t>(wanted, std::numeric_limits<int>::max())));
+  } else {
+    const int64_t rows_per_block = static_cast<int64_t>(kThreads >> a.tile_shift) * U;
+    const int64_t row_blocks = (a.rows + rows_per_block - 1) / rows_per_block;
+    TORCH_CHECK(row_blocks <= std::numeric_limits<int>::max(),
+                "bias_act_cuda_out: too many rows (", a.rows, ") for one launch");
+    grid.x = static_cast<unsigned>(row_blocks);
+    grid.y = static_cast<unsigned>(std::min<int64_t>(a.col_tiles, 65535));  // the kernel strides
   }
-  // At least one block: a FLAT call may be all tail (items == 0, tail > 0).
-  const int grid = static_cast<int>(std::max<int64_t>(1, std::min(wanted, cap)));
   bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT><<<grid, kThreads, 0, l.stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -378,7 +355,9 @@ void launch_activation(const Problem& p, const Launch& l) {
   a.y_row_stride = p.y_row_stride;
   a.out_row_stride = p.out_row_stride;
   a.alpha = p.alpha;
-  a.rows = RowDivider{};  // unused by FLAT kernels
+  a.rows = 0;  // FLAT kernels use items and tail only
+  a.col_tiles = 0;
+  a.tile_shift = 0;
   a.tail = 0;
   const int64_t numel = p.rows * p.cols;
   if (p.flat && p.vectorize) {
@@ -388,14 +367,19 @@ void launch_activation(const Problem& p, const Launch& l) {
   } else if (p.flat) {
     a.items = numel;
     launch_operands<Tr, ACT, 1, true>(a, l);
-  } else if (p.vectorize) {
-    a.items = p.rows * (p.cols / kVec);
-    a.rows = make_row_divider(p.cols / kVec, a.items);
-    launch_operands<Tr, ACT, kVec, false>(a, l);
   } else {
-    a.items = numel;
-    a.rows = make_row_divider(p.cols, a.items);
-    launch_operands<Tr, ACT, 1, false>(a, l);
+    // Tile width: the row's vectors rounded up to a power of two, at most one per thread.
+    a.items = p.vectorize ? p.cols / kVec : p.cols;
+    a.rows = p.rows;
+    while ((int64_t{1} << a.tile_shift) < a.items && (1 << a.tile_shift) < kThreads) {
+      ++a.tile_shift;
+    }
+    a.col_tiles = (a.items + (int64_t{1} << a.tile_shift) - 1) >> a.tile_shift;
+    if (p.vectorize) {
+      launch_operands<Tr, ACT, kVec, false>(a, l);
+    } else {
+      launch_operands<Tr, ACT, 1, false>(a, l);
+    }
   }
 }
 
@@ -502,8 +486,6 @@ void bias_act_cuda_out(const at::Tensor& x, const std::optional<at::Tensor>& y,
   }
 
   Launch l;
-  // getCurrentDeviceProperties is cached by ATen per device: no driver call per launch.
-  l.sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   l.stream = at::cuda::getCurrentCUDAStream();
 
   switch (dtype) {
