@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fuseml import runtime
+from fuseml.testing import fused_targets
 
 
 def test_import_initialises_no_cuda():
@@ -31,3 +32,29 @@ def test_resolve_backend():
 
 def test_gpu_slug():
     assert runtime.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+FIRST_CALL_COMPILED = """
+import sys, torch, fuseml
+device, backend = sys.argv[1], sys.argv[2]
+fn = torch.compile(lambda a, b: fuseml.ops.add(a, b, backend=backend) * 2, fullgraph=True)
+x = torch.ones(4, 8, device=device)
+out = fn(x, x)
+assert torch.equal(out.cpu(), torch.full((4, 8), 4.0)), out
+print("ok")
+"""
+
+
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
+def test_first_call_inside_torch_compile(device, backend):
+    # A model compiled before any eager fuseml call: the backend is resolved (modules
+    # looked up, the CUDA extension built under a lock) while dynamo traces, in a fresh
+    # process so that nothing is cached yet.
+    res = subprocess.run(
+        [sys.executable, "-c", FIRST_CALL_COMPILED, device, backend],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert res.stdout.strip().endswith("ok")

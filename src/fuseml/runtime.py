@@ -118,12 +118,21 @@ def resolve_backend(backend: str, device: torch.device, op: str, *, cuda_twin: b
     key = (backend, device.type, cuda_twin)
     resolved = _RESOLVED.get(key)
     if resolved is None:
-        resolved = _resolve(backend, device, op, cuda_twin)
+        resolved = _resolve_constant(backend, device.type, op, cuda_twin)
         _RESOLVED[key] = resolved  # only successes: a failure raises every time
     return resolved
 
 
 _RESOLVED: dict = {}  # (backend, device type, cuda_twin) -> backend: this runs on every call
+
+
+@torch.compiler.assume_constant_result
+def _resolve_constant(backend: str, device_type: str, op: str, cuda_twin: bool) -> str:
+    # The first resolution may happen while torch.compile traces a caller (a model compiled
+    # before any eager fuseml call): run it eagerly there and keep the answer as a constant,
+    # since it looks up modules and builds the CUDA extension under a lock, neither of which
+    # dynamo traces (fullgraph=True would fail).
+    return _resolve(backend, torch.device(device_type), op, cuda_twin)
 
 
 def _resolve(backend: str, device: torch.device, op: str, cuda_twin: bool) -> str:

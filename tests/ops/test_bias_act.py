@@ -43,6 +43,23 @@ def test_bias_act_shapes(device, backend, shape, dtype, residual, with_bias):
 
 
 @pytest.mark.parametrize(("device", "backend"), fused_targets())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_act_widths_of_whole_vectors(device, backend, dtype):
+    # Widths and row strides that are multiples of a 16-byte vector but not of 16 elements
+    # (1000, 24, 40): the Triton kernel is told so (VEC) and moves 16-byte vectors. Row
+    # views at a 16-byte offset and at a 2-element one (no vector alignment) as well.
+    for n in (1000, 24, 40):
+        x, b, r = _inputs((33, n), dtype, device)
+        out = fuseml.ops.bias_act(x, b, r, 0.5, "gelu", backend=backend)
+        assert_close_verbose(out, _ref64(x, b, r, 0.5, "gelu"), dtype)
+        wide = torch.randn(33, n + 24, dtype=dtype, device=device)
+        for start in (8, 2):
+            xv = wide[:, start : start + n]
+            out = fuseml.ops.bias_act(xv, b, r, 1.0, "relu", backend=backend)
+            assert_close_verbose(out, _ref64(xv, b, r, 1.0, "relu"), dtype)
+
+
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
 def test_bias_act_non_contiguous(device, backend):
     big = torch.randn(40, 70, device=device)
     b = torch.randn(30, device=device)

@@ -195,7 +195,18 @@ def _bias_act_kernel(
     BLOCK_M: tl.constexpr,  # rows per tile (1 on the flat path)
     BLOCK_N: tl.constexpr,  # columns per tile
     FAST: tl.constexpr,  # single-instruction exp2 / reciprocal (compiled CUDA launches)
+    VEC: tl.constexpr,  # elements in 16 bytes where n_cols and the row strides are
+    # multiples of it (the launcher checks), else 1
 ):
+    if VEC > 1:
+        # Widths like 1000 are not multiples of 16, so Triton's own specialisation cannot
+        # tell that rows start on 16-byte boundaries and that masks change only between
+        # vectors: every access would be one element wide. The launcher checked that these
+        # are multiples of VEC, so (v // VEC) * VEC == v, and Triton's analysis sees that.
+        n_cols = (n_cols // VEC) * VEC
+        stride_xm = (stride_xm // VEC) * VEC
+        stride_ym = (stride_ym // VEC) * VEC
+        stride_om = (stride_om // VEC) * VEC
     rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N)
     h = _load_pre(
         x_ptr, y_ptr, bias_ptr, rows, cols, mask, n_cols, stride_xm, stride_ym, alpha,
@@ -241,13 +252,21 @@ def _bias_act_backward_kernel(
 
 
 # ---------------------------------------------------------------------- launch configs
-# Elements per program: 1024 fp32 (4 KiB per operand) or 4096 16-bit (8 KiB), 4 warps:
-# each thread then holds 2 (fp32) or 4 (16-bit) 16-byte vectors per operand. From
+# Flat path, elements per program: 1024 fp32 (4 KiB per operand) or 4096 16-bit (8 KiB),
+# 4 warps: each thread then holds 2 (fp32) or 4 (16-bit) 16-byte vectors per operand. From
 # scripts/tune_elementwise.py on an H200 (NOTES.md): best or within 3% of the best tile at
-# 16M and 268M elements and at 65536x512 / 65536x4096; fp32 with larger tiles lost up to
-# 10% (register pressure of the GELU math), 16-bit with smaller ones up to 6%.
+# 16M and 268M elements; fp32 with larger tiles lost up to 10% (register pressure of the
+# GELU math), 16-bit with smaller ones up to 6%.
+# 2-D path (a bias, or rows with gaps): 4 KiB per operand; 16-bit with 8 warps, i.e. one
+# 16-byte vector a thread. H100 (scripts/probe_elementwise.py at 877cd02, bf16, us): bias +
+# residual + ReLU at 4096 x 512 9.0 against 10.9 for 8 KiB / 4 warps (torch.compile 9.6),
+# at 4096 x 4096 39.2 against 40.8 (compile 39.5); bias + GELU 7.8 / 27.7 against 8.5 / 30.4
+# (compile 16.5 / 32.7): best or within 3% of the best of 2-16 KiB x 2-8 warps. fp32
+# 4 KiB / 4 warps was within 2% of the best.
 TILE_BYTES = {4: 4096, 2: 8192}
 NUM_WARPS = 4
+TILE_BYTES_2D = 4096
+NUM_WARPS_2D = {4: 4, 2: 8}
 MIN_TILE = 1024  # smallest tile when shrinking to spread a mid-size tensor over all SMs
 PROGRAMS_PER_SM = 8  # below this many programs per SM, shrink the tile (latency hiding)
 
@@ -274,11 +293,14 @@ def _config(n_rows, n_cols, elem_size: int, device_index: int | None) -> dict:
             tile //= 2
         block_n = min(tile, next_pow2(n_cols))
         block_m = 1
+        warps = NUM_WARPS
     else:
+        tile = TILE_BYTES_2D // elem_size
         block_n = min(next_pow2(n_cols), tile)
         block_m = min(max(1, tile // block_n), next_pow2(n_rows))
+        warps = NUM_WARPS_2D[min(elem_size, 4)]
     grid = (cdiv(n_rows, block_m) * cdiv(n_cols, block_n),)
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": NUM_WARPS, "grid": grid}
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "grid": grid}
 
 
 _cached_config = functools.lru_cache(maxsize=4096)(_config)
@@ -341,6 +363,14 @@ def bias_act_into(
     return out
 
 
+def _vec(elem_size: int, n_cols: int, *strides: int) -> int:
+    """The kernel's VEC: elements per 16 bytes if n_cols and every row stride are multiples
+    of it, else 1. (The base pointers' 16-byte alignment Triton checks by itself.)"""
+    vec = 16 // elem_size
+    ok = all(type(v) is int and v % vec == 0 for v in (n_cols, *strides))
+    return vec if ok else 1
+
+
 def _launch(
     out, x, y, bias, alpha, activation, impl, traced, config,
     n_rows, n_cols, stride_x, stride_y, stride_out,
@@ -358,6 +388,7 @@ def _launch(
         n_rows, n_cols, stride_x, stride_y, stride_out, float(alpha),
         HAS_Y=y is not None, HAS_BIAS=bias is not None, ACTIVATION=activation,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], FAST=fast_math(x),
+        VEC=_vec(x.element_size(), n_cols, stride_x, stride_y, stride_out),
         num_warps=cfg["num_warps"],
     )  # fmt: skip
 
