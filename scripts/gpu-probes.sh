@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call: the GPU tests of the elementwise ops (the
-# CUDA twin's tiled 2-D path), the elementwise probe (CUDA / Triton / copy, and a tile
-# sweep at the mid-size 2-D epilogues against torch.compile), and the softmax suite at
-# 4096 columns and the long rows, every arm (merged into a copy of the committed results). Logs go to OUTDIR, and
+# The open GPU checks of NOTES.md in one call: the GPU tests of the elementwise ops and of
+# the runtime (a first fuseml call inside torch.compile), and the elementwise suite in
+# quick mode (written into a copy of the committed results). Logs go to OUTDIR, and
 # OUTDIR/probes.tgz holds them all (one file to fetch). Set FUSEML_COMMIT=<sha> for the
 # results' commit stamp where the tree has no current .git.
 #
@@ -20,11 +19,9 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run tests 200 "$PY" -m pytest -q -m gpu -n 12 -rf tests/ops/test_add.py \
-    tests/ops/test_gelu.py tests/ops/test_bias_act.py
-run probe-elementwise 170 "$PY" scripts/probe_elementwise.py
+run tests 190 "$PY" -m pytest -q -m gpu -n 12 -rf tests/ops/test_add.py \
+    tests/ops/test_gelu.py tests/ops/test_bias_act.py tests/test_runtime.py
 cp -r benchmarks/results "$OUT/results"
-run bench-softmax 200 "$PY" -m fuseml.cli bench softmax --quick --merge \
-    --cases "x(4096|50257|65536|262144)$" --out "$OUT/results"
+run bench-elementwise 380 "$PY" -m fuseml.cli bench elementwise --quick --out "$OUT/results"
 tail -3 "$OUT/tests.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"
