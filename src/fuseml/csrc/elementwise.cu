@@ -184,6 +184,7 @@ struct Args {
   int64_t rows;       // 2-D: rows
   int64_t col_tiles;  // 2-D: tiles across a row, ceil(items / TILE_COLS)
   int tile_shift;     // 2-D: log2(TILE_COLS)
+  int unroll;         // FLAT: item slots used per thread, 1..U (set by launch())
   int tail;           // FLAT, VEC > 1: trailing numel % VEC elements past the last vector
   float alpha;
 };
@@ -196,11 +197,13 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
   constexpr int U = kUnroll<S, FLAT>;
 
   if constexpr (FLAT) {
-    constexpr int kItemsPerBlock = kThreads * U;
-    const int64_t step = static_cast<int64_t>(gridDim.x) * kItemsPerBlock;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * kItemsPerBlock + threadIdx.x;
+    // a.unroll (1..U, uniform) of the U item slots are used: fewer for mid sizes, so that
+    // the tensor still spreads over enough blocks (see launch()).
+    const int64_t per_block = static_cast<int64_t>(kThreads) * a.unroll;
+    const int64_t step = static_cast<int64_t>(gridDim.x) * per_block;
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block + threadIdx.x;
          base < a.items; base += step) {
-      // Issue every load of this step before any store: U independent 16-byte loads
+      // Issue every load of this step before any store: up to U independent 16-byte loads
       // per operand in flight per thread. Item k is base + k * kThreads, so each unrolled
       // access is coalesced across the warp.
       P xv[U] = {};
@@ -208,7 +211,7 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
 #pragma unroll
       for (int k = 0; k < U; ++k) {
         const int64_t v = base + static_cast<int64_t>(k) * kThreads;
-        if (v < a.items) {
+        if (k < a.unroll && v < a.items) {
           xv[k] = *reinterpret_cast<const P*>(a.x + v * VEC);
           if constexpr (HAS_Y) yv[k] = *reinterpret_cast<const P*>(a.y + v * VEC);
         }
@@ -216,7 +219,7 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
 #pragma unroll
       for (int k = 0; k < U; ++k) {
         const int64_t v = base + static_cast<int64_t>(k) * kThreads;
-        if (v < a.items) {
+        if (k < a.unroll && v < a.items) {
           P r;
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
@@ -279,18 +282,28 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
 
 // ------------------------------------------------------------------------------ host
 struct Launch {
+  int sm_count;
   cudaStream_t stream;
 };
+
+constexpr int64_t kMinBlocksPerSm = 4;  // FLAT: 32 warps per SM before more work per thread
 
 // One block per tile, as the Triton kernel has one program per tile. (A single resident
 // wave of blocks striding over the tensor was 4-6% slower at 268M elements on an H100:
 // its last stride step runs a few percent full; NOTES.md.)
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
-void launch(const Args<typename Tr::Storage>& a, const Launch& l) {
+void launch(Args<typename Tr::Storage> a, const Launch& l) {
   constexpr int U = kUnroll<typename Tr::Storage, FLAT>;
   dim3 grid;
   if constexpr (FLAT) {
-    const int64_t wanted = (a.items + kThreads * U - 1) / (kThreads * U);
+    // Up to U vectors a thread, fewer where that would leave under kMinBlocksPerSm blocks
+    // per SM (1M bf16 elements at U = 4 are 122 blocks on 132 SMs: 7 warps per SM).
+    a.unroll = U;
+    while (a.unroll > 1 &&
+           (a.items + kThreads * a.unroll - 1) / (kThreads * a.unroll) < kMinBlocksPerSm * l.sm_count) {
+      a.unroll /= 2;
+    }
+    const int64_t wanted = (a.items + kThreads * a.unroll - 1) / (kThreads * a.unroll);
     // At least one block (a call may be all tail: items == 0, tail > 0); past 2^31 - 1
     // blocks the kernel strides.
     grid.x = static_cast<unsigned>(
@@ -355,7 +368,8 @@ void launch_activation(const Problem& p, const Launch& l) {
   a.y_row_stride = p.y_row_stride;
   a.out_row_stride = p.out_row_stride;
   a.alpha = p.alpha;
-  a.rows = 0;  // FLAT kernels use items and tail only
+  a.rows = 0;  // FLAT kernels use items, tail and unroll only
+  a.unroll = 1;
   a.col_tiles = 0;
   a.tile_shift = 0;
   a.tail = 0;
@@ -486,6 +500,8 @@ void bias_act_cuda_out(const at::Tensor& x, const std::optional<at::Tensor>& y,
   }
 
   Launch l;
+  // getCurrentDeviceProperties is cached by ATen per device: no driver call per launch.
+  l.sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   l.stream = at::cuda::getCurrentCUDAStream();
 
   switch (dtype) {
