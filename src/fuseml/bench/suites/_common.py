@@ -1,4 +1,4 @@
-"""Helpers shared by the GEMM suites (linear, mlp, lora)."""
+"""Helpers shared by the bench suites (the GEMM suites, softmax, elementwise)."""
 
 from __future__ import annotations
 
