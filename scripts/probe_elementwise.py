@@ -9,7 +9,10 @@ Then, for the mid-size 2-D epilogues where the Triton kernel trailed torch.compi
 10% on an H200), the Triton kernel's tile (bytes per operand) and warps against
 torch.compile of the reference chain.
 
-Usage (GPU machine): PYTHONPATH=src python3 scripts/probe_elementwise.py [--sweep-only]
+With --small: 1M-element flat ops under CUDA-graph replay (GPU time), the Triton kernel's
+tile / warps against torch's built-in and the CUDA twin.
+
+Usage (GPU machine): PYTHONPATH=src python3 scripts/probe_elementwise.py [--sweep-only | --small]
 """
 
 import sys
@@ -86,6 +89,34 @@ def sweep_case(op, dtype_name, shape) -> str:
     return f"{op:5} {dtype_name:8} {shape!s:12} us: " + " | ".join(cells)
 
 
+def small_case(op, dtype_name, numel) -> str:
+    dtype = getattr(torch, dtype_name)
+    x = torch.randn(numel, device="cuda", dtype=dtype)
+    y = torch.randn_like(x) if op == "add" else None
+    out = torch.empty_like(x)
+    act = ew.ACT_CODE["none" if op == "add" else op]
+
+    def graph_us(fn):
+        return triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median") * 1e3
+
+    builtin = (lambda: torch.add(x, y)) if op == "add" else (lambda: F.gelu(x))
+    cells = [f"torch {graph_us(builtin):.2f}"]
+    cells.append(
+        f"cuda {graph_us(lambda: ew.bias_act_into(out, x, y, None, 1.0, act, impl='cuda')):.2f}"
+    )
+    heur = ew.launch_config(1, numel, x.element_size(), 0)
+    t = graph_us(lambda: ew.bias_act_into(out, x, y, None, 1.0, act))
+    cells.append(f"heuristic {heur['BLOCK_N']}/{heur['num_warps']}w {t:.2f}")
+    for tile in (512, 1024, 2048, 4096):
+        for warps in (1, 2, 4, 8):
+            if tile // (32 * warps) < 16 // x.element_size():
+                continue
+            cfg = {"BLOCK_M": 1, "BLOCK_N": tile, "num_warps": warps}
+            t = graph_us(lambda cfg=cfg: ew.bias_act_into(out, x, y, None, 1.0, act, config=cfg))
+            cells.append(f"{tile}/{warps}w {t:.2f}")
+    return f"{op:4} {dtype_name:8} {numel} us (graph): " + " | ".join(cells)
+
+
 def time_case(op, dtype_name, shape, has_bias, has_y) -> str:
     dtype = getattr(torch, dtype_name)
     x = torch.randn(shape, device="cuda", dtype=dtype)
@@ -109,6 +140,11 @@ def main() -> None:
     ok, why = cuda_backend_status("cuda")  # builds / loads the CUDA twin
     if not ok:
         raise SystemExit(f"CUDA twin unavailable: {why}")
+    if "--small" in sys.argv:
+        for op in ("add", "gelu"):
+            for dtype_name in ("float32", "bfloat16"):
+                print(small_case(op, dtype_name, 1_000_000), flush=True)
+        return
     if "--sweep-only" not in sys.argv:
         for case in CASES:
             print(time_case(*case), flush=True)
