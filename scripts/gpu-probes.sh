@@ -19,7 +19,7 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run tests 450 "$PY" -m pytest -q -m gpu -n 14 -rf tests
-run probe-elementwise-small 100 "$PY" scripts/probe_elementwise.py --small
+run tests 480 "$PY" -m pytest -q -m gpu -n 14 -rf tests
+run probe-elementwise-small 90 "$PY" scripts/probe_elementwise.py --small
 tail -3 "$OUT/tests.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"
