@@ -67,6 +67,7 @@ def _width(n: int, m: int) -> None:
             sm._rows_config = base
     show("fuseml CUDA twin", us_of(lambda: fuseml.ops.softmax(x, backend="cuda")))
     saved = (sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_MAX_BLOCK, sm.SPLIT_COLS_PER_WARP)
+    balanced_default = sm.SPLIT_BALANCED
     try:
         # The split-row kernel: PROBE_SPLIT="block:cols_per_warp,..." (columns a program)
         sm.MAX_ONCHIP_COLS = 1024
@@ -74,18 +75,24 @@ def _width(n: int, m: int) -> None:
         sweep = [tuple(int(v) for v in t.split(":")) for t in only.split(",") if t] or [
             (2048, 512), (2048, 1024), (4096, 512), (4096, 1024), (8192, 1024), (16384, 1024)
         ]  # fmt: skip
-        for (block, per_warp), stream in itertools.product(sweep, (False, True)):
+        # stream: evict-first loads / stores; balanced: equal chunks per row
+        for (block, per_warp), stream, balanced in itertools.product(
+            sweep, (False, True), (False, True)
+        ):
             sm.SPLIT_BLOCK, sm.SPLIT_COLS_PER_WARP = block, per_warp
             sm.SPLIT_MAX_BLOCK = max(block, saved[2])
-            sm.SPLIT_STREAM = stream
+            sm.SPLIT_STREAM, sm.SPLIT_BALANCED = stream, balanced
             if not sm._split_config(x):
                 continue
             err = rel_err(fused(), ref)
-            name = f"split block={block} warps={block // per_warp} stream={int(stream)}"
+            name = (
+                f"split block={block} warps={block // per_warp} stream={int(stream)} "
+                f"balanced={int(balanced)}"
+            )
             show(f"{name} ({sm._split_config(x)})", us_of(fused), err)
     finally:
         sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_MAX_BLOCK, sm.SPLIT_COLS_PER_WARP = saved
-        sm.SPLIT_STREAM = False
+        sm.SPLIT_STREAM, sm.SPLIT_BALANCED = False, balanced_default
     if os.environ.get("PROBE_ONLINE") == "none":
         return
     saved = (sm.MAX_ONCHIP_COLS, sm.ONLINE_BLOCK, sm.ONLINE_WARPS, sm.ONLINE_PER_SM)

@@ -151,6 +151,22 @@ def test_softmax_long_row_paths(device, backend, log, dtype, path, monkeypatch):
         assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
 
 
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("balanced", [False, True])
+def test_softmax_split_chunk_shares(device, backend, log, balanced, monkeypatch):
+    # 530 columns in chunks of at most 128: 5 programs a row, with 112 columns each
+    # (balanced) or 128 and the last 18 (not); aligned, unaligned and lined-up views.
+    if backend == "cuda":
+        pytest.skip("the split kernel's column shares are the Triton kernel's")
+    _long_row_path(monkeypatch, "split", 128)
+    monkeypatch.setattr(sm, "SPLIT_BALANCED", balanced)
+    big = 8 * torch.randn(4, 540, dtype=torch.bfloat16, device=device)
+    for x in (big[:, :530].contiguous(), big[:, 3:533], big[:, 8:538]):
+        assert sm._split_config(x) == (128, 5)
+        assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), torch.bfloat16)
+
+
 def test_split_config_limits():
     x = torch.empty(2, 1)
     block = sm.SPLIT_BLOCK

@@ -157,7 +157,8 @@ def _softmax_split_kernel(
     stride_om,
     chunks,  # programs per row
     LOG: tl.constexpr,
-    BLOCK_N: tl.constexpr,  # columns per program
+    BLOCK_N: tl.constexpr,  # columns per program: a power of two >= CHUNK
+    CHUNK: tl.constexpr,  # columns a program takes (<= BLOCK_N, a multiple of 16 if less)
     BLOCK_G: tl.constexpr,  # next power of two >= chunks
     VEC: tl.constexpr,  # elements in 16 bytes where rows of x and out share their
     # alignment (the launcher checks), else 1
@@ -187,8 +188,11 @@ def _softmax_split_kernel(
     out_row = out_ptr + o_off
     lead = (VEC - x_off % VEC) % VEC  # the launcher checks o_off + lead is aligned too
     body = tl.maximum(((n_cols - lead) // VEC) * VEC, 0)  # elements in whole groups
-    rel = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = rel < tl.multiple_of(body, VEC)
+    rel = chunk * CHUNK + tl.arange(0, BLOCK_N)
+    if CHUNK < BLOCK_N:
+        mask = rel < tl.minimum(tl.multiple_of(body, VEC), (chunk + 1) * CHUNK)
+    else:
+        mask = rel < tl.multiple_of(body, VEC)
     x_body = x_ptr + tl.multiple_of(x_off + lead, VEC)  # 16-byte aligned where x is
     out_body = out_ptr + tl.multiple_of(o_off + lead, VEC)
     if STREAM:
@@ -432,6 +436,7 @@ SPLIT_MAX_BLOCK = 16384
 SPLIT_MAX_CHUNKS = 64
 SPLIT_COLS_PER_WARP = 1024
 SPLIT_STREAM = False  # evict-first loads / stores: not yet measured (a probe option)
+SPLIT_BALANCED = True  # equal chunks per row (scripts/probe_softmax.py compares both)
 
 
 def _split_config(x2: torch.Tensor) -> tuple[int, int] | None:
@@ -453,6 +458,12 @@ def _launch_split(
 ) -> None:
     n_rows, n_cols = x2.shape
     block, chunks = config
+    # Balanced: the row's columns shared evenly over its programs (rounded up to 16, so
+    # that chunk starts keep 16-byte alignment), rather than `block` each and the rest to
+    # the last one (50257 = 6 x 8192 + 1105: one program in seven nearly idle). CHUNK is a
+    # constexpr, so each long-row width compiles its own kernel: as a runtime argument
+    # the kernel took 58 registers instead of 48 (4 blocks per SM, not 5; offline, sm_90).
+    chunk_cols = min(block, cdiv(cdiv(n_cols, chunks), 16) * 16) if SPLIT_BALANCED else block
     vec = 16 // x2.element_size()
     aligned = (x2.stride(0) - out2.stride(0)) % vec == 0  # rows of x and out line up
     stats = torch.empty((n_rows, chunks, 2), dtype=torch.float32, device=x2.device)
@@ -463,7 +474,8 @@ def _launch_split(
     for phase in (1, 2) if triton_interpreting() else (0,):
         kernel[(n_rows * chunks,)](
             x2, out2, stats, count, n_cols, x2.stride(0), out2.stride(0), chunks,
-            LOG=log, BLOCK_N=block, BLOCK_G=next_pow2(chunks), VEC=vec if aligned else 1,
+            LOG=log, BLOCK_N=block, CHUNK=chunk_cols, BLOCK_G=next_pow2(chunks),
+            VEC=vec if aligned else 1,
             PHASE=phase, STREAM=SPLIT_STREAM, FAST=fast_math(x2),
             num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)),
         )  # fmt: skip
