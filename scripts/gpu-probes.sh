@@ -22,8 +22,8 @@ run() {  # name, timeout in seconds, command...
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
 run tests 170 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_softmax.py
-PROBE_SPLIT=8192:1024 PROBE_ONLINE=none run probe-softmax 100 "$PY" scripts/probe_softmax.py \
-    50257 65536 262144
+run probe-softmax 100 env PROBE_SPLIT=8192:1024 PROBE_ONLINE=none "$PY" \
+    scripts/probe_softmax.py 50257 65536 262144
 cp -r benchmarks/results "$OUT/results"
 run bench-softmax 300 "$PY" -m fuseml.cli bench softmax --quick --merge --out "$OUT/results" \
     --cases "x(128|1000|1024|16384|32768|50257|65536|262144)$"
