@@ -584,10 +584,8 @@ __device__ __forceinline__ int acquire_count(const int* count) {
 // index order and `chunks` of them fit on the GPU at once (the assumption of CUB's single-
 // pass scan); the host keeps chunks at or under half the SMs. stats: (rows, chunks) pairs;
 // count: (rows,) zeros at launch, the blocks of the row that have posted.
-// At most 48 registers a thread (5 blocks of 256 threads per SM, as the Triton split kernel
-// gets): nvcc gave 64 (4 blocks), and the twin trailed Triton by 16% at 50257 / 65536.
 template <class Tr, bool LOG, int THREADS, int ELEMS>
-__global__ void __launch_bounds__(THREADS, 65536 / (THREADS * 48))
+__global__ void __launch_bounds__(THREADS)
     softmax_split_kernel(const RowArgs<typename Tr::Storage> a, float2* stats, int* count,
                          int chunks) {
   using S = typename Tr::Storage;
