@@ -18,12 +18,18 @@ LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) == exp2(x * LOG2E)
 
 
 @triton.jit
+def _ptx_f32(x, INSTR: tl.constexpr):
+    """One PTX instruction of one float32 operand: INSTR as "ex2.approx.ftz.f32"."""
+    return tl.inline_asm_elementwise(
+        INSTR + " $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
 def _exp2(x, FAST: tl.constexpr):
     """2 ** x for float32 x."""
     if FAST:
-        y = tl.inline_asm_elementwise(
-            "ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
+        y = _ptx_f32(x, "ex2.approx.ftz.f32")
     else:
         y = tl.exp2(x)
     return y
@@ -33,9 +39,7 @@ def _exp2(x, FAST: tl.constexpr):
 def _rcp(x, FAST: tl.constexpr):
     """1 / x for float32 x."""
     if FAST:
-        y = tl.inline_asm_elementwise(
-            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
+        y = _ptx_f32(x, "rcp.approx.ftz.f32")
     else:
         y = 1.0 / x
     return y
