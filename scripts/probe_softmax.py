@@ -5,8 +5,8 @@
 M = 4096 bf16 rows of N = 16384, 32768 (where the on-chip kernel ends), 50257, 65536 and
 262144 columns (or the N given): torch.softmax and a same-size copy; the on-chip kernel
 with 8 / 16 / 32 warps where it applies; the CUDA twin; the split-row kernel's columns per
-program and columns per warp (PROBE_SPLIT="block:cols_per_warp,..."), each with and
-without evict-first loads / stores; then the online kernel's columns per
+program and columns per warp (PROBE_SPLIT="block:cols_per_warp,..."), each with a row's
+columns shared evenly over its programs or not; then the online kernel's columns per
 step, warps and programs per SM (0: one program per row; PROBE_ONLINE, "none" to skip),
 swept through the module constants. Median us (triton.testing.do_bench, L2 flushed) and
 GB/s (one read + one write).
@@ -75,24 +75,19 @@ def _width(n: int, m: int) -> None:
         sweep = [tuple(int(v) for v in t.split(":")) for t in only.split(",") if t] or [
             (2048, 512), (2048, 1024), (4096, 512), (4096, 1024), (8192, 1024), (16384, 1024)
         ]  # fmt: skip
-        # stream: evict-first loads / stores; balanced: equal chunks per row
-        for (block, per_warp), stream, balanced in itertools.product(
-            sweep, (False, True), (False, True)
-        ):
+        # balanced: equal chunks per row
+        for (block, per_warp), balanced in itertools.product(sweep, (False, True)):
             sm.SPLIT_BLOCK, sm.SPLIT_COLS_PER_WARP = block, per_warp
             sm.SPLIT_MAX_BLOCK = max(block, saved[2])
-            sm.SPLIT_STREAM, sm.SPLIT_BALANCED = stream, balanced
+            sm.SPLIT_BALANCED = balanced
             if not sm._split_config(x):
                 continue
             err = rel_err(fused(), ref)
-            name = (
-                f"split block={block} warps={block // per_warp} stream={int(stream)} "
-                f"balanced={int(balanced)}"
-            )
+            name = f"split block={block} warps={block // per_warp} balanced={int(balanced)}"
             show(f"{name} ({sm._split_config(x)})", us_of(fused), err)
     finally:
         sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_MAX_BLOCK, sm.SPLIT_COLS_PER_WARP = saved
-        sm.SPLIT_STREAM, sm.SPLIT_BALANCED = False, balanced_default
+        sm.SPLIT_BALANCED = balanced_default
     if os.environ.get("PROBE_ONLINE") == "none":
         return
     saved = (sm.MAX_ONCHIP_COLS, sm.ONLINE_BLOCK, sm.ONLINE_WARPS, sm.ONLINE_PER_SM)
