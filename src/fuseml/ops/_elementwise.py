@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fuseml.ops._math import _exp2, _rcp
+from fuseml.ops._math import LOG2E, _exp2, _rcp
 from fuseml.ops._utils import (
     as_rows,
     cdiv,
@@ -52,7 +52,15 @@ IMPLS = ("triton", "cuda")
 @triton.jit
 def _sigmoid(x, FAST: tl.constexpr):
     # 1 / (1 + e^-x); e^-x = inf for x < -88 gives 0, as it should.
-    return _rcp(1.0 + _exp2(-1.4426950408889634 * x, FAST), FAST)
+    return _rcp(1.0 + _exp2(x * (-LOG2E), FAST), FAST)
+
+
+@triton.jit
+def _gelu_tanh_gate(h, FAST: tl.constexpr):
+    # 0.5 * (1 + tanh(u)) == sigmoid(2u) exactly, u = c (h + k h^3); -2 c log2(e) and
+    # -2 c k log2(e) are folded into the two constants.
+    v = h * (-2.302208198144325 - 0.1029432395800235 * (h * h))
+    return _rcp(1.0 + _exp2(v, FAST), FAST)
 
 
 @triton.jit
@@ -67,7 +75,7 @@ def _tanh(x, FAST: tl.constexpr):
         * z
         - 3.33332819422e-1
     ) * z * x + x
-    big = 1.0 - 2.0 * _rcp(_exp2(2.8853900817779268 * ax, FAST) + 1.0, FAST)
+    big = 1.0 - 2.0 * _rcp(_exp2(ax * (2.0 * LOG2E), FAST) + 1.0, FAST)
     big = tl.where(x < 0.0, -big, big)
     return tl.where(ax < 0.625, p, big)
 
@@ -104,11 +112,8 @@ def _activation(h, ACTIVATION: tl.constexpr, FAST: tl.constexpr = False):
         h = tl.where(h < 0.0, 0.01 * h, h)
     elif ACTIVATION == 3:  # gelu, erf form: h * Phi(h)
         h = h * _normal_cdf(h, FAST)
-    elif ACTIVATION == 4:
-        # gelu, tanh form: 0.5 * (1 + tanh(u)) == sigmoid(2u) exactly, u = c (h + k h^3);
-        # -2 c log2(e) and -2 c k log2(e) are folded into the two constants.
-        v = h * (-2.302208198144325 - 0.1029432395800235 * (h * h))
-        h = h * _rcp(1.0 + _exp2(v, FAST), FAST)
+    elif ACTIVATION == 4:  # gelu, tanh form
+        h = h * _gelu_tanh_gate(h, FAST)
     elif ACTIVATION == 5:  # silu
         h = h * _sigmoid(h, FAST)
     elif ACTIVATION == 6:
@@ -131,7 +136,7 @@ def _activation_grad(h, ACTIVATION: tl.constexpr, FAST: tl.constexpr):
         pdf = _exp2(-0.7213475204444817 * h * h, FAST) * 0.3989422804014327
         d = _normal_cdf(h, FAST) + h * pdf
     elif ACTIVATION == 4:
-        s = _rcp(1.0 + _exp2(h * (-2.302208198144325 - 0.1029432395800235 * (h * h)), FAST), FAST)
+        s = _gelu_tanh_gate(h, FAST)
         du = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * h * h)
         d = s + 2.0 * h * s * (1.0 - s) * du
     elif ACTIVATION == 5:

@@ -193,7 +193,7 @@ def compile_only():
 def grid_launch(kernel, grid):
     """``kernel[grid]``, or inside ``compile_only()`` the kernel's warmup (compiles it for
     these arguments, launches nothing). For launches the tuner reaches."""
-    if getattr(_launch_state, "compile_only", False):
+    if compiling_only():
         return functools.partial(kernel.warmup, grid=grid)
     return kernel[grid]
 
