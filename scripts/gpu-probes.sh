@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call: the CUDA softmax twin's GPU tests (its split
-# kernel capped at 48 registers) and its time at 50257 / 65536 columns next to Triton's.
+# The open GPU checks of NOTES.md in one call: the fused MLP's launch configs (the
+# register-resident chain kernel next to the scratch kernel) on the DLRM MLPs, then the
+# GPU tests of the MLP, its modules, fuseml.optimize and the DLRM models.
 # Logs go to OUTDIR, and
 # OUTDIR/probes.tgz holds them all (one file to fetch). Set FUSEML_COMMIT=<sha> for the
 # results' commit stamp where the tree has no current .git.
@@ -19,8 +20,9 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run tests 200 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_softmax.py -k cuda
-run probe-softmax 90 env PROBE_SPLIT=8192:1024 PROBE_ONLINE=none "$PY" \
-    scripts/probe_softmax.py 50257 65536
+run probe-mlp 330 "$PY" scripts/probe_mlp.py kaggle-bottom:256 kaggle-bottom:4096 \
+    kaggle-bottom:65536 mlperf-bottom:65536 kaggle-top:4096
+run tests 240 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_mlp.py tests/nn \
+    tests/test_optimize.py tests/models
 tail -3 "$OUT/tests.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"

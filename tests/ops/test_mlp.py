@@ -58,6 +58,40 @@ def test_mlp_chains(device, backend, dtype, widths, acts, m):
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("widths", "acts"),
+    [*CHAINS[:2], CHAINS[3], ([70, 300, 20, 5, 3], ["tanh", "silu", "relu", None])],
+)
+def test_mlp_both_kernels(device, backend, dtype, widths, acts):
+    """The register-resident chain kernel (16-bit, widths after layer 1 up to 256) and
+    the scratch kernel give the reference's result on the same chain: a 70-wide input
+    takes several K steps in the chain kernel's first layer, 300 several chunks."""
+    assert mlp_mod.chain_fits(widths, dtype)
+    assert mlp_mod.default_config(widths, dtype)["kind"] == "chain"
+    ws, bs = _layers(widths, dtype, device, bias_every=2)
+    x = torch.randn(37, widths[0], dtype=dtype, device=device)
+    acts = [acts] * len(ws) if isinstance(acts, str) else acts
+    codes = [fuseml.ops.ACTIVATIONS.index(a or "none") for a in acts]
+    ref = _ref64(x, ws, bs, acts)
+    small = mlp_mod._chain_cfg(16, 32, 16, 4, 2)  # 3 row blocks, 16-column steps
+    for cfg in (mlp_mod._CHAIN_DEFAULT, small, mlp_mod._DEFAULT):
+        out = torch.full((37, widths[-1]), float("nan"), dtype=dtype, device=device)
+        mlp_mod._launch_group(x, out, ws, bs, codes, cfg, False)
+        assert_close_verbose(out, ref, dtype)
+
+
+def test_mlp_chain_kernel_takes_16_bit_chains_that_fit():
+    fits = mlp_mod.chain_fits
+    assert fits([13, 512, 256, 64, 16], torch.bfloat16)  # DLRM bottom MLPs
+    assert fits([367, 512, 256, 1], torch.float16)  # kaggle top MLP
+    assert not fits([13, 512, 256, 64, 16], torch.float32)  # fp32 operands: registers
+    assert not fits([479, 1024, 1024, 512, 256, 1], torch.bfloat16)  # layer 1 too wide
+    assert not fits([8, 16], torch.bfloat16)  # one layer
+    assert mlp_mod.default_config([8, 16], torch.bfloat16) == mlp_mod._DEFAULT
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
 def test_mlp_layouts_and_long_chains(device, backend):
     ws, bs = _layers([12, 24, 16], torch.float32, device)
     x = torch.randn(2, 3, 12, device=device)  # batched
@@ -91,16 +125,17 @@ def test_mlp_wider_than_the_limit_runs_layer_by_layer(device, backend, monkeypat
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
-def test_mlp_opcheck_and_compile(device, backend):
-    ws, bs = _layers([10, 24, 8], torch.float32, device, bias_every=2)
-    x = torch.randn(6, 10, device=device)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # scratch / chain kernel
+def test_mlp_opcheck_and_compile(device, backend, dtype):
+    ws, bs = _layers([10, 24, 8], dtype, device, bias_every=2)
+    x = torch.randn(6, 10, device=device, dtype=dtype)
     torch.library.opcheck(torch.ops.fuseml.mlp, (x, ws, bs, [1, 0]))
 
     def fn(x):
         return fuseml.ops.mlp(x, ws, bs, ["relu", None], backend=backend).sum(-1)
 
     out = torch.compile(fn, fullgraph=True)(x)
-    assert_close_verbose(out, _ref64(x, ws, bs, ["relu", None]).sum(-1))
+    assert_close_verbose(out, _ref64(x, ws, bs, ["relu", None]).sum(-1), dtype)
 
 
 def test_mlp_eager_and_compile_backends():
@@ -160,7 +195,10 @@ def test_every_mlp_candidate_config_is_correct(dtype, m):
     acts = ["relu", "gelu", "relu", "sigmoid"]
     codes = [fuseml.ops.ACTIVATIONS.index(a) for a in acts]
     ref = _ref64(x, ws, bs, acts)
-    for cfg in mlp_mod._SMALL_B + mlp_mod._LARGE_B:
+    configs = mlp_mod._SMALL_B + mlp_mod._LARGE_B
+    if mlp_mod.chain_fits(widths, dtype):
+        configs = mlp_mod._CHAIN_SMALL_B + mlp_mod._CHAIN_LARGE_B + configs
+    for cfg in configs:
         out = torch.full((m, widths[-1]), float("nan"), dtype=dtype, device="cuda")
         mlp_mod._launch_group(x, out, ws, bs, codes, cfg, False)
         try:

@@ -51,6 +51,7 @@ log = logging.getLogger("fuseml")
 
 MAX_WIDTH = 1024
 MAX_FUSED_LAYERS = 8
+CHAIN_MAX_WIDTH = 256  # widths after layer 1 that the chain kernel holds in registers
 
 
 def mlp_ref(
@@ -188,6 +189,141 @@ def _mlp_kernel(
             tl.debug_barrier()
 
 
+@triton.jit
+def _chain_layer(
+    h, w_ptr, b_ptr,
+    K: tl.constexpr, N: tl.constexpr, PK: tl.constexpr, PN: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """act(h @ W^T + b) for a (BLOCK_M, PK) register tile h: the whole (K, N) weight in one
+    dot (PK, PN <= 256), padded rows and columns zero."""
+    ks = tl.arange(0, PK)
+    ns = tl.arange(0, PN)
+    w = tl.load(
+        w_ptr + ns[None, :] * K + ks[:, None],
+        mask=(ks[:, None] < K) & (ns[None, :] < N),
+        other=0.0,
+    )
+    acc = mma(h, w, tl.zeros((BLOCK_M, PN), dtype=tl.float32), PRECISION, UPCAST)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + ns, mask=ns < N, other=0.0).to(tl.float32)[None, :]
+    return _activation(acc, ACT)
+
+
+@triton.jit
+def _chain_kernel(
+    x_ptr,  # (M, D0) input, unit column stride
+    out_ptr,  # (M, D_L) output
+    w0, w1, w2, w3, w4, w5, w6, w7,  # (D_{i+1}, D_i) contiguous weights (unused: None)
+    b0, b1, b2, b3, b4, b5, b6, b7,  # (D_{i+1},) biases (absent: None)
+    M,
+    stride_xm,
+    stride_om,
+    D0: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, D3: tl.constexpr,
+    D4: tl.constexpr, D5: tl.constexpr, D6: tl.constexpr, D7: tl.constexpr, D8: tl.constexpr,
+    P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, P5: tl.constexpr,
+    P6: tl.constexpr, P7: tl.constexpr, P8: tl.constexpr,  # padded widths (powers of 2, >= 16)
+    D_OUT: tl.constexpr, P_OUT: tl.constexpr,  # the last layer's width, padded
+    NUM_LAYERS: tl.constexpr,
+    ACTS: tl.constexpr,  # activation code of layer i in bits [4i, 4i + 4)
+    BIASES: tl.constexpr,  # bit i: layer i has a bias
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,  # layer 0's output columns per step (= layer 1's K step)
+    BLOCK_K: tl.constexpr,  # layer 0's K step
+):  # fmt: skip
+    """Every layer of the chain for BLOCK_M rows, all intermediates in registers.
+
+    Layers 0 and 1 run as one stream: CHUNK columns of layer 0's output at a time, each
+    activated, rounded to the input dtype and at once multiplied into layer 1's (BLOCK_M,
+    P2) accumulator as its next K step, so layer 0's output (up to 1024 wide) is never
+    held whole. Layers 2 on take their input whole from registers (widths <= 256).
+    """
+    dt = x_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    n2 = tl.arange(0, P2)
+    n2_ok = n2 < D2
+    if D0 <= BLOCK_K:  # the input row block fits one K step: load it once
+        k0 = tl.arange(0, BLOCK_K)
+        xa = tl.load(x_rows + k0[None, :], mask=row_ok[:, None] & (k0[None, :] < D0), other=0.0)
+    acc = tl.zeros((BLOCK_M, P2), dtype=tl.float32)
+    for j in range(0, D1, CHUNK):
+        n1 = j + tl.arange(0, CHUNK)
+        n1_ok = n1 < D1
+        c = tl.zeros((BLOCK_M, CHUNK), dtype=tl.float32)
+        if D0 <= BLOCK_K:
+            w = tl.load(
+                w0 + n1[None, :] * D0 + k0[:, None],
+                mask=(k0[:, None] < D0) & n1_ok[None, :],
+                other=0.0,
+            )
+            c = mma(xa, w, c, PRECISION, UPCAST)
+        else:
+            for k in range(0, D0, BLOCK_K):
+                kk = k + tl.arange(0, BLOCK_K)
+                k_ok = kk < D0
+                a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                w = tl.load(
+                    w0 + n1[None, :] * D0 + kk[:, None],
+                    mask=k_ok[:, None] & n1_ok[None, :],
+                    other=0.0,
+                )
+                c = mma(a, w, c, PRECISION, UPCAST)
+        if BIASES & 1:
+            c += tl.load(b0 + n1, mask=n1_ok, other=0.0).to(tl.float32)[None, :]
+        c = _activation(c, ACTS & 15)
+        w = tl.load(
+            w1 + n2[None, :] * D1 + n1[:, None],
+            mask=n1_ok[:, None] & n2_ok[None, :],
+            other=0.0,
+        )
+        acc = mma(c.to(dt), w, acc, PRECISION, UPCAST)
+    if (BIASES >> 1) & 1:
+        acc += tl.load(b1 + n2, mask=n2_ok, other=0.0).to(tl.float32)[None, :]
+    h = _activation(acc, (ACTS >> 4) & 15)
+    if NUM_LAYERS > 2:
+        h = _chain_layer(
+            h.to(dt), w2, b2, D2, D3, P2, P3, (BIASES >> 2) & 1, (ACTS >> 8) & 15,
+            PRECISION, UPCAST, BLOCK_M,
+        )  # fmt: skip
+    if NUM_LAYERS > 3:
+        h = _chain_layer(
+            h.to(dt), w3, b3, D3, D4, P3, P4, (BIASES >> 3) & 1, (ACTS >> 12) & 15,
+            PRECISION, UPCAST, BLOCK_M,
+        )  # fmt: skip
+    if NUM_LAYERS > 4:
+        h = _chain_layer(
+            h.to(dt), w4, b4, D4, D5, P4, P5, (BIASES >> 4) & 1, (ACTS >> 16) & 15,
+            PRECISION, UPCAST, BLOCK_M,
+        )  # fmt: skip
+    if NUM_LAYERS > 5:
+        h = _chain_layer(
+            h.to(dt), w5, b5, D5, D6, P5, P6, (BIASES >> 5) & 1, (ACTS >> 20) & 15,
+            PRECISION, UPCAST, BLOCK_M,
+        )  # fmt: skip
+    if NUM_LAYERS > 6:
+        h = _chain_layer(
+            h.to(dt), w6, b6, D6, D7, P6, P7, (BIASES >> 6) & 1, (ACTS >> 24) & 15,
+            PRECISION, UPCAST, BLOCK_M,
+        )  # fmt: skip
+    if NUM_LAYERS > 7:
+        h = _chain_layer(
+            h.to(dt), w7, b7, D7, D8, P7, P8, (BIASES >> 7) & 1, (ACTS >> 28) & 15,
+            PRECISION, UPCAST, BLOCK_M,
+        )  # fmt: skip
+    cols = tl.arange(0, P_OUT)
+    tl.store(
+        out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :],
+        h.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & (cols[None, :] < D_OUT),
+    )
+
+
 # ------------------------------------------------------------------------------ launcher
 def _cfg(bm, bn, bk, warps, per_sm) -> dict:
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "per_sm": per_sm}
@@ -211,6 +347,27 @@ SMALL_BATCH = 8192  # up to this many rows the small-block candidates (a first g
 _DEFAULT = _cfg(64, 64, 64, 4, 2)
 
 
+def _chain_cfg(bm, chunk, bk, warps, stages) -> dict:
+    return {
+        "kind": "chain", "BLOCK_M": bm, "CHUNK": chunk, "BLOCK_K": bk,
+        "num_warps": warps, "num_stages": stages,
+    }  # fmt: skip
+
+
+# The chain kernel: one program per BLOCK_M rows (not persistent: a program holds layer 1's
+# accumulator in registers, one or two fit an SM). 64 rows and more per program use
+# Hopper's warp-group MMA (64 rows per 4 warps); fewer, the older MMA.
+_CHAIN_LARGE_B = [
+    _chain_cfg(128, 64, 64, 8, 3), _chain_cfg(128, 32, 64, 8, 3), _chain_cfg(128, 64, 64, 8, 2),
+    _chain_cfg(128, 128, 64, 8, 2), _chain_cfg(64, 64, 64, 4, 3), _chain_cfg(64, 128, 64, 4, 2),
+]  # fmt: skip
+_CHAIN_SMALL_B = [
+    _chain_cfg(16, 64, 64, 4, 3), _chain_cfg(32, 64, 64, 4, 3), _chain_cfg(64, 64, 64, 4, 3),
+    _chain_cfg(64, 32, 64, 4, 3), _chain_cfg(64, 64, 64, 8, 3), _chain_cfg(128, 64, 64, 8, 3),
+]  # fmt: skip
+_CHAIN_DEFAULT = _chain_cfg(64, 64, 64, 4, 3)
+
+
 @functools.cache
 def _warn_unfused(widths: tuple) -> None:
     log.warning(
@@ -221,7 +378,57 @@ def _warn_unfused(widths: tuple) -> None:
     )
 
 
+def _padded(d: int) -> int:
+    """A width as a tile dimension: a power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def chain_fits(widths: Sequence[int], dtype: torch.dtype) -> bool:
+    """Whether the register-resident chain kernel takes this chain: 16-bit inputs, two
+    layers or more, layer 1's output and every later width at most CHAIN_MAX_WIDTH (held
+    whole in registers); D0 and D1 any (streamed). float32 stays on the scratch kernel:
+    its (BLOCK_M, 256) float32 operands do not fit the registers (sm_90, offline: 16 KB of
+    spills a thread with exact fp32 dots, 160 B to 1.4 KB with TF32)."""
+    return (
+        dtype in (torch.float16, torch.bfloat16)
+        and len(widths) >= 3
+        and all(_padded(d) <= CHAIN_MAX_WIDTH for d in widths[2:])
+    )
+
+
 def _launch_group(x2, out, weights, biases, codes, cfg, traced) -> None:
+    if cfg.get("kind") == "chain":
+        _launch_chain(x2, out, weights, biases, codes, cfg, traced)
+    else:
+        _launch_scratch(x2, out, weights, biases, codes, cfg, traced)
+
+
+def _launch_chain(x2, out, weights, biases, codes, cfg, traced) -> None:
+    m = x2.shape[0]
+    if launches_skipped() or m == 0:
+        return
+    n_layers = len(weights)
+    widths = [x2.shape[1], *(w.shape[0] for w in weights)]
+    ds = widths + [1] * (9 - len(widths))
+    ps = [_padded(d) for d in ds[2:]]
+    pad = [None] * (8 - n_layers)
+    ws = [w.contiguous() for w in weights] + pad
+    bs = [None if b is None else b.contiguous() for b in biases] + pad
+    acts = sum(c << (4 * i) for i, c in enumerate(codes))
+    has_b = sum(1 << i for i, b in enumerate(biases) if b is not None)
+    bm = cfg["BLOCK_M"]
+    kernel = torch.library.wrap_triton(_chain_kernel) if traced else _chain_kernel
+    grid_launch(kernel, (cdiv(m, bm),))(
+        x2, out, *ws, *bs, m, x2.stride(0), out.stride(0),
+        *ds, *ps, widths[-1], _padded(widths[-1]),
+        NUM_LAYERS=n_layers, ACTS=acts, BIASES=has_b,
+        PRECISION=dot_precision(x2.dtype), UPCAST=triton_interpreting(),
+        BLOCK_M=bm, CHUNK=cfg["CHUNK"], BLOCK_K=min(cfg["BLOCK_K"], _padded(widths[0])),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+
+
+def _launch_scratch(x2, out, weights, biases, codes, cfg, traced) -> None:
     m = x2.shape[0]
     n_layers = len(weights)
     widths = [x2.shape[1], *(w.shape[0] for w in weights)]
@@ -250,11 +457,25 @@ def _launch_group(x2, out, weights, biases, codes, cfg, traced) -> None:
     )  # fmt: skip
 
 
+def candidates(m: int, widths: Sequence[int], dtype: torch.dtype) -> list[dict]:
+    """The configs tuning times for a batch of m rows through these widths."""
+    chain = chain_fits(widths, dtype)
+    if m <= SMALL_BATCH:
+        return (_CHAIN_SMALL_B if chain else []) + _SMALL_B
+    return (_CHAIN_LARGE_B if chain else []) + _LARGE_B
+
+
+def default_config(widths: Sequence[int], dtype: torch.dtype) -> dict:
+    """The config without tuning (interpreter, FUSEML_AUTOTUNE=0, a symbolic batch)."""
+    return _CHAIN_DEFAULT if chain_fits(widths, dtype) else _DEFAULT
+
+
 def _group_config(x2, weights, biases, codes, traced) -> dict:
     """The launch config of one fused group (see ``fuseml.ops._tune.choose``)."""
     m = x2.shape[0]
+    widths = (x2.shape[1], *(w.shape[0] for w in weights))
     if type(m) is not int:  # symbolic batch under torch.compile: no bucket to look up
-        return _DEFAULT
+        return default_config(widths, x2.dtype)
     precision = dot_precision(x2.dtype)
     bucket = _tune.m_bucket(m)
     memo_key = ("mlp", x2.dtype, precision, bucket, tuple(w.shape for w in weights), x2.device)
@@ -262,9 +483,8 @@ def _group_config(x2, weights, biases, codes, traced) -> dict:
     if cfg is not None:
         return cfg
 
-    def text_key() -> str:
-        widths = "-".join(str(w) for w in (x2.shape[1], *(w.shape[0] for w in weights)))
-        return f"mlp:{str(x2.dtype)[6:]}:{precision}:m{bucket}:{widths}"
+    def text_key() -> str:  # (mlp2: the chain kernel joined the candidates)
+        return f"mlp2:{str(x2.dtype)[6:]}:{precision}:m{bucket}:{'-'.join(map(str, widths))}"
 
     def run(c: dict) -> None:
         # (timed as CUDA-graph replays: the allocation is the capture's, not a replay's)
@@ -278,9 +498,9 @@ def _group_config(x2, weights, biases, codes, traced) -> dict:
         memo_key,
         x2.device,
         text_key,
-        lambda: _SMALL_B if m <= SMALL_BATCH else _LARGE_B,
+        lambda: candidates(m, widths, x2.dtype),
         bench,
-        _DEFAULT,
+        default_config(widths, x2.dtype),
         can_time=x2.is_cuda and not traced and not is_fake(x2),
         run=run,
     )
