@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call: the fused MLP's launch configs (the
-# register-resident chain kernel next to the scratch kernel) on the DLRM MLPs, then the
-# GPU tests of the MLP, its modules, fuseml.optimize and the DLRM models.
+# The open GPU checks of NOTES.md in one call: the mlp suite's kaggle bottom MLP rows
+# with the chain kernel (compile-max at 4096 and 65536 rows), then the wide top MLPs split
+# into linear layers and a chain-kernel tail (scripts/probe_mlp.py plans).
 # Logs go to OUTDIR, and
 # OUTDIR/probes.tgz holds them all (one file to fetch). Set FUSEML_COMMIT=<sha> for the
 # results' commit stamp where the tree has no current .git.
@@ -20,9 +20,10 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run probe-mlp 330 "$PY" scripts/probe_mlp.py kaggle-bottom:256 kaggle-bottom:4096 \
-    kaggle-bottom:65536 mlperf-bottom:65536 kaggle-top:4096
-run tests 240 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_mlp.py tests/nn \
-    tests/test_optimize.py tests/models
-tail -3 "$OUT/tests.txt"
+cp -r benchmarks/results "$OUT/results"
+run bench-mlp 420 "$PY" -m fuseml.cli bench mlp --quick --merge --cases kaggle-bottom \
+    --out "$OUT/results"
+run probe-mlp 150 "$PY" scripts/probe_mlp.py kaggle-top:4096:plans mlperf-top:4096:plans \
+    mlperf-top:65536:plans
+cat "$OUT/probe-mlp.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"

@@ -356,15 +356,22 @@ def _chain_cfg(bm, chunk, bk, warps, stages) -> dict:
 
 # The chain kernel: one program per BLOCK_M rows (not persistent: a program holds layer 1's
 # accumulator in registers, one or two fit an SM). 64 rows and more per program use
-# Hopper's warp-group MMA (64 rows per 4 warps); fewer, the older MMA.
+# Hopper's warp-group MMA (64 rows per 4 warps); fewer, the older MMA. Kept from an H100
+# sweep (scripts/probe_mlp.py, NOTES.md): at B = 65536 the 128 / 64-row configs below
+# were within 3% of each other (44.6-45.8 us, kaggle bottom) and 32-column chunks or
+# 64 rows with 128-column chunks 16-38% slower; at B = 256 / 4096, 64 rows with 4 warps
+# was best (9.3 us), 16 and 32 rows best for the 367-wide kaggle top MLP.
 _CHAIN_LARGE_B = [
-    _chain_cfg(128, 64, 64, 8, 3), _chain_cfg(128, 32, 64, 8, 3), _chain_cfg(128, 64, 64, 8, 2),
-    _chain_cfg(128, 128, 64, 8, 2), _chain_cfg(64, 64, 64, 4, 3), _chain_cfg(64, 128, 64, 4, 2),
+    _chain_cfg(128, 64, 64, 8, 3), _chain_cfg(128, 64, 64, 8, 2),
+    _chain_cfg(128, 128, 64, 8, 2), _chain_cfg(64, 64, 64, 4, 3),
 ]  # fmt: skip
 _CHAIN_SMALL_B = [
     _chain_cfg(16, 64, 64, 4, 3), _chain_cfg(32, 64, 64, 4, 3), _chain_cfg(64, 64, 64, 4, 3),
-    _chain_cfg(64, 32, 64, 4, 3), _chain_cfg(64, 64, 64, 8, 3), _chain_cfg(128, 64, 64, 8, 3),
+    _chain_cfg(64, 64, 64, 8, 3),
 ]  # fmt: skip
+# The scratch kernel's configs that came closest where the chain kernel also runs (it
+# lost by 1.1-2.6x at every batch of the sweep): kept as candidates there.
+_SCRATCH_NEXT_TO_CHAIN = [_cfg(32, 128, 64, 4, 2), _cfg(128, 128, 64, 8, 1)]
 _CHAIN_DEFAULT = _chain_cfg(64, 64, 64, 4, 3)
 
 
@@ -459,10 +466,9 @@ def _launch_scratch(x2, out, weights, biases, codes, cfg, traced) -> None:
 
 def candidates(m: int, widths: Sequence[int], dtype: torch.dtype) -> list[dict]:
     """The configs tuning times for a batch of m rows through these widths."""
-    chain = chain_fits(widths, dtype)
-    if m <= SMALL_BATCH:
-        return (_CHAIN_SMALL_B if chain else []) + _SMALL_B
-    return (_CHAIN_LARGE_B if chain else []) + _LARGE_B
+    if chain_fits(widths, dtype):
+        return (_CHAIN_SMALL_B if m <= SMALL_BATCH else _CHAIN_LARGE_B) + _SCRATCH_NEXT_TO_CHAIN
+    return _SMALL_B if m <= SMALL_BATCH else _LARGE_B
 
 
 def default_config(widths: Sequence[int], dtype: torch.dtype) -> dict:
