@@ -67,10 +67,11 @@ def test_quick_runs_are_small():
              for n in NEW}  # fmt: skip
     assert all(q < f for q, f in sizes.values()), sizes
     assert sum(q for n, (q, _) in sizes.items() if n != "tuning") <= 25
-    # max-autotune compiles take tens of seconds each: one or two in quick mode.
+    # max-autotune compiles take tens of seconds each: a few in quick mode (the mlp
+    # targets name max-autotune at two batches of the kaggle bottom MLP).
     autotuned = [c.name for n in ("linear", "mlp") for c in SUITES[n].cases(quick=True)
                  if "compile-max" in c.arms]  # fmt: skip
-    assert 1 <= len(autotuned) <= 2, autotuned
+    assert 1 <= len(autotuned) <= 3, autotuned
     full = [c for n in ("linear", "mlp") for c in SUITES[n].cases() if "compile-max" in c.arms]
     assert len(full) <= 10
 
