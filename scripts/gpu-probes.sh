@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call: the mlp suite's kaggle bottom MLP rows
-# with the chain kernel (compile-max at 4096 and 65536 rows), then the wide top MLPs split
-# into linear layers and a chain-kernel tail (scripts/probe_mlp.py plans).
+# The open GPU checks of NOTES.md in one call: the fused MLP's host time per call, its
+# GPU tests, and the mlp suite's top-MLP rows (tuning now also times the layers one by
+# one through fuseml.ops.linear).
 # Logs go to OUTDIR, and
 # OUTDIR/probes.tgz holds them all (one file to fetch). Set FUSEML_COMMIT=<sha> for the
 # results' commit stamp where the tree has no current .git.
@@ -20,10 +20,11 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
+run host 120 "$PY" scripts/host_overhead.py mlp
+run tests 200 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_mlp.py
 cp -r benchmarks/results "$OUT/results"
-run bench-mlp 420 "$PY" -m fuseml.cli bench mlp --quick --merge --cases kaggle-bottom \
+run bench-mlp 240 "$PY" -m fuseml.cli bench mlp --quick --merge --cases "kaggle-top|mlperf-top" \
     --out "$OUT/results"
-run probe-mlp 150 "$PY" scripts/probe_mlp.py kaggle-top:4096:plans mlperf-top:4096:plans \
-    mlperf-top:65536:plans
-cat "$OUT/probe-mlp.txt"
+tail -3 "$OUT/tests.txt"
+head -14 "$OUT/host.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"

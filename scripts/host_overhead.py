@@ -1,6 +1,8 @@
 """Host time per call of the fused linear path, broken down (GPU probe for dev work).
 
-PYTHONPATH=src python scripts/host_overhead.py
+PYTHONPATH=src python scripts/host_overhead.py [mlp]
+
+``mlp``: the fused MLP's call path only, down to the compiled kernel's own launcher.
 """
 
 from __future__ import annotations
@@ -167,5 +169,71 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
 
 
+def mlp_breakdown() -> None:
+    """Host time of one fused MLP call, layer by layer of the call path, and of a launch
+    through the compiled kernel's own launcher (CompiledKernel[grid](*args): Triton's
+    argument binding and cache lookup skipped)."""
+    import itertools
+
+    mlp_mod = importlib.import_module("fuseml.ops.mlp")
+    dev, dt = "cuda", torch.bfloat16
+    widths = [13, 512, 256, 64, 16]
+    ws = [torch.randn(n, k, device=dev, dtype=dt) for k, n in itertools.pairwise(widths)]
+    bs = [torch.randn(n, device=dev, dtype=dt) for n in widths[1:]]
+    x = torch.randn(256, 13, device=dev, dtype=dt)
+    out = torch.empty(256, 16, device=dev, dtype=dt)
+    codes = [1, 1, 1, 1]
+    module = fuseml.nn.FusedMLP(widths, device=dev, dtype=dt)
+    seq = module.to_sequential()
+    cfg = mlp_mod._CHAIN_DEFAULT
+    fuseml.ops.mlp(x, ws, bs, "relu")
+    # the chain kernel's full argument list, as _launch_chain passes it
+    n = len(ws)
+    ds = widths + [1] * (9 - len(widths))
+    ps = [mlp_mod._padded(d) for d in ds[2:]]
+    args = [x, out, *ws, *[None] * (8 - n), *bs, *[None] * (8 - n), 256, 13, 16, *ds, *ps,
+            16, 16, n, sum(c << (4 * i) for i, c in enumerate(codes)), (1 << n) - 1, "tf32",
+            False, 64, 64, 16]  # fmt: skip
+    opts = {"num_warps": 4, "num_stages": 3}
+    compiled = mlp_mod._chain_kernel[(4,)](*args, **opts)
+    fast = compiled[(4, 1, 1)]
+    try:
+        out.fill_(float("nan"))
+        fast(*args)
+        torch.cuda.synchronize()
+        same = torch.equal(out, fuseml.ops.mlp(x, ws, bs, "relu", backend="triton"))
+        print("CompiledKernel runner: same output as fuseml.ops.mlp:", same)
+    except Exception as err:  # this Triton's launcher takes other arguments: say so
+        print("CompiledKernel runner failed:", str(err).splitlines()[0])
+        fast = None
+    rows = {
+        "nn.Sequential (eager) 13-512-256-64-16": lambda: seq(x),
+        "FusedMLP module": lambda: module(x),
+        "fuseml.ops.mlp": lambda: fuseml.ops.mlp(x, ws, bs, "relu"),
+        "torch.ops.fuseml.mlp": lambda: torch.ops.fuseml.mlp(x, ws, bs, codes),
+        "mlp_rows": lambda: mlp_mod.mlp_rows(x, ws, bs, codes),
+        "_launch_chain": lambda: mlp_mod._launch_chain(x, out, ws, bs, codes, cfg, False),
+        "_chain_kernel[grid](...)": lambda: mlp_mod._chain_kernel[(4,)](*args, **opts),
+        "empty kernel 1 arg": lambda: _k1[(1,)](x),
+    }
+    if fast is not None:
+        rows["CompiledKernel[grid](...)"] = lambda: compiled[(4, 1, 1)](*args)
+        rows["CompiledKernel runner, bound once"] = lambda: fast(*args)
+    print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
+    with torch.no_grad():
+        for name, fn in rows.items():
+            print(f"{name:40s} {host_us(fn):7.1f} us/call (host)", flush=True)
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(1000):
+            module(x)
+        pr.disable()
+        torch.cuda.synchronize()
+        print("== cProfile: FusedMLP module, 1000 calls")
+        pstats.Stats(pr).sort_stats("tottime").print_stats(30)
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    mlp_breakdown() if sys.argv[1:] == ["mlp"] else main()

@@ -68,14 +68,13 @@ def test_mlp_both_kernels(device, backend, dtype, widths, acts):
     the scratch kernel give the reference's result on the same chain: a 70-wide input
     takes several K steps in the chain kernel's first layer, 300 several chunks."""
     assert mlp_mod.chain_fits(widths, dtype)
-    assert mlp_mod.default_config(widths, dtype)["kind"] == "chain"
     ws, bs = _layers(widths, dtype, device, bias_every=2)
     x = torch.randn(37, widths[0], dtype=dtype, device=device)
     acts = [acts] * len(ws) if isinstance(acts, str) else acts
     codes = [fuseml.ops.ACTIVATIONS.index(a or "none") for a in acts]
     ref = _ref64(x, ws, bs, acts)
     small = mlp_mod._chain_cfg(16, 32, 16, 4, 2)  # 3 row blocks, 16-column steps
-    for cfg in (mlp_mod._CHAIN_DEFAULT, small, mlp_mod._DEFAULT):
+    for cfg in (mlp_mod._CHAIN_DEFAULT, small, mlp_mod._DEFAULT, mlp_mod._LAYERS):
         out = torch.full((37, widths[-1]), float("nan"), dtype=dtype, device=device)
         mlp_mod._launch_group(x, out, ws, bs, codes, cfg, False)
         assert_close_verbose(out, ref, dtype)
@@ -88,7 +87,24 @@ def test_mlp_chain_kernel_takes_16_bit_chains_that_fit():
     assert not fits([13, 512, 256, 64, 16], torch.float32)  # fp32 operands: registers
     assert not fits([479, 1024, 1024, 512, 256, 1], torch.bfloat16)  # layer 1 too wide
     assert not fits([8, 16], torch.bfloat16)  # one layer
-    assert mlp_mod.default_config([8, 16], torch.bfloat16) == mlp_mod._DEFAULT
+
+
+def test_mlp_untuned_choice():
+    """Without tuning: the chain kernel for narrow-input chains it takes, the layers one
+    by one for other 16-bit chains, the scratch kernel for float32; tuning also times
+    the layers one by one wherever the chain kernel does not clearly win."""
+    pick = mlp_mod.default_config
+    assert pick([13, 512, 256, 64, 16], torch.bfloat16)["kind"] == "chain"
+    assert pick([367, 512, 256, 1], torch.bfloat16)["kind"] == "layers"  # wide input
+    assert pick([479, 1024, 1024, 512, 256, 1], torch.float16)["kind"] == "layers"
+    assert pick([13, 512, 256, 64, 16], torch.float32) == mlp_mod._DEFAULT
+    for widths, dtype, layers in [
+        ([13, 512, 256, 64, 16], torch.bfloat16, False),
+        ([367, 512, 256, 1], torch.bfloat16, True),
+        ([13, 512, 256, 64, 16], torch.float32, True),
+    ]:
+        for m in (64, 65536):
+            assert (mlp_mod._LAYERS in mlp_mod.candidates(m, widths, dtype)) == layers
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
@@ -195,7 +211,7 @@ def test_every_mlp_candidate_config_is_correct(dtype, m):
     acts = ["relu", "gelu", "relu", "sigmoid"]
     codes = [fuseml.ops.ACTIVATIONS.index(a) for a in acts]
     ref = _ref64(x, ws, bs, acts)
-    configs = mlp_mod._SMALL_B + mlp_mod._LARGE_B
+    configs = [*mlp_mod._SMALL_B, *mlp_mod._LARGE_B, mlp_mod._LAYERS]
     if mlp_mod.chain_fits(widths, dtype):
         configs = mlp_mod._CHAIN_SMALL_B + mlp_mod._CHAIN_LARGE_B + configs
     for cfg in configs:
@@ -209,16 +225,21 @@ def test_every_mlp_candidate_config_is_correct(dtype, m):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("m", [32768, 65536])
-def test_mlp_tuned_large_batch_gpu(m, fresh_tuning):
-    """With tuning on (as users run it), the chosen config gives the reference's result."""
+@pytest.mark.parametrize(
+    ("widths", "m"),
+    [([13, 512, 256, 128], 32768), ([13, 512, 256, 128], 65536), ([367, 512, 256, 1], 4096)],
+)
+def test_mlp_tuned_large_batch_gpu(widths, m, fresh_tuning):
+    """With tuning on (as users run it), the chosen config gives the reference's result
+    (the 367-wide chain also times its layers one by one, each linear layer tuning on its
+    first call inside the MLP's tuning)."""
     from fuseml.ops import _tune
 
-    widths = [13, 512, 256, 128]
     ws, bs = _layers(widths, torch.bfloat16, "cuda")
     x = torch.randn(m, widths[0], dtype=torch.bfloat16, device="cuda")
     out = fuseml.ops.mlp(x, ws, bs, "relu", backend="triton")
-    assert _tune.entry_count()[0] == 1  # it did tune
-    assert_close_verbose(out, _ref64(x, ws, bs, ["relu"] * 3), torch.bfloat16)
+    assert _tune.entry_count()[0] >= 1  # it did tune
+    acts = ["relu"] * (len(widths) - 1)
+    assert_close_verbose(out, _ref64(x, ws, bs, acts), torch.bfloat16)
     again = fuseml.ops.mlp(x, ws, bs, "relu", backend="triton")
     assert torch.equal(again, out)

@@ -4,12 +4,22 @@
 
 Unfused, each layer is a GEMM plus an epilogue kernel and writes its (M, width)
 activation to memory, which the next layer reads back. For the DLRM MLPs (widths up to
-1024, batch up to 65536) that traffic and the launch count dominate. Fused, a persistent
-program owns BLOCK_M rows at a time and runs every layer on them: a layer's output goes to
-a per-program scratch block of BLOCK_M x max-width (2 buffers), a few hundred KiB per
-program that stays in L2 and is reused for the next rows, so intermediates never travel
-to device memory. Each layer is rounded to the input dtype, exactly as the unfused chain
-rounds it.
+1024, batch up to 65536) that traffic and the launch count dominate. Two fused kernels:
+
+- the chain kernel (16-bit inputs; every width after layer 1 at most 256): a program owns
+  BLOCK_M rows and keeps every intermediate in registers. Layer 0's output is computed
+  CHUNK columns at a time and each chunk is at once multiplied into layer 1's
+  accumulator as its next K step, so layer 0 may be up to 1024 wide; later layers take
+  their whole input from registers. The DLRM bottom MLPs (13-512-256-64-16) run this way.
+- the scratch kernel (any chain up to 1024 wide): a persistent program runs every layer
+  on BLOCK_M rows at a time, a layer's output going to a per-program scratch block of
+  BLOCK_M x max-width (2 buffers) that stays in L2 and is reused for the next rows.
+
+Each layer is rounded to the input dtype, exactly as the unfused chain rounds it. Which
+kernel and tile runs is measured per shape bucket (``fuseml.ops._tune``); where the input
+is wide enough that layer 0 is a real GEMM (which every row block would redo over all of
+W0), tuning also times the layers one by one through ``fuseml.ops.linear`` (not fused:
+each layer's epilogue is), and on the H100 that was the fastest for the DLRM top MLPs.
 
 Up to ``MAX_FUSED_LAYERS`` layers per launch (longer chains: several launches) and widths
 up to ``MAX_WIDTH``; wider layers run one by one through ``fuseml.ops.linear``, said once.
@@ -52,6 +62,12 @@ log = logging.getLogger("fuseml")
 MAX_WIDTH = 1024
 MAX_FUSED_LAYERS = 8
 CHAIN_MAX_WIDTH = 256  # widths after layer 1 that the chain kernel holds in registers
+# Inputs up to this wide: layer 0 is cheap inside the chain kernel, which then beats the
+# unfused chain 2-4x (DLRM bottom MLPs, 13 wide). Wider inputs make layer 0 a real GEMM
+# that every row block redoes over all of W0: there the chain kernel lost to running
+# the layers one by one (kaggle top, 367 wide, B = 4096: 42.8 vs 27.2 us, H100), so
+# tuning also times the layers one by one through fuseml.ops.linear.
+CHAIN_SMALL_INPUT = 64
 
 
 def mlp_ref(
@@ -372,6 +388,7 @@ _CHAIN_SMALL_B = [
 # The scratch kernel's configs that came closest where the chain kernel also runs (it
 # lost by 1.1-2.6x at every batch of the sweep): kept as candidates there.
 _SCRATCH_NEXT_TO_CHAIN = [_cfg(32, 128, 64, 4, 2), _cfg(128, 128, 64, 8, 1)]
+_LAYERS = {"kind": "layers"}  # not fused: fuseml.ops.linear per layer
 _CHAIN_DEFAULT = _chain_cfg(64, 64, 64, 4, 3)
 
 
@@ -386,8 +403,9 @@ def _warn_unfused(widths: tuple) -> None:
 
 
 def _padded(d: int) -> int:
-    """A width as a tile dimension: a power of two, at least 16 (tl.dot's minimum)."""
-    return max(16, triton.next_power_of_2(d))
+    """A width as a tile dimension: a power of two, at least 16 (tl.dot's minimum).
+    (Plain Python: triton.next_power_of_2 is a constexpr function, ~3 us a call.)"""
+    return 16 if d <= 16 else 1 << (d - 1).bit_length()
 
 
 def chain_fits(widths: Sequence[int], dtype: torch.dtype) -> bool:
@@ -403,11 +421,33 @@ def chain_fits(widths: Sequence[int], dtype: torch.dtype) -> bool:
     )
 
 
+def _run_layers(x2, weights, biases, codes, traced) -> torch.Tensor:
+    """The group layer by layer through fuseml.ops.linear (each epilogue fused; the
+    activations between layers go through memory)."""
+    h = x2
+    for w, b, c in zip(weights, biases, codes):
+        h = linear_rows(h, w, b, None, 1.0, c, traced=traced)
+    return h
+
+
 def _launch_group(x2, out, weights, biases, codes, cfg, traced) -> None:
-    if cfg.get("kind") == "chain":
+    kind = cfg.get("kind")
+    if kind == "chain":
         _launch_chain(x2, out, weights, biases, codes, cfg, traced)
+    elif kind == "layers":
+        if not launches_skipped() and x2.shape[0]:
+            out.copy_(_run_layers(x2, weights, biases, codes, traced))
     else:
         _launch_scratch(x2, out, weights, biases, codes, cfg, traced)
+
+
+def _run_group(x2, weights, biases, codes, cfg, traced) -> torch.Tensor:
+    """The group's output under ``cfg``: one fused launch, or the layers one by one."""
+    if cfg.get("kind") == "layers":
+        return _run_layers(x2, weights, biases, codes, traced)
+    out = torch.empty((x2.shape[0], weights[-1].shape[0]), dtype=x2.dtype, device=x2.device)
+    _launch_group(x2, out, weights, biases, codes, cfg, traced)
+    return out
 
 
 def _launch_chain(x2, out, weights, biases, codes, cfg, traced) -> None:
@@ -466,14 +506,23 @@ def _launch_scratch(x2, out, weights, biases, codes, cfg, traced) -> None:
 
 def candidates(m: int, widths: Sequence[int], dtype: torch.dtype) -> list[dict]:
     """The configs tuning times for a batch of m rows through these widths."""
+    small = m <= SMALL_BATCH
     if chain_fits(widths, dtype):
-        return (_CHAIN_SMALL_B if m <= SMALL_BATCH else _CHAIN_LARGE_B) + _SCRATCH_NEXT_TO_CHAIN
-    return _SMALL_B if m <= SMALL_BATCH else _LARGE_B
+        chain = _CHAIN_SMALL_B if small else _CHAIN_LARGE_B
+        if widths[0] <= CHAIN_SMALL_INPUT:
+            return chain + _SCRATCH_NEXT_TO_CHAIN
+        return [*chain, _LAYERS]
+    return [*(_SMALL_B if small else _LARGE_B), _LAYERS]
 
 
 def default_config(widths: Sequence[int], dtype: torch.dtype) -> dict:
-    """The config without tuning (interpreter, FUSEML_AUTOTUNE=0, a symbolic batch)."""
-    return _CHAIN_DEFAULT if chain_fits(widths, dtype) else _DEFAULT
+    """The config without tuning (interpreter, FUSEML_AUTOTUNE=0, a symbolic batch): the
+    chain kernel where it takes the chain with a narrow input, else for 16-bit inputs the
+    layers one by one (faster on the H100 for every such DLRM MLP measured), else the
+    scratch kernel."""
+    if chain_fits(widths, dtype) and widths[0] <= CHAIN_SMALL_INPUT:
+        return _CHAIN_DEFAULT
+    return _LAYERS if dtype in (torch.float16, torch.bfloat16) else _DEFAULT
 
 
 def _group_config(x2, weights, biases, codes, traced) -> dict:
@@ -493,9 +542,9 @@ def _group_config(x2, weights, biases, codes, traced) -> dict:
         return f"mlp2:{str(x2.dtype)[6:]}:{precision}:m{bucket}:{'-'.join(map(str, widths))}"
 
     def run(c: dict) -> None:
-        # (timed as CUDA-graph replays: the allocation is the capture's, not a replay's)
-        out = torch.empty((m, weights[-1].shape[0]), dtype=x2.dtype, device=x2.device)
-        _launch_group(x2, out, weights, biases, codes, c, False)
+        # (timed as CUDA-graph replays: the allocation is the capture's, not a replay's;
+        # "layers" tunes each linear layer on its first, untimed call)
+        _run_group(x2, weights, biases, codes, c, False)
 
     def bench(c: dict) -> float:
         return _tune.gpu_time_ms(lambda: run(c))
@@ -520,16 +569,13 @@ def mlp_rows(x, weights, biases, codes, *, traced: bool = False) -> torch.Tensor
         h = h.contiguous()
     if max(widths) > MAX_WIDTH:
         _warn_unfused(widths)
-        for w, b, c in zip(weights, biases, codes):
-            h = linear_rows(h, w, b, None, 1.0, c, traced=traced)
+        h = _run_layers(h, weights, biases, codes, traced)
         return h.view(*x.shape[:-1], widths[-1])
     for g in range(0, len(weights), MAX_FUSED_LAYERS):
         ws = weights[g : g + MAX_FUSED_LAYERS]
         bs = biases[g : g + MAX_FUSED_LAYERS]
         cs = codes[g : g + MAX_FUSED_LAYERS]
-        out = torch.empty((h.shape[0], ws[-1].shape[0]), dtype=x.dtype, device=x.device)
-        _launch_group(h, out, ws, bs, cs, _group_config(h, ws, bs, cs, traced), traced)
-        h = out
+        h = _run_group(h, ws, bs, cs, _group_config(h, ws, bs, cs, traced), traced)
     return h.view(*x.shape[:-1], widths[-1])
 
 
