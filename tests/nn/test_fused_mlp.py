@@ -55,6 +55,28 @@ def test_fused_mlp_from_sequential_keeps_children_and_keys(device, backend):
     assert "backend=" in repr(mlp)
 
 
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_fused_mlp_sees_changed_children(device, backend):
+    """The forward keeps its reading of the children between calls: a replaced child, a
+    changed GELU approximation, or a replaced parameter must show in the next call."""
+    mlp = FusedMLP([16, 24, 8], ["gelu", None], device=device, backend=backend)
+    x = torch.randn(5, 16, device=device)
+    with torch.no_grad():
+        mlp(x)
+        mlp[1].approximate = "tanh"
+        assert_close_verbose(mlp(x), _ref64(mlp, x))
+        assert [act for _, act in mlp.layers()] == ["gelu_tanh", None]
+        mlp[1] = nn.Sigmoid()
+        assert_close_verbose(mlp(x), _ref64(mlp, x))
+        mlp[2].weight = nn.Parameter(torch.randn(8, 24, device=device))
+        assert_close_verbose(mlp(x), _ref64(mlp, x))
+        mlp[1].approximate = "sigmoid-ish"  # a plain attribute on Sigmoid: not read
+        mlp[1] = nn.GELU(approximate="tanh")
+        mlp[1].approximate = "nope"
+        with pytest.raises(ValueError, match="no fused epilogue"):
+            mlp(x)
+
+
 def test_fused_mlp_state_dict_loads_both_ways():
     fused = FusedMLP([32, 48, 8], ["relu", None])
     plain = nn.Sequential(nn.Linear(32, 48), nn.ReLU(), nn.Linear(48, 8))

@@ -89,6 +89,15 @@ def test_mlp_chain_kernel_takes_16_bit_chains_that_fit():
     assert not fits([8, 16], torch.bfloat16)  # one layer
 
 
+def test_int_spec():
+    from fuseml.ops._utils import int_spec
+
+    assert int_spec(1) == (True, False, True)
+    assert int_spec(32) == (False, True, True)
+    assert int_spec(37) == (False, False, True)
+    assert int_spec(2**31) == (False, True, False)
+
+
 def test_mlp_untuned_choice():
     """Without tuning: the chain kernel for narrow-input chains it takes, the layers one
     by one for other 16-bit chains, the scratch kernel for float32; tuning also times
@@ -243,3 +252,32 @@ def test_mlp_tuned_large_batch_gpu(widths, m, fresh_tuning):
     assert_close_verbose(out, _ref64(x, ws, bs, acts), torch.bfloat16)
     again = fuseml.ops.mlp(x, ws, bs, "relu", backend="triton")
     assert torch.equal(again, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_mlp_direct_launch_matches_the_ordinary_launch_gpu(monkeypatch):
+    """Repeat calls of the chain kernel go through the compiled kernel's own launcher
+    (CompiledLaunches): same output as Triton's ordinary launch for every batch size
+    (1, multiples of 16, odd), for a 16-byte-misaligned input (ordinary launch) and for
+    a strided one."""
+    widths = [13, 512, 256, 64, 16]
+    ws, bs = _layers(widths, torch.bfloat16, "cuda", bias_every=2)
+    acts = ["relu", "gelu", "relu", "sigmoid"]
+    codes = [fuseml.ops.ACTIVATIONS.index(a) for a in acts]
+    cfg = mlp_mod._CHAIN_DEFAULT
+    buf = torch.randn(300 * 14 + 1, dtype=torch.bfloat16, device="cuda")
+    inputs = [torch.randn(m, 13, dtype=torch.bfloat16, device="cuda") for m in (1, 16, 37, 64, 1)]
+    inputs.append(buf[1 : 1 + 300 * 13].view(300, 13))  # data_ptr % 16 == 2
+    inputs.append(buf[: 300 * 14].view(300, 14)[:, :13])  # row stride 14
+    launches = mlp_mod._chain_launches
+    for x in inputs:
+        outs = []
+        for direct in (False, True, True):  # ordinary, then the first and a repeat direct
+            monkeypatch.setattr(launches, "enabled", direct)
+            out = torch.full((x.shape[0], 16), float("nan"), dtype=x.dtype, device="cuda")
+            mlp_mod._launch_group(x, out, ws, bs, codes, cfg, False)
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+        assert_close_verbose(outs[2], _ref64(x, ws, bs, acts), torch.bfloat16)
+    assert len(launches.compiled) >= 3  # M = 1, a multiple of 16, neither

@@ -144,12 +144,27 @@ class FusedMLP(nn.Sequential):
             raise ValueError("FusedMLP: needs at least one nn.Linear child")
         return [(lin, act) for lin, act in plan]
 
+    def _layers_now(self) -> tuple[list[nn.Linear], list[str | None]]:
+        """``layers()`` split in two lists, read again only when the children change (or
+        the two activation settings the epilogue depends on: GELU's approximation and
+        LeakyReLU's slope)."""
+        children = tuple(
+            (m, m.__dict__.get("approximate"), m.__dict__.get("negative_slope"))
+            for m in self._modules.values()
+        )
+        cached = self.__dict__.get("_layers_cache")
+        if cached is None or cached[0] != children:
+            plan = self.layers()
+            cached = (children, [lin for lin, _ in plan], [act for _, act in plan])
+            self.__dict__["_layers_cache"] = cached
+        return cached[1], cached[2]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        plan = self.layers()
-        weights = [lin.weight for lin, _ in plan]
-        biases = [lin.bias for lin, _ in plan]
+        linears, acts = self._layers_now()
+        weights = [lin.weight for lin in linears]
+        biases = [lin.bias for lin in linears]
         backend = call_backend("FusedMLP", self.backend, x, [*weights, *biases])
-        return fused_mlp(x, weights, biases, [act for _, act in plan], backend=backend)
+        return fused_mlp(x, weights, biases, acts, backend=backend)
 
     def __getitem__(self, idx):
         if isinstance(idx, slice):  # a part of the chain is a plain Sequential

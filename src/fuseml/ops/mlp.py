@@ -42,6 +42,7 @@ from fuseml.ops import _tune
 from fuseml.ops._elementwise import _activation
 from fuseml.ops._gemm import dot_precision, mma
 from fuseml.ops._utils import (
+    CompiledLaunches,
     cdiv,
     check_choice,
     check_same,
@@ -49,13 +50,14 @@ from fuseml.ops._utils import (
     compiled,
     fused_op,
     grid_launch,
+    int_spec,
     launches_skipped,
     needs_dispatch,
     sm_count,
 )
 from fuseml.ops.bias_act import activation_ref
 from fuseml.ops.linear import linear_rows
-from fuseml.runtime import triton_interpreting
+from fuseml.runtime import FLOAT_DTYPES, triton_interpreting
 
 log = logging.getLogger("fuseml")
 
@@ -450,29 +452,53 @@ def _run_group(x2, weights, biases, codes, cfg, traced) -> torch.Tensor:
     return out
 
 
+_chain_launches = CompiledLaunches(_chain_kernel)
+_chain_consts: dict = {}  # static key -> the chain kernel's constexpr arguments and options
+
+
+def _chain_static(x2, weights, biases, codes, cfg) -> tuple:
+    """(constexpr arguments in the kernel's order, launch options) of one group."""
+    widths = [x2.shape[1], *(w.shape[0] for w in weights)]
+    n_layers = len(weights)
+    ds = widths + [1] * (9 - len(widths))
+    ps = [_padded(d) for d in ds[2:]]
+    consts = (
+        *ds, *ps, widths[-1], _padded(widths[-1]), n_layers,
+        sum(c << (4 * i) for i, c in enumerate(codes)),
+        sum(1 << i for i, b in enumerate(biases) if b is not None),
+        dot_precision(x2.dtype), triton_interpreting(),
+        cfg["BLOCK_M"], cfg["CHUNK"], min(cfg["BLOCK_K"], _padded(widths[0])),
+    )  # fmt: skip
+    return consts, {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+
+
 def _launch_chain(x2, out, weights, biases, codes, cfg, traced) -> None:
     m = x2.shape[0]
     if launches_skipped() or m == 0:
         return
-    n_layers = len(weights)
-    widths = [x2.shape[1], *(w.shape[0] for w in weights)]
-    ds = widths + [1] * (9 - len(widths))
-    ps = [_padded(d) for d in ds[2:]]
-    pad = [None] * (8 - n_layers)
-    ws = [w.contiguous() for w in weights] + pad
-    bs = [None if b is None else b.contiguous() for b in biases] + pad
-    acts = sum(c << (4 * i) for i, c in enumerate(codes))
-    has_b = sum(1 << i for i, b in enumerate(biases) if b is not None)
-    bm = cfg["BLOCK_M"]
-    kernel = torch.library.wrap_triton(_chain_kernel) if traced else _chain_kernel
-    grid_launch(kernel, (cdiv(m, bm),))(
-        x2, out, *ws, *bs, m, x2.stride(0), out.stride(0),
-        *ds, *ps, widths[-1], _padded(widths[-1]),
-        NUM_LAYERS=n_layers, ACTS=acts, BIASES=has_b,
-        PRECISION=dot_precision(x2.dtype), UPCAST=triton_interpreting(),
-        BLOCK_M=bm, CHUNK=cfg["CHUNK"], BLOCK_K=min(cfg["BLOCK_K"], _padded(widths[0])),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    skey = (
+        x2.dtype, x2.shape[1], *(w.shape[0] for w in weights), *codes,
+        *(b is None for b in biases), *cfg.values(),
     )  # fmt: skip
+    static = _chain_consts.get(skey)
+    if static is None:
+        static = _chain_consts[skey] = _chain_static(x2, weights, biases, codes, cfg)
+    consts, options = static
+    pad = (None,) * (8 - len(weights))
+    ws = (*(w.contiguous() for w in weights), *pad)
+    bs = (*(None if b is None else b.contiguous() for b in biases), *pad)
+    sx, so = x2.stride(0), out.stride(0)
+    args = (x2, out, *ws, *bs, m, sx, so, *consts)
+    grid = (cdiv(m, cfg["BLOCK_M"]),)
+    if traced:
+        grid_launch(torch.library.wrap_triton(_chain_kernel), grid)(*args, **options)
+        return
+    ptrs = x2.data_ptr() | out.data_ptr()
+    for t in (*ws, *bs):
+        if t is not None:
+            ptrs |= t.data_ptr()
+    key = (skey, int_spec(m), int_spec(sx), int_spec(so))
+    _chain_launches(grid, key, ptrs % 16 == 0, args, options)
 
 
 def _launch_scratch(x2, out, weights, biases, codes, cfg, traced) -> None:
@@ -592,8 +618,50 @@ def _mlp_op(
 
 
 # ---------------------------------------------------------------------------- public
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def _valid_mlp_args(x, weights, biases, activations):
+    """normalize_mlp_args's result when every argument is plainly valid (one pass, no
+    messages: the per-call fast path), else None (the full check then names the error)."""
+    if type(x) not in _PLAIN_TENSORS or not isinstance(weights, (list, tuple)) or not weights:
+        return None
+    n = len(weights)
+    if biases is None:
+        biases = [None] * n
+    elif not isinstance(biases, (list, tuple)) or len(biases) != n:
+        return None
+    if activations is None or type(activations) is str:
+        acts = ["none" if activations is None else activations] * n
+    elif isinstance(activations, (list, tuple)) and len(activations) == n:
+        acts = ["none" if a is None else a for a in activations]
+    else:
+        return None
+    if not all(type(a) is str and a in ew.ACT_CODE for a in acts):
+        return None
+    dt, dev = x.dtype, x.device
+    if dt not in FLOAT_DTYPES or x.dim() < 1:
+        return None
+    width = x.shape[-1]
+    for w, b in zip(weights, biases):
+        if type(w) not in _PLAIN_TENSORS or w.dtype != dt or w.device != dev or w.dim() != 2:
+            return None
+        out_w, in_w = w.shape
+        if in_w != width:
+            return None
+        width = out_w
+        if b is not None and (
+            type(b) not in _PLAIN_TENSORS or b.dtype != dt or b.device != dev or b.shape != (width,)
+        ):
+            return None
+    return list(weights), list(biases), acts
+
+
 def normalize_mlp_args(op, x, weights, biases, activations):
     """Validate; return (weights list, biases list, activation names list)."""
+    valid = _valid_mlp_args(x, weights, biases, activations)
+    if valid is not None:
+        return valid
     check_tensor(op, "x", x)
     if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence) or not weights:
         raise TypeError(f"{op}: weights must be a non-empty list of (out, in) tensors")
