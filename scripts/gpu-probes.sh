@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call: the fused MLP's and its module's GPU tests
-# (the chain kernel launched through its compiled kernel's own launcher), the call path's
-# host time, and the mlp suite's kaggle bottom rows.
+# The open GPU checks of NOTES.md in one call: the fused MLP's GPU tests after the fix of
+# its torch.compile path (symbolic widths), with fuseml.optimize and the DLRM models.
 # Logs go to OUTDIR, and
 # OUTDIR/probes.tgz holds them all (one file to fetch). Set FUSEML_COMMIT=<sha> for the
 # results' commit stamp where the tree has no current .git.
@@ -20,11 +19,7 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run tests 230 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_mlp.py tests/nn
-run host 90 "$PY" scripts/host_overhead.py mlp
-cp -r benchmarks/results "$OUT/results"
-run bench-mlp 270 "$PY" -m fuseml.cli bench mlp --quick --merge --cases kaggle-bottom \
-    --out "$OUT/results"
+run tests 300 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_mlp.py tests/test_optimize.py \
+    tests/models -k "not every_mlp_candidate"
 tail -3 "$OUT/tests.txt"
-head -14 "$OUT/host.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"

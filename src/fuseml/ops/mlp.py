@@ -457,8 +457,9 @@ _chain_consts: dict = {}  # static key -> the chain kernel's constexpr arguments
 
 
 def _chain_static(x2, weights, biases, codes, cfg) -> tuple:
-    """(constexpr arguments in the kernel's order, launch options) of one group."""
-    widths = [x2.shape[1], *(w.shape[0] for w in weights)]
+    """(constexpr arguments in the kernel's order, launch options) of one group (widths
+    made concrete: see ``_group_config``)."""
+    widths = [int(d) for d in (x2.shape[1], *(w.shape[0] for w in weights))]
     n_layers = len(weights)
     ds = widths + [1] * (9 - len(widths))
     ps = [_padded(d) for d in ds[2:]]
@@ -476,14 +477,18 @@ def _launch_chain(x2, out, weights, biases, codes, cfg, traced) -> None:
     m = x2.shape[0]
     if launches_skipped() or m == 0:
         return
-    skey = (
-        x2.dtype, x2.shape[1], *(w.shape[0] for w in weights), *codes,
-        *(b is None for b in biases), *cfg.values(),
-    )  # fmt: skip
-    static = _chain_consts.get(skey)
-    if static is None:
-        static = _chain_consts[skey] = _chain_static(x2, weights, biases, codes, cfg)
-    consts, options = static
+    if traced:  # (widths may be symbolic there, and unhashable: nothing kept)
+        skey = None
+        consts, options = _chain_static(x2, weights, biases, codes, cfg)
+    else:
+        skey = (
+            x2.dtype, x2.shape[1], *(w.shape[0] for w in weights), *codes,
+            *(b is None for b in biases), *cfg.values(),
+        )  # fmt: skip
+        static = _chain_consts.get(skey)
+        if static is None:
+            static = _chain_consts[skey] = _chain_static(x2, weights, biases, codes, cfg)
+        consts, options = static
     pad = (None,) * (8 - len(weights))
     ws = (*(w.contiguous() for w in weights), *pad)
     bs = (*(None if b is None else b.contiguous() for b in biases), *pad)
@@ -554,7 +559,9 @@ def default_config(widths: Sequence[int], dtype: torch.dtype) -> dict:
 def _group_config(x2, weights, biases, codes, traced) -> dict:
     """The launch config of one fused group (see ``fuseml.ops._tune.choose``)."""
     m = x2.shape[0]
-    widths = (x2.shape[1], *(w.shape[0] for w in weights))
+    # (int(): under torch.compile with dynamic shapes the widths may be symbolic; they are
+    # the weights' shapes, model constants, so specializing on them is right)
+    widths = tuple(int(d) for d in (x2.shape[1], *(w.shape[0] for w in weights)))
     if type(m) is not int:  # symbolic batch under torch.compile: no bucket to look up
         return default_config(widths, x2.dtype)
     precision = dot_precision(x2.dtype)
