@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call: the CUDA softmax twin's GPU tests with its
-# split kernel's even column shares, and its time at 50257 / 65536 columns next to Triton's.
+# The open GPU checks of NOTES.md in one call: the fused MLP's GPU tests after the fix of
+# its torch.compile path (symbolic widths), with fuseml.optimize and the DLRM models.
 # Logs go to OUTDIR, and
 # OUTDIR/probes.tgz holds them all (one file to fetch). Set FUSEML_COMMIT=<sha> for the
 # results' commit stamp where the tree has no current .git.
@@ -19,9 +19,7 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run tests 220 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_softmax.py -k cuda
-run probe-softmax 100 env PROBE_SPLIT=8192:1024 PROBE_ONLINE=none "$PY" \
-    scripts/probe_softmax.py 50257 65536
+run tests 300 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_mlp.py tests/test_optimize.py \
+    tests/models -k "not every_mlp_candidate"
 tail -3 "$OUT/tests.txt"
-grep -E "==|cuda|CUDA|split" "$OUT/probe-softmax.txt" | head -30
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"

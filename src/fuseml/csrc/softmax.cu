@@ -579,17 +579,15 @@ __device__ __forceinline__ int acquire_count(const int* count) {
   return v;
 }
 
-// SPLIT: block b takes chunk b % chunks of row b / chunks: chunk_cols columns (a multiple of
-// the pack, at most THREADS x ELEMS; the host shares a row evenly, 50257 columns as 7 x 7184
-// rather than 6 x 8192 + 1105, since the row waits for its slowest block) counted from the
-// 16-byte boundary at or before the row's start. The wait ends if blocks start in
+// SPLIT: block b takes chunk b % chunks of row b / chunks, THREADS x ELEMS columns counted
+// from the 16-byte boundary at or before the row's start. The wait ends if blocks start in
 // index order and `chunks` of them fit on the GPU at once (the assumption of CUB's single-
 // pass scan); the host keeps chunks at or under half the SMs. stats: (rows, chunks) pairs;
 // count: (rows,) zeros at launch, the blocks of the row that have posted.
 template <class Tr, bool LOG, int THREADS, int ELEMS>
 __global__ void __launch_bounds__(THREADS)
     softmax_split_kernel(const RowArgs<typename Tr::Storage> a, float2* stats, int* count,
-                         int chunks, int64_t chunk_cols) {
+                         int chunks) {
   using S = typename Tr::Storage;
   constexpr int V = kVec<S>;
   constexpr int kPackStride = THREADS * V;
@@ -601,12 +599,9 @@ __global__ void __launch_bounds__(THREADS)
   const int chunk = static_cast<int>(blockIdx.x % chunks);
   const S* xrow = a.x + row * a.x_row_stride;
   S* orow = a.out + row * a.out_row_stride;
-  const int64_t lead = lead_of<V>(xrow);
-  const int64_t c_chunk = static_cast<int64_t>(chunk) * chunk_cols - lead;
-  const int64_t c_first = c_chunk + static_cast<int64_t>(threadIdx.x) * V;
-  // The chunk's end: its packs past it (THREADS x ELEMS may exceed chunk_cols) are the next
-  // chunk's, loaded as -inf and not stored here.
-  const int64_t n = a.cols < c_chunk + chunk_cols ? a.cols : c_chunk + chunk_cols;
+  const int64_t n = a.cols;
+  const int64_t c_first = static_cast<int64_t>(chunk) * THREADS * ELEMS +
+                          static_cast<int64_t>(threadIdx.x) * V - lead_of<V>(xrow);
   float v[ELEMS];
   float mx = load_part<Tr, ELEMS, kPackStride>(xrow, c_first, n, v);
   // The chunk's statistics against its own max (0 for a chunk of only -inf, so that its sum
@@ -712,11 +707,8 @@ void launch_block(const RowArgs<typename Tr::Storage>& a, const Launch& l) {
 }
 
 template <class Tr, bool LOG, int THREADS, int ELEMS>
-void launch_split(const RowArgs<typename Tr::Storage>& a, int chunks, int64_t span,
-                  const at::Tensor& like, const Launch& l) {
-  constexpr int V = kVec<typename Tr::Storage>;
-  // span shared evenly: chunks x chunk_cols >= span (the row and its lead), packs whole
-  const int64_t chunk_cols = ((span + chunks - 1) / chunks + V - 1) / V * V;
+void launch_split(const RowArgs<typename Tr::Storage>& a, int chunks, const at::Tensor& like,
+                  const Launch& l) {
   const at::Tensor count = at::zeros({a.rows}, like.options().dtype(at::kInt));
   const at::Tensor stats = at::empty({a.rows, chunks, 2}, like.options().dtype(at::kFloat));
   const int64_t grid = a.rows * chunks;
@@ -724,7 +716,7 @@ void launch_split(const RowArgs<typename Tr::Storage>& a, int chunks, int64_t sp
   softmax_split_kernel<Tr, LOG, THREADS, ELEMS><<<static_cast<unsigned>(grid), THREADS, 0,
                                                   l.stream>>>(
       a, reinterpret_cast<float2*>(stats.mutable_data_ptr<float>()),
-      count.mutable_data_ptr<int>(), chunks, chunk_cols);
+      count.mutable_data_ptr<int>(), chunks);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -818,8 +810,8 @@ void launch_softmax(const Problem& p, const Launch& l) {
     const int64_t limit = std::min<int64_t>(kMaxSplitChunks, l.sm_count / 2);
     const int64_t small = (span + 8191) / 8192;
     const int64_t large = (span + 16383) / 16384;
-    if (small <= limit) return launch_split<Tr, LOG, 256, 32>(a, small, span, *p.like, l);
-    if (large <= limit) return launch_split<Tr, LOG, 512, 32>(a, large, span, *p.like, l);
+    if (small <= limit) return launch_split<Tr, LOG, 256, 32>(a, small, *p.like, l);
+    if (large <= limit) return launch_split<Tr, LOG, 512, 32>(a, large, *p.like, l);
     return launch_online<Tr, LOG, V>(a, kOnlineThreads, l);
   }
   TORCH_INTERNAL_ASSERT(false, "softmax_cuda_out: no kernel for a span of ", span, " columns");
