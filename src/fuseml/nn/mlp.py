@@ -20,7 +20,8 @@ from fuseml.ops.mlp import mlp as fused_mlp
 
 class FusedMLP(nn.Sequential):
     """An ``nn.Sequential`` of ``nn.Linear`` layers, each optionally followed by one
-    activation module, run as one launch by ``fuseml.ops.mlp``.
+    activation module, run by ``fuseml.ops.mlp`` (one launch: the chain kernel or the
+    scratch kernel, or layer by layer where tuning found that faster).
 
     The children are the plain modules (``nn.Linear``, ``nn.ReLU``, ...) at the same
     indices as in the equivalent ``nn.Sequential``, so ``state_dict`` keys ("0.weight",

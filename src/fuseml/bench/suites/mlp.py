@@ -14,7 +14,9 @@ Arms
   compile      torch.compile of the reference (default mode)
   compile-max  torch.compile(mode="max-autotune-no-cudagraphs"), B = 4096 in bf16 (kaggle
                bottom: also 65536)
-  triton       fuseml.ops.mlp(backend="triton"): every layer in one persistent launch
+  triton       fuseml.ops.mlp(backend="triton"): the chain kernel (kaggle / mlperf bottom:
+               one launch, intermediates in registers), or what tuning chose for the top
+               MLPs (the layers one by one through fuseml.ops.linear)
   triton-op    torch.ops.fuseml.mlp, the dispatcher path (host overhead rows only)
 Every case is also timed as CUDA-graph replays (rows with mode "graph"); the tables and
 the plot show those of eager and triton as arms of their own, "eager+graph" (eager + CUDA
