@@ -33,7 +33,9 @@ def graph_us(fn) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=20) * 1e3
 
 
-def probe(name: str, batch: int, dtype=torch.bfloat16) -> None:
+def _problem(name: str, batch: int, dtype):
+    """(widths, activations, weights, biases, x, activation codes, float64 reference,
+    flops) of one MLP and batch; weights scaled as nn.Linear's, seeded."""
     widths, acts = MLPS[name]
     torch.manual_seed(0)
     layers = list(itertools.pairwise(widths))
@@ -43,6 +45,11 @@ def probe(name: str, batch: int, dtype=torch.bfloat16) -> None:
     codes = [fuseml.ops.ACTIVATIONS.index(a) for a in acts]
     ref = fuseml.ops.mlp_ref(x.double(), [w.double() for w in ws], [b.double() for b in bs], acts)
     flops = 2 * batch * sum(k * n for k, n in layers)
+    return widths, acts, ws, bs, x, codes, ref, flops
+
+
+def probe(name: str, batch: int, dtype=torch.bfloat16) -> None:
+    widths, acts, ws, bs, x, codes, ref, flops = _problem(name, batch, dtype)
 
     def show(label: str, us: float, err: float | None = None) -> None:
         e = "" if err is None else f" err={err:.1e}"
@@ -73,15 +80,8 @@ def plans(name: str, batch: int, dtype=torch.bfloat16) -> None:
     linear for the first layers with the chain kernel (best config) for the rest."""
     from fuseml.ops.linear import linear_rows
 
-    widths, acts = MLPS[name]
-    torch.manual_seed(0)
-    layers = list(itertools.pairwise(widths))
-    ws = [torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5 for k, n in layers]
-    bs = [torch.randn(n, device="cuda", dtype=dtype) / 10 for _, n in layers]
-    x = torch.randn(batch, widths[0], device="cuda", dtype=dtype)
-    codes = [fuseml.ops.ACTIVATIONS.index(a) for a in acts]
-    ref = fuseml.ops.mlp_ref(x.double(), [w.double() for w in ws], [b.double() for b in bs], acts)
-    flops = 2 * batch * sum(k * n for k, n in layers)
+    widths, _, ws, bs, x, codes, ref, flops = _problem(name, batch, dtype)
+    n_layers = len(ws)
     print(f"== plans {name} {'-'.join(map(str, widths))} B={batch}", flush=True)
 
     def run(split: int, cfg: dict | None):
@@ -94,7 +94,7 @@ def plans(name: str, batch: int, dtype=torch.bfloat16) -> None:
         mlp_mod._launch_group(h, out, ws[split:], bs[split:], codes[split:], cfg, False)
         return out
 
-    for split in range(len(layers) - 1):
+    for split in range(n_layers - 1):
         rest = widths[split:]
         if not mlp_mod.chain_fits(rest, dtype):
             continue
@@ -104,8 +104,8 @@ def plans(name: str, batch: int, dtype=torch.bfloat16) -> None:
             label = " ".join(f"{k}={v}" for k, v in cfg.items() if k != "kind")
             print(f"  {split} linear + {cfg.get('kind', 'scratch')} {label:40s} {us:8.1f} us "
                   f"{flops / us / 1e6:6.1f} TFLOP/s err={err:.1e}", flush=True)  # fmt: skip
-    err = rel_err(run(len(layers), None), ref)
-    us = graph_us(lambda: run(len(layers), None))
+    err = rel_err(run(n_layers, None), ref)
+    us = graph_us(lambda: run(n_layers, None))
     print(f"  every layer through linear {us:8.1f} us err={err:.1e}", flush=True)
 
 
