@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call: the fused MLP's GPU tests after the fix of
-# its torch.compile path (symbolic widths), with fuseml.optimize and the DLRM models.
+# The open GPU checks of NOTES.md in one call: the linear / LoRA / module GPU tests with
+# the plain linear kernel's repeat launches through its compiled kernel's own launcher.
 # Logs go to OUTDIR, and
 # OUTDIR/probes.tgz holds them all (one file to fetch). Set FUSEML_COMMIT=<sha> for the
 # results' commit stamp where the tree has no current .git.
@@ -19,7 +19,7 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run tests 300 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_mlp.py tests/test_optimize.py \
-    tests/models -k "not every_mlp_candidate"
+run tests 200 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_linear.py tests/ops/test_lora.py \
+    tests/nn -k "not every"
 tail -3 "$OUT/tests.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"

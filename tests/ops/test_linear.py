@@ -484,3 +484,31 @@ def test_tuning_where_no_config_runs_keeps_nothing(tmp_path, monkeypatch, caplog
     assert got == {"a": 0}
     assert "none of 2 configs ran" in caplog.text and "shared memory" in caplog.text
     assert not list(tmp_path.glob("tune/*.json"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_linear_direct_launch_matches_the_ordinary_launch_gpu(monkeypatch):
+    """Repeat launches of the pointer kernel go through the compiled kernel's own launcher
+    (CompiledLaunches): same output as Triton's ordinary launch for batch sizes 1, a
+    multiple of 16 and neither, with and without bias / residual, for a 16-byte-misaligned
+    x (ordinary launch) and a column-strided one."""
+    k, n = 40, 24
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    buf = torch.randn(100 * k + 1, device="cuda", dtype=torch.bfloat16)
+    xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for m in (1, 32, 37)]
+    xs += [buf[1 : 1 + 100 * k].view(100, k), buf[: 50 * k].view(k, 50).t()]
+    cfg = _gemm.default_config(64, n, k, torch.bfloat16)
+    launches = _gemm._linear_launches
+    for x in xs:
+        for bias, res in ((b, None), (None, torch.randn(x.shape[0], n, device="cuda").bfloat16())):
+            outs = []
+            for direct in (False, True, True):  # ordinary, then the first and a repeat
+                monkeypatch.setattr(launches, "enabled", direct)
+                out = torch.full((x.shape[0], n), float("nan"), device="cuda").bfloat16()
+                _gemm.launch_linear(out, x, w, bias, res, 0.5, 1, cfg)
+                outs.append(out)
+            assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+            assert_close_verbose(outs[2], _ref64(x, w, bias, "relu", res, 0.5), torch.bfloat16)
+    assert len(launches.compiled) >= 3

@@ -44,7 +44,15 @@ from torch._subclasses.fake_tensor import is_fake
 
 from fuseml.ops import _tune
 from fuseml.ops._elementwise import _activation
-from fuseml.ops._utils import cdiv, grid_launch, launches_skipped, next_pow2, sm_count
+from fuseml.ops._utils import (
+    CompiledLaunches,
+    cdiv,
+    grid_launch,
+    int_spec,
+    launches_skipped,
+    next_pow2,
+    sm_count,
+)
 from fuseml.runtime import triton_interpreting
 
 LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND = 0, 1, 2, 3, 4
@@ -550,6 +558,9 @@ def _launch_tma(
     )  # fmt: skip
 
 
+_linear_launches = CompiledLaunches(_linear_kernel)  # plain linear layers' repeat launches
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """TF32 for fp32 inputs only when torch's own matmul flag allows it (as F.linear does)."""
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
@@ -613,17 +624,24 @@ def launch_linear(
         _launch_tma(out, x, weight, bias, residual, alpha, activation, config, extra, **variant)
         return
     if lora == LORA_NONE:
-        kernel = torch.library.wrap_triton(_linear_kernel) if traced else _linear_kernel
-        grid_launch(kernel, grid)(
-            x, weight, x if bias is None else bias, x if residual is None else residual, out,
+        b_arg = x if bias is None else bias
+        r_arg = x if residual is None else residual
+        ints = (
             m, n, k, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
-            0 if residual is None else residual.stride(0), out.stride(0), float(alpha),
-            HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACTIVATION=activation,
-            PRECISION=precision, UPCAST=upcast,
-            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
-            GROUP_M=config["GROUP_M"], EVEN_K=even_k,
-            num_warps=config["num_warps"], num_stages=config["num_stages"],
+            0 if residual is None else residual.stride(0), out.stride(0),
         )  # fmt: skip
+        consts = (
+            bias is not None, residual is not None, activation, precision, upcast,
+            config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], even_k,
+        )  # fmt: skip
+        options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+        args = (x, weight, b_arg, r_arg, out, *ints, float(alpha), *consts)
+        if traced:
+            grid_launch(torch.library.wrap_triton(_linear_kernel), grid)(*args, **options)
+            return
+        ptrs = x.data_ptr() | weight.data_ptr() | b_arg.data_ptr() | r_arg.data_ptr()
+        key = (x.dtype, consts, options["num_warps"], options["num_stages"], *map(int_spec, ints))
+        _linear_launches(grid, key, (ptrs | out.data_ptr()) % 16 == 0, args, options)
         return
     kernel = torch.library.wrap_triton(_lora_kernel) if traced else _lora_kernel
     dummy = x
