@@ -1,0 +1,78 @@
+"""CompiledLaunches: which launch path a call takes (the GPU tests of the MLP and linear
+kernels check that both paths compute the same thing)."""
+
+import pytest
+from triton.compiler import CompiledKernel
+
+from fuseml.ops import _utils
+
+
+class _Compiled(CompiledKernel):
+    """A stand-in compiled kernel: records its direct launches."""
+
+    def __init__(self, calls):  # (CompiledKernel's own __init__ loads a binary)
+        self.calls = calls
+
+    def __getitem__(self, grid):
+        return lambda *args: self.calls.append(("direct", grid, args))
+
+
+class _Kernel:
+    """A stand-in JIT kernel: kernel[grid](*args, **options) records an ordinary launch and
+    hands back its compiled kernel, as Triton's does."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            self.calls.append(("ordinary", grid, args, options))
+            return _Compiled(self.calls)
+
+        return launch
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    monkeypatch.setattr(_utils.torch.cuda, "current_device", lambda: 0)
+    kernel = _Kernel()
+    fast = _utils.CompiledLaunches(kernel)
+    fast.enabled = True  # (off under the interpreter, which these tests may run in)
+    return kernel, fast
+
+
+def test_repeat_calls_take_the_compiled_kernel(launches):
+    kernel, fast = launches
+    fast((4,), "k1", True, (1, 2), {"num_warps": 4})
+    fast((8,), "k1", True, (3, 4), {"num_warps": 4})
+    assert kernel.calls == [
+        ("ordinary", (4,), (1, 2), {"num_warps": 4}),
+        ("direct", (8, 1, 1), (3, 4)),  # the grid padded to 3 dims
+    ]
+
+
+def test_new_keys_and_unaligned_calls_take_the_ordinary_launch(launches):
+    kernel, fast = launches
+    fast((4,), "k1", True, (1,), {})
+    fast((4,), "k2", True, (1,), {})  # another specialization: compiled anew
+    fast((4,), "k1", False, (1,), {})  # a misaligned pointer: never the cached kernel
+    assert [c[0] for c in kernel.calls] == ["ordinary", "ordinary", "ordinary"]
+    fast((4, 2), "k2", True, (1,), {})
+    assert kernel.calls[-1] == ("direct", (4, 2, 1), (1,))
+
+
+def test_off_switch_and_compile_only(launches, monkeypatch):
+    kernel, fast = launches
+    fast((4,), "k1", True, (1,), {})
+    fast.enabled = False  # FUSEML_DIRECT_LAUNCH=0
+    fast((4,), "k1", True, (1,), {})
+    fast.enabled = True
+    monkeypatch.setattr(_utils, "compiling_only", lambda: True)  # tuning compiles only
+    monkeypatch.setattr(_utils, "grid_launch", lambda k, g: k[g])
+    fast((4,), "k1", True, (1,), {})
+    assert [c[0] for c in kernel.calls] == ["ordinary"] * 3
+
+
+def test_the_environment_switch(monkeypatch):
+    monkeypatch.setenv("FUSEML_DIRECT_LAUNCH", "0")
+    assert not _utils.CompiledLaunches(_Kernel()).enabled
