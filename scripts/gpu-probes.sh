@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call: the linear / LoRA / module GPU tests with
-# the plain linear kernel's repeat launches through its compiled kernel's own launcher.
+# The open GPU checks of NOTES.md in one call (next round): host time per call of the
+# linear path with its direct launches (not measured yet), the modules and a DLRM forward,
+# then the dlrm suite's bf16 rows (fuseml.optimize now runs the bottom MLP through the
+# register-resident chain kernel).
 # Logs go to OUTDIR, and
 # OUTDIR/probes.tgz holds them all (one file to fetch). Set FUSEML_COMMIT=<sha> for the
 # results' commit stamp where the tree has no current .git.
@@ -19,7 +21,9 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run tests 200 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_linear.py tests/ops/test_lora.py \
-    tests/nn -k "not every"
-tail -3 "$OUT/tests.txt"
+run host 240 "$PY" scripts/host_overhead.py
+cp -r benchmarks/results "$OUT/results"
+run bench-dlrm 330 "$PY" -m fuseml.cli bench dlrm --quick --merge --cases bf16 \
+    --out "$OUT/results"
+head -30 "$OUT/host.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"
