@@ -98,6 +98,23 @@ def test_int_spec():
     assert int_spec(2**31) == (False, True, False)
 
 
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_mlp_layer_by_layer_choice_is_said_once(device, backend, caplog):
+    """A 16-bit chain with a wide input runs layer by layer when untuned (the interpreter):
+    same result as the reference, said once in the log."""
+    mlp_mod._say_layers.cache_clear()
+    ws, bs = _layers([80, 48, 16], torch.bfloat16, device)
+    x = torch.randn(5, 80, dtype=torch.bfloat16, device=device)
+    with caplog.at_level(logging.INFO, logger="fuseml"):
+        out = fuseml.ops.mlp(x, ws, bs, "relu", backend=backend)
+        fuseml.ops.mlp(x, ws, bs, "relu", backend=backend)
+    assert_close_verbose(out, _ref64(x, ws, bs, "relu"), torch.bfloat16)
+    said = [r for r in caplog.records if "layer by layer" in r.getMessage()]
+    if device == "cpu":  # (on a GPU tuning may pick a fused kernel instead)
+        assert len(said) == 1 and "80-48-16" in said[0].getMessage()
+    assert len(said) <= 1
+
+
 def test_mlp_untuned_choice():
     """Without tuning: the chain kernel for narrow-input chains it takes, the layers one
     by one for other 16-bit chains, the scratch kernel for float32; tuning also times
