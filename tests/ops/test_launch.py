@@ -76,3 +76,12 @@ def test_off_switch_and_compile_only(launches, monkeypatch):
 def test_the_environment_switch(monkeypatch):
     monkeypatch.setenv("FUSEML_DIRECT_LAUNCH", "0")
     assert not _utils.CompiledLaunches(_Kernel()).enabled
+
+
+def test_aligned16():
+    import torch
+
+    buf = torch.zeros(64)
+    assert _utils.aligned16(buf, None, buf[4:])  # 16 bytes in: aligned
+    assert not _utils.aligned16(buf, buf[1:])  # 4 bytes in: not
+    assert _utils.aligned16()

@@ -46,6 +46,7 @@ from fuseml.ops import _tune
 from fuseml.ops._elementwise import _activation
 from fuseml.ops._utils import (
     CompiledLaunches,
+    aligned16,
     cdiv,
     grid_launch,
     int_spec,
@@ -639,9 +640,8 @@ def launch_linear(
         if traced:
             grid_launch(torch.library.wrap_triton(_linear_kernel), grid)(*args, **options)
             return
-        ptrs = x.data_ptr() | weight.data_ptr() | b_arg.data_ptr() | r_arg.data_ptr()
         key = (x.dtype, consts, options["num_warps"], options["num_stages"], *map(int_spec, ints))
-        _linear_launches(grid, key, (ptrs | out.data_ptr()) % 16 == 0, args, options)
+        _linear_launches(grid, key, aligned16(x, weight, b_arg, r_arg, out), args, options)
         return
     kernel = torch.library.wrap_triton(_lora_kernel) if traced else _lora_kernel
     dummy = x

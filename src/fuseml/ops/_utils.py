@@ -236,6 +236,16 @@ class CompiledLaunches:
             self.compiled[key] = ck
 
 
+def aligned16(*tensors: torch.Tensor | None) -> bool:
+    """Every given tensor's data 16-byte aligned (None skipped): ``CompiledLaunches``'
+    ``aligned``."""
+    ptrs = 0
+    for t in tensors:
+        if t is not None:
+            ptrs |= t.data_ptr()
+    return ptrs % 16 == 0
+
+
 def int_spec(v: int) -> tuple[bool, bool, bool]:
     """What Triton specializes an int argument on: == 1, a multiple of 16, 32-bit."""
     return v == 1, v % 16 == 0, -(2**31) <= v < 2**31

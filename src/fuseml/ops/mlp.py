@@ -43,6 +43,7 @@ from fuseml.ops._elementwise import _activation
 from fuseml.ops._gemm import dot_precision, mma
 from fuseml.ops._utils import (
     CompiledLaunches,
+    aligned16,
     cdiv,
     check_choice,
     check_same,
@@ -464,6 +465,13 @@ def _run_group(x2, weights, biases, codes, cfg, traced) -> torch.Tensor:
     return out
 
 
+def _packed(codes, biases) -> tuple[int, int]:
+    """(ACTS, BIASES) of both kernels: layer i's activation code in bits [4i, 4i + 4),
+    bit i set where layer i has a bias."""
+    acts = sum(c << (4 * i) for i, c in enumerate(codes))
+    return acts, sum(1 << i for i, b in enumerate(biases) if b is not None)
+
+
 _chain_launches = CompiledLaunches(_chain_kernel)
 _chain_consts: dict = {}  # static key -> the chain kernel's constexpr arguments and options
 
@@ -477,8 +485,7 @@ def _chain_static(x2, weights, biases, codes, cfg) -> tuple:
     ps = [_padded(d) for d in ds[2:]]
     consts = (
         *ds, *ps, widths[-1], _padded(widths[-1]), n_layers,
-        sum(c << (4 * i) for i, c in enumerate(codes)),
-        sum(1 << i for i, b in enumerate(biases) if b is not None),
+        *_packed(codes, biases),
         dot_precision(x2.dtype), triton_interpreting(),
         cfg["BLOCK_M"], cfg["CHUNK"], min(cfg["BLOCK_K"], _padded(widths[0])),
     )  # fmt: skip
@@ -510,12 +517,8 @@ def _launch_chain(x2, out, weights, biases, codes, cfg, traced) -> None:
     if traced:
         grid_launch(torch.library.wrap_triton(_chain_kernel), grid)(*args, **options)
         return
-    ptrs = x2.data_ptr() | out.data_ptr()
-    for t in (*ws, *bs):
-        if t is not None:
-            ptrs |= t.data_ptr()
     key = (skey, int_spec(m), int_spec(sx), int_spec(so))
-    _chain_launches(grid, key, ptrs % 16 == 0, args, options)
+    _chain_launches(grid, key, aligned16(x2, out, *ws, *bs), args, options)
 
 
 def _launch_scratch(x2, out, weights, biases, codes, cfg, traced) -> None:
@@ -535,8 +538,7 @@ def _launch_scratch(x2, out, weights, biases, codes, cfg, traced) -> None:
     ws = [w.contiguous() for w in weights] + [x2] * pad
     bs = [x2 if b is None else b.contiguous() for b in biases] + [x2] * pad
     ds = widths + [1] * (9 - len(widths))
-    acts = sum(c << (4 * i) for i, c in enumerate(codes))
-    has_b = sum(1 << i for i, b in enumerate(biases) if b is not None)
+    acts, has_b = _packed(codes, biases)
     kernel = torch.library.wrap_triton(_mlp_kernel) if traced else _mlp_kernel
     grid_launch(kernel, (n_prog,))(
         x2, out, scratch, *ws, *bs, *ds, m, x2.stride(0), out.stride(0),
@@ -578,7 +580,7 @@ def _group_config(x2, weights, biases, codes, traced) -> dict:
         return default_config(widths, x2.dtype)
     precision = dot_precision(x2.dtype)
     bucket = _tune.m_bucket(m)
-    memo_key = ("mlp", x2.dtype, precision, bucket, tuple(w.shape for w in weights), x2.device)
+    memo_key = ("mlp", x2.dtype, precision, bucket, widths, x2.device)
     cfg = _tune.memoized(memo_key)  # every call: keep this path short
     if cfg is not None:
         return cfg
@@ -622,7 +624,7 @@ def mlp_rows(x, weights, biases, codes, *, traced: bool = False) -> torch.Tensor
         cs = codes[g : g + MAX_FUSED_LAYERS]
         cfg = _group_config(h, ws, bs, cs, traced)
         if cfg.get("kind") == "layers":
-            _say_layers(tuple(int(d) for d in (h.shape[1], *(w.shape[0] for w in ws))), h.dtype)
+            _say_layers(tuple(int(d) for d in widths[g : g + len(ws) + 1]), h.dtype)
         h = _run_group(h, ws, bs, cs, cfg, traced)
     return h.view(*x.shape[:-1], widths[-1])
 
