@@ -83,7 +83,7 @@ def sweep(m: int, k: int, n: int) -> None:
         tag += (" flatten" if flatten else "") + (" ws" if ws else "")
 
         def run(cfg=cfg, flatten=flatten, ws=ws):
-            _gemm._launch_tma(out, x, w, b, None, 1.0, GELU, cfg, FLATTEN=flatten, WARP_SPEC=ws)
+            _gemm._launch_tma(out, x, w, b, None, 1.0, GELU, cfg, flatten=flatten, warp_spec=ws)
 
         results.append((tag, run))
     timed = []

@@ -374,7 +374,7 @@ def test_linear_tma_kernel(device, backend, dtype, monkeypatch):
     monkeypatch.setenv("FUSEML_GEMM", "tma")
     used = []
     launch = _gemm._launch_tma
-    monkeypatch.setattr(_gemm, "_launch_tma", lambda *a: used.append(1) or launch(*a))
+    monkeypatch.setattr(_gemm, "_launch_tma", lambda *a, **k: used.append(1) or launch(*a, **k))
     for m, k, n in [(37, 48, 70), (130, 64, 9), (5, 13, 8)]:
         x, w, b, r = _inputs(m, k, n, dtype, device)
         out = fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
@@ -512,3 +512,31 @@ def test_linear_direct_launch_matches_the_ordinary_launch_gpu(monkeypatch):
             assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
             assert_close_verbose(outs[2], _ref64(x, w, bias, "relu", res, 0.5), torch.bfloat16)
     assert len(launches.compiled) >= 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_linear_tma_direct_launch_matches_the_ordinary_launch_gpu(monkeypatch):
+    """The TMA kernel's repeat launches (host descriptors through the compiled kernel's
+    launcher) give the ordinary launch's output: rows 1, 37 and 512, bias or residual, a
+    bf16 and a float32 output (LoRA's precomputed x @ A^T is written in float32)."""
+    if not _gemm._has_tma(torch.cuda.current_device()):
+        pytest.skip("needs TMA (Hopper or later)")
+    k, n = 64, 72
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    launches = _gemm._linear_tma_launches
+    for m in (1, 37, 512):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        cfg = _gemm.default_config(m, n, k, torch.bfloat16)
+        res = torch.randn(m, n, device="cuda").bfloat16()
+        for bias, r, out_dtype in ((b, None, torch.bfloat16), (None, res, torch.float32)):
+            outs = []
+            for direct in (False, True, True):  # ordinary, then the first and a repeat
+                monkeypatch.setattr(launches, "enabled", direct)
+                out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+                _gemm.launch_linear(out, x, w, bias, r, 0.5, 1, cfg, tma=True)
+                outs.append(out)
+            assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+            assert_close_verbose(outs[2], _ref64(x, w, bias, "relu", r, 0.5), out_dtype)
+    assert len(launches.compiled) >= 4

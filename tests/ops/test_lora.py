@@ -334,3 +334,31 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
     modes.clear()
     fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend=backend)
     assert modes == [_gemm.LORA_IN_LOOP]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    "lora_mode", ["in_loop-tma", "precomputed-tma", "expand-tma"], indirect=True
+)
+@pytest.mark.parametrize("adapters", [None, 3])
+def test_lora_tma_direct_launch_matches_the_ordinary_launch_gpu(lora_mode, adapters, monkeypatch):
+    """Each LoRA mode's TMA launches (shrink, expand with PDL, in-loop, precomputed) give
+    the same output through the compiled kernel's launcher as through Triton's ordinary
+    launch, on the first direct call and a repeat."""
+    from fuseml.ops import _gemm
+
+    if not _gemm._has_tma(torch.cuda.current_device()):
+        pytest.skip("needs TMA (Hopper or later)")
+    w, b, a, bb = _layer(64, 72, 16, torch.bfloat16, "cuda", adapters)
+    for m in (1, 37):
+        x = torch.randn(m, 64, dtype=torch.bfloat16, device="cuda")
+        ids = None if adapters is None else torch.randint(-1, adapters, (m,), device="cuda")
+        outs = []
+        for direct in (False, True, True):
+            for launches in (_gemm._lora_tma_launches, _gemm._linear_tma_launches):
+                monkeypatch.setattr(launches, "enabled", direct)
+            outs.append(fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, adapter_ids=ids))
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+        assert_close_verbose(outs[2], _ref64(x, w, b, a, bb, 0.5, ids=ids), torch.bfloat16)
+    assert _gemm._lora_tma_launches.compiled

@@ -509,12 +509,21 @@ def tma_eligible(*tensors: torch.Tensor) -> bool:
 
 
 def _launch_tma(
-    out, x, weight, bias, residual, alpha, activation, config, lora=None, **variant
-) -> None:
+    out, x, weight, bias, residual, alpha, activation, config, lora=None, *, pdl=None,
+    flatten=True, warp_spec=False,
+) -> None:  # fmt: skip
     """One launch of the TMA kernel. lora: None, or (mode, lora_a, lora_b, xa, ids,
     scales, lora_scale, rank, r_block) with mode LORA_IN_LOOP (lora_a read through its own
     descriptor), LORA_PRECOMPUTED (xa = x @ A^T given), LORA_SHRINK (weight is A) or
-    LORA_EXPAND (xa is xs, read with lora_b through descriptors)."""
+    LORA_EXPAND (xa is xs, read with lora_b through descriptors). pdl (LoRA only): the
+    kernel's PDL flag, and for LORA_EXPAND with pdl the launch may start early. flatten,
+    warp_spec: the kernels' FLATTEN / WARP_SPEC (for probes; see ``_tma_body``).
+
+    Repeat launches go through the compiled kernel's launcher (``CompiledLaunches``): a
+    host descriptor specializes on its dtype and block shape only, both fixed by the
+    constexprs below, so the key holds no descriptor. Triton's launcher still encodes
+    each descriptor (cuTensorMapEncodeTiled) on every launch.
+    """
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     m, k = x.shape
@@ -526,18 +535,17 @@ def _launch_tma(
     w_desc = TensorDescriptor.from_tensor(weight, [bn, bk])
     bias_arg = out if bias is None else bias
     res_arg = out if residual is None else residual
-    stride_rm = 0 if residual is None else residual.stride(0)
-    common = dict(
-        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACTIVATION=activation,
-        PRECISION=dot_precision(x.dtype), UPCAST=triton_interpreting(),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], NUM_PROGRAMS=programs,
-        num_warps=config["num_warps"], num_stages=config["num_stages"], **variant,
+    ints = (m, n, k, 0 if residual is None else residual.stride(0), out.stride(0))
+    common = (
+        bias is not None, residual is not None, activation, dot_precision(x.dtype),
+        triton_interpreting(), bm, bn, bk, config["GROUP_M"], programs, flatten, warp_spec,
     )  # fmt: skip
+    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    ptrs = (bias_arg, res_arg, out)
     if lora is None:
-        grid_launch(_linear_tma_kernel, (programs,))(
-            x_desc, w_desc, bias_arg, res_arg, out,
-            m, n, k, stride_rm, out.stride(0), float(alpha), **common,
-        )  # fmt: skip
+        args = (x_desc, w_desc, *ptrs, *ints, float(alpha), *common)
+        key = (x.dtype, out.dtype, common, *options.values(), *map(int_spec, ints))
+        _linear_tma_launches((programs,), key, aligned16(*ptrs), args, options)
         return
     mode, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block = lora
     r = 1 if lora_b is None else lora_b.shape[1]
@@ -548,17 +556,29 @@ def _launch_tma(
     elif mode == LORA_EXPAND:
         a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
         b_desc = TensorDescriptor.from_tensor(lora_b, [bn, r_block])
-    grid_launch(_lora_tma_kernel, (programs,))(
-        x_desc, w_desc, a_desc, b_desc, bias_arg, res_arg, out,
+    if pdl and mode == LORA_EXPAND:
+        options["launch_pdl"] = True
+    more = (
         out if lora_b is None else lora_b, out if xa is None else xa,
         out if ids is None else ids, out if scales is None else scales,
-        m, n, k, stride_rm, out.stride(0), 0 if lora_b is None else lora_b.stride(0),
-        float(alpha), float(lora_scale),
-        LORA=mode, MULTI=ids is not None, R=r, RANK=max(rank, 1), R_PAD=r_pad, R_BLOCK=r_block,
-        PER_ADAPTER_SCALE=scales is not None, **common,
     )  # fmt: skip
+    ints += (0 if lora_b is None else lora_b.stride(0),)
+    consts = (
+        mode, ids is not None, r, max(rank, 1), r_pad, r_block, scales is not None,
+    )  # fmt: skip
+    args = (
+        x_desc, w_desc, a_desc, b_desc, *ptrs, *more, *ints, float(alpha), float(lora_scale),
+        *common[:3], *consts, *common[3:], bool(pdl),
+    )  # fmt: skip
+    key = (
+        x.dtype, out.dtype, common, consts, bool(pdl), tuple(options.items()),
+        tuple(t.dtype for t in more), *map(int_spec, ints),
+    )  # fmt: skip
+    _lora_tma_launches((programs,), key, aligned16(*ptrs, *more), args, options)
 
 
+_linear_tma_launches = CompiledLaunches(_linear_tma_kernel)
+_lora_tma_launches = CompiledLaunches(_lora_tma_kernel)
 _linear_launches = CompiledLaunches(_linear_kernel)  # plain linear layers' repeat launches
 
 
@@ -613,17 +633,15 @@ def launch_linear(
     precision = dot_precision(x.dtype)
     upcast = triton_interpreting()
     pdl = pdl and not upcast  # a launch-order hint: the interpreter runs launches in order
-    # LoRA launches' PDL flag (passed even when False: torch.compile's wrap_triton takes no
-    # defaulted arguments); the expand launch may start while the shrink runs
-    variant = {"PDL": pdl, "launch_pdl": True} if pdl and lora == LORA_EXPAND else {"PDL": pdl}
     if tma:
         extra = None
         if lora != LORA_NONE:
             extra = (lora, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block)
-        else:
-            variant = {}  # the plain TMA kernel has no PDL argument
-        _launch_tma(out, x, weight, bias, residual, alpha, activation, config, extra, **variant)
+        _launch_tma(out, x, weight, bias, residual, alpha, activation, config, extra, pdl=pdl)
         return
+    # LoRA launches' PDL flag (passed even when False: torch.compile's wrap_triton takes no
+    # defaulted arguments); the expand launch may start while the shrink runs
+    variant = {"PDL": pdl, "launch_pdl": True} if pdl and lora == LORA_EXPAND else {"PDL": pdl}
     if lora == LORA_NONE:
         b_arg = x if bias is None else bias
         r_arg = x if residual is None else residual
