@@ -22,7 +22,8 @@ run() {  # name, timeout in seconds, command...
 }
 run tests 300 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_linear.py tests/ops/test_lora.py
 run host 150 "$PY" scripts/host_overhead.py
-PROBE_SETS=3 run lora 120 "$PY" scripts/probe_gemm.py lora 256:0:16 256:0:64 4096:0:16
+export PROBE_SETS=3
+run lora 120 "$PY" scripts/probe_gemm.py lora 256:0:16 256:0:64 4096:0:16
 tail -3 "$OUT/tests.txt"
 head -22 "$OUT/host.txt"
 tail -40 "$OUT/lora.txt"
