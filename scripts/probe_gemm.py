@@ -4,6 +4,7 @@
     PYTHONPATH=src python scripts/probe_gemm.py [M,K,N ...]
     PYTHONPATH=src python scripts/probe_gemm.py lora [M:adapters:rank ...]
     PYTHONPATH=src python scripts/probe_gemm.py small
+    PYTHONPATH=src python scripts/probe_gemm.py cands M,K,N ...
 
 For each shape (default 4096,4096,4096 and 4096,4096,11008; bf16, bias + GELU-tanh):
 cuBLAS (F.linear + gelu, and cuBLASLt's fused epilogue), then every large-tile candidate
@@ -13,7 +14,8 @@ replays; TFLOP/s; ratio to the best cuBLAS arm. Variants that fail to compile ar
 with their error and skipped. `lora`: the fused LoRA layer per mode (see lora_sweep) next to
 the merged weight and fuseml's plain linear, with the tuned configs.
 `small`: M = 1 / 16 / 64 (weight-read bound), a wider tile sweep than the tuner's
-candidates, to choose the small-M candidate list.
+candidates, to choose the small-M candidate list. `cands`: every tuning candidate of a
+shape, split-K ones among them, and more split-K variants.
 """
 
 from __future__ import annotations
@@ -249,7 +251,54 @@ def small_sweep(k: int = 4096, n: int = 4096) -> None:
             print(f"  best: {tag} {us:.1f} us ({best_peer / us:.2f}x of best cuBLAS)")
 
 
+def candidate_sweep(m: int, k: int, n: int) -> None:
+    """Every tuning candidate of (M, K, N) (LOOP_TUNED: pointer and TMA kernels, split-K
+    among them), plus split-K variants beyond the candidate list, against cuBLAS."""
+    x = torch.randn(m, k, device="cuda", dtype=DT)
+    w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=DT)
+    out = torch.empty(m, n, device="cuda", dtype=DT)
+    ref = F.gelu(F.linear(x, w, b), approximate="tanh")
+    print(f"== candidates M={m} K={k} N={n} bf16, bias + gelu_tanh", flush=True)
+    cublas = bench_us(lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))
+    print(f"  {'cublas F.linear + gelu':58s} {cublas:9.1f} us", flush=True)
+    cfgs = _gemm.candidates(m, n, k, DT, _gemm.LOOP_TUNED)
+    for bm, bn, warps, stages in ((128, 128, 8, 3), (64, 256, 8, 3), (64, 128, 4, 4)):
+        for split in (2, 3, 4):
+            cfg = dict(_gemm._cfg(bm, bn, 64, warps, stages), TMA=True, SPLIT_K=split)
+            if cfg not in cfgs:
+                cfgs.append(cfg)
+    timed = []
+    variants = [(c, True) for c in cfgs] + [(c, False) for c in cfgs if c.get("SPLIT_K", 1) > 1]
+    for cfg, flatten in variants:
+        tma = cfg.get("TMA", False)
+
+        def run(cfg=cfg, tma=tma, flatten=flatten):
+            if flatten:
+                _gemm.launch_linear(out, x, w, b, None, 1.0, GELU, cfg, tma=tma)
+            else:
+                _gemm._launch_tma(out, x, w, b, None, 1.0, GELU, cfg, flatten=False)
+
+        tag = "tma" if tma else "ptr"
+        tag += " bm{BLOCK_M} bn{BLOCK_N} bk{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
+        tag += f" split{cfg['SPLIT_K']}" if cfg.get("SPLIT_K", 1) > 1 else ""
+        tag += "" if flatten else " no-flatten"
+        try:
+            us, err = measure(run, out, ref)
+        except Exception as e:  # a variant this Triton / GPU cannot build or run
+            print(f"  {tag:58s} failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
+            continue
+        timed.append((us, tag))
+        print(f"  {tag:58s} {us:9.1f} us {us / cublas:5.2f}x cuBLAS err={err:.1e}", flush=True)
+    for us, tag in sorted(timed)[:3]:
+        print(f"  best: {tag} {us:.1f} us ({us / cublas:.2f}x cuBLAS)")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["cands"]:
+        for a in sys.argv[2:]:
+            candidate_sweep(*(int(v) for v in a.split(",")))
+        return
     if sys.argv[1:2] == ["lora"]:
         lora_sweep(shapes=",".join(sys.argv[2:]))
         return

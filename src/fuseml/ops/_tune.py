@@ -254,6 +254,7 @@ def tuned(
             log.debug("fuseml: tuning %s: config %s failed: %s", key, cfg, err)
             last_err = err
             continue
+        log.debug("fuseml: tuning %s: config %s: %.4f ms", key, cfg, ms)
         if ms < best_ms:
             best, best_ms = cfg, ms
     if best_ms == float("inf"):  # nothing ran: keep nothing, the launch reports the error
