@@ -382,63 +382,16 @@ def test_linear_tma_kernel(device, backend, dtype, monkeypatch):
     assert len(used) == 2  # K = 13 rows are not 16-byte aligned: the pointer kernel
 
 
-@pytest.mark.parametrize(("device", "backend"), TARGETS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_linear_split_k(device, backend, dtype):
-    """SPLIT_K units per tile (TMA kernel): the last to arrive sums the fp32 partials in
-    split order and runs the epilogue. K = 80 in 16-column steps: 5 steps over 2, 3 or 4
-    splits (the 4th split of 4 gets no step); rows and columns not tile multiples; a second
-    launch finds the counters reset."""
-    x, w, b, r = _inputs(37, 80, 70, dtype, device)
-    ref = _ref64(x, w, b, "gelu", r, 0.5)
-    for split in (2, 3, 4):
-        cfg = dict(_gemm._cfg(16, 32, 16, 4, 2), SPLIT_K=split)
-        for _ in range(2):
-            out = torch.full((37, 70), float("nan"), dtype=dtype, device=device)
-            _gemm.launch_linear(out, x, w, b, r, 0.5, 3, cfg, tma=True)  # 3: gelu
-            assert_close_verbose(out, ref, dtype)
-
-
-@pytest.mark.parametrize(("device", "backend"), TARGETS)
-def test_lora_split_k_modes(device, backend):
-    """Split-K in the LoRA modes that allow it: expand (xs @ B^T steps in the last split)
-    and precomputed (xa in the epilogue); in-loop and shrink refuse it."""
-    dt = torch.bfloat16
-    x, w, b, _ = _inputs(37, 80, 70, dt, device, residual=False)
-    a = torch.randn(16, 80, dtype=dt, device=device) / 80**0.5
-    bb = torch.randn(70, 16, dtype=dt, device=device) / 4
-    xa = x.double() @ a.double().t()
-    ref = torch.relu(_ref64(x, w, b, "none") + 0.5 * (xa @ bb.double().t()))
-    cfg = dict(_gemm._cfg(16, 32, 16, 4, 2), SPLIT_K=3)
-    common = dict(lora_a=a, lora_b=bb, lora_scale=0.5, rank=16, tma=True)
-    for mode, xin in (
-        (_gemm.LORA_EXPAND, (xa * 0.5).to(dt)),  # xs: scaled by the shrink, in x's dtype
-        (_gemm.LORA_PRECOMPUTED, xa.float()),
-    ):
-        out = torch.full((37, 70), float("nan"), dtype=dt, device=device)
-        _gemm.launch_linear(out, x, w, b, None, 1.0, 1, cfg, lora=mode, xa=xin, **common)
-        assert_close_verbose(out, ref, dt)
-    out = torch.empty((37, 70), dtype=dt, device=device)
-    for mode in (_gemm.LORA_IN_LOOP, _gemm.LORA_SHRINK):
-        with pytest.raises(ValueError, match="SPLIT_K"):
-            _gemm.launch_linear(out, x, w, b, None, 1.0, 1, cfg, lora=mode, **common)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(
     ("m", "k", "n"),
-    [
-        (4096, 4096, 4096), (300, 512, 1000), (1, 1024, 64), (16, 4096, 4096), (64, 4096, 4096),
-        (200, 1024, 1000),  # split-K candidates among them
-    ],
-)  # fmt: skip
+    [(4096, 4096, 4096), (300, 512, 1000), (1, 1024, 64), (16, 4096, 4096), (64, 4096, 4096)],
+)
 def test_linear_tma_kernel_gpu(m, k, n, monkeypatch):
     monkeypatch.setenv("FUSEML_GEMM", "tma")
     x, w, b, r = _inputs(m, k, n, torch.bfloat16, "cuda")
-    cfgs = _gemm.candidates(m, n, k, torch.bfloat16, _gemm.LOOP_TUNED)
-    assert (m, n) != (200, 1000) or any(c.get("SPLIT_K", 1) > 1 for c in cfgs)
-    for cfg in cfgs:
+    for cfg in _gemm.candidates(m, n, k, torch.bfloat16, _gemm.LOOP_TUNED):
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         _gemm.launch_linear(out, x, w, b, r, 0.5, 4, cfg, tma=True)  # 4: gelu_tanh
         assert_close_verbose(out, _ref64(x, w, b, "gelu_tanh", r, 0.5), torch.bfloat16)
@@ -479,13 +432,7 @@ def test_tuned_loop_adds_tma_candidates_up_to_tma_tuned_max_m():
         assert 1 <= len([c for c in tuned if c.get("TMA")]) <= len(_gemm._SMALL_TMA)
     mid = _gemm.candidates(256, 4096, 4096, torch.bfloat16, _gemm.LOOP_TUNED)
     assert [c for c in mid if not c.get("TMA")] == _gemm.candidates(256, 4096, 4096, torch.bfloat16)
-    split = [c for c in mid if c.get("SPLIT_K", 1) > 1]
-    assert len([c for c in mid if c.get("TMA")]) == len(_gemm._MID_TMA) + len(split)
-    assert split and all(c.get("TMA") for c in split)
-    no_split = _gemm.candidates(256, 4096, 4096, torch.bfloat16, _gemm.LOOP_TUNED, False)
-    assert no_split == [c for c in mid if c.get("SPLIT_K", 1) == 1]
-    short_k = _gemm.candidates(256, 4096, _gemm.SPLIT_MIN_K - 16, torch.bfloat16, _gemm.LOOP_TUNED)
-    assert not any(c.get("SPLIT_K", 1) > 1 for c in short_k)
+    assert len([c for c in mid if c.get("TMA")]) == len(_gemm._MID_TMA)
     big = _gemm.candidates(4096, 4096, 4096, torch.bfloat16, _gemm.LOOP_TUNED)
     assert not any(c.get("TMA") for c in big)
 

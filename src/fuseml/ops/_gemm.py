@@ -330,15 +330,13 @@ def _tma_body(
     a_desc,  # LORA 1: over stacked A (R, K), block (R_PAD, BLOCK_K); LORA 4: over xs (M, R)
     b_desc,  # LORA 4: TensorDescriptor over stacked B (N, R), block (BLOCK_N, R_BLOCK)
     bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,  # as in _gemm_body
-    ws_ptr,  # SPLIT_K > 1: fp32 partial tiles, (tiles x SPLIT_K, BLOCK_M, BLOCK_N)
-    cnt_ptr,  # SPLIT_K > 1: int32 per tile, zero between launches (the finisher resets it)
     M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
     LORA: tl.constexpr, MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr,
     R_PAD: tl.constexpr, R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Hopper+ (see gemm_loop): a persistent grid (one program per SM, tiles in grouped
@@ -347,31 +345,17 @@ def _tma_body(
     the tile and K loops as one (faster on H100: NOTES.md). LORA 1: x @ A^T accumulated
     from the x tiles already in shared memory (A's rows past R arrive as zeros); LORA 2:
     precomputed xa read by the epilogue; LORA 4: xs @ B^T as one more K step (see the
-    module docstring). PDL: as in _gemm_body.
-
-    SPLIT_K > 1 (not with LORA 1): each tile's K steps are shared by SPLIT_K work units
-    (consecutive, so they run in the same wave), for shapes whose tiles alone leave SMs
-    idle (M = 256, N = K = 4096: 64 tiles of 128 x 128 on 132 SMs). Every unit stores its
-    fp32 partial tile and bumps the tile's counter; the last to arrive sums the partials
-    in split order (the same sum whoever finishes last: deterministic), resets the
-    counter and runs the epilogue. LORA 4's xs @ B^T steps go with the last split."""
+    module docstring). PDL: as in _gemm_body."""
     if LORA == 3 and PDL:
         tl.extra.cuda.gdc_launch_dependents()
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_tiles_n
-    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K  # columns of K per split
     xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
-    for unit in tl.range(
-        tl.program_id(0), n_tiles_m * n_tiles_n * SPLIT_K, NUM_PROGRAMS, flatten=FLATTEN,
+    for tile in tl.range(
+        tl.program_id(0), n_tiles_m * n_tiles_n, NUM_PROGRAMS, flatten=FLATTEN,
         warp_specialize=WARP_SPEC,
     ):  # fmt: skip
-        if SPLIT_K == 1:
-            tile = unit
-            split = 0
-        else:
-            tile = unit // SPLIT_K
-            split = unit % SPLIT_K
         first_m = (tile // per_group) * GROUP_M
         group_rows = tl.minimum(n_tiles_m - first_m, GROUP_M)
         pid_m = first_m + (tile % per_group) % group_rows
@@ -381,108 +365,73 @@ def _tma_body(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if LORA == 1:
             xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
-        k_lo = split * k_span
-        for k0 in range(k_lo, tl.minimum(K, k_lo + k_span), BLOCK_K):
+        for k0 in range(0, K, BLOCK_K):
             xt = x_desc.load([off_m, k0])
             wt = w_desc.load([off_n, k0])
             acc = mma(xt, wt.T, acc, PRECISION, UPCAST)
             if LORA == 1:
                 at = a_desc.load([0, k0])
                 xa = mma(xt, at.T, xa, PRECISION, UPCAST)
-        if LORA == 4:  # noqa: SIM102 (a constexpr test, then a runtime one)
-            if split == SPLIT_K - 1:  # (a constant True when SPLIT_K is 1)
-                acc = _tma_expand(
-                    acc, a_desc, b_desc, off_m, off_n, R_PAD, R_BLOCK, PRECISION, UPCAST, PDL
-                )
+        if LORA == 4:
+            if PDL:
+                tl.extra.cuda.gdc_wait()
+            if R_PAD > R_BLOCK:  # several steps: one set of buffers, not one per step
+                for r0 in tl.range(0, R_PAD, R_BLOCK, num_stages=1):
+                    st = a_desc.load([off_m, r0])
+                    bt = b_desc.load([off_n, r0])
+                    acc = mma(st, bt.T, acc, PRECISION, UPCAST)
+            else:
+                st = a_desc.load([off_m, 0])
+                bt = b_desc.load([off_n, 0])
+                acc = mma(st, bt.T, acc, PRECISION, UPCAST)
         rows = off_m.to(tl.int64) + tl.arange(0, BLOCK_M)
         cols = off_n.to(tl.int64) + tl.arange(0, BLOCK_N)
-        if SPLIT_K == 1:
-            _epilogue(
-                acc, rows, cols, M, N, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr,
-                scale_ptr, stride_rm, stride_om, stride_bn, alpha, lora_scale, xa,
-                HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK,
-                PER_ADAPTER_SCALE, PRECISION, UPCAST,
-            )  # fmt: skip
-        else:
-            part = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-            tile_ws = ws_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
-            tl.store(tile_ws + split * (BLOCK_M * BLOCK_N) + part, acc)
-            # every thread's stores before the one release (CUTLASS's split-K semaphore)
-            tl.debug_barrier()
-            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-            if arrived == SPLIT_K - 1:  # the last: sum in split order, epilogue
-                acc = tl.load(tile_ws + part, cache_modifier=".cg")
-                for j in tl.static_range(1, SPLIT_K):
-                    acc += tl.load(tile_ws + j * (BLOCK_M * BLOCK_N) + part, cache_modifier=".cg")
-                tl.store(cnt_ptr + tile, 0)
-                _epilogue(
-                    acc, rows, cols, M, N, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr,
-                    ids_ptr, scale_ptr, stride_rm, stride_om, stride_bn, alpha, lora_scale,
-                    xa, HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK,
-                    PER_ADAPTER_SCALE, PRECISION, UPCAST,
-                )  # fmt: skip
-
-
-@triton.jit
-def _tma_expand(
-    acc, a_desc, b_desc, off_m, off_n,
-    R_PAD: tl.constexpr, R_BLOCK: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    PDL: tl.constexpr,
-):  # fmt: skip
-    """LORA 4 on the TMA kernel: acc + xs @ B^T over the stacked columns (xs through
-    a_desc, B through b_desc); with PDL it first waits for the shrink launch's xs."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    if R_PAD > R_BLOCK:  # several steps: one set of buffers, not one per step
-        for r0 in tl.range(0, R_PAD, R_BLOCK, num_stages=1):
-            st = a_desc.load([off_m, r0])
-            bt = b_desc.load([off_n, r0])
-            acc = mma(st, bt.T, acc, PRECISION, UPCAST)
-    else:
-        st = a_desc.load([off_m, 0])
-        bt = b_desc.load([off_n, 0])
-        acc = mma(st, bt.T, acc, PRECISION, UPCAST)
-    return acc
+        _epilogue(
+            acc, rows, cols, M, N, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr,
+            scale_ptr, stride_rm, stride_om, stride_bn, alpha, lora_scale, xa,
+            HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK,
+            PER_ADAPTER_SCALE, PRECISION, UPCAST,
+        )  # fmt: skip
 
 
 @triton.jit
 def _linear_tma_kernel(
-    x_desc, w_desc, bias_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr,  # as in _tma_body
+    x_desc, w_desc, bias_ptr, res_ptr, out_ptr,  # as in _tma_body
     M, N, K, stride_rm, stride_om, alpha,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False,
 ):  # fmt: skip
     """Plain linear layers through _tma_body (the fewest launch arguments)."""
     _tma_body(
         x_desc, w_desc, x_desc, x_desc, bias_ptr, res_ptr, out_ptr, out_ptr, out_ptr, out_ptr,
-        out_ptr, ws_ptr, cnt_ptr,
+        out_ptr,
         M, N, K, stride_rm, stride_om, 0, alpha, 1.0,
         HAS_BIAS, HAS_RES, ACTIVATION, 0, False, 1, 1, 16, 16, False, PRECISION, UPCAST,
-        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, SPLIT_K, FLATTEN, WARP_SPEC, False,
+        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN, WARP_SPEC, False,
     )  # fmt: skip
 
 
 @triton.jit
 def _lora_tma_kernel(
     x_desc, w_desc, a_desc, b_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
-    ws_ptr, cnt_ptr, M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
+    M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
     LORA: tl.constexpr, MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, R_PAD: tl.constexpr,
     R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand) through _tma_body."""
     _tma_body(
         x_desc, w_desc, a_desc, b_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
-        ws_ptr, cnt_ptr, M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
+        M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
-        PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, SPLIT_K, FLATTEN,
+        PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN,
         WARP_SPEC, PDL,
     )  # fmt: skip
 
@@ -580,15 +529,8 @@ def _launch_tma(
     m, k = x.shape
     n = weight.shape[0]
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    split = config.get("SPLIT_K", 1)
-    mode = LORA_NONE if lora is None else lora[0]
-    if split > 1 and mode in (LORA_IN_LOOP, LORA_SHRINK):
-        # in-loop: x @ A^T would need its own reduction; shrink: its PDL dependent may
-        # start while it runs, so its scratch must not be freed under it
-        raise ValueError(f"SPLIT_K {split} does not apply to LoRA mode {mode}")
     tiles = cdiv(m, bm) * cdiv(n, bn)
-    units = tiles * split
-    programs = units if not x.is_cuda else min(units, sm_count(x.get_device()))
+    programs = tiles if not x.is_cuda else min(tiles, sm_count(x.get_device()))
     x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
     w_desc = TensorDescriptor.from_tensor(weight, [bn, bk])
     bias_arg = out if bias is None else bias
@@ -596,23 +538,16 @@ def _launch_tma(
     ints = (m, n, k, 0 if residual is None else residual.stride(0), out.stride(0))
     common = (
         bias is not None, residual is not None, activation, dot_precision(x.dtype),
-        triton_interpreting(), bm, bn, bk, config["GROUP_M"], programs, split, flatten,
-        warp_spec,
+        triton_interpreting(), bm, bn, bk, config["GROUP_M"], programs, flatten, warp_spec,
     )  # fmt: skip
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     ptrs = (bias_arg, res_arg, out)
-    scratch = (out, out)
-    if split > 1:  # partial tiles (stream-ordered, freed after), counters zeroed per call
-        scratch = (
-            torch.empty((units * bm * bn,), dtype=torch.float32, device=x.device),
-            torch.zeros((tiles,), dtype=torch.int32, device=x.device),
-        )
     if lora is None:
-        args = (x_desc, w_desc, *ptrs, *scratch, *ints, float(alpha), *common)
+        args = (x_desc, w_desc, *ptrs, *ints, float(alpha), *common)
         key = (x.dtype, out.dtype, common, *options.values(), *map(int_spec, ints))
         _linear_tma_launches((programs,), key, aligned16(*ptrs), args, options)
         return
-    _, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block = lora
+    mode, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block = lora
     r = 1 if lora_b is None else lora_b.shape[1]
     r_pad = max(16, next_pow2(r))
     a_desc = b_desc = x_desc
@@ -632,8 +567,8 @@ def _launch_tma(
         mode, ids is not None, r, max(rank, 1), r_pad, r_block, scales is not None,
     )  # fmt: skip
     args = (
-        x_desc, w_desc, a_desc, b_desc, *ptrs, *more, *scratch, *ints, float(alpha),
-        float(lora_scale), *common[:3], *consts, *common[3:], bool(pdl),
+        x_desc, w_desc, a_desc, b_desc, *ptrs, *more, *ints, float(alpha), float(lora_scale),
+        *common[:3], *consts, *common[3:], bool(pdl),
     )  # fmt: skip
     key = (
         x.dtype, out.dtype, common, consts, bool(pdl), tuple(options.items()),
@@ -785,15 +720,6 @@ _MID_TMA = [  # TMA-kernel candidates for 65 to TMA_TUNED_MAX_M rows (LOOP_TUNED
 ]  # fmt: skip
 
 
-_SPLIT_TMA = [  # (BLOCK_M, BLOCK_N, SPLIT_K) of split-K TMA candidates (LOOP_TUNED, 65 to
-    # TMA_TUNED_MAX_M rows, long K, few tiles): M = 256, N = 4096 makes 64 tiles of 128 x 128,
-    # half the H100's SMs; split in 2 (or 32 of 128 x 256 in 4) they fill one wave
-    (128, 128, 2), (128, 128, 4), (128, 256, 4), (64, 128, 2),
-]  # fmt: skip
-SPLIT_MIN_K = 1024  # K from which split-K candidates are tried
-SPLIT_MAX_TILES = 96  # ... where the unsplit tiles number at most this many
-
-
 _SKINNY_N = [  # (BLOCK_M, BLOCK_K, warps, stages) for many rows and N <= 256 (LoRA's
     # x @ A^T; BLOCK_N at most 64): short row tiles, so that the programs cover the SMs
     # (H100, M = 4096, N = 16: 64 x 16 tiles left half the SMs idle, 23 us for a 32 MiB
@@ -803,13 +729,10 @@ _SKINNY_N = [  # (BLOCK_M, BLOCK_K, warps, stages) for many rows and N <= 256 (L
 SMEM_LIMIT = 232448  # bytes of shared memory a block may use on Hopper (the largest)
 
 
-def candidates(
-    m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR, split_k: bool = True
-) -> list[dict]:
+def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR) -> list[dict]:
     """Shape-pruned candidate configs (tile dims never far above the problem's, pipeline
     buffers within SMEM_LIMIT); with LOOP_TUNED also TMA-kernel configs (flagged "TMA")
-    up to TMA_TUNED_MAX_M rows, split-K ones among them where split_k allows (see
-    ``_tma_body``)."""
+    up to TMA_TUNED_MAX_M rows."""
     mb = max(16, _tune.m_bucket(m))
     cap_n = max(16, next_pow2(n))
     cap_k = max(16, next_pow2(k))
@@ -823,16 +746,6 @@ def candidates(
             base += [_cfg(bm, min(cap_n, 64), bk, w, s) for bm, bk, w, s in _SKINNY_N]
         if loop == LOOP_TUNED and mb <= TMA_TUNED_MAX_M:
             base += [dict(c, TMA=True) for c in _MID_TMA]
-            if split_k and k >= SPLIT_MIN_K:
-                base += [
-                    dict(
-                        _cfg(bm, bn, 64, 8 if bm * bn >= 128 * 128 else 4, 4 if bn < 256 else 3),
-                        TMA=True,
-                        SPLIT_K=sk,
-                    )
-                    for bm, bn, sk in _SPLIT_TMA
-                    if cdiv(m, bm) * cdiv(n, bn) <= SPLIT_MAX_TILES
-                ]
     es = torch.empty((), dtype=dtype).element_size()
     out = []
     for c in base:
@@ -868,10 +781,8 @@ def choose_config(
     launch: Callable[[dict], None],
     extra: str = "",
     loop: int = LOOP_PTR,
-    split_k: bool = True,
 ) -> dict:
     """The launch config of an (M, N, K) problem; ``launch(cfg)`` runs it (for tuning).
-    split_k: whether split-K candidates may be tried (not for LoRA's in-loop and shrink).
 
     See ``fuseml.ops._tune.choose``: memo, then the on-disk table, then tuning.
     """
@@ -901,7 +812,7 @@ def choose_config(
         memo_key,
         x.device,
         text_key,
-        lambda: candidates(m, n, k, x.dtype, loop, split_k),
+        lambda: candidates(m, n, k, x.dtype, loop),
         bench,
         default_config(m, n, k, x.dtype),
         can_time=x.is_cuda and not is_fake(x),

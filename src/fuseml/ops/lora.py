@@ -219,8 +219,7 @@ def _run_mode(
         )  # fmt: skip
 
     extra = f"lora{mode}r{r_pad}{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
-    split_k = mode != _gemm.LORA_IN_LOOP
-    run(_gemm.choose_config("linear", x2, n, k, run, extra, loop, split_k))
+    run(_gemm.choose_config("linear", x2, n, k, run, extra, loop))
 
 
 def _expand_tma(r: int, b_stacked: torch.Tensor) -> bool:
@@ -246,7 +245,7 @@ def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, pdl) -> torch.Ten
 
     if m:
         extra = f"shrink{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
-        run(_gemm.choose_config("linear", x2, r, k, run, extra, loop, split_k=False))
+        run(_gemm.choose_config("linear", x2, r, k, run, extra, loop))
     return xs
 
 
