@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call (this round): every GEMM tuning candidate at
-# 256 and 128 rows of 4096 x 4096 (split-K among them) against cuBLAS. Logs go to OUTDIR,
-# and OUTDIR/probes.tgz holds them all (one file to fetch).
+# The open GPU checks of NOTES.md in one call (this round): the lora suite, the mlp
+# suite's top MLPs and the linear suite (quick) after the TMA kernels' direct launches,
+# merged into a copy of the committed results. Logs go to OUTDIR, and OUTDIR/probes.tgz
+# holds them all (one file to fetch). Set FUSEML_COMMIT=<sha> for the results' stamp.
 #
 #   scripts/gpu-probes.sh [OUTDIR]        (default: out/gpu-probes)
 set -uo pipefail
@@ -17,6 +18,8 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run cands 400 "$PY" scripts/probe_gemm.py cands 256,4096,4096 128,4096,4096
-cat "$OUT/cands.txt"
+cp -r benchmarks/results "$OUT/results"
+run bench-lora 230 "$PY" -m fuseml.cli bench lora --quick --merge --out "$OUT/results"
+run bench-mlp 130 "$PY" -m fuseml.cli bench mlp --quick --merge --cases top --out "$OUT/results"
+run bench-linear 200 "$PY" -m fuseml.cli bench linear --quick --merge --out "$OUT/results"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"
