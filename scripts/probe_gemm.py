@@ -49,6 +49,21 @@ def measure(run, out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return bench_us(run), rel_err(out, ref)
 
 
+def time_all(results, out, ref, show) -> list[tuple[float, str]]:
+    """Times each (tag, run) variant (``show(tag, us, err)`` as it goes); variants that
+    cannot be built or run here are listed with their error. Sorted (us, tag) pairs."""
+    timed = []
+    for tag, run in results:
+        try:
+            us, err = measure(run, out, ref)
+        except Exception as e:  # a variant this Triton / GPU cannot build or run
+            print(f"  {tag:58s} failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
+            continue
+        timed.append((us, tag))
+        show(tag, us, err)
+    return sorted(timed)
+
+
 def sweep(m: int, k: int, n: int) -> None:
     x = torch.randn(m, k, device="cuda", dtype=DT)
     w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
@@ -88,16 +103,8 @@ def sweep(m: int, k: int, n: int) -> None:
             _gemm._launch_tma(out, x, w, b, None, 1.0, GELU, cfg, flatten=flatten, warp_spec=ws)
 
         results.append((tag, run))
-    timed = []
-    for tag, run in results:
-        try:
-            us, err = measure(run, out, ref)
-        except Exception as e:  # a variant this Triton / GPU cannot build or run
-            print(f"  {tag:58s} failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
-            continue
-        timed.append((us, tag))
-        show(tag, us, best, f"err={err:.1e}")
-    for us, tag in sorted(timed)[:3]:
+    timed = time_all(results, out, ref, lambda tag, us, err: show(tag, us, best, f"err={err:.1e}"))
+    for us, tag in timed[:3]:
         print(f"  best: {tag} {us:.1f} us ({best / us:.2f}x of best cuBLAS)")
 
 
@@ -262,7 +269,7 @@ def candidate_sweep(m: int, k: int, n: int) -> None:
     print(f"== candidates M={m} K={k} N={n} bf16, bias + gelu_tanh", flush=True)
     cublas = bench_us(lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))
     print(f"  {'cublas F.linear + gelu':58s} {cublas:9.1f} us", flush=True)
-    timed = []
+    results = []
     for cfg in _gemm.candidates(m, n, k, DT, _gemm.LOOP_TUNED):
         tma = cfg.get("TMA", False)
 
@@ -271,14 +278,12 @@ def candidate_sweep(m: int, k: int, n: int) -> None:
 
         tag = "tma" if tma else "ptr"
         tag += " bm{BLOCK_M} bn{BLOCK_N} bk{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
-        try:
-            us, err = measure(run, out, ref)
-        except Exception as e:  # a variant this Triton / GPU cannot build or run
-            print(f"  {tag:58s} failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
-            continue
-        timed.append((us, tag))
+        results.append((tag, run))
+
+    def show(tag, us, err):
         print(f"  {tag:58s} {us:9.1f} us {us / cublas:5.2f}x cuBLAS err={err:.1e}", flush=True)
-    for us, tag in sorted(timed)[:3]:
+
+    for us, tag in time_all(results, out, ref, show)[:3]:
         print(f"  best: {tag} {us:.1f} us ({us / cublas:.2f}x cuBLAS)")
 
 
