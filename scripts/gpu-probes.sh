@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call (next round): host time per call of the
-# linear / LoRA / MLP paths, then the linear suite's skinny 13 -> 512 rows again (their
-# per-eager-call time at B = 64 rose from 25.4 to 56.5 us between 04cad5b and c97227b while
-# their host time fell; see NOTES.md), merged into a copy of the committed results.
-# Logs go to OUTDIR, and OUTDIR/probes.tgz holds them all (one file to fetch). Set
-# FUSEML_COMMIT=<sha> for the results' stamp.
+# The open GPU checks of NOTES.md in one call (this round): LoRA's shrink launch alone per
+# candidate and the expand mode's main launch alone (M = 256 and 4096), the skinny
+# 13 -> 512 layer's candidates at 64 rows with extra small configs, then host time per
+# call of the linear / LoRA / MLP paths. Logs go to OUTDIR, and OUTDIR/probes.tgz holds
+# them all (one file to fetch).
 #
 #   scripts/gpu-probes.sh [OUTDIR]        (default: out/gpu-probes)
 set -uo pipefail
@@ -20,9 +19,10 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
+run shrink 200 "$PY" scripts/probe_gemm.py shrink 256,4096,16 256,4096,64 4096,4096,16
+export PROBE_EXTRA="64-64-16-4-1,64-64-16-2-1,64-128-16-4-1,64-32-16-2-1,64-64-16-1-1,32-64-16-1-1,64-128-16-4-2,64-256-16-4-1"
+run skinny 120 "$PY" scripts/probe_gemm.py cands 64,13,512 64,64,16 64,256,64
 run host 150 "$PY" scripts/host_overhead.py
-cp -r benchmarks/results "$OUT/results"
-run bench-linear 200 "$PY" -m fuseml.cli bench linear --quick --merge --cases 13x512 \
-    --out "$OUT/results"
+cat "$OUT/shrink.txt" "$OUT/skinny.txt"
 head -22 "$OUT/host.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"

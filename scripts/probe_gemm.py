@@ -4,7 +4,8 @@
     PYTHONPATH=src python scripts/probe_gemm.py [M,K,N ...]
     PYTHONPATH=src python scripts/probe_gemm.py lora [M:adapters:rank ...]
     PYTHONPATH=src python scripts/probe_gemm.py small
-    PYTHONPATH=src python scripts/probe_gemm.py cands M,K,N ...
+    PYTHONPATH=src python scripts/probe_gemm.py cands M,K,N ...   (PROBE_EXTRA=bm-bn-bk-w-s,..)
+    PYTHONPATH=src python scripts/probe_gemm.py shrink M,K,rank ...
 
 For each shape (default 4096,4096,4096 and 4096,4096,11008; bf16, bias + GELU-tanh):
 cuBLAS (F.linear + gelu, and cuBLASLt's fused epilogue), then every large-tile candidate
@@ -15,12 +16,14 @@ with their error and skipped. `lora`: the fused LoRA layer per mode (see lora_sw
 the merged weight and fuseml's plain linear, with the tuned configs.
 `small`: M = 1 / 16 / 64 (weight-read bound), a wider tile sweep than the tuner's
 candidates, to choose the small-M candidate list. `cands`: every tuning candidate of a
-shape.
+shape. `shrink`: LoRA's shrink launch alone per candidate, and the expand mode's main
+launch alone (xs given).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 
 import torch
@@ -114,8 +117,6 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
     shrink), the expand mode with the overlap switched off (launches in stream order), and
     FUSEML_PDL=0 (in-loop up to IN_LOOP_MAX_M rows). First call of each arm tunes; the
     configs it chose are listed. ``shapes``: "M:adapters:rank,..." (adapters 0: single)."""
-    import os
-
     import fuseml
     from fuseml.ops import _tune
     from fuseml.ops import lora as lora_mod
@@ -270,7 +271,10 @@ def candidate_sweep(m: int, k: int, n: int) -> None:
     cublas = bench_us(lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))
     print(f"  {'cublas F.linear + gelu':58s} {cublas:9.1f} us", flush=True)
     results = []
-    for cfg in _gemm.candidates(m, n, k, DT, _gemm.LOOP_TUNED):
+    cfgs = _gemm.candidates(m, n, k, DT, _gemm.LOOP_TUNED)
+    for spec in filter(None, os.environ.get("PROBE_EXTRA", "").split(",")):
+        cfgs.append(_gemm._cfg(*(int(v) for v in spec.split("-"))))  # bm-bn-bk-warps-stages
+    for cfg in cfgs:
         tma = cfg.get("TMA", False)
 
         def run(cfg=cfg, tma=tma):
@@ -287,7 +291,67 @@ def candidate_sweep(m: int, k: int, n: int) -> None:
         print(f"  best: {tag} {us:.1f} us ({us / cublas:.2f}x cuBLAS)")
 
 
+def shrink_sweep(m: int, k: int, r: int) -> None:
+    """LoRA's shrink launch alone (xs = 2 * x @ A^T in x's dtype, the first launch of the
+    expand mode) for every tuning candidate, and the expand mode's main launch alone (xs
+    given, no overlap) for the TMA candidates, with x and the weights rotating over 3 sets."""
+    n = 4096
+    sets = []
+    for _ in range(3):
+        x = torch.randn(m, k, device="cuda", dtype=DT)
+        a = torch.randn(r, k, device="cuda", dtype=DT) / k**0.5
+        w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
+        bb = torch.randn(n, r, device="cuda", dtype=DT) / r**0.5
+        b = torch.randn(n, device="cuda", dtype=DT)
+        sets.append((x, a, w, bb, b, (2.0 * (x @ a.t())).to(DT)))
+    xs = torch.empty(m, r, device="cuda", dtype=DT)
+    out = torch.empty(m, n, device="cuda", dtype=DT)
+    print(f"== shrink M={m} K={k} rank {r} (3 sets rotating)", flush=True)
+    results = []
+    for cfg in _gemm.candidates(m, r, k, DT, _gemm.LOOP_TUNED):
+        tma = cfg.get("TMA", False)
+
+        def run(cfg=cfg, tma=tma):
+            for x, a, _w, _bb, _b, _xs in sets:
+                _gemm.launch_linear(
+                    xs, x, a, None, None, 1.0, 0, cfg, lora=_gemm.LORA_SHRINK, lora_scale=2.0,
+                    rank=r, tma=tma,
+                )  # fmt: skip
+
+        tag = "shrink " + ("tma" if tma else "ptr")
+        tag += " bm{BLOCK_M} bn{BLOCK_N} bk{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
+        tag += f" ({_gemm.cdiv(m, cfg['BLOCK_M'])} programs)"
+        results.append((tag, run))
+
+    def show(tag, us, err):
+        print(f"  {tag:58s} {us / 3:9.1f} us/call err={err:.1e}", flush=True)
+
+    time_all(results, xs, sets[-1][5], show)
+    ref = torch.relu(
+        F.linear(sets[-1][0], sets[-1][2], sets[-1][4]) + sets[-1][5] @ sets[-1][3].t()
+    )
+    results = []
+    for cfg in _gemm.candidates(m, n, k, DT, _gemm.LOOP_TUNED):
+        if not cfg.get("TMA", False):
+            continue
+
+        def run(cfg=cfg):
+            for x, _a, w, bb, b, xs_ref in sets:
+                _gemm.launch_linear(
+                    out, x, w, b, None, 1.0, 1, cfg, lora=_gemm.LORA_EXPAND, lora_b=bb,
+                    xa=xs_ref, lora_scale=2.0, rank=r, tma=True,
+                )  # fmt: skip
+
+        tag = "expand main tma bm{BLOCK_M} bn{BLOCK_N} bk{BLOCK_K} w{num_warps} s{num_stages}"
+        results.append((tag.format(**cfg), run))
+    time_all(results, out, ref, show)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["shrink"]:
+        for a in sys.argv[2:]:
+            shrink_sweep(*(int(v) for v in a.split(",")))
+        return
     if sys.argv[1:2] == ["cands"]:
         for a in sys.argv[2:]:
             candidate_sweep(*(int(v) for v in a.split(",")))
