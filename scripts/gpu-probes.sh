@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call (this round): LoRA's shrink launch alone per
-# candidate and the expand mode's main launch alone (M = 256 and 4096), the skinny
-# 13 -> 512 layer's candidates at 64 rows with extra small configs, then host time per
-# call of the linear / LoRA / MLP paths. Logs go to OUTDIR, and OUTDIR/probes.tgz holds
-# them all (one file to fetch).
+# The open GPU checks of NOTES.md in one call (this round): the linear GPU tests (the
+# pointer kernel's one-step variant for K <= BLOCK_K), the skinny layers' candidates at 64
+# rows, then the linear suite's skinny 13 -> 512 rows merged into a copy of the committed
+# results. Logs go to OUTDIR, and OUTDIR/probes.tgz holds them all (one file to fetch).
+# Set FUSEML_COMMIT=<sha> for the results' stamp.
 #
 #   scripts/gpu-probes.sh [OUTDIR]        (default: out/gpu-probes)
 set -uo pipefail
@@ -19,10 +19,12 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run shrink 200 "$PY" scripts/probe_gemm.py shrink 256,4096,16 256,4096,64 4096,4096,16
-export PROBE_EXTRA="64-64-16-4-1,64-64-16-2-1,64-128-16-4-1,64-32-16-2-1,64-64-16-1-1,32-64-16-1-1,64-128-16-4-2,64-256-16-4-1"
-run skinny 120 "$PY" scripts/probe_gemm.py cands 64,13,512 64,64,16 64,256,64
-run host 150 "$PY" scripts/host_overhead.py
-cat "$OUT/shrink.txt" "$OUT/skinny.txt"
-head -22 "$OUT/host.txt"
+run tests 240 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_linear.py tests/nn
+run skinny 100 "$PY" scripts/probe_gemm.py cands 64,13,512 64,64,16 4096,13,512
+cp -r benchmarks/results "$OUT/results"
+run bench-linear 150 "$PY" -m fuseml.cli bench linear --quick --merge --cases 13x512 \
+    --out "$OUT/results"
+tail -3 "$OUT/tests.txt"
+cat "$OUT/skinny.txt"
+grep -E "13x512" "$OUT/bench-linear.txt" | head -20
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"

@@ -118,6 +118,8 @@ def _epilogue(
     LORA: tl.constexpr, MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr,
     R_PAD: tl.constexpr, R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    bias_v=0.0, res_v=0.0,  # the fp32 bias (BLOCK_N,) / residual tile, when loaded earlier
+    BIAS_LOADED: tl.constexpr = False, RES_LOADED: tl.constexpr = False,
 ):  # fmt: skip
     """out = act(acc [+ (s * xa) @ B^T] + bias + alpha * residual), stored once. Shared
     by every GEMM kernel, so the epilogue cannot drift between them."""
@@ -154,12 +156,17 @@ def _epilogue(
             acc = mma(t.to(bt.dtype), bt, acc, PRECISION, UPCAST)
 
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if not BIAS_LOADED:
+            bias_v = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        acc += bias_v[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
     if HAS_RES:
-        res = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0)
+        if not RES_LOADED:
+            res_v = tl.load(
+                res_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0
+            )
         # alpha arrives as fp64 under torch.compile: pin the epilogue to fp32.
-        acc += tl.cast(alpha, tl.float32) * res.to(tl.float32)
+        acc += tl.cast(alpha, tl.float32) * res_v.to(tl.float32)
     acc = _activation(acc, ACTIVATION)
     tl.store(
         out_ptr + rows[:, None] * stride_om + cols[None, :],
@@ -212,6 +219,7 @@ def _gemm_body(
     GROUP_M: tl.constexpr,  # row tiles per group of the grouped order
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K masks in the main loop
     PDL: tl.constexpr = False,  # programmatic dependent launch (LORA 3 / 4, see pdl_available)
+    ONE_STEP: tl.constexpr = False,  # K <= BLOCK_K (LORA 0 only): see below
 ):
     if LORA == 3 and PDL:  # shrink: let the expand launch start now (it waits for xs)
         tl.extra.cuda.gdc_launch_dependents()
@@ -235,24 +243,42 @@ def _gemm_body(
     xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)  # LORA 1: x @ A^T, else unused
     if LORA == 1:
         a_ptrs = a_ptr + rs[None, :] * stride_ar + ks[:, None]  # A^T tile (K, R_PAD)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            xt = tl.load(x_ptrs)
-            wt = tl.load(w_ptrs)
-        else:
-            k_ok = ks < K - k0
-            xt = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-            wt = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+    bias_v = 0.0
+    res_v = 0.0
+    if ONE_STEP:
+        # One masked step, with the epilogue's bias (and a small tile's residual) loaded
+        # alongside x and W: a skinny layer's kernel is about one round trip to memory
+        # long, and a load issued after the dot would add a second.
+        if HAS_BIAS:
+            bias_v = tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        if HAS_RES and BLOCK_M * BLOCK_N <= 64 * 64:
+            res_v = tl.load(
+                res_ptr + rows[:, None] * stride_rm + cols[None, :],
+                mask=(rows < M)[:, None] & (cols < N)[None, :], other=0.0,
+            )  # fmt: skip
+        k_ok = ks < K
+        xt = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+        wt = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
         acc = mma(xt, wt, acc, PRECISION, UPCAST)
-        if LORA == 1:
+    else:
+        for k0 in range(0, K, BLOCK_K):
             if EVEN_K:
-                at = tl.load(a_ptrs, mask=rs[None, :] < R, other=0.0)
+                xt = tl.load(x_ptrs)
+                wt = tl.load(w_ptrs)
             else:
-                at = tl.load(a_ptrs, mask=k_ok[:, None] & (rs[None, :] < R), other=0.0)
-            xa = mma(xt, at, xa, PRECISION, UPCAST)
-            a_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K * stride_xk
-        w_ptrs += BLOCK_K * stride_wk
+                k_ok = ks < K - k0
+                xt = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+                wt = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+            acc = mma(xt, wt, acc, PRECISION, UPCAST)
+            if LORA == 1:
+                if EVEN_K:
+                    at = tl.load(a_ptrs, mask=rs[None, :] < R, other=0.0)
+                else:
+                    at = tl.load(a_ptrs, mask=k_ok[:, None] & (rs[None, :] < R), other=0.0)
+                xa = mma(xt, at, xa, PRECISION, UPCAST)
+                a_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K * stride_xk
+            w_ptrs += BLOCK_K * stride_wk
     if LORA == 4:  # expand: xs @ B^T as more K steps (xs scaled and masked by the shrink)
         if PDL:  # launched while the shrink runs: wait for its xs
             tl.extra.cuda.gdc_wait()
@@ -274,7 +300,8 @@ def _gemm_body(
         acc, rows, cols, M, N, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
         stride_rm, stride_om, stride_bn, alpha, lora_scale, xa,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
-        PRECISION, UPCAST,
+        PRECISION, UPCAST, bias_v, res_v, ONE_STEP,
+        ONE_STEP and BLOCK_M * BLOCK_N <= 64 * 64,
     )  # fmt: skip
 
 
@@ -285,17 +312,18 @@ def _linear_kernel(
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_STEP: tl.constexpr,
 ):  # fmt: skip
     """Plain linear layers: the GEMM body without the LoRA arguments (half the launch
-    arguments, and Triton's host cost per launch grows with their number)."""
+    arguments, and Triton's host cost per launch grows with their number). ONE_STEP: K
+    fits one BLOCK_K step (the DLRM's 13 -> 512 layer, 64 -> 16)."""
     _gemm_body(
         tl.program_id(0), x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
         x_ptr, x_ptr, x_ptr, x_ptr, x_ptr,
         M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_om, 0, 0,
         alpha, 1.0,
         HAS_BIAS, HAS_RES, ACTIVATION, 0, False, 1, 1, 16, 16, False, PRECISION, UPCAST,
-        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
+        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, False, ONE_STEP,
     )  # fmt: skip
 
 
@@ -652,6 +680,7 @@ def launch_linear(
         consts = (
             bias is not None, residual is not None, activation, precision, upcast,
             config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], even_k,
+            k <= config["BLOCK_K"],
         )  # fmt: skip
         options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
         args = (x, weight, b_arg, r_arg, out, *ints, float(alpha), *consts)
