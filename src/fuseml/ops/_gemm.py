@@ -755,6 +755,12 @@ _SKINNY_N = [  # (BLOCK_M, BLOCK_K, warps, stages) for many rows and N <= 256 (L
     # read; M = 1024, 16 adapters x rank 16 = 256 columns: 64 x 128 tiles made 32 programs)
     (16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 3),
 ]  # fmt: skip
+_SHORT_K = [  # (BLOCK_M, BLOCK_N, warps, stages) for many rows and a K of one step (the
+    # DLRM's 13 -> 512, 64 -> 16): the kernel is about one round trip to memory long, so
+    # more, smaller tiles (H100, 13 -> 512 at 512 rows: 64 x 128 tiles, 32 programs, took
+    # 5.4 us against cuBLASLt's 4.3)
+    (64, 32, 4, 2), (64, 64, 4, 2), (32, 64, 4, 2), (128, 32, 4, 2),
+]  # fmt: skip
 SMEM_LIMIT = 232448  # bytes of shared memory a block may use on Hopper (the largest)
 
 
@@ -775,6 +781,8 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR)
             base += [_cfg(bm, min(cap_n, 64), bk, w, s) for bm, bk, w, s in _SKINNY_N]
         if loop == LOOP_TUNED and mb <= TMA_TUNED_MAX_M:
             base += [dict(c, TMA=True) for c in _MID_TMA]
+        if cap_k <= 64:
+            base += [_cfg(bm, bn, cap_k, w, s) for bm, bn, w, s in _SHORT_K]
     es = torch.empty((), dtype=dtype).element_size()
     out = []
     for c in base:
