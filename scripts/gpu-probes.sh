@@ -19,8 +19,9 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-PROBE_EXTRA="16-16-64-4-3,16-16-128-4-2,16-16-256-2-1,16-16-256-8-1,16-32-256-4-1,16-16-64-2-4" \
-    run skinny 120 "$PY" scripts/probe_gemm.py cands 1,256,64 64,256,64
+export PROBE_EXTRA="16-16-64-4-3,16-16-128-4-2,16-16-256-2-1,16-16-256-8-1,16-32-256-4-1,16-16-64-2-4"
+run skinny 120 "$PY" scripts/probe_gemm.py cands 1,256,64 64,256,64
+unset PROBE_EXTRA
 cp -r benchmarks/results "$OUT/results"
 run bench-linear 360 "$PY" -m fuseml.cli bench linear --merge \
     --cases '^(13x512|256x64|64x16)/relu/bfloat16' --out "$OUT/results"
