@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call (this round): the candidates of the skinny
-# 256 -> 64 layer (and extra small configs), then the linear suite's skinny DLRM layers at
-# every M (short-K candidates for many rows), merged into a copy of the committed results.
+# The open GPU checks of NOTES.md in one call (this round): the linear and LoRA GPU tests,
+# then the linear suite's narrow layers (256 -> 64, 64 -> 16) from 512 rows, tuned over
+# both kernels now, merged into a copy of the committed results.
 # Logs go to OUTDIR, and OUTDIR/probes.tgz holds them all (one file to fetch). Set
 # FUSEML_COMMIT=<sha> for the results' stamp.
 #
@@ -19,12 +19,10 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-export PROBE_EXTRA="16-16-64-4-3,16-16-128-4-2,16-16-256-2-1,16-16-256-8-1,16-32-256-4-1,16-16-64-2-4"
-run skinny 120 "$PY" scripts/probe_gemm.py cands 1,256,64 64,256,64
-unset PROBE_EXTRA
+run tests 300 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_linear.py tests/ops/test_lora.py
 cp -r benchmarks/results "$OUT/results"
-run bench-linear 360 "$PY" -m fuseml.cli bench linear --merge \
-    --cases '^(13x512|256x64|64x16)/relu/bfloat16' --out "$OUT/results"
-cat "$OUT/skinny.txt"
-grep -E "tuned" "$OUT/bench-linear.txt" | grep -E "k13|n16:k64" | tail -8
+run bench-linear 200 "$PY" -m fuseml.cli bench linear --merge \
+    --cases '^(256x64|64x16)/relu/bfloat16/m(512|4096|65536)$' --out "$OUT/results"
+tail -3 "$OUT/tests.txt"
+grep -E "tuned" "$OUT/bench-linear.txt" | cut -c1-220
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"

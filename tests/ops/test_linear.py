@@ -400,14 +400,15 @@ def test_linear_tma_kernel_gpu(m, k, n, monkeypatch):
 
 def test_gemm_path_choice(monkeypatch):
     """FUSEML_GEMM: auto takes TMA only on Hopper+ CUDA tensors with aligned rows, from
-    TMA_MIN_M rows, tuned up to TMA_TUNED_MAX_M rows; tma / ptr force it (where the layout
-    allows); anything else is an error."""
+    TMA_MIN_M rows, tuned up to TMA_TUNED_MAX_M rows and for outputs up to TMA_TUNED_N
+    wide; tma / ptr force it (where the layout allows); anything else is an error."""
     x = torch.randn(_gemm.TMA_MIN_M, 64)
-    w = torch.randn(32, 64)
+    w = torch.randn(_gemm.TMA_TUNED_N + 8, 64)
     monkeypatch.delenv("FUSEML_GEMM", raising=False)
     assert _gemm.gemm_loop(x, w, False) == _gemm.LOOP_PTR  # CPU tensors: pointer kernel
     monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)  # as on a Hopper GPU
     assert _gemm.gemm_loop(x, w, False) == _gemm.LOOP_TMA
+    assert _gemm.gemm_loop(x, w[: _gemm.TMA_TUNED_N], False) == _gemm.LOOP_TUNED
     assert _gemm.gemm_loop(x[: _gemm.TMA_TUNED_MAX_M], w, False) == _gemm.LOOP_TUNED
     assert _gemm.gemm_loop(x[:1], w, False) == _gemm.LOOP_TUNED
     assert _gemm.gemm_loop(x[: _gemm.TMA_TUNED_MAX_M + 1], w, False) == _gemm.LOOP_PTR
@@ -436,6 +437,9 @@ def test_tuned_loop_adds_tma_candidates_up_to_tma_tuned_max_m():
     assert len([c for c in mid if c.get("TMA")]) == len(_gemm._MID_TMA)
     big = _gemm.candidates(4096, 4096, 4096, torch.bfloat16, _gemm.LOOP_TUNED)
     assert not any(c.get("TMA") for c in big)
+    narrow = _gemm.candidates(4096, 16, 64, torch.bfloat16, _gemm.LOOP_TUNED)
+    plain = _gemm.candidates(4096, 16, 64, torch.bfloat16)
+    assert narrow == plain + [dict(c, TMA=True) for c in plain]
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)

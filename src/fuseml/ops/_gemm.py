@@ -469,6 +469,9 @@ TMA_MIN_M = 512  # rows from which plain linear layers default to the TMA kernel
 TMA_TUNED_MAX_M = 256  # up to this many rows the tuner chooses TMA or pointer loads: with
 # narrow tiles the TMA kernel read W at up to 1.16x cuBLAS (H100, M = 16, NOTES.md); at
 # M = 256 the pointer kernel's best tile took 23.4 us against cuBLAS's 20.4 (4096 x 4096)
+TMA_TUNED_N = 64  # from TMA_MIN_M rows, outputs this narrow are tuned over both kernels:
+# the pointer kernel's smaller tiles won at 64 -> 16 (H100 suite, 512 / 4096 / 65536 rows:
+# 2.6 / 2.9 / 6.3 us against the TMA kernel's 2.9 / 3.2 / 6.5), the TMA kernel at 256 -> 64
 LOOP_PTR, LOOP_TMA, LOOP_TUNED = 0, 1, 2  # gemm_loop's answers
 
 
@@ -494,7 +497,8 @@ def gemm_loop(x: torch.Tensor, weight: torch.Tensor, traced: bool) -> int:
     (``_gemm_body``) or LOOP_TUNED (the tuned config's "TMA" flag decides, see
     ``takes_tma``). Only direct launches take TMA (the op traced by torch.compile keeps
     the pointer kernel), only for TMA-compatible layouts; by default on Hopper+ GPUs from
-    TMA_MIN_M rows, tuned up to TMA_TUNED_MAX_M rows (FUSEML_GEMM=tma / ptr force it)."""
+    TMA_MIN_M rows, tuned up to TMA_TUNED_MAX_M rows and for outputs at most TMA_TUNED_N
+    wide (FUSEML_GEMM=tma / ptr force it)."""
     if traced:
         return LOOP_PTR
     mode = gemm_mode()
@@ -502,7 +506,7 @@ def gemm_loop(x: torch.Tensor, weight: torch.Tensor, traced: bool) -> int:
         m = x.shape[0]
         if TMA_TUNED_MAX_M < m < TMA_MIN_M or not (_tma_device(x) and tma_eligible(x, weight)):
             return LOOP_PTR
-        return LOOP_TMA if m >= TMA_MIN_M else LOOP_TUNED
+        return LOOP_TMA if m >= TMA_MIN_M and weight.shape[0] > TMA_TUNED_N else LOOP_TUNED
     return LOOP_TMA if mode == "tma" and tma_eligible(x, weight) else LOOP_PTR
 
 
@@ -779,10 +783,12 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR)
         base = list(_LARGE)
         if cap_n <= 256:
             base += [_cfg(bm, min(cap_n, 64), bk, w, s) for bm, bk, w, s in _SKINNY_N]
-        if loop == LOOP_TUNED and mb <= TMA_TUNED_MAX_M:
-            base += [dict(c, TMA=True) for c in _MID_TMA]
         if cap_k <= 64:
             base += [_cfg(bm, bn, cap_k, w, s) for bm, bn, w, s in _SHORT_K]
+        if loop == LOOP_TUNED and mb <= TMA_TUNED_MAX_M:
+            base += [dict(c, TMA=True) for c in _MID_TMA]
+        elif loop == LOOP_TUNED and n <= TMA_TUNED_N:  # from TMA_MIN_M rows: both kernels
+            base += [dict(c, TMA=True) for c in base]
     es = torch.empty((), dtype=dtype).element_size()
     out = []
     for c in base:

@@ -112,6 +112,8 @@ def lora_rows(
     r_pad = max(16, next_pow2(r))  # as launch_linear pads it
     loop = _gemm.gemm_loop(x2, weight, traced) if r_pad <= EXPAND_MAX_R else _gemm.LOOP_PTR
     small = type(m) is not int or m <= IN_LOOP_MAX_M
+    if loop == _gemm.LOOP_TUNED and m >= _gemm.TMA_MIN_M:
+        loop = _gemm.LOOP_TMA  # narrow outputs (see TMA_TUNED_N): LoRA keeps the TMA modes
     pdl = small and r_pad <= EXPAND_MAX_R and _gemm.pdl_available(x2, traced)
     args = (out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code, traced)
     if pdl and r_pad <= IN_LOOP_MAX_R:
