@@ -26,7 +26,7 @@ from fuseml.ops._utils import (
     needs_dispatch,
 )
 from fuseml.ops.bias_act import activation_ref
-from fuseml.runtime import resolve_backend
+from fuseml.runtime import FLOAT_DTYPES, resolve_backend
 
 ACTIVATIONS = ew.ACTIVATIONS
 
@@ -61,7 +61,8 @@ def linear_rows(
     """act(x @ W^T + bias + alpha * residual) for validated inputs, shaped (..., N)."""
     k = x.shape[-1]
     n = weight.shape[0]
-    x2 = x.reshape(-1, k)  # any strides: the kernel takes both of x's strides
+    flat = x.dim() == 2  # (the common case: no reshape, no view of the output)
+    x2 = x if flat else x.reshape(-1, k)  # any strides: the kernel takes both of x's strides
     out = torch.empty((x2.shape[0], n), dtype=out_dtype or x.dtype, device=x.device)
     res2 = None if residual is None else as_rows(residual.reshape(-1, n))
     b = None if bias is None else bias.contiguous()
@@ -74,7 +75,7 @@ def linear_rows(
 
     if x2.shape[0] and n:
         run(_gemm.choose_config("linear", x2, n, k, run, _gemm.loop_key(loop), loop))
-    return out.view(*x.shape[:-1], n)
+    return out if flat else out.view(*x.shape[:-1], n)
 
 
 # ------------------------------------------------------------------------ registration
@@ -118,8 +119,35 @@ torch.library.register_autograd("fuseml::linear", _backward, setup_context=_setu
 
 
 # ---------------------------------------------------------------------------- public
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _valid_linear_args(x, weight, bias, residual, alpha, activation) -> str | None:
+    """check_linear_args's result when every argument is plainly valid (one pass, no
+    messages: the per-call fast path), else None (the full check then names the error)."""
+    if type(x) not in _PLAIN or type(weight) not in _PLAIN or residual is not None:
+        return None
+    dt, dev = x.dtype, x.device
+    if (
+        dt not in FLOAT_DTYPES or weight.dtype != dt or weight.device != dev
+        or weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]
+        or type(alpha) not in (float, int)
+    ):  # fmt: skip
+        return None
+    if bias is not None and (
+        type(bias) not in _PLAIN or bias.dtype != dt or bias.device != dev
+        or bias.shape != (weight.shape[0],)
+    ):  # fmt: skip
+        return None
+    activation = "none" if activation is None else activation
+    return activation if type(activation) is str and activation in ew.ACT_CODE else None
+
+
 def check_linear_args(op, x, weight, bias, residual, alpha, activation) -> str:
     """Validate linear-style arguments; return the activation name ('none' for None)."""
+    valid = _valid_linear_args(x, weight, bias, residual, alpha, activation)
+    if valid is not None:
+        return valid
     check_tensor(op, "x", x)
     check_tensor(op, "weight", weight)
     check_same(op, "x", x, "weight", weight)
