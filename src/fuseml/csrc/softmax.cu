@@ -310,6 +310,39 @@ __device__ __forceinline__ float block_reduce(float v, float* slots) {
   return MAX ? group_max<kWarp>(v) : group_sum<kWarp>(v);
 }
 
+// (max, sum of exp(x - max)) pairs: the pair of the union of two sets. The sums are rescaled
+// to the larger max (a max of -inf: both sums are 0, and so is the result's).
+__device__ __forceinline__ float2 combine_stats(float2 a, float2 b) {
+  const float m = fmaxf(a.x, b.x);
+  const float sh = m == neg_inf() ? 0.f : m;
+  return make_float2(m, a.y * exp_approx(a.x - sh) + b.y * exp_approx(b.x - sh));
+}
+
+// The block's combined pair, in every thread: one barrier.
+__device__ __forceinline__ float2 block_reduce_stats(float2 st, float* max_slots,
+                                                     float* sum_slots) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int warps = static_cast<int>(blockDim.x) / kWarp;
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    st = combine_stats(st, make_float2(__shfl_xor_sync(0xffffffffu, st.x, o),
+                                       __shfl_xor_sync(0xffffffffu, st.y, o)));
+  }
+  if (lane == 0) {
+    max_slots[warp] = st.x;
+    sum_slots[warp] = st.y;
+  }
+  __syncthreads();
+  st = lane < warps ? make_float2(max_slots[lane], sum_slots[lane]) : make_float2(neg_inf(), 0.f);
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    st = combine_stats(st, make_float2(__shfl_xor_sync(0xffffffffu, st.x, o),
+                                       __shfl_xor_sync(0xffffffffu, st.y, o)));
+  }
+  return st;
+}
+
 // The reductions row_in_registers uses: over the LANES lanes sharing a row, or over the block.
 template <int LANES>
 struct GroupReduce {
@@ -593,7 +626,6 @@ __global__ void __launch_bounds__(THREADS)
   constexpr int kPackStride = THREADS * V;
   __shared__ float red_max[kWarp];
   __shared__ float red_sum[kWarp];
-  __shared__ float row_scale[2];  // this chunk's factor onto the row's max, and log / 1/sum
 
   const int64_t row = blockIdx.x / chunks;
   const int chunk = static_cast<int>(blockIdx.x % chunks);
@@ -603,10 +635,11 @@ __global__ void __launch_bounds__(THREADS)
   const int64_t c_first = static_cast<int64_t>(chunk) * THREADS * ELEMS +
                           static_cast<int64_t>(threadIdx.x) * V - lead_of<V>(xrow);
   float v[ELEMS];
-  float mx = load_part<Tr, ELEMS, kPackStride>(xrow, c_first, n, v);
-  // The chunk's statistics against its own max (0 for a chunk of only -inf, so that its sum
-  // is 0, not NaN). v keeps exp(x - shift) for softmax, x - shift for log_softmax.
-  mx = block_reduce<true>(mx, red_max);
+  // Each thread's statistics against its own max (0 for only -inf, so that its sum is 0, not
+  // NaN); v keeps exp(x - shift) for softmax, x - shift for log_softmax. The block then
+  // combines the (max, sum) pairs in one reduction (one barrier, not one for the max and
+  // one for the sum), and each thread rescales its own values at the end.
+  const float mx = load_part<Tr, ELEMS, kPackStride>(xrow, c_first, n, v);
   const float shift = mx == neg_inf() ? 0.f : mx;
   float sum = 0.f;
 #pragma unroll
@@ -618,42 +651,37 @@ __global__ void __launch_bounds__(THREADS)
     sum += e;
     v[i] = LOG ? z : e;
   }
-  sum = block_reduce<false>(sum, red_sum);
+  const float2 chunk_stats = block_reduce_stats(make_float2(mx, sum), red_max, red_sum);
 
   float2* row_stats = stats + row * chunks;
   if (threadIdx.x == 0) {
-    row_stats[chunk] = make_float2(mx, sum);
+    row_stats[chunk] = chunk_stats;
     post_count(count + row);  // the pair is visible to any block that sees the new count
     while (acquire_count(count + row) < chunks) {
     }
   }
   __syncthreads();  // after thread 0's acquire: the pairs are visible to the block
-  if (threadIdx.x < kWarp) {  // warp 0 combines the pairs (chunks <= 64: two per lane)
-    float m_row = neg_inf();
-    for (int j = static_cast<int>(threadIdx.x); j < chunks; j += kWarp) {
-      m_row = fmaxf(m_row, __ldcg(&row_stats[j]).x);
-    }
-    m_row = group_max<kWarp>(m_row);
-    const float row_shift = m_row == neg_inf() ? 0.f : m_row;
-    float total = 0.f;
-    for (int j = static_cast<int>(threadIdx.x); j < chunks; j += kWarp) {
-      const float2 st = __ldcg(&row_stats[j]);
-      total += st.y * expf(st.x - row_shift);  // a chunk of only -inf adds 0 * 0
-    }
-    total = group_sum<kWarp>(total);
-    if (threadIdx.x == 0) {
-      // out = v * exp(shift - m_row) / total (softmax), v + (shift - m_row) - log(total) (log).
-      // A chunk of only -inf in a row with a finite max has v = 0 / -inf: its factor is 0 /
-      // anything (exp(0 - m_row) may overflow); a row of only -inf keeps m_row = -inf, and
-      // the factor inf (0 * inf) / -inf + inf make its outputs NaN, as in torch.
-      const bool empty = mx == neg_inf() && m_row != neg_inf();
-      row_scale[0] = LOG ? (empty ? 0.f : shift - m_row) : (empty ? 0.f : expf(shift - m_row));
-      row_scale[1] = LOG ? logf(total) : 1.f / total;
-    }
+  // Every warp combines the row's pairs itself (chunks <= 64: two per lane), so no second
+  // barrier and no broadcast slot.
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  float2 p[2];
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int j = lane + q * kWarp;
+    p[q] = j < chunks ? __ldcg(&row_stats[j]) : make_float2(neg_inf(), 0.f);
   }
-  __syncthreads();
-  const float scale = row_scale[0];
-  const float post = row_scale[1];
+  const float m_row = group_max<kWarp>(fmaxf(p[0].x, p[1].x));
+  const float row_shift = m_row == neg_inf() ? 0.f : m_row;
+  // a pair of only -inf adds 0 * 0
+  const float total = group_sum<kWarp>(p[0].y * expf(p[0].x - row_shift) +
+                                       p[1].y * expf(p[1].x - row_shift));
+  // out = v * exp(shift - m_row) / total (softmax), v + (shift - m_row) - log(total) (log).
+  // A thread of only -inf in a row with a finite max has v = 0 / -inf: its factor is 0 /
+  // anything (exp(0 - m_row) may overflow); a row of only -inf keeps m_row = -inf, and the
+  // factor inf (0 * inf) / -inf + inf make its outputs NaN, as in torch.
+  const bool empty = mx == neg_inf() && m_row != neg_inf();
+  const float scale = LOG ? (empty ? 0.f : shift - m_row) : (empty ? 0.f : expf(shift - m_row));
+  const float post = LOG ? logf(total) : 1.f / total;
   store_part<Tr, ELEMS, kPackStride>(orow, c_first, n, v, [&](float t) {
     return LOG ? t + scale - post : t * scale * post;
   });
