@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call (this round): the GPU tests of the linear,
-# LoRA, MLP, module, fuseml.optimize, DLRM model and predict paths, then host time per
-# call of the linear / LoRA / MLP paths (after the one-pass argument check). Logs go to
-# OUTDIR, and OUTDIR/probes.tgz holds them all (one file to fetch).
+# The open GPU checks of NOTES.md in one call (next round): the softmax suite (quick),
+# merged into a copy of the committed results, for the CUDA twin's two-barrier split kernel
+# (0319666; measured by the probe only so far), then the probe itself. Logs go to OUTDIR,
+# and OUTDIR/probes.tgz holds them all (one file to fetch). Set FUSEML_COMMIT=<sha> for
+# the results' stamp.
 #
 #   scripts/gpu-probes.sh [OUTDIR]        (default: out/gpu-probes)
 set -uo pipefail
@@ -18,10 +19,9 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run tests 400 "$PY" -m pytest -q -m gpu -n 14 -rf tests/ops/test_linear.py \
-    tests/ops/test_lora.py tests/ops/test_mlp.py tests/nn tests/test_optimize.py tests/models \
-    tests/test_predict.py
-run host 140 "$PY" scripts/host_overhead.py
-tail -3 "$OUT/tests.txt"
-head -22 "$OUT/host.txt"
+cp -r benchmarks/results "$OUT/results"
+run bench-softmax 420 "$PY" -m fuseml.cli bench softmax --quick --merge --out "$OUT/results"
+export PROBE_ONLINE=none PROBE_SPLIT=8192:1024
+run probe 120 "$PY" scripts/probe_softmax.py 50257 65536 262144
+cat "$OUT/probe.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"
