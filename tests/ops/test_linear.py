@@ -368,6 +368,20 @@ def test_every_candidate_config_is_correct(dtype, m, k, n, lora):
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("k", [13, 64])
+def test_linear_one_step(device, backend, k):
+    """K within one BLOCK_K step: the pointer kernel's one-step variant, its bias loaded
+    with x and W, and its residual too for tiles up to 64 x 64 (else in the epilogue)."""
+    x, w, b, r = _inputs(37, k, 70, torch.bfloat16, device)
+    for cfg in (_gemm._cfg(16, 32, 64, 4, 2), _gemm._cfg(64, 128, 64, 4, 2)):
+        for bias, res in ((b, r), (None, r), (b, None)):
+            out = torch.full((37, 70), float("nan"), dtype=torch.bfloat16, device=device)
+            _gemm.launch_linear(out, x, w, bias, res, 0.5, 3, cfg)  # 3: gelu
+            ref = _ref64(x, w, bias, "gelu", res, 0.5)
+            assert_close_verbose(out, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_tma_kernel(device, backend, dtype, monkeypatch):
     """FUSEML_GEMM=tma: the persistent TMA kernel where the layout allows it (16-byte
