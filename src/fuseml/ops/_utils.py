@@ -144,7 +144,7 @@ def needs_dispatch(*tensors: torch.Tensor | None) -> bool:
             continue
         # nn.Parameter (module weights) is a plain tensor to the kernels; other subclasses
         # (fake, functorch wrappers, user subclasses) get the dispatcher.
-        if type(t) not in _PLAIN or t.device.type == "meta":
+        if type(t) not in _PLAIN or t.is_meta:  # (is_meta: no torch.device object built)
             return True
         if grad and t.requires_grad:
             return True
