@@ -318,29 +318,30 @@ __device__ __forceinline__ float2 combine_stats(float2 a, float2 b) {
   return make_float2(m, a.y * exp_approx(a.x - sh) + b.y * exp_approx(b.x - sh));
 }
 
-// The block's combined pair, in every thread: one barrier.
-__device__ __forceinline__ float2 block_reduce_stats(float2 st, float* max_slots,
-                                                     float* sum_slots) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int warp = static_cast<int>(threadIdx.x) / kWarp;
-  const int warps = static_cast<int>(blockDim.x) / kWarp;
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) {
-    st = combine_stats(st, make_float2(__shfl_xor_sync(0xffffffffu, st.x, o),
-                                       __shfl_xor_sync(0xffffffffu, st.y, o)));
-  }
-  if (lane == 0) {
-    max_slots[warp] = st.x;
-    sum_slots[warp] = st.y;
-  }
-  __syncthreads();
-  st = lane < warps ? make_float2(max_slots[lane], sum_slots[lane]) : make_float2(neg_inf(), 0.f);
+// The warp's combined pair, in every lane.
+__device__ __forceinline__ float2 warp_reduce_stats(float2 st) {
 #pragma unroll
   for (int o = kWarp / 2; o > 0; o /= 2) {
     st = combine_stats(st, make_float2(__shfl_xor_sync(0xffffffffu, st.x, o),
                                        __shfl_xor_sync(0xffffffffu, st.y, o)));
   }
   return st;
+}
+
+// The block's combined pair, in every thread: one barrier.
+__device__ __forceinline__ float2 block_reduce_stats(float2 st, float* max_slots,
+                                                     float* sum_slots) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int warps = static_cast<int>(blockDim.x) / kWarp;
+  st = warp_reduce_stats(st);
+  if (lane == 0) {
+    max_slots[warp] = st.x;
+    sum_slots[warp] = st.y;
+  }
+  __syncthreads();
+  st = lane < warps ? make_float2(max_slots[lane], sum_slots[lane]) : make_float2(neg_inf(), 0.f);
+  return warp_reduce_stats(st);
 }
 
 // The reductions row_in_registers uses: over the LANES lanes sharing a row, or over the block.
@@ -661,12 +662,13 @@ __global__ void __launch_bounds__(THREADS)
     }
   }
   __syncthreads();  // after thread 0's acquire: the pairs are visible to the block
-  // Every warp combines the row's pairs itself (chunks <= 64: two per lane), so no second
-  // barrier and no broadcast slot.
+  // Every warp combines the row's pairs itself (chunks <= kMaxSplitChunks: two per lane), so
+  // no second barrier and no broadcast slot.
+  static_assert(kMaxSplitChunks % kWarp == 0, "the row's pairs are read whole lanes at a time");
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  float2 p[2];
+  float2 p[kMaxSplitChunks / kWarp];
 #pragma unroll
-  for (int q = 0; q < 2; ++q) {
+  for (int q = 0; q < kMaxSplitChunks / kWarp; ++q) {
     const int j = lane + q * kWarp;
     p[q] = j < chunks ? __ldcg(&row_stats[j]) : make_float2(neg_inf(), 0.f);
   }
