@@ -126,7 +126,9 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+# Tensor types the kernels take as they are (nn.Parameter: module weights); any other
+# subclass (fake, functorch wrappers, user subclasses) goes through the dispatcher.
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def needs_dispatch(*tensors: torch.Tensor | None) -> bool:
@@ -142,9 +144,7 @@ def needs_dispatch(*tensors: torch.Tensor | None) -> bool:
     for t in tensors:
         if t is None:
             continue
-        # nn.Parameter (module weights) is a plain tensor to the kernels; other subclasses
-        # (fake, functorch wrappers, user subclasses) get the dispatcher.
-        if type(t) not in _PLAIN or t.is_meta:  # (is_meta: no torch.device object built)
+        if type(t) not in PLAIN_TENSORS or t.is_meta:  # (is_meta: no torch.device object built)
             return True
         if grad and t.requires_grad:
             return True

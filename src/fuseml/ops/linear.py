@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from fuseml.ops import _elementwise as ew
 from fuseml.ops import _gemm
 from fuseml.ops._utils import (
+    PLAIN_TENSORS,
     as_rows,
     check_choice,
     check_same,
@@ -119,13 +120,10 @@ torch.library.register_autograd("fuseml::linear", _backward, setup_context=_setu
 
 
 # ---------------------------------------------------------------------------- public
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
 def _valid_linear_args(x, weight, bias, residual, alpha, activation) -> str | None:
     """check_linear_args's result when every argument is plainly valid (one pass, no
     messages: the per-call fast path), else None (the full check then names the error)."""
-    if type(x) not in _PLAIN or type(weight) not in _PLAIN or residual is not None:
+    if type(x) not in PLAIN_TENSORS or type(weight) not in PLAIN_TENSORS or residual is not None:
         return None
     dt, dev = x.dtype, x.device
     if (
@@ -135,7 +133,7 @@ def _valid_linear_args(x, weight, bias, residual, alpha, activation) -> str | No
     ):  # fmt: skip
         return None
     if bias is not None and (
-        type(bias) not in _PLAIN or bias.dtype != dt or bias.device != dev
+        type(bias) not in PLAIN_TENSORS or bias.dtype != dt or bias.device != dev
         or bias.shape != (weight.shape[0],)
     ):  # fmt: skip
         return None

@@ -42,6 +42,7 @@ from fuseml.ops import _tune
 from fuseml.ops._elementwise import _activation
 from fuseml.ops._gemm import dot_precision, mma
 from fuseml.ops._utils import (
+    PLAIN_TENSORS,
     CompiledLaunches,
     aligned16,
     cdiv,
@@ -642,13 +643,10 @@ def _mlp_op(
 
 
 # ---------------------------------------------------------------------------- public
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
-
-
 def _valid_mlp_args(x, weights, biases, activations):
     """normalize_mlp_args's result when every argument is plainly valid (one pass, no
     messages: the per-call fast path), else None (the full check then names the error)."""
-    if type(x) not in _PLAIN_TENSORS or not isinstance(weights, (list, tuple)) or not weights:
+    if type(x) not in PLAIN_TENSORS or not isinstance(weights, (list, tuple)) or not weights:
         return None
     n = len(weights)
     if biases is None:
@@ -668,14 +666,14 @@ def _valid_mlp_args(x, weights, biases, activations):
         return None
     width = x.shape[-1]
     for w, b in zip(weights, biases):
-        if type(w) not in _PLAIN_TENSORS or w.dtype != dt or w.device != dev or w.dim() != 2:
+        if type(w) not in PLAIN_TENSORS or w.dtype != dt or w.device != dev or w.dim() != 2:
             return None
         out_w, in_w = w.shape
         if in_w != width:
             return None
         width = out_w
         if b is not None and (
-            type(b) not in _PLAIN_TENSORS or b.dtype != dt or b.device != dev or b.shape != (width,)
+            type(b) not in PLAIN_TENSORS or b.dtype != dt or b.device != dev or b.shape != (width,)
         ):
             return None
     return list(weights), list(biases), acts
