@@ -2,14 +2,15 @@
 
     PYTHONPATH=src python scripts/probe_softmax.py [N ...]
 
-M = 4096 bf16 rows of N = 16384, 32768 (where the on-chip kernel ends), 50257, 65536 and
-262144 columns (or the N given): torch.softmax and a same-size copy; the on-chip kernel
-with 8 / 16 / 32 warps where it applies; the CUDA twin; the split-row kernel's columns per
-program and columns per warp (PROBE_SPLIT="block:cols_per_warp,..."), each with a row's
-columns shared evenly over its programs or not; then the online kernel's columns per
-step, warps and programs per SM (0: one program per row; PROBE_ONLINE, "none" to skip),
-swept through the module constants. Median us (triton.testing.do_bench, L2 flushed) and
-GB/s (one read + one write).
+M = 4096 bf16 rows (PROBE_M sets them) of N = 16384, 32768 (where the on-chip kernel ends),
+50257, 65536 and 262144 columns (or the N given): torch.softmax and a same-size copy; the
+on-chip kernel where it applies, by warps, pipelining stages and grid (PROBE_ROWS="warps:
+stages:per_sm,...", default 8 / 16 / 32 warps); the CUDA twin; the split-row kernel's
+columns per program and columns per warp (PROBE_SPLIT="block:cols_per_warp,..."), each with
+a row's columns shared evenly over its programs or not; then the online kernel's columns
+per step, warps and programs per SM (0: one program per row; PROBE_ONLINE). "none" skips
+the split or online sweep. Median us (triton.testing.do_bench, L2 flushed) and GB/s (one
+read + one write).
 """
 
 from __future__ import annotations
@@ -57,15 +58,40 @@ def _width(n: int, m: int) -> None:
     show("torch.softmax", us_of(lambda: torch.softmax(x, -1)))
     if n <= sm.MAX_ONCHIP_COLS:
         show("fuseml on-chip kernel", us_of(fused))
-        base = sm._rows_config
-        try:  # warps: at 32768 columns, 16 warps spill 72 B a thread (offline sm_90a
-            # compile), 32 warps do not (NOTES.md)
-            for warps in (8, 16, 32):
-                sm._rows_config = lambda cols, warps=warps: dict(base(cols), num_warps=warps)
-                show(f"on-chip kernel, {warps} warps", us_of(fused), rel_err(fused(), ref))
+        base, programs = sm._rows_config, sm._persistent_programs
+        # PROBE_ROWS="warps:stages:per_sm,...": the on-chip kernel's warps, software
+        # pipelining stages (1: plain loads, 2+: cp.async through shared memory) and grid
+        # (per_sm 0: the occupancy-sized persistent grid; -1: one program per row; k > 0:
+        # k programs per SM). Default: warps 8 / 16 / 32 with the library's stages and grid
+        # (at 32768 columns 16 warps spill 72 B a thread offline, sm_90a; 32 do not).
+        only = os.environ.get("PROBE_ROWS", "")
+        sweep = [tuple(int(v) for v in t.split(":")) for t in only.split(",") if t] or [
+            (8, 0, 0),
+            (16, 0, 0),
+            (32, 0, 0),
+        ]
+        n_sm = torch.cuda.get_device_properties(0).multi_processor_count
+        try:
+            for warps, stages, per_sm in sweep:
+
+                def config(cols, warps=warps, stages=stages):
+                    cfg = dict(base(cols), num_warps=warps)
+                    return dict(cfg, NUM_STAGES=stages) if stages else cfg
+
+                def grid(x2, out2, cfg, log, per_sm=per_sm):
+                    if per_sm == 0:
+                        return programs(x2, out2, cfg, log)
+                    return None if per_sm < 0 else per_sm * n_sm
+
+                sm._rows_config, sm._persistent_programs = config, grid
+                name = f"on-chip kernel, {warps} warps, stages {stages or 'lib'}"
+                name += f", grid {({0: 'occupancy', -1: 'a row each'}).get(per_sm, per_sm)}"
+                show(name, us_of(fused), rel_err(fused(), ref))
         finally:
-            sm._rows_config = base
+            sm._rows_config, sm._persistent_programs = base, programs
     show("fuseml CUDA twin", us_of(lambda: fuseml.ops.softmax(x, backend="cuda")))
+    if os.environ.get("PROBE_SPLIT") == "none":
+        return
     saved = (sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_MAX_BLOCK, sm.SPLIT_COLS_PER_WARP)
     balanced_default = sm.SPLIT_BALANCED
     try:
@@ -110,7 +136,8 @@ def _width(n: int, m: int) -> None:
         sm.SPLIT_MAX_CHUNKS = split_max
 
 
-def main(m: int = 4096) -> None:
+def main() -> None:
+    m = int(os.environ.get("PROBE_M", "4096"))  # rows
     widths = [int(a) for a in sys.argv[1:]] or [16384, 32768, 50257, 65536, 262144]
     for n in widths:
         _width(n, m)
