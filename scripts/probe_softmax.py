@@ -2,15 +2,16 @@
 
     PYTHONPATH=src python scripts/probe_softmax.py [N ...]
 
-M = 4096 bf16 rows (PROBE_M sets them) of N = 16384, 32768 (where the on-chip kernel ends),
-50257, 65536 and 262144 columns (or the N given): torch.softmax and a same-size copy; the
-on-chip kernel where it applies, by warps, pipelining stages and grid (PROBE_ROWS="warps:
-stages:per_sm,...", default 8 / 16 / 32 warps); the CUDA twin; the split-row kernel's
-columns per program and columns per warp (PROBE_SPLIT="block:cols_per_warp,..."), each with
-a row's columns shared evenly over its programs or not; then the online kernel's columns
-per step, warps and programs per SM (0: one program per row; PROBE_ONLINE). "none" skips
-the split or online sweep. Median us (triton.testing.do_bench, L2 flushed) and GB/s (one
-read + one write).
+M = 4096 bf16 rows (PROBE_M sets them) of N = 16384, 32768 (where the on-chip kernel
+ends), 50257, 65536 and 262144 columns (or the N given), softmax (log_softmax with
+PROBE_LOG=1). Timed: torch's op and a same-size copy; the on-chip kernel where it
+applies, by warps, pipelining stages and grid (PROBE_ROWS="warps:stages:per_sm,...",
+default 8 / 16 / 32 warps); the CUDA twin; the split-row kernel's columns per program and
+columns per warp (PROBE_SPLIT="block:cols_per_warp,..."), each with a row's columns
+shared evenly over its programs or not; then the online kernel's columns per step, warps
+and programs per SM (0: one program per row; PROBE_ONLINE). "none" skips the split or
+online sweep. Median us (triton.testing.do_bench, L2 flushed) and GB/s (one read + one
+write).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import fuseml
 from fuseml.testing import rel_err
 
 sm = importlib.import_module("fuseml.ops.softmax")  # the module (fuseml.ops.softmax: the op)
+LOG = os.environ.get("PROBE_LOG") == "1"  # log_softmax instead of softmax
 
 
 def us_of(fn) -> float:
@@ -37,7 +39,7 @@ def inputs(n: int, m: int):
     """(x, torch.softmax(x), show): m x n bf16 rows, and a printer of one timing line
     (us, GB/s of one read and one write, error against the reference)."""
     x = 3 * torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    ref = torch.softmax(x, -1)
+    ref = (torch.log_softmax if LOG else torch.softmax)(x, -1)
     nbytes = 2 * x.numel() * x.element_size()
 
     def show(name: str, us: float, err: float | None = None) -> None:
@@ -50,12 +52,14 @@ def inputs(n: int, m: int):
 def _width(n: int, m: int) -> None:
     x, ref, show = inputs(n, m)
 
-    def fused():
-        return fuseml.ops.softmax(x)
+    op = fuseml.ops.log_softmax if LOG else fuseml.ops.softmax
 
-    print(f"== softmax {m} x {n} bf16")
+    def fused():
+        return op(x)
+
+    print(f"== {'log_softmax' if LOG else 'softmax'} {m} x {n} bf16")
     show("copy", us_of(lambda: torch.empty_like(x).copy_(x)))
-    show("torch.softmax", us_of(lambda: torch.softmax(x, -1)))
+    show("torch", us_of(lambda: (torch.log_softmax if LOG else torch.softmax)(x, -1)))
     if n <= sm.MAX_ONCHIP_COLS:
         show("fuseml on-chip kernel", us_of(fused))
         base, programs = sm._rows_config, sm._persistent_programs
@@ -89,7 +93,7 @@ def _width(n: int, m: int) -> None:
                 show(name, us_of(fused), rel_err(fused(), ref))
         finally:
             sm._rows_config, sm._persistent_programs = base, programs
-    show("fuseml CUDA twin", us_of(lambda: fuseml.ops.softmax(x, backend="cuda")))
+    show("fuseml CUDA twin", us_of(lambda: op(x, backend="cuda")))
     if os.environ.get("PROBE_SPLIT") == "none":
         return
     saved = (sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_MAX_BLOCK, sm.SPLIT_COLS_PER_WARP)
