@@ -7,11 +7,12 @@ ends), 50257, 65536 and 262144 columns (or the N given), softmax (log_softmax wi
 PROBE_LOG=1). Timed: torch's op and a same-size copy; the on-chip kernel where it
 applies, by warps, pipelining stages and grid (PROBE_ROWS="warps:stages:per_sm,...",
 default 8 / 16 / 32 warps); the CUDA twin; the split-row kernel's columns per program and
-columns per warp (PROBE_SPLIT="block:cols_per_warp,..."), each with a row's columns
-shared evenly over its programs or not; then the online kernel's columns per step, warps
-and programs per SM (0: one program per row; PROBE_ONLINE). "none" skips the split or
-online sweep. Median us (triton.testing.do_bench, L2 flushed) and GB/s (one read + one
-write).
+columns per warp, one program per item or the persistent grid
+(PROBE_SPLIT="block:cols_per_warp[:persistent],..."), each with a row's columns shared
+evenly over its programs or not (persistent: fixed shares only); then the online
+kernel's columns per step, warps and programs per SM (0: one program per row;
+PROBE_ONLINE). "none" skips the split or online sweep. Median us
+(triton.testing.do_bench, L2 flushed) and GB/s (one read + one write).
 """
 
 from __future__ import annotations
@@ -64,60 +65,69 @@ def _width(n: int, m: int) -> None:
         show("fuseml on-chip kernel", us_of(fused))
         base, programs = sm._rows_config, sm._persistent_programs
         # PROBE_ROWS="warps:stages:per_sm,...": the on-chip kernel's warps, software
-        # pipelining stages (1: plain loads, 2+: cp.async through shared memory) and grid
-        # (per_sm 0: the occupancy-sized persistent grid; -1: one program per row; k > 0:
-        # k programs per SM). Default: warps 8 / 16 / 32 with the library's stages and grid
-        # (at 32768 columns 16 warps spill 72 B a thread offline, sm_90a; 32 do not).
+        # pipelining stages (1: plain loads, 2+: cp.async through shared memory; 0: the
+        # library's) and grid (per_sm 0: the occupancy-sized persistent grid; -1: one
+        # program per row; k > 0: k programs per SM; -2: the library's choice). Default:
+        # warps 8 / 16 / 32 with the library's stages and grid (at 32768 columns 16 warps
+        # spill 72 B a thread offline, sm_90a; 32 do not).
         only = os.environ.get("PROBE_ROWS", "")
         sweep = [tuple(int(v) for v in t.split(":")) for t in only.split(",") if t] or [
-            (8, 0, 0),
-            (16, 0, 0),
-            (32, 0, 0),
-        ]
+            (8, 0, -2), (16, 0, -2), (32, 0, -2)
+        ]  # fmt: skip
         n_sm = torch.cuda.get_device_properties(0).multi_processor_count
         try:
             for warps, stages, per_sm in sweep:
 
-                def config(cols, warps=warps, stages=stages):
+                def config(cols, warps=warps, stages=stages, per_sm=per_sm):
                     cfg = dict(base(cols), num_warps=warps)
-                    return dict(cfg, NUM_STAGES=stages) if stages else cfg
+                    if stages:
+                        cfg["NUM_STAGES"] = stages
+                    if per_sm != -2:
+                        cfg["PERSISTENT"] = per_sm >= 0
+                    return cfg
 
                 def grid(x2, out2, cfg, log, per_sm=per_sm):
-                    if per_sm == 0:
-                        return programs(x2, out2, cfg, log)
-                    return None if per_sm < 0 else per_sm * n_sm
+                    return per_sm * n_sm if per_sm > 0 else programs(x2, out2, cfg, log)
 
                 sm._rows_config, sm._persistent_programs = config, grid
-                name = f"on-chip kernel, {warps} warps, stages {stages or 'lib'}"
-                name += f", grid {({0: 'occupancy', -1: 'a row each'}).get(per_sm, per_sm)}"
+                kind = {0: "occupancy", -1: "a row each", -2: "lib"}.get(per_sm, per_sm)
+                name = f"on-chip kernel, {warps} warps, stages {stages or 'lib'}, grid {kind}"
                 show(name, us_of(fused), rel_err(fused(), ref))
         finally:
             sm._rows_config, sm._persistent_programs = base, programs
     show("fuseml CUDA twin", us_of(lambda: op(x, backend="cuda")))
     if os.environ.get("PROBE_SPLIT") == "none":
         return
-    saved = (sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_MAX_BLOCK, sm.SPLIT_COLS_PER_WARP)
-    balanced_default = sm.SPLIT_BALANCED
+    names = ("MAX_ONCHIP_COLS", "SPLIT_BLOCK", "SPLIT_MAX_BLOCK", "SPLIT_COLS_PER_WARP")
+    names += ("SPLIT_BALANCED", "SPLIT_PERSISTENT_MAX_COLS", "SPLIT_PERSISTENT_BLOCK")
+    saved = {name: getattr(sm, name) for name in names}
     try:
-        # The split-row kernel: PROBE_SPLIT="block:cols_per_warp,..." (columns a program)
+        # The split-row kernel: PROBE_SPLIT="block:cols_per_warp[:persistent],..." (columns
+        # a program; persistent 1: the persistent grid, with fixed shares only)
         sm.MAX_ONCHIP_COLS = 1024
         only = os.environ.get("PROBE_SPLIT", "")
         sweep = [tuple(int(v) for v in t.split(":")) for t in only.split(",") if t] or [
-            (2048, 512), (2048, 1024), (4096, 512), (4096, 1024), (8192, 1024), (16384, 1024)
+            (2048, 1024), (4096, 1024), (8192, 1024), (16384, 1024), (4096, 1024, 1),
+            (8192, 1024, 1), (8192, 2048, 1),
         ]  # fmt: skip
         # balanced: equal chunks per row
-        for (block, per_warp), balanced in itertools.product(sweep, (False, True)):
-            sm.SPLIT_BLOCK, sm.SPLIT_COLS_PER_WARP = block, per_warp
-            sm.SPLIT_MAX_BLOCK = max(block, saved[2])
+        for (block, per_warp, *persistent), balanced in itertools.product(sweep, (False, True)):
+            persistent = bool(persistent and persistent[0])
+            if persistent and balanced:
+                continue
+            sm.SPLIT_BLOCK = sm.SPLIT_PERSISTENT_BLOCK = block
+            sm.SPLIT_COLS_PER_WARP = per_warp
+            sm.SPLIT_MAX_BLOCK = max(block, saved["SPLIT_MAX_BLOCK"])
             sm.SPLIT_BALANCED = balanced
+            sm.SPLIT_PERSISTENT_MAX_COLS = 1 << 30 if persistent else 0
             if not sm._split_config(x):
                 continue
             err = rel_err(fused(), ref)
             name = f"split block={block} warps={block // per_warp} balanced={int(balanced)}"
             show(f"{name} ({sm._split_config(x)})", us_of(fused), err)
     finally:
-        sm.MAX_ONCHIP_COLS, sm.SPLIT_BLOCK, sm.SPLIT_MAX_BLOCK, sm.SPLIT_COLS_PER_WARP = saved
-        sm.SPLIT_BALANCED = balanced_default
+        for name, value in saved.items():
+            setattr(sm, name, value)
     if os.environ.get("PROBE_ONLINE") == "none":
         return
     saved = (sm.MAX_ONCHIP_COLS, sm.ONLINE_BLOCK, sm.ONLINE_WARPS, sm.ONLINE_PER_SM)

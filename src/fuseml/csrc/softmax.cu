@@ -637,20 +637,20 @@ __global__ void __launch_bounds__(THREADS)
                           static_cast<int64_t>(threadIdx.x) * V - lead_of<V>(xrow);
   float v[ELEMS];
   // Each thread's statistics against its own max (0 for only -inf, so that its sum is 0, not
-  // NaN); v keeps exp(x - shift) for softmax, x - shift for log_softmax. The block then
+  // NaN); v keeps exp(x - shift) for softmax, x itself for log_softmax. The block then
   // combines the (max, sum) pairs in one reduction (one barrier, not one for the max and
   // one for the sum), and each thread rescales its own values at the end.
+  // (log_softmax used to keep x - shift, which with exp_approx took 80 registers in the
+  // 16-bit kernels, so it had kept expf: 1432 SASS instructions. Keeping x: 64 registers
+  // with exp_approx, 1264 instructions; nvcc 13, sm_90, offline.)
   const float mx = load_part<Tr, ELEMS, kPackStride>(xrow, c_first, n, v);
   const float shift = mx == neg_inf() ? 0.f : mx;
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < ELEMS; ++i) {
-    const float z = v[i] - shift;
-    // log_softmax keeps expf here: with exp_approx nvcc 13 gives its 16-bit kernels 80
-    // registers instead of 64 (3 blocks of 256 threads per SM, not 4; sm_90, offline).
-    const float e = LOG ? expf(z) : exp_approx(z);
+    const float e = exp_approx(v[i] - shift);
     sum += e;
-    v[i] = LOG ? z : e;
+    if (!LOG) v[i] = e;
   }
   const float2 chunk_stats = block_reduce_stats(make_float2(mx, sum), red_max, red_sum);
 
@@ -677,12 +677,13 @@ __global__ void __launch_bounds__(THREADS)
   // a pair of only -inf adds 0 * 0
   const float total = group_sum<kWarp>(p[0].y * expf(p[0].x - row_shift) +
                                        p[1].y * expf(p[1].x - row_shift));
-  // out = v * exp(shift - m_row) / total (softmax), v + (shift - m_row) - log(total) (log).
-  // A thread of only -inf in a row with a finite max has v = 0 / -inf: its factor is 0 /
-  // anything (exp(0 - m_row) may overflow); a row of only -inf keeps m_row = -inf, and the
-  // factor inf (0 * inf) / -inf + inf make its outputs NaN, as in torch.
+  // out = v * exp(shift - m_row) / total (softmax), v - m_row - log(total) (log).
+  // A thread of only -inf in a row with a finite max has v = 0: its factor is 0 (exp(0 -
+  // m_row) may overflow); its log_softmax outputs are -inf - m_row - log(total) = -inf. A
+  // row of only -inf keeps m_row = -inf, and the factor inf (0 * inf) / -inf + inf make its
+  // outputs NaN, as in torch.
   const bool empty = mx == neg_inf() && m_row != neg_inf();
-  const float scale = LOG ? (empty ? 0.f : shift - m_row) : (empty ? 0.f : expf(shift - m_row));
+  const float scale = LOG ? -m_row : (empty ? 0.f : expf(shift - m_row));
   const float post = LOG ? logf(total) : 1.f / total;
   store_part<Tr, ELEMS, kPackStride>(orow, c_first, n, v, [&](float t) {
     return LOG ? t + scale - post : t * scale * post;

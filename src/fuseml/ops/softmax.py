@@ -147,44 +147,18 @@ def row_stats(stats_row, chunks, BLOCK_G: tl.constexpr, FAST: tl.constexpr):
 
 
 @triton.jit
-def _softmax_split_kernel(
-    x_ptr,  # (M, N) input, unit column stride
-    out_ptr,  # (M, N) output
-    stats_ptr,  # (M, chunks, 2) float32 scratch: each chunk's (max, sum of exp(x - max))
-    count_ptr,  # (M,) int32, zero at launch: chunks of the row whose statistics are posted
-    n_cols,
-    stride_xm,
-    stride_om,
-    chunks,  # programs per row
-    LOG: tl.constexpr,
-    BLOCK_N: tl.constexpr,  # columns per program: a power of two >= CHUNK
-    CHUNK: tl.constexpr,  # columns a program takes (<= BLOCK_N, a multiple of 16 if less)
-    BLOCK_G: tl.constexpr,  # next power of two >= chunks
-    VEC: tl.constexpr,  # elements in 16 bytes where rows of x and out share their
-    # alignment (the launcher checks), else 1
-    PHASE: tl.constexpr,  # 0: whole op, the row's programs wait for each other; 1 / 2:
-    # statistics / output only, as two launches (the interpreter runs programs one by one)
-    FAST: tl.constexpr,
-):
-    # Long rows split over `chunks` programs, each holding its chunk in registers: one read
-    # and one write per element, however long the row. A program reduces its chunk to
-    # (max, sum), posts them, waits until every chunk of its row has posted, combines
-    # the `chunks` pairs into the row's max and sum, and writes its chunk. The programs of a
-    # row have consecutive ids and each waits only on them, so the wait ends if blocks
-    # start in id order and `chunks` of them fit on the GPU at once (the assumption CUB's
-    # single-pass scan makes); the launcher keeps `chunks` well under that.
-    #
-    # Rows whose start is not 16-byte aligned (odd widths: 50257) would load one element
-    # at a time; so the chunks tile the row from its first 16-byte boundary ("lead"
-    # elements in) in whole 16-byte groups, and the last chunk also takes the unaligned
-    # head and tail (fewer than VEC elements each) as a small separate piece.
-    pid = tl.program_id(0)
-    row = tl.cast(pid // chunks, tl.int64)
-    chunk = pid % chunks
+def _split_item(
+    item, chunks, n_cols, stride_xm, stride_om, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
+    VEC: tl.constexpr,
+):  # fmt: skip
+    """Where (row, chunk) number ``item`` of the split kernel lives: its row and chunk, the
+    row's offsets in x and out (elements), the chunk's aligned body (columns ``rel`` from
+    the row's first 16-byte boundary, ``lead`` elements in, under ``mask``), and the
+    unaligned head and tail (``edge`` columns under ``edge_ok``, last chunk only)."""
+    row = tl.cast(item // chunks, tl.int64)
+    chunk = item % chunks
     x_off = row * stride_xm
     o_off = row * stride_om
-    x_row = x_ptr + x_off
-    out_row = out_ptr + o_off
     lead = (VEC - x_off % VEC) % VEC  # the launcher checks o_off + lead is aligned too
     body = tl.maximum(((n_cols - lead) // VEC) * VEC, 0)  # elements in whole groups
     rel = chunk * CHUNK + tl.arange(0, BLOCK_N)
@@ -192,14 +166,45 @@ def _softmax_split_kernel(
         mask = rel < tl.minimum(tl.multiple_of(body, VEC), (chunk + 1) * CHUNK)
     else:
         mask = rel < tl.multiple_of(body, VEC)
-    x_body = x_ptr + tl.multiple_of(x_off + lead, VEC)  # 16-byte aligned where x is
-    out_body = out_ptr + tl.multiple_of(o_off + lead, VEC)
-    x = tl.load(x_body + rel, mask=mask, other=-float("inf")).to(tl.float32)
     # head [0, lead) and tail [lead + body, n_cols), in the last chunk only
     e = tl.arange(0, 2 * VEC)
     edge = tl.where(e < VEC, e, lead + body + e - VEC)
     edge_ok = (tl.where(e < VEC, e < lead, True) & (edge < n_cols)) & (chunk == chunks - 1)
-    x_edge = tl.load(x_row + edge, mask=edge_ok, other=-float("inf")).to(tl.float32)
+    return row, chunk, x_off, o_off, lead, rel, mask, edge, edge_ok
+
+
+@triton.jit
+def _split_load(
+    x_ptr, item, n_items, chunks, n_cols, stride_xm, stride_om, BLOCK_N: tl.constexpr,
+    CHUNK: tl.constexpr, VEC: tl.constexpr, PERSISTENT: tl.constexpr,
+):  # fmt: skip
+    """Item ``item``'s body and edge values, in x's dtype (nothing loaded past the last
+    item: a persistent program's prefetch of an item it will not take)."""
+    _, _, x_off, _, lead, rel, mask, edge, edge_ok = _split_item(
+        item, chunks, n_cols, stride_xm, stride_om, BLOCK_N, CHUNK, VEC
+    )
+    if PERSISTENT:  # (tl.where: the interpreter rejects a block mask & a scalar)
+        mask = tl.where(item < n_items, mask, False)
+        edge_ok = tl.where(item < n_items, edge_ok, False)
+    x_body = x_ptr + tl.multiple_of(x_off + lead, VEC)  # 16-byte aligned where x is
+    x = tl.load(x_body + rel, mask=mask, other=-float("inf"))
+    x_edge = tl.load(x_ptr + x_off + edge, mask=edge_ok, other=-float("inf"))
+    return x, x_edge
+
+
+@triton.jit
+def _split_chunk(
+    x, x_edge, item, out_ptr, stats_ptr, count_ptr, chunks, n_cols, stride_xm, stride_om,
+    LOG: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+    VEC: tl.constexpr, PHASE: tl.constexpr, FAST: tl.constexpr,
+):  # fmt: skip
+    """One item of the split kernel, its values loaded: post the chunk's (max, sum), wait
+    for the row's other chunks, write the chunk (PHASE 1 / 2: the first / second half)."""
+    row, chunk, _, o_off, lead, rel, mask, edge, edge_ok = _split_item(
+        item, chunks, n_cols, stride_xm, stride_om, BLOCK_N, CHUNK, VEC
+    )
+    x = x.to(tl.float32)
+    x_edge = x_edge.to(tl.float32)
     stats_row = stats_ptr + row * (2 * chunks)
     if PHASE != 2:
         m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
@@ -229,8 +234,77 @@ def _softmax_split_kernel(
             inv_total = _rcp(total, FAST)
             y = _exp2(z * LOG2E, FAST) * inv_total
             y_edge = _exp2(z_edge * LOG2E, FAST) * inv_total
+        out_body = out_ptr + tl.multiple_of(o_off + lead, VEC)
         tl.store(out_body + rel, y.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(out_row + edge, y_edge.to(out_ptr.dtype.element_ty), mask=edge_ok)
+        tl.store(out_ptr + o_off + edge, y_edge.to(out_ptr.dtype.element_ty), mask=edge_ok)
+
+
+@triton.jit
+def _softmax_split_kernel(
+    x_ptr,  # (M, N) input, unit column stride
+    out_ptr,  # (M, N) output
+    stats_ptr,  # (M, chunks, 2) float32 scratch: each chunk's (max, sum of exp(x - max))
+    count_ptr,  # (M,) int32, zero at launch: chunks of the row whose statistics are posted
+    n_rows,
+    n_cols,
+    stride_xm,
+    stride_om,
+    chunks,  # programs per row
+    LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # columns per program: a power of two >= CHUNK
+    CHUNK: tl.constexpr,  # columns a program takes (<= BLOCK_N, a multiple of 16 if less)
+    BLOCK_G: tl.constexpr,  # next power of two >= chunks
+    VEC: tl.constexpr,  # elements in 16 bytes where rows of x and out share their
+    # alignment (the launcher checks), else 1
+    PHASE: tl.constexpr,  # 0: whole op, the row's programs wait for each other; 1 / 2:
+    # statistics / output only, as two launches (the interpreter runs programs one by one)
+    PERSISTENT: tl.constexpr,  # a grid of resident programs, each taking items in turn
+    FAST: tl.constexpr,
+):
+    # Long rows split over `chunks` items (row, chunk), each holding its chunk in
+    # registers: one read and one write per element, however long the row. An item's
+    # program reduces its chunk to (max, sum), posts them, waits until every chunk of its
+    # row has posted, combines the `chunks` pairs into the row's max and sum, and writes
+    # its chunk. A row's items are consecutive and each waits only on them.
+    # Not PERSISTENT: one program per item; the wait ends if blocks start in id order and
+    # `chunks` of them fit on the GPU at once (the assumption CUB's single-pass scan makes);
+    # the launcher keeps `chunks` well under that.
+    # PERSISTENT: a grid of programs that are all resident at once (the launcher sizes it
+    # from the compiled kernel) takes items pid, pid + grid, ..., and loads its next item
+    # before it waits on the current one, so the wait overlaps memory traffic. With a grid
+    # of at least `chunks` programs no program holds two items of one row, and the lowest
+    # unfinished row always completes: its items are held by resident programs, at their
+    # current item or (wrapping round) the next one after a finished item.
+    #
+    # Rows whose start is not 16-byte aligned (odd widths: 50257) would load one element
+    # at a time; so the chunks tile the row from its first 16-byte boundary ("lead"
+    # elements in) in whole 16-byte groups, and the last chunk also takes the unaligned
+    # head and tail (fewer than VEC elements each) as a small separate piece.
+    item = tl.program_id(0)
+    n_items = n_rows * chunks
+    x, x_edge = _split_load(
+        x_ptr, item, n_items, chunks, n_cols, stride_xm, stride_om, BLOCK_N, CHUNK, VEC,
+        PERSISTENT,
+    )  # fmt: skip
+    if PERSISTENT:
+        step = tl.num_programs(0)
+        while item < n_items:
+            x_next, edge_next = _split_load(
+                x_ptr, item + step, n_items, chunks, n_cols, stride_xm, stride_om, BLOCK_N,
+                CHUNK, VEC, PERSISTENT,
+            )  # fmt: skip
+            _split_chunk(
+                x, x_edge, item, out_ptr, stats_ptr, count_ptr, chunks, n_cols, stride_xm,
+                stride_om, LOG, BLOCK_N, CHUNK, BLOCK_G, VEC, PHASE, FAST,
+            )  # fmt: skip
+            x = x_next
+            x_edge = edge_next
+            item += step
+    else:
+        _split_chunk(
+            x, x_edge, item, out_ptr, stats_ptr, count_ptr, chunks, n_cols, stride_xm,
+            stride_om, LOG, BLOCK_N, CHUNK, BLOCK_G, VEC, PHASE, FAST,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -316,18 +390,53 @@ MAX_ONCHIP_COLS = 32768
 # was fastest: 10.8 us vs 11.3 for the best multi-row tile, 16.8 vs 18.3 at 2048).
 ROWS_TILE = 4096
 MAX_ROWS = 16
+# Grid: one program per ROWS rows below PERSISTENT_MIN_BLOCK columns, the occupancy-sized
+# persistent grid (rows looped inside each program, the next row's load pipelined through
+# shared memory, PERSISTENT_STAGES deep) from there. H100, bf16, rows chosen so that each
+# case moves 64-128 MiB (scripts/probe_softmax.py PROBE_ROWS, 5237fab; us, library warps
+# and stages unless noted):
+#
+#   N (rows)                      128 (262144)  1024 (32768)  4096 (16384)  16384 (4096)  32768 (4096)
+#   persistent grid                   53.4          51.8          99.3          99.2          203.4
+#   one program per row               49.5          49.6          94.1          95.0          205.2 (3 stages)
+#   persistent, 3 stages                -             -             -             -           194.9
+#   same-size copy                    49.4          49.3          93.6          94.0          182.0
+#
+# (1000 and 2048 columns, 8192, and log_softmax at 1024 and 32768 alike: one program per
+# row 2-5% faster up to 16384 columns; at 32768 the 3-stage persistent grid 4% faster,
+# 4 stages level with 3, 32 warps 196.0.)
+PERSISTENT_MIN_BLOCK = 32768
+PERSISTENT_STAGES = 3
 
 
 def _rows_config(n_cols: int) -> dict:
-    """Tile / num_warps / stages for the on-chip kernel: ~16 fp32 values per thread or
-    fewer; rows shorter than 1024 go ROWS at a time."""
+    """Tile / num_warps / stages / grid kind for the on-chip kernel: ~16 fp32 values per
+    thread or fewer; rows shorter than 1024 go ROWS at a time."""
     block = next_pow2(n_cols)
     rows = 1 if block >= 1024 else min(MAX_ROWS, ROWS_TILE // block)
     warps = 4 if rows > 1 else max(1, min(16, block // 512))
     if block >= 8192:
         warps = max(warps, 8)
-    stages = 4 if rows == 1 and block <= 2048 else 2
-    return {"ROWS": rows, "BLOCK_N": block, "num_warps": warps, "NUM_STAGES": stages}
+    persistent = block >= PERSISTENT_MIN_BLOCK
+    stages = PERSISTENT_STAGES if persistent else 4 if rows == 1 and block <= 2048 else 2
+    return {
+        "ROWS": rows, "BLOCK_N": block, "num_warps": warps, "NUM_STAGES": stages,
+        "PERSISTENT": persistent,
+    }  # fmt: skip
+
+
+def _resident_programs(k, num_warps: int, device: int) -> int:
+    """Programs of compiled kernel ``k`` that fit on the whole GPU at once: from its
+    registers and shared memory and the device's limits (threads, registers and shared
+    memory per SM, SM count), as in the Triton fused-softmax tutorial."""
+    k._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    threads = num_warps * 32
+    by_threads = props.max_threads_per_multi_processor // threads
+    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // max(1, k.n_regs * threads)
+    smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    by_smem = smem // k.metadata.shared if k.metadata.shared else by_threads
+    return max(1, min(by_threads, by_regs, by_smem)) * sm_count(device)
 
 
 _PROGRAMS: dict[tuple, int] = {}
@@ -336,9 +445,7 @@ _PROGRAMS: dict[tuple, int] = {}
 def _persistent_programs(x2: torch.Tensor, out2: torch.Tensor, cfg: dict, log: bool) -> int | None:
     """Programs of the on-chip kernel that fit on the whole GPU at once, or None if unknown.
 
-    From the compiled kernel itself (registers, shared memory) and the device's limits
-    (threads, registers and shared memory per SM, SM count), as in the Triton fused-softmax
-    tutorial. Cached per dtype / config; computed on real tensors only (a fake tensor under
+    Cached per dtype / config; computed on real tensors only (a fake tensor under
     torch.compile has no data pointer to specialise on).
     """
     device = x2.get_device()
@@ -352,22 +459,14 @@ def _persistent_programs(x2: torch.Tensor, out2: torch.Tensor, cfg: dict, log: b
         LOG=log, ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["NUM_STAGES"],
         FAST=fast_math(x2), num_warps=cfg["num_warps"], grid=(1,),
     )  # fmt: skip
-    k._init_handles()
-    props = torch.cuda.get_device_properties(device)
-    threads = cfg["num_warps"] * 32
-    by_threads = props.max_threads_per_multi_processor // threads
-    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // max(1, k.n_regs * threads)
-    smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
-    by_smem = smem // k.metadata.shared if k.metadata.shared else by_threads
-    per_sm = max(1, min(by_threads, by_regs, by_smem))
-    _PROGRAMS[key] = per_sm * sm_count(device)
+    _PROGRAMS[key] = _resident_programs(k, cfg["num_warps"], device)
     return _PROGRAMS[key]
 
 
 def _launch_rows(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) -> None:
     n_rows, n_cols = x2.shape
     cfg = _rows_config(n_cols)
-    programs = _persistent_programs(x2, out2, cfg, log)
+    programs = _persistent_programs(x2, out2, cfg, log) if cfg["PERSISTENT"] else None
     blocks = cdiv(n_rows, cfg["ROWS"])
     grid = blocks if programs is None else min(blocks, programs)
     kernel = torch.library.wrap_triton(_softmax_rows_kernel) if traced else _softmax_rows_kernel
@@ -429,47 +528,110 @@ SPLIT_COLS_PER_WARP = 1024
 # Evict-first loads / stores (each element is used once) were 6% slower at 50257 and 65536
 # (H100, a4487fc); not an option any more.
 SPLIT_BALANCED = True  # equal chunks per row (scripts/probe_softmax.py compares both)
+# Rows of up to SPLIT_PERSISTENT_MAX_COLS columns take the split kernel's persistent grid
+# (programs load their next chunk before they wait), SPLIT_PERSISTENT_BLOCK columns an
+# item, every item that long but the row's last (fixed shares were faster than even ones
+# here). H100, bf16, 4096 rows (scripts/probe_softmax_pipelined.py, a probe kernel of the
+# same scheme, 5237fab; 50256 stands in for 50257), us by columns / warps an item:
+#
+#   N        one program an item, 8192/8   persistent 4096/4   8192/8   8192/4   16384/16
+#   50256               348.3                    328.3           343.7    331.3     467.5
+#   65536               436.0                    413.6           418.8    414.1     522.2
+#
+# (an even share of the row per item: 332.5 at 4096/4 and 50256). At 262144 columns
+# (64 items a row) the persistent grid was slower: 1920.2 us against 1792.8 (1c6ab73).
+SPLIT_PERSISTENT_MAX_COLS = 65536
+SPLIT_PERSISTENT_BLOCK = 4096
 
 
-def _split_config(x2: torch.Tensor) -> tuple[int, int] | None:
-    """(columns a program, programs a row) of the split-row kernel for ``x2``, or None
-    where it does not apply (a row that fits one program, or too many programs a row)."""
+def _split_config(x2: torch.Tensor) -> tuple[int, int, bool] | None:
+    """(columns a program, programs a row, persistent grid) of the split-row kernel for
+    ``x2``, or None where it does not apply (a row that fits one program, or too many
+    programs a row)."""
     n_cols = x2.shape[1]
     if SPLIT_MAX_CHUNKS < 2:  # off
         return None
-    block = max(SPLIT_BLOCK, min(SPLIT_MAX_BLOCK, next_pow2(cdiv(n_cols, SPLIT_MAX_CHUNKS))))
-    chunks = cdiv(n_cols, block)
     limit = SPLIT_MAX_CHUNKS
     if x2.is_cuda:
         limit = min(limit, sm_count(x2.get_device()) // 2)
-    return (block, chunks) if 1 < chunks <= limit else None
+    if n_cols <= SPLIT_PERSISTENT_MAX_COLS:
+        chunks = cdiv(n_cols, SPLIT_PERSISTENT_BLOCK)
+        if 1 < chunks <= limit:
+            return SPLIT_PERSISTENT_BLOCK, chunks, True
+    block = max(SPLIT_BLOCK, min(SPLIT_MAX_BLOCK, next_pow2(cdiv(n_cols, SPLIT_MAX_CHUNKS))))
+    chunks = cdiv(n_cols, block)
+    return (block, chunks, False) if 1 < chunks <= limit else None
+
+
+_SPLIT_PROGRAMS: dict[tuple, int] = {}
+
+
+def _split_programs(
+    x2: torch.Tensor, out2: torch.Tensor, stats, count, chunks: int, params: dict
+) -> int | None:
+    """Programs of the persistent split kernel: as many as fit on the GPU at once (from
+    the compiled kernel), or None where that is unknown (a fake tensor under torch.compile)
+    or too few for the wait (under 2 x chunks: then one program per item). Under the
+    interpreter, 2 x chunks + 1 (its two-launch form needs no residency; a small grid
+    makes each program take several items)."""
+    if triton_interpreting():
+        return 2 * chunks + 1
+    device = x2.get_device()
+    if device < 0 or type(x2) is not torch.Tensor or is_fake(x2):
+        return None
+    key = (x2.dtype, chunks, tuple(sorted(params.items())), device)
+    if key not in _SPLIT_PROGRAMS:
+        k = _softmax_split_kernel.warmup(
+            x2, out2, stats, count, x2.shape[0], x2.shape[1], x2.stride(0), out2.stride(0),
+            chunks, grid=(1,), **params,
+        )  # fmt: skip
+        _SPLIT_PROGRAMS[key] = _resident_programs(k, params["num_warps"], device)
+    programs = _SPLIT_PROGRAMS[key]
+    return programs if programs >= 2 * chunks else None
 
 
 def _launch_split(
-    x2: torch.Tensor, out2: torch.Tensor, config: tuple[int, int], log: bool, traced: bool
+    x2: torch.Tensor, out2: torch.Tensor, config: tuple[int, int, bool], log: bool, traced: bool
 ) -> None:
     n_rows, n_cols = x2.shape
-    block, chunks = config
+    block, chunks, persistent = config
     # Balanced: the row's columns shared evenly over its programs (rounded up to 16, so
     # that chunk starts keep 16-byte alignment), rather than `block` each and the rest to
     # the last one (50257 = 6 x 8192 + 1105: one program in seven nearly idle). CHUNK is a
     # constexpr, so each long-row width compiles its own kernel: as a runtime argument
     # the kernel took 58 registers instead of 48 (4 blocks per SM, not 5; offline, sm_90).
-    chunk_cols = min(block, cdiv(cdiv(n_cols, chunks), 16) * 16) if SPLIT_BALANCED else block
+    # The persistent grid takes fixed shares (see SPLIT_PERSISTENT_BLOCK).
+    balanced = SPLIT_BALANCED and not persistent
+    chunk_cols = min(block, cdiv(cdiv(n_cols, chunks), 16) * 16) if balanced else block
     vec = 16 // x2.element_size()
     aligned = (x2.stride(0) - out2.stride(0)) % vec == 0  # rows of x and out line up
     stats = torch.empty((n_rows, chunks, 2), dtype=torch.float32, device=x2.device)
     count = torch.zeros((n_rows,), dtype=torch.int32, device=x2.device)
-    kernel = torch.library.wrap_triton(_softmax_split_kernel) if traced else _softmax_split_kernel
+    n_items = n_rows * chunks
+    if n_items >= 2**31:
+        raise ValueError(
+            f"softmax: x has too many rows for the split-row kernel ({n_rows} rows of "
+            f"{chunks} programs; at most {2**31 - 1} programs in all)"
+        )
+    params = dict(
+        LOG=log, BLOCK_N=block, CHUNK=chunk_cols, BLOCK_G=next_pow2(chunks),
+        VEC=vec if aligned else 1, FAST=fast_math(x2),
+        num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)),
+    )  # fmt: skip
     # The interpreter runs one program after another, so a program cannot wait for the
     # next: there the statistics and the output are two launches.
-    for phase in (1, 2) if triton_interpreting() else (0,):
-        kernel[(n_rows * chunks,)](
-            x2, out2, stats, count, n_cols, x2.stride(0), out2.stride(0), chunks,
-            LOG=log, BLOCK_N=block, CHUNK=chunk_cols, BLOCK_G=next_pow2(chunks),
-            VEC=vec if aligned else 1,
-            PHASE=phase, FAST=fast_math(x2),
-            num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)),
+    phases = (1, 2) if triton_interpreting() else (0,)
+    programs = None
+    if persistent:
+        programs = _split_programs(
+            x2, out2, stats, count, chunks, dict(params, PHASE=phases[0], PERSISTENT=True)
+        )
+    grid = n_items if programs is None else min(n_items, programs)
+    kernel = torch.library.wrap_triton(_softmax_split_kernel) if traced else _softmax_split_kernel
+    for phase in phases:
+        kernel[(grid,)](
+            x2, out2, stats, count, n_rows, n_cols, x2.stride(0), out2.stride(0), chunks,
+            PHASE=phase, PERSISTENT=programs is not None, **params,
         )  # fmt: skip
 
 
