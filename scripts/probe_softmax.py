@@ -9,7 +9,8 @@ applies, by warps, pipelining stages and grid (PROBE_ROWS="warps:stages:per_sm,.
 default 8 / 16 / 32 warps); the CUDA twin; the split-row kernel's columns per program and
 columns per warp, one program per item or the persistent grid
 (PROBE_SPLIT="block:cols_per_warp[:persistent],..."), each with a row's columns shared
-evenly over its programs or not (persistent: fixed shares only); then the online
+evenly over its programs or not (persistent: fixed shares only; PROBE_MAXNREG="0,72":
+its register caps, 0 for none); then the online
 kernel's columns per step, warps and programs per SM (0: one program per row;
 PROBE_ONLINE). "none" skips the split or online sweep. Median us
 (triton.testing.do_bench, L2 flushed) and GB/s (one read + one write).
@@ -100,6 +101,7 @@ def _width(n: int, m: int) -> None:
         return
     names = ("MAX_ONCHIP_COLS", "SPLIT_BLOCK", "SPLIT_MAX_BLOCK", "SPLIT_COLS_PER_WARP")
     names += ("SPLIT_BALANCED", "SPLIT_PERSISTENT_MAX_COLS", "SPLIT_PERSISTENT_BLOCK")
+    names += ("SPLIT_PERSISTENT_MAXNREG",)
     saved = {name: getattr(sm, name) for name in names}
     try:
         # The split-row kernel: PROBE_SPLIT="block:cols_per_warp[:persistent],..." (columns
@@ -122,9 +124,16 @@ def _width(n: int, m: int) -> None:
             sm.SPLIT_PERSISTENT_MAX_COLS = 1 << 30 if persistent else 0
             if not sm._split_config(x):
                 continue
-            err = rel_err(fused(), ref)
-            name = f"split block={block} warps={block // per_warp} balanced={int(balanced)}"
-            show(f"{name} ({sm._split_config(x)})", us_of(fused), err)
+            # PROBE_MAXNREG="0,64,...": register caps of the persistent kernel (0: none)
+            caps = os.environ.get("PROBE_MAXNREG", "0") if persistent else "0"
+            for cap in (int(c) for c in caps.split(",")):
+                sm.SPLIT_PERSISTENT_MAXNREG = cap or None
+                sm._SPLIT_PROGRAMS.clear()
+                err = rel_err(fused(), ref)
+                name = f"split block={block} warps={block // per_warp} balanced={int(balanced)}"
+                if persistent:
+                    name += f" maxnreg={cap} programs={list(sm._SPLIT_PROGRAMS.values())}"
+                show(f"{name} ({sm._split_config(x)})", us_of(fused), err)
     finally:
         for name, value in saved.items():
             setattr(sm, name, value)

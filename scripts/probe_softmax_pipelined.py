@@ -12,11 +12,12 @@ resident (the grid comes from the compiled kernel's registers and the device's l
 and the grid is at least twice the chunks of a row. Softmax only, bf16 rows whose width
 is a multiple of 8 (no unaligned head or tail: 50256 stands in for 50257), with fixed or
 evenly shared chunks; compared with torch.softmax, a same-size
-copy and fuseml's split-row kernel. Median us (triton.testing.do_bench, L2 flushed).
+copy and fuseml's split-row kernel; PROBE_PIPE="block:warps,..." picks the configs. Median us (triton.testing.do_bench, L2 flushed).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -130,7 +131,8 @@ def _width(n: int, m: int) -> None:
     show("copy", us_of(lambda: torch.empty_like(x).copy_(x)))
     show("torch.softmax", us_of(lambda: torch.softmax(x, -1)))
     show("fuseml (split-row kernel)", us_of(lambda: fuseml.ops.softmax(x)))
-    for block, warps in ((4096, 4), (8192, 8), (8192, 4), (16384, 16)):
+    configs = os.environ.get("PROBE_PIPE", "4096:4,8192:8,8192:4,16384:16")  # block:warps
+    for block, warps in (tuple(int(v) for v in c.split(":")) for c in configs.split(",")):
         for balanced in (False, True):
             if balanced and n % block == 0:
                 continue  # the same chunks

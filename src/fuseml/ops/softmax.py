@@ -206,13 +206,18 @@ def _split_chunk(
     x = x.to(tl.float32)
     x_edge = x_edge.to(tl.float32)
     stats_row = stats_ptr + row * (2 * chunks)
+    last = chunk == chunks - 1  # the edge piece's reductions in the last chunk only
     if PHASE != 2:
-        m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
+        m = tl.max(x, axis=0)
+        if last:
+            m = tl.maximum(m, tl.max(x_edge, axis=0))
         shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf chunk: sum 0, not NaN
         # tl.exp here, not _exp2: with the one-instruction exp2 in this phase ptxas gives
         # the kernel 64 registers instead of 48 (4 blocks of 8 warps per SM, not 5;
         # triton 3.9, sm_90, offline); in the output phase it costs none.
-        s = tl.sum(tl.exp(x - shift), axis=0) + tl.sum(tl.exp(x_edge - shift), axis=0)
+        s = tl.sum(tl.exp(x - shift), axis=0)
+        if last:
+            s += tl.sum(tl.exp(x_edge - shift), axis=0)
         tl.store(stats_row + 2 * chunk, m)
         tl.store(stats_row + 2 * chunk + 1, s)
         if PHASE == 0:
@@ -542,6 +547,7 @@ SPLIT_BALANCED = True  # equal chunks per row (scripts/probe_softmax.py compares
 # (64 items a row) the persistent grid was slower: 1920.2 us against 1792.8 (1c6ab73).
 SPLIT_PERSISTENT_MAX_COLS = 65536
 SPLIT_PERSISTENT_BLOCK = 4096
+SPLIT_PERSISTENT_MAXNREG: int | None = None  # register cap of the persistent kernel
 
 
 def _split_config(x2: torch.Tensor) -> tuple[int, int, bool] | None:
@@ -623,9 +629,13 @@ def _launch_split(
     phases = (1, 2) if triton_interpreting() else (0,)
     programs = None
     if persistent:
+        if SPLIT_PERSISTENT_MAXNREG:
+            params["maxnreg"] = SPLIT_PERSISTENT_MAXNREG
         programs = _split_programs(
             x2, out2, stats, count, chunks, dict(params, PHASE=phases[0], PERSISTENT=True)
         )
+        if programs is None:
+            params.pop("maxnreg", None)
     grid = n_items if programs is None else min(n_items, programs)
     kernel = torch.library.wrap_triton(_softmax_split_kernel) if traced else _softmax_split_kernel
     for phase in phases:
