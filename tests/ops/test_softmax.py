@@ -143,15 +143,18 @@ def test_softmax_long_row_paths(device, backend, log, dtype, path, monkeypatch):
     if backend == "cuda":
         pytest.skip("the CUDA twin's long-row path is covered by test_softmax_long_rows_on_gpu")
     # The long-row kernels at sizes the interpreter can run: 9 chunks of 128 columns a row
-    # (the last one ragged) for "split"; "split-persistent" takes them 19 programs (2 x 9
-    # + 1) for 27 items, so the programs wrap round to a second item, prefetched.
+    # (the last one ragged) for "split"; "split-persistent" takes aligned rows (1040
+    # columns: whole 16-byte groups) 19 programs (2 x 9 + 1) for 27 items, so the programs
+    # wrap round to a second item, prefetched, and the other rows one program per chunk.
     _long_row_path(monkeypatch, path, 128)
-    big = 8 * torch.randn(3, 1045, dtype=dtype, device=device)
+    big = 8 * torch.randn(3, 1048, dtype=dtype, device=device)
     # An odd width (rows start at every alignment: each row's aligned body, head and tail),
-    # and a view whose rows are not lined up with the output's (one element at a time).
-    for x in (big[:, :1037].contiguous(), big[:, 3:1040]):
+    # an aligned one, and a view whose rows are not lined up with the output's (one
+    # element at a time).
+    for x in (big[:, :1037].contiguous(), big[:, :1040].contiguous(), big[:, 3:1040]):
         if path.startswith("split"):
-            assert sm._split_config(x) == (128, 9, path == "split-persistent")
+            persistent = path == "split-persistent" and x.shape[1] == 1040 and x.is_contiguous()
+            assert sm._split_config(x) == (128, 9, persistent)
         assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
     # one row, and a batched (3-D) input
     for x in (big[:1, :1037], big[:, :1040].reshape(3, 2, 520)):
@@ -175,16 +178,18 @@ def test_softmax_split_chunk_shares(device, backend, log, balanced, monkeypatch)
 
 
 def test_split_config_limits():
-    x = torch.empty(2, 1)
-    # Up to SPLIT_PERSISTENT_MAX_COLS columns: the persistent grid's fixed chunks
+    x = torch.empty(1, 1)  # expanded: float32 rows (whole 16-byte groups: 4 columns) at stride 0
+    # Aligned rows of up to SPLIT_PERSISTENT_MAX_COLS columns: the persistent grid's fixed
+    # chunks
     pblock, pmax = sm.SPLIT_PERSISTENT_BLOCK, sm.SPLIT_PERSISTENT_MAX_COLS
     for n_cols, config in (
-        (pblock, None), (pblock + 1, (pblock, 2, True)), (pmax, (pblock, pmax // pblock, True))
+        (pblock, None), (pblock + 4, (pblock, 2, True)), (pmax, (pblock, pmax // pblock, True))
     ):  # fmt: skip
         assert sm._split_config(x.expand(2, n_cols)) == config
-    # then one program per chunk
+    # unaligned rows, and longer ones: one program per chunk
     block = sm.SPLIT_BLOCK
-    assert sm._split_config(x.expand(2, pmax + 1)) == (block, sm.cdiv(pmax + 1, block), False)
+    for n_cols in (pmax - 1, pmax + 4):
+        assert sm._split_config(x.expand(2, n_cols)) == (block, sm.cdiv(n_cols, block), False)
     # Longer rows take longer chunks, up to SPLIT_MAX_BLOCK columns; past that, the online
     # kernel
     most = sm.SPLIT_MAX_BLOCK * sm.SPLIT_MAX_CHUNKS
@@ -207,7 +212,7 @@ def test_rows_config_grid_kind():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
-@pytest.mark.parametrize("n_cols", [1025, 8191, 32768, 32769, 50257, 262144, 1_048_576])
+@pytest.mark.parametrize("n_cols", [1025, 8191, 32768, 32769, 50257, 65536, 262144, 1_048_576])
 @pytest.mark.parametrize("path", ["default", *LONG_PATHS])
 def test_softmax_long_rows_on_gpu(backend, n_cols, path, monkeypatch):
     if path != "default" and (backend == "cuda" or n_cols <= sm.MAX_ONCHIP_COLS):
@@ -224,9 +229,11 @@ def test_softmax_long_rows_on_gpu(backend, n_cols, path, monkeypatch):
     for x in (big[:, :n_cols].contiguous(), big[:, 3:]):
         if path.startswith("split"):
             config = sm._split_config(x)
-            # split-persistent: fixed 4096-column items while a row takes at most
-            # SPLIT_MAX_CHUNKS of them (1M columns: 16384-column chunks, one program each)
+            # split-persistent: aligned rows in fixed 4096-column items while a row takes
+            # at most SPLIT_MAX_CHUNKS of them (1M columns: 16384-column chunks, one
+            # program each)
             persistent = path == "split-persistent" and n_cols <= 4096 * sm.SPLIT_MAX_CHUNKS
+            persistent = persistent and sm._rows_aligned(x)
             assert config is not None and config[2] == persistent
         out = fuseml.ops.softmax(x, backend=backend)
         assert_close_verbose(out, _ref(x, -1, False), torch.bfloat16)
@@ -254,8 +261,12 @@ def test_softmax_edge_values_match_torch(device, backend, log, path, monkeypatch
         ],
         device=device,
     )
+    if path == "split-persistent":  # aligned rows (16 columns): pad with -inf
+        x = torch.cat([x, torch.full((x.shape[0], 7), ninf, device=device)], 1)
     for dtype in (torch.float32, torch.float16):
         xd = x.to(dtype)
+        if path == "split-persistent":
+            assert sm._split_config(xd) == (4, 4, True)
         out = _op(log)(xd, backend=backend)
         ref = (torch.log_softmax if log else torch.softmax)(xd.double(), -1).to(dtype)
         torch.testing.assert_close(out, ref, equal_nan=True, rtol=2e-3, atol=1e-6)

@@ -149,18 +149,23 @@ def row_stats(stats_row, chunks, BLOCK_G: tl.constexpr, FAST: tl.constexpr):
 @triton.jit
 def _split_item(
     item, chunks, n_cols, stride_xm, stride_om, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
-    VEC: tl.constexpr,
+    VEC: tl.constexpr, ALIGNED: tl.constexpr,
 ):  # fmt: skip
     """Where (row, chunk) number ``item`` of the split kernel lives: its row and chunk, the
     row's offsets in x and out (elements), the chunk's aligned body (columns ``rel`` from
     the row's first 16-byte boundary, ``lead`` elements in, under ``mask``), and the
-    unaligned head and tail (``edge`` columns under ``edge_ok``, last chunk only)."""
+    unaligned head and tail (``edge`` columns under ``edge_ok``, last chunk only; none
+    where every row is ALIGNED: starts on a 16-byte boundary, whole 16-byte groups long)."""
     row = tl.cast(item // chunks, tl.int64)
     chunk = item % chunks
     x_off = row * stride_xm
     o_off = row * stride_om
-    lead = (VEC - x_off % VEC) % VEC  # the launcher checks o_off + lead is aligned too
-    body = tl.maximum(((n_cols - lead) // VEC) * VEC, 0)  # elements in whole groups
+    if ALIGNED:
+        lead = 0
+        body = (n_cols // VEC) * VEC  # = n_cols, in a form the compiler sees divisible
+    else:
+        lead = (VEC - x_off % VEC) % VEC  # the launcher checks o_off + lead is aligned too
+        body = tl.maximum(((n_cols - lead) // VEC) * VEC, 0)  # elements in whole groups
     rel = chunk * CHUNK + tl.arange(0, BLOCK_N)
     if CHUNK < BLOCK_N:
         mask = rel < tl.minimum(tl.multiple_of(body, VEC), (chunk + 1) * CHUNK)
@@ -176,19 +181,22 @@ def _split_item(
 @triton.jit
 def _split_load(
     x_ptr, item, n_items, chunks, n_cols, stride_xm, stride_om, BLOCK_N: tl.constexpr,
-    CHUNK: tl.constexpr, VEC: tl.constexpr, PERSISTENT: tl.constexpr,
+    CHUNK: tl.constexpr, VEC: tl.constexpr, ALIGNED: tl.constexpr, PERSISTENT: tl.constexpr,
 ):  # fmt: skip
     """Item ``item``'s body and edge values, in x's dtype (nothing loaded past the last
     item: a persistent program's prefetch of an item it will not take)."""
     _, _, x_off, _, lead, rel, mask, edge, edge_ok = _split_item(
-        item, chunks, n_cols, stride_xm, stride_om, BLOCK_N, CHUNK, VEC
+        item, chunks, n_cols, stride_xm, stride_om, BLOCK_N, CHUNK, VEC, ALIGNED
     )
     if PERSISTENT:  # (tl.where: the interpreter rejects a block mask & a scalar)
         mask = tl.where(item < n_items, mask, False)
         edge_ok = tl.where(item < n_items, edge_ok, False)
     x_body = x_ptr + tl.multiple_of(x_off + lead, VEC)  # 16-byte aligned where x is
     x = tl.load(x_body + rel, mask=mask, other=-float("inf"))
-    x_edge = tl.load(x_ptr + x_off + edge, mask=edge_ok, other=-float("inf"))
+    if ALIGNED:  # no edge piece (a placeholder, never read)
+        x_edge = tl.full([2 * VEC], -float("inf"), x.dtype)
+    else:
+        x_edge = tl.load(x_ptr + x_off + edge, mask=edge_ok, other=-float("inf"))
     return x, x_edge
 
 
@@ -196,27 +204,27 @@ def _split_load(
 def _split_chunk(
     x, x_edge, item, out_ptr, stats_ptr, count_ptr, chunks, n_cols, stride_xm, stride_om,
     LOG: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
-    VEC: tl.constexpr, PHASE: tl.constexpr, FAST: tl.constexpr,
+    VEC: tl.constexpr, ALIGNED: tl.constexpr, PHASE: tl.constexpr, FAST: tl.constexpr,
 ):  # fmt: skip
     """One item of the split kernel, its values loaded: post the chunk's (max, sum), wait
     for the row's other chunks, write the chunk (PHASE 1 / 2: the first / second half)."""
     row, chunk, _, o_off, lead, rel, mask, edge, edge_ok = _split_item(
-        item, chunks, n_cols, stride_xm, stride_om, BLOCK_N, CHUNK, VEC
+        item, chunks, n_cols, stride_xm, stride_om, BLOCK_N, CHUNK, VEC, ALIGNED
     )
     x = x.to(tl.float32)
     x_edge = x_edge.to(tl.float32)
     stats_row = stats_ptr + row * (2 * chunks)
-    last = chunk == chunks - 1  # the edge piece's reductions in the last chunk only
     if PHASE != 2:
-        m = tl.max(x, axis=0)
-        if last:
-            m = tl.maximum(m, tl.max(x_edge, axis=0))
+        if ALIGNED:
+            m = tl.max(x, axis=0)
+        else:
+            m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
         shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf chunk: sum 0, not NaN
         # tl.exp here, not _exp2: with the one-instruction exp2 in this phase ptxas gives
         # the kernel 64 registers instead of 48 (4 blocks of 8 warps per SM, not 5;
         # triton 3.9, sm_90, offline); in the output phase it costs none.
         s = tl.sum(tl.exp(x - shift), axis=0)
-        if last:
+        if not ALIGNED:
             s += tl.sum(tl.exp(x_edge - shift), axis=0)
         tl.store(stats_row + 2 * chunk, m)
         tl.store(stats_row + 2 * chunk + 1, s)
@@ -230,18 +238,22 @@ def _split_chunk(
     if PHASE != 1:
         m_row, total = row_stats(stats_row, chunks, BLOCK_G, FAST)
         z = x - m_row  # NaN for an all -inf row, as torch
-        z_edge = x_edge - m_row
         if LOG:
             log_total = tl.log(total)
             y = z - log_total
-            y_edge = z_edge - log_total
         else:
             inv_total = _rcp(total, FAST)
             y = _exp2(z * LOG2E, FAST) * inv_total
-            y_edge = _exp2(z_edge * LOG2E, FAST) * inv_total
         out_body = out_ptr + tl.multiple_of(o_off + lead, VEC)
         tl.store(out_body + rel, y.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(out_ptr + o_off + edge, y_edge.to(out_ptr.dtype.element_ty), mask=edge_ok)
+        if not ALIGNED:
+            z_edge = x_edge - m_row
+            if LOG:
+                y_edge = z_edge - log_total
+            else:
+                y_edge = _exp2(z_edge * LOG2E, FAST) * inv_total
+            out_edge = out_ptr + o_off + edge
+            tl.store(out_edge, y_edge.to(out_ptr.dtype.element_ty), mask=edge_ok)
 
 
 @triton.jit
@@ -261,6 +273,8 @@ def _softmax_split_kernel(
     BLOCK_G: tl.constexpr,  # next power of two >= chunks
     VEC: tl.constexpr,  # elements in 16 bytes where rows of x and out share their
     # alignment (the launcher checks), else 1
+    ALIGNED: tl.constexpr,  # every row of x and out starts on a 16-byte boundary and is
+    # whole 16-byte groups long: no head or tail piece
     PHASE: tl.constexpr,  # 0: whole op, the row's programs wait for each other; 1 / 2:
     # statistics / output only, as two launches (the interpreter runs programs one by one)
     PERSISTENT: tl.constexpr,  # a grid of resident programs, each taking items in turn
@@ -289,18 +303,18 @@ def _softmax_split_kernel(
     n_items = n_rows * chunks
     x, x_edge = _split_load(
         x_ptr, item, n_items, chunks, n_cols, stride_xm, stride_om, BLOCK_N, CHUNK, VEC,
-        PERSISTENT,
+        ALIGNED, PERSISTENT,
     )  # fmt: skip
     if PERSISTENT:
         step = tl.num_programs(0)
         while item < n_items:
             x_next, edge_next = _split_load(
                 x_ptr, item + step, n_items, chunks, n_cols, stride_xm, stride_om, BLOCK_N,
-                CHUNK, VEC, PERSISTENT,
+                CHUNK, VEC, ALIGNED, PERSISTENT,
             )  # fmt: skip
             _split_chunk(
                 x, x_edge, item, out_ptr, stats_ptr, count_ptr, chunks, n_cols, stride_xm,
-                stride_om, LOG, BLOCK_N, CHUNK, BLOCK_G, VEC, PHASE, FAST,
+                stride_om, LOG, BLOCK_N, CHUNK, BLOCK_G, VEC, ALIGNED, PHASE, FAST,
             )  # fmt: skip
             x = x_next
             x_edge = edge_next
@@ -308,7 +322,7 @@ def _softmax_split_kernel(
     else:
         _split_chunk(
             x, x_edge, item, out_ptr, stats_ptr, count_ptr, chunks, n_cols, stride_xm,
-            stride_om, LOG, BLOCK_N, CHUNK, BLOCK_G, VEC, PHASE, FAST,
+            stride_om, LOG, BLOCK_N, CHUNK, BLOCK_G, VEC, ALIGNED, PHASE, FAST,
         )  # fmt: skip
 
 
@@ -550,17 +564,26 @@ SPLIT_PERSISTENT_BLOCK = 4096
 SPLIT_PERSISTENT_MAXNREG: int | None = None  # register cap of the persistent kernel
 
 
+def _rows_aligned(t: torch.Tensor) -> bool:
+    """Every row of the 2-D ``t`` starts on a 16-byte boundary and is whole 16-byte groups
+    long (False for a tensor with no data to check: a fake tensor under torch.compile)."""
+    if type(t) is not torch.Tensor or is_fake(t):
+        return False
+    vec = 16 // t.element_size()
+    return t.data_ptr() % 16 == 0 and t.stride(0) % vec == 0 and t.shape[1] % vec == 0
+
+
 def _split_config(x2: torch.Tensor) -> tuple[int, int, bool] | None:
     """(columns a program, programs a row, persistent grid) of the split-row kernel for
     ``x2``, or None where it does not apply (a row that fits one program, or too many
-    programs a row)."""
+    programs a row). The persistent grid takes aligned rows only (see _rows_aligned)."""
     n_cols = x2.shape[1]
     if SPLIT_MAX_CHUNKS < 2:  # off
         return None
     limit = SPLIT_MAX_CHUNKS
     if x2.is_cuda:
         limit = min(limit, sm_count(x2.get_device()) // 2)
-    if n_cols <= SPLIT_PERSISTENT_MAX_COLS:
+    if n_cols <= SPLIT_PERSISTENT_MAX_COLS and _rows_aligned(x2):
         chunks = cdiv(n_cols, SPLIT_PERSISTENT_BLOCK)
         if 1 < chunks <= limit:
             return SPLIT_PERSISTENT_BLOCK, chunks, True
@@ -624,6 +647,9 @@ def _launch_split(
         VEC=vec if aligned else 1, FAST=fast_math(x2),
         num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)),
     )  # fmt: skip
+    # The persistent grid takes aligned rows only (x: _split_config checked; now out)
+    persistent = persistent and _rows_aligned(out2)
+    params["ALIGNED"] = persistent
     # The interpreter runs one program after another, so a program cannot wait for the
     # next: there the statistics and the output are two launches.
     phases = (1, 2) if triton_interpreting() else (0,)
