@@ -7,13 +7,10 @@ ends), 50257, 65536 and 262144 columns (or the N given), softmax (log_softmax wi
 PROBE_LOG=1). Timed: torch's op and a same-size copy; the on-chip kernel where it
 applies, by warps, pipelining stages and grid (PROBE_ROWS="warps:stages:per_sm,...",
 default 8 / 16 / 32 warps); the CUDA twin; the split-row kernel's columns per program and
-columns per warp, one program per item or the persistent grid
-(PROBE_SPLIT="block:cols_per_warp[:persistent],..."), each with a row's columns shared
-evenly over its programs or not (persistent: fixed shares only; PROBE_MAXNREG="0,72":
-its register caps, 0 for none); then the online
-kernel's columns per step, warps and programs per SM (0: one program per row;
-PROBE_ONLINE). "none" skips the split or online sweep. Median us
-(triton.testing.do_bench, L2 flushed) and GB/s (one read + one write).
+columns per warp (PROBE_SPLIT="block:cols_per_warp,..."), each with a row's columns shared
+evenly over its programs or not; then the online kernel's columns per step, warps and
+programs per SM (0: one program per row; PROBE_ONLINE). "none" skips the split or online
+sweep. Median us (triton.testing.do_bench, L2 flushed) and GB/s (one read + one write).
 """
 
 from __future__ import annotations
@@ -100,40 +97,24 @@ def _width(n: int, m: int) -> None:
     if os.environ.get("PROBE_SPLIT") == "none":
         return
     names = ("MAX_ONCHIP_COLS", "SPLIT_BLOCK", "SPLIT_MAX_BLOCK", "SPLIT_COLS_PER_WARP")
-    names += ("SPLIT_BALANCED", "SPLIT_PERSISTENT_MAX_COLS", "SPLIT_PERSISTENT_BLOCK")
-    names += ("SPLIT_PERSISTENT_MAXNREG",)
-    saved = {name: getattr(sm, name) for name in names}
+    saved = {name: getattr(sm, name) for name in (*names, "SPLIT_BALANCED")}
     try:
-        # The split-row kernel: PROBE_SPLIT="block:cols_per_warp[:persistent],..." (columns
-        # a program; persistent 1: the persistent grid, with fixed shares only)
+        # The split-row kernel: PROBE_SPLIT="block:cols_per_warp,..." (columns a program)
         sm.MAX_ONCHIP_COLS = 1024
         only = os.environ.get("PROBE_SPLIT", "")
         sweep = [tuple(int(v) for v in t.split(":")) for t in only.split(",") if t] or [
-            (2048, 1024), (4096, 1024), (8192, 1024), (16384, 1024), (4096, 1024, 1),
-            (8192, 1024, 1), (8192, 2048, 1),
+            (2048, 512), (2048, 1024), (4096, 512), (4096, 1024), (8192, 1024), (16384, 1024)
         ]  # fmt: skip
         # balanced: equal chunks per row
-        for (block, per_warp, *persistent), balanced in itertools.product(sweep, (False, True)):
-            persistent = bool(persistent and persistent[0])
-            if persistent and balanced:
-                continue
-            sm.SPLIT_BLOCK = sm.SPLIT_PERSISTENT_BLOCK = block
-            sm.SPLIT_COLS_PER_WARP = per_warp
+        for (block, per_warp), balanced in itertools.product(sweep, (False, True)):
+            sm.SPLIT_BLOCK, sm.SPLIT_COLS_PER_WARP = block, per_warp
             sm.SPLIT_MAX_BLOCK = max(block, saved["SPLIT_MAX_BLOCK"])
             sm.SPLIT_BALANCED = balanced
-            sm.SPLIT_PERSISTENT_MAX_COLS = 1 << 30 if persistent else 0
             if not sm._split_config(x):
                 continue
-            # PROBE_MAXNREG="0,64,...": register caps of the persistent kernel (0: none)
-            caps = os.environ.get("PROBE_MAXNREG", "0") if persistent else "0"
-            for cap in (int(c) for c in caps.split(",")):
-                sm.SPLIT_PERSISTENT_MAXNREG = cap or None
-                sm._SPLIT_PROGRAMS.clear()
-                err = rel_err(fused(), ref)
-                name = f"split block={block} warps={block // per_warp} balanced={int(balanced)}"
-                if persistent:
-                    name += f" maxnreg={cap} programs={list(sm._SPLIT_PROGRAMS.values())}"
-                show(f"{name} ({sm._split_config(x)})", us_of(fused), err)
+            err = rel_err(fused(), ref)
+            name = f"split block={block} warps={block // per_warp} balanced={int(balanced)}"
+            show(f"{name} ({sm._split_config(x)})", us_of(fused), err)
     finally:
         for name, value in saved.items():
             setattr(sm, name, value)

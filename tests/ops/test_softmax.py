@@ -116,23 +116,17 @@ def test_softmax_strided_inputs(device, backend):
 
 def _long_row_path(monkeypatch, path: str, block: int) -> None:
     """Send rows longer than ``block`` columns down one of the long-row kernels: "split"
-    (chunks of ``block`` columns, one program each), "split-persistent" (the same chunks,
-    fixed shares, taken in turn by a grid of resident programs), "online" (the two-pass
-    kernel, one program per row) or "online-persistent" (the same, fewer programs than
-    rows)."""
+    (chunks of ``block`` columns over several programs), "online" (the two-pass kernel, one
+    program per row) or "online-persistent" (the same, fewer programs than rows)."""
     monkeypatch.setattr(sm, "MAX_ONCHIP_COLS", block)
     monkeypatch.setattr(sm, "SPLIT_BLOCK", block)
-    monkeypatch.setattr(sm, "SPLIT_PERSISTENT_BLOCK", block)
-    monkeypatch.setattr(
-        sm, "SPLIT_PERSISTENT_MAX_COLS", 1 << 30 if path == "split-persistent" else 0
-    )
     monkeypatch.setattr(sm, "ONLINE_BLOCK", block)
-    if not path.startswith("split"):
+    if path != "split":
         monkeypatch.setattr(sm, "SPLIT_MAX_CHUNKS", 0)
     monkeypatch.setattr(sm, "ONLINE_PER_SM", int(path == "online-persistent"))
 
 
-LONG_PATHS = ["split", "split-persistent", "online", "online-persistent"]
+LONG_PATHS = ["split", "online", "online-persistent"]
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
@@ -143,18 +137,14 @@ def test_softmax_long_row_paths(device, backend, log, dtype, path, monkeypatch):
     if backend == "cuda":
         pytest.skip("the CUDA twin's long-row path is covered by test_softmax_long_rows_on_gpu")
     # The long-row kernels at sizes the interpreter can run: 9 chunks of 128 columns a row
-    # (the last one ragged) for "split"; "split-persistent" takes aligned rows (1040
-    # columns: whole 16-byte groups) 19 programs (2 x 9 + 1) for 27 items, so the programs
-    # wrap round to a second item, prefetched, and the other rows one program per chunk.
+    # (the last one ragged) for "split".
     _long_row_path(monkeypatch, path, 128)
-    big = 8 * torch.randn(3, 1048, dtype=dtype, device=device)
+    big = 8 * torch.randn(3, 1045, dtype=dtype, device=device)
     # An odd width (rows start at every alignment: each row's aligned body, head and tail),
-    # an aligned one, and a view whose rows are not lined up with the output's (one
-    # element at a time).
-    for x in (big[:, :1037].contiguous(), big[:, :1040].contiguous(), big[:, 3:1040]):
-        if path.startswith("split"):
-            persistent = path == "split-persistent" and x.shape[1] == 1040 and x.is_contiguous()
-            assert sm._split_config(x) == (128, 9, persistent)
+    # and a view whose rows are not lined up with the output's (one element at a time).
+    for x in (big[:, :1037].contiguous(), big[:, 3:1040]):
+        if path == "split":
+            assert sm._split_config(x) == (128, 9)
         assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
     # one row, and a batched (3-D) input
     for x in (big[:1, :1037], big[:, :1040].reshape(3, 2, 520)):
@@ -173,29 +163,19 @@ def test_softmax_split_chunk_shares(device, backend, log, balanced, monkeypatch)
     monkeypatch.setattr(sm, "SPLIT_BALANCED", balanced)
     big = 8 * torch.randn(4, 540, dtype=torch.bfloat16, device=device)
     for x in (big[:, :530].contiguous(), big[:, 3:533], big[:, 8:538]):
-        assert sm._split_config(x) == (128, 5, False)
+        assert sm._split_config(x) == (128, 5)
         assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), torch.bfloat16)
 
 
 def test_split_config_limits():
-    x = torch.empty(1, 1)  # expanded: float32 rows (whole 16-byte groups: 4 columns) at stride 0
-    # Aligned rows of up to SPLIT_PERSISTENT_MAX_COLS columns: the persistent grid's fixed
-    # chunks
-    pblock, pmax = sm.SPLIT_PERSISTENT_BLOCK, sm.SPLIT_PERSISTENT_MAX_COLS
-    for n_cols, config in (
-        (pblock, None), (pblock + 4, (pblock, 2, True)), (pmax, (pblock, pmax // pblock, True))
-    ):  # fmt: skip
-        assert sm._split_config(x.expand(2, n_cols)) == config
-    # unaligned rows, and longer ones: one program per chunk
+    x = torch.empty(2, 1)
     block = sm.SPLIT_BLOCK
-    for n_cols in (pmax - 1, pmax + 4):
-        assert sm._split_config(x.expand(2, n_cols)) == (block, sm.cdiv(n_cols, block), False)
+    for n_cols, config in ((block, None), (block + 1, (block, 2)), (4 * block, (block, 4))):
+        assert sm._split_config(x.expand(2, n_cols)) == config
     # Longer rows take longer chunks, up to SPLIT_MAX_BLOCK columns; past that, the online
     # kernel
     most = sm.SPLIT_MAX_BLOCK * sm.SPLIT_MAX_CHUNKS
-    assert sm._split_config(x.expand(2, most)) == (
-        sm.SPLIT_MAX_BLOCK, sm.SPLIT_MAX_CHUNKS, False
-    )  # fmt: skip
+    assert sm._split_config(x.expand(2, most)) == (sm.SPLIT_MAX_BLOCK, sm.SPLIT_MAX_CHUNKS)
     assert sm._split_config(x.expand(2, most + 1)) is None
 
 
@@ -220,21 +200,13 @@ def test_softmax_long_rows_on_gpu(backend, n_cols, path, monkeypatch):
     if path != "default":
         _long_row_path(monkeypatch, path, sm.MAX_ONCHIP_COLS)
         monkeypatch.setattr(sm, "SPLIT_BLOCK", 16384)
-        monkeypatch.setattr(sm, "SPLIT_PERSISTENT_BLOCK", 4096)
         monkeypatch.setattr(sm, "ONLINE_BLOCK", 16384)
-    # more items than the persistent grids have programs
-    rows = 300 if path in ("online-persistent", "split-persistent") else 40
+    rows = 300 if path == "online-persistent" else 40  # more rows than the persistent grid
     big = 10 * torch.randn(rows, n_cols + 3, device="cuda", dtype=torch.bfloat16)
     # contiguous, and a view with unaligned rows (the split kernel's one-element path)
     for x in (big[:, :n_cols].contiguous(), big[:, 3:]):
-        if path.startswith("split"):
-            config = sm._split_config(x)
-            # split-persistent: aligned rows in fixed 4096-column items while a row takes
-            # at most SPLIT_MAX_CHUNKS of them (1M columns: 16384-column chunks, one
-            # program each)
-            persistent = path == "split-persistent" and n_cols <= 4096 * sm.SPLIT_MAX_CHUNKS
-            persistent = persistent and sm._rows_aligned(x)
-            assert config is not None and config[2] == persistent
+        if path == "split":
+            assert sm._split_config(x) is not None
         out = fuseml.ops.softmax(x, backend=backend)
         assert_close_verbose(out, _ref(x, -1, False), torch.bfloat16)
         out = fuseml.ops.log_softmax(x, backend=backend)
@@ -243,7 +215,7 @@ def test_softmax_long_rows_on_gpu(backend, n_cols, path, monkeypatch):
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("log", [False, True])
-@pytest.mark.parametrize("path", ["onchip", "split", "split-persistent", "online"])
+@pytest.mark.parametrize("path", ["onchip", "split", "online"])
 def test_softmax_edge_values_match_torch(device, backend, log, path, monkeypatch):
     if path != "onchip" and backend == "cuda":
         pytest.skip("thresholds of the Triton kernels only")
@@ -261,12 +233,8 @@ def test_softmax_edge_values_match_torch(device, backend, log, path, monkeypatch
         ],
         device=device,
     )
-    if path == "split-persistent":  # aligned rows (16 columns): pad with -inf
-        x = torch.cat([x, torch.full((x.shape[0], 7), ninf, device=device)], 1)
     for dtype in (torch.float32, torch.float16):
         xd = x.to(dtype)
-        if path == "split-persistent":
-            assert sm._split_config(xd) == (4, 4, True)
         out = _op(log)(xd, backend=backend)
         ref = (torch.log_softmax if log else torch.softmax)(xd.double(), -1).to(dtype)
         torch.testing.assert_close(out, ref, equal_nan=True, rtol=2e-3, atol=1e-6)

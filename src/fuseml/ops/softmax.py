@@ -147,85 +147,67 @@ def row_stats(stats_row, chunks, BLOCK_G: tl.constexpr, FAST: tl.constexpr):
 
 
 @triton.jit
-def _split_item(
-    item, chunks, n_cols, stride_xm, stride_om, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
-    VEC: tl.constexpr, ALIGNED: tl.constexpr,
-):  # fmt: skip
-    """Where (row, chunk) number ``item`` of the split kernel lives: its row and chunk, the
-    row's offsets in x and out (elements), the chunk's aligned body (columns ``rel`` from
-    the row's first 16-byte boundary, ``lead`` elements in, under ``mask``), and the
-    unaligned head and tail (``edge`` columns under ``edge_ok``, last chunk only; none
-    where every row is ALIGNED: starts on a 16-byte boundary, whole 16-byte groups long)."""
-    row = tl.cast(item // chunks, tl.int64)
-    chunk = item % chunks
+def _softmax_split_kernel(
+    x_ptr,  # (M, N) input, unit column stride
+    out_ptr,  # (M, N) output
+    stats_ptr,  # (M, chunks, 2) float32 scratch: each chunk's (max, sum of exp(x - max))
+    count_ptr,  # (M,) int32, zero at launch: chunks of the row whose statistics are posted
+    n_cols,
+    stride_xm,
+    stride_om,
+    chunks,  # programs per row
+    LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # columns per program: a power of two >= CHUNK
+    CHUNK: tl.constexpr,  # columns a program takes (<= BLOCK_N, a multiple of 16 if less)
+    BLOCK_G: tl.constexpr,  # next power of two >= chunks
+    VEC: tl.constexpr,  # elements in 16 bytes where rows of x and out share their
+    # alignment (the launcher checks), else 1
+    PHASE: tl.constexpr,  # 0: whole op, the row's programs wait for each other; 1 / 2:
+    # statistics / output only, as two launches (the interpreter runs programs one by one)
+    FAST: tl.constexpr,
+):
+    # Long rows split over `chunks` programs, each holding its chunk in registers: one read
+    # and one write per element, however long the row. A program reduces its chunk to
+    # (max, sum), posts them, waits until every chunk of its row has posted, combines
+    # the `chunks` pairs into the row's max and sum, and writes its chunk. The programs of a
+    # row have consecutive ids and each waits only on them, so the wait ends if blocks
+    # start in id order and `chunks` of them fit on the GPU at once (the assumption CUB's
+    # single-pass scan makes); the launcher keeps `chunks` well under that.
+    #
+    # Rows whose start is not 16-byte aligned (odd widths: 50257) would load one element
+    # at a time; so the chunks tile the row from its first 16-byte boundary ("lead"
+    # elements in) in whole 16-byte groups, and the last chunk also takes the unaligned
+    # head and tail (fewer than VEC elements each) as a small separate piece.
+    pid = tl.program_id(0)
+    row = tl.cast(pid // chunks, tl.int64)
+    chunk = pid % chunks
     x_off = row * stride_xm
     o_off = row * stride_om
-    if ALIGNED:
-        lead = 0
-        body = (n_cols // VEC) * VEC  # = n_cols, in a form the compiler sees divisible
-    else:
-        lead = (VEC - x_off % VEC) % VEC  # the launcher checks o_off + lead is aligned too
-        body = tl.maximum(((n_cols - lead) // VEC) * VEC, 0)  # elements in whole groups
+    x_row = x_ptr + x_off
+    out_row = out_ptr + o_off
+    lead = (VEC - x_off % VEC) % VEC  # the launcher checks o_off + lead is aligned too
+    body = tl.maximum(((n_cols - lead) // VEC) * VEC, 0)  # elements in whole groups
     rel = chunk * CHUNK + tl.arange(0, BLOCK_N)
     if CHUNK < BLOCK_N:
         mask = rel < tl.minimum(tl.multiple_of(body, VEC), (chunk + 1) * CHUNK)
     else:
         mask = rel < tl.multiple_of(body, VEC)
+    x_body = x_ptr + tl.multiple_of(x_off + lead, VEC)  # 16-byte aligned where x is
+    out_body = out_ptr + tl.multiple_of(o_off + lead, VEC)
+    x = tl.load(x_body + rel, mask=mask, other=-float("inf")).to(tl.float32)
     # head [0, lead) and tail [lead + body, n_cols), in the last chunk only
     e = tl.arange(0, 2 * VEC)
     edge = tl.where(e < VEC, e, lead + body + e - VEC)
     edge_ok = (tl.where(e < VEC, e < lead, True) & (edge < n_cols)) & (chunk == chunks - 1)
-    return row, chunk, x_off, o_off, lead, rel, mask, edge, edge_ok
-
-
-@triton.jit
-def _split_load(
-    x_ptr, item, n_items, chunks, n_cols, stride_xm, stride_om, BLOCK_N: tl.constexpr,
-    CHUNK: tl.constexpr, VEC: tl.constexpr, ALIGNED: tl.constexpr, PERSISTENT: tl.constexpr,
-):  # fmt: skip
-    """Item ``item``'s body and edge values, in x's dtype (nothing loaded past the last
-    item: a persistent program's prefetch of an item it will not take)."""
-    _, _, x_off, _, lead, rel, mask, edge, edge_ok = _split_item(
-        item, chunks, n_cols, stride_xm, stride_om, BLOCK_N, CHUNK, VEC, ALIGNED
-    )
-    if PERSISTENT:  # (tl.where: the interpreter rejects a block mask & a scalar)
-        mask = tl.where(item < n_items, mask, False)
-        edge_ok = tl.where(item < n_items, edge_ok, False)
-    x_body = x_ptr + tl.multiple_of(x_off + lead, VEC)  # 16-byte aligned where x is
-    x = tl.load(x_body + rel, mask=mask, other=-float("inf"))
-    if ALIGNED:  # no edge piece (a placeholder, never read)
-        x_edge = tl.full([2 * VEC], -float("inf"), x.dtype)
-    else:
-        x_edge = tl.load(x_ptr + x_off + edge, mask=edge_ok, other=-float("inf"))
-    return x, x_edge
-
-
-@triton.jit
-def _split_chunk(
-    x, x_edge, item, out_ptr, stats_ptr, count_ptr, chunks, n_cols, stride_xm, stride_om,
-    LOG: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
-    VEC: tl.constexpr, ALIGNED: tl.constexpr, PHASE: tl.constexpr, FAST: tl.constexpr,
-):  # fmt: skip
-    """One item of the split kernel, its values loaded: post the chunk's (max, sum), wait
-    for the row's other chunks, write the chunk (PHASE 1 / 2: the first / second half)."""
-    row, chunk, _, o_off, lead, rel, mask, edge, edge_ok = _split_item(
-        item, chunks, n_cols, stride_xm, stride_om, BLOCK_N, CHUNK, VEC, ALIGNED
-    )
-    x = x.to(tl.float32)
-    x_edge = x_edge.to(tl.float32)
+    x_edge = tl.load(x_row + edge, mask=edge_ok, other=-float("inf")).to(tl.float32)
     stats_row = stats_ptr + row * (2 * chunks)
     if PHASE != 2:
-        if ALIGNED:
-            m = tl.max(x, axis=0)
-        else:
-            m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
+        m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
         shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf chunk: sum 0, not NaN
         # tl.exp here, not _exp2: with the one-instruction exp2 in this phase ptxas gives
         # the kernel 64 registers instead of 48 (4 blocks of 8 warps per SM, not 5;
         # triton 3.9, sm_90, offline); in the output phase it costs none.
-        s = tl.sum(tl.exp(x - shift), axis=0)
-        if not ALIGNED:
-            s += tl.sum(tl.exp(x_edge - shift), axis=0)
+        s = tl.sum(tl.exp(x - shift), axis=0) + tl.sum(tl.exp(x_edge - shift), axis=0)
         tl.store(stats_row + 2 * chunk, m)
         tl.store(stats_row + 2 * chunk + 1, s)
         if PHASE == 0:
@@ -238,92 +220,17 @@ def _split_chunk(
     if PHASE != 1:
         m_row, total = row_stats(stats_row, chunks, BLOCK_G, FAST)
         z = x - m_row  # NaN for an all -inf row, as torch
+        z_edge = x_edge - m_row
         if LOG:
             log_total = tl.log(total)
             y = z - log_total
+            y_edge = z_edge - log_total
         else:
             inv_total = _rcp(total, FAST)
             y = _exp2(z * LOG2E, FAST) * inv_total
-        out_body = out_ptr + tl.multiple_of(o_off + lead, VEC)
+            y_edge = _exp2(z_edge * LOG2E, FAST) * inv_total
         tl.store(out_body + rel, y.to(out_ptr.dtype.element_ty), mask=mask)
-        if not ALIGNED:
-            z_edge = x_edge - m_row
-            if LOG:
-                y_edge = z_edge - log_total
-            else:
-                y_edge = _exp2(z_edge * LOG2E, FAST) * inv_total
-            out_edge = out_ptr + o_off + edge
-            tl.store(out_edge, y_edge.to(out_ptr.dtype.element_ty), mask=edge_ok)
-
-
-@triton.jit
-def _softmax_split_kernel(
-    x_ptr,  # (M, N) input, unit column stride
-    out_ptr,  # (M, N) output
-    stats_ptr,  # (M, chunks, 2) float32 scratch: each chunk's (max, sum of exp(x - max))
-    count_ptr,  # (M,) int32, zero at launch: chunks of the row whose statistics are posted
-    n_rows,
-    n_cols,
-    stride_xm,
-    stride_om,
-    chunks,  # programs per row
-    LOG: tl.constexpr,
-    BLOCK_N: tl.constexpr,  # columns per program: a power of two >= CHUNK
-    CHUNK: tl.constexpr,  # columns a program takes (<= BLOCK_N, a multiple of 16 if less)
-    BLOCK_G: tl.constexpr,  # next power of two >= chunks
-    VEC: tl.constexpr,  # elements in 16 bytes where rows of x and out share their
-    # alignment (the launcher checks), else 1
-    ALIGNED: tl.constexpr,  # every row of x and out starts on a 16-byte boundary and is
-    # whole 16-byte groups long: no head or tail piece
-    PHASE: tl.constexpr,  # 0: whole op, the row's programs wait for each other; 1 / 2:
-    # statistics / output only, as two launches (the interpreter runs programs one by one)
-    PERSISTENT: tl.constexpr,  # a grid of resident programs, each taking items in turn
-    FAST: tl.constexpr,
-):
-    # Long rows split over `chunks` items (row, chunk), each holding its chunk in
-    # registers: one read and one write per element, however long the row. An item's
-    # program reduces its chunk to (max, sum), posts them, waits until every chunk of its
-    # row has posted, combines the `chunks` pairs into the row's max and sum, and writes
-    # its chunk. A row's items are consecutive and each waits only on them.
-    # Not PERSISTENT: one program per item; the wait ends if blocks start in id order and
-    # `chunks` of them fit on the GPU at once (the assumption CUB's single-pass scan makes);
-    # the launcher keeps `chunks` well under that.
-    # PERSISTENT: a grid of programs that are all resident at once (the launcher sizes it
-    # from the compiled kernel) takes items pid, pid + grid, ..., and loads its next item
-    # before it waits on the current one, so the wait overlaps memory traffic. With a grid
-    # of at least `chunks` programs no program holds two items of one row, and the lowest
-    # unfinished row always completes: its items are held by resident programs, at their
-    # current item or (wrapping round) the next one after a finished item.
-    #
-    # Rows whose start is not 16-byte aligned (odd widths: 50257) would load one element
-    # at a time; so the chunks tile the row from its first 16-byte boundary ("lead"
-    # elements in) in whole 16-byte groups, and the last chunk also takes the unaligned
-    # head and tail (fewer than VEC elements each) as a small separate piece.
-    item = tl.program_id(0)
-    n_items = n_rows * chunks
-    x, x_edge = _split_load(
-        x_ptr, item, n_items, chunks, n_cols, stride_xm, stride_om, BLOCK_N, CHUNK, VEC,
-        ALIGNED, PERSISTENT,
-    )  # fmt: skip
-    if PERSISTENT:
-        step = tl.num_programs(0)
-        while item < n_items:
-            x_next, edge_next = _split_load(
-                x_ptr, item + step, n_items, chunks, n_cols, stride_xm, stride_om, BLOCK_N,
-                CHUNK, VEC, ALIGNED, PERSISTENT,
-            )  # fmt: skip
-            _split_chunk(
-                x, x_edge, item, out_ptr, stats_ptr, count_ptr, chunks, n_cols, stride_xm,
-                stride_om, LOG, BLOCK_N, CHUNK, BLOCK_G, VEC, ALIGNED, PHASE, FAST,
-            )  # fmt: skip
-            x = x_next
-            x_edge = edge_next
-            item += step
-    else:
-        _split_chunk(
-            x, x_edge, item, out_ptr, stats_ptr, count_ptr, chunks, n_cols, stride_xm,
-            stride_om, LOG, BLOCK_N, CHUNK, BLOCK_G, VEC, ALIGNED, PHASE, FAST,
-        )  # fmt: skip
+        tl.store(out_row + edge, y_edge.to(out_ptr.dtype.element_ty), mask=edge_ok)
 
 
 @triton.jit
@@ -444,27 +351,15 @@ def _rows_config(n_cols: int) -> dict:
     }  # fmt: skip
 
 
-def _resident_programs(k, num_warps: int, device: int) -> int:
-    """Programs of compiled kernel ``k`` that fit on the whole GPU at once: from its
-    registers and shared memory and the device's limits (threads, registers and shared
-    memory per SM, SM count), as in the Triton fused-softmax tutorial."""
-    k._init_handles()
-    props = torch.cuda.get_device_properties(device)
-    threads = num_warps * 32
-    by_threads = props.max_threads_per_multi_processor // threads
-    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // max(1, k.n_regs * threads)
-    smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
-    by_smem = smem // k.metadata.shared if k.metadata.shared else by_threads
-    return max(1, min(by_threads, by_regs, by_smem)) * sm_count(device)
-
-
 _PROGRAMS: dict[tuple, int] = {}
 
 
 def _persistent_programs(x2: torch.Tensor, out2: torch.Tensor, cfg: dict, log: bool) -> int | None:
     """Programs of the on-chip kernel that fit on the whole GPU at once, or None if unknown.
 
-    Cached per dtype / config; computed on real tensors only (a fake tensor under
+    From the compiled kernel itself (registers, shared memory) and the device's limits
+    (threads, registers and shared memory per SM, SM count), as in the Triton fused-softmax
+    tutorial. Cached per dtype / config; computed on real tensors only (a fake tensor under
     torch.compile has no data pointer to specialise on).
     """
     device = x2.get_device()
@@ -478,7 +373,15 @@ def _persistent_programs(x2: torch.Tensor, out2: torch.Tensor, cfg: dict, log: b
         LOG=log, ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["NUM_STAGES"],
         FAST=fast_math(x2), num_warps=cfg["num_warps"], grid=(1,),
     )  # fmt: skip
-    _PROGRAMS[key] = _resident_programs(k, cfg["num_warps"], device)
+    k._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    threads = cfg["num_warps"] * 32
+    by_threads = props.max_threads_per_multi_processor // threads
+    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // max(1, k.n_regs * threads)
+    smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    by_smem = smem // k.metadata.shared if k.metadata.shared else by_threads
+    per_sm = max(1, min(by_threads, by_regs, by_smem))
+    _PROGRAMS[key] = per_sm * sm_count(device)
     return _PROGRAMS[key]
 
 
@@ -547,127 +450,53 @@ SPLIT_COLS_PER_WARP = 1024
 # Evict-first loads / stores (each element is used once) were 6% slower at 50257 and 65536
 # (H100, a4487fc); not an option any more.
 SPLIT_BALANCED = True  # equal chunks per row (scripts/probe_softmax.py compares both)
-# Rows of up to SPLIT_PERSISTENT_MAX_COLS columns take the split kernel's persistent grid
-# (programs load their next chunk before they wait), SPLIT_PERSISTENT_BLOCK columns an
-# item, every item that long but the row's last (fixed shares were faster than even ones
-# here). H100, bf16, 4096 rows (scripts/probe_softmax_pipelined.py, a probe kernel of the
-# same scheme, 5237fab; 50256 stands in for 50257), us by columns / warps an item:
-#
-#   N        one program an item, 8192/8   persistent 4096/4   8192/8   8192/4   16384/16
-#   50256               348.3                    328.3           343.7    331.3     467.5
-#   65536               436.0                    413.6           418.8    414.1     522.2
-#
-# (an even share of the row per item: 332.5 at 4096/4 and 50256). At 262144 columns
-# (64 items a row) the persistent grid was slower: 1920.2 us against 1792.8 (1c6ab73).
-SPLIT_PERSISTENT_MAX_COLS = 65536
-SPLIT_PERSISTENT_BLOCK = 4096
-SPLIT_PERSISTENT_MAXNREG: int | None = None  # register cap of the persistent kernel
+# Tried and taken out: a persistent grid of resident programs taking (row, chunk) items in
+# turn and loading the next before the wait (scripts/probe_softmax_pipelined.py's scheme,
+# in this kernel with 4096-column items, H100, 621f360): 50256 columns 333.6 us against
+# 348.8 (aligned rows, a 72-register cap), 65536 425.7 against 431.5, 262144 2013.8
+# against ~1790, log_softmax 65536 433.2 against 412.1, and on unaligned rows (50257,
+# with the head and tail piece) 346.6 against 346.9: too little for the extra kernel.
 
 
-def _rows_aligned(t: torch.Tensor) -> bool:
-    """Every row of the 2-D ``t`` starts on a 16-byte boundary and is whole 16-byte groups
-    long (False for a tensor with no data to check: a fake tensor under torch.compile)."""
-    if type(t) is not torch.Tensor or is_fake(t):
-        return False
-    vec = 16 // t.element_size()
-    return t.data_ptr() % 16 == 0 and t.stride(0) % vec == 0 and t.shape[1] % vec == 0
-
-
-def _split_config(x2: torch.Tensor) -> tuple[int, int, bool] | None:
-    """(columns a program, programs a row, persistent grid) of the split-row kernel for
-    ``x2``, or None where it does not apply (a row that fits one program, or too many
-    programs a row). The persistent grid takes aligned rows only (see _rows_aligned)."""
+def _split_config(x2: torch.Tensor) -> tuple[int, int] | None:
+    """(columns a program, programs a row) of the split-row kernel for ``x2``, or None
+    where it does not apply (a row that fits one program, or too many programs a row)."""
     n_cols = x2.shape[1]
     if SPLIT_MAX_CHUNKS < 2:  # off
         return None
+    block = max(SPLIT_BLOCK, min(SPLIT_MAX_BLOCK, next_pow2(cdiv(n_cols, SPLIT_MAX_CHUNKS))))
+    chunks = cdiv(n_cols, block)
     limit = SPLIT_MAX_CHUNKS
     if x2.is_cuda:
         limit = min(limit, sm_count(x2.get_device()) // 2)
-    if n_cols <= SPLIT_PERSISTENT_MAX_COLS and _rows_aligned(x2):
-        chunks = cdiv(n_cols, SPLIT_PERSISTENT_BLOCK)
-        if 1 < chunks <= limit:
-            return SPLIT_PERSISTENT_BLOCK, chunks, True
-    block = max(SPLIT_BLOCK, min(SPLIT_MAX_BLOCK, next_pow2(cdiv(n_cols, SPLIT_MAX_CHUNKS))))
-    chunks = cdiv(n_cols, block)
-    return (block, chunks, False) if 1 < chunks <= limit else None
-
-
-_SPLIT_PROGRAMS: dict[tuple, int] = {}
-
-
-def _split_programs(
-    x2: torch.Tensor, out2: torch.Tensor, stats, count, chunks: int, params: dict
-) -> int | None:
-    """Programs of the persistent split kernel: as many as fit on the GPU at once (from
-    the compiled kernel), or None where that is unknown (a fake tensor under torch.compile)
-    or too few for the wait (under 2 x chunks: then one program per item). Under the
-    interpreter, 2 x chunks + 1 (its two-launch form needs no residency; a small grid
-    makes each program take several items)."""
-    if triton_interpreting():
-        return 2 * chunks + 1
-    device = x2.get_device()
-    if device < 0 or type(x2) is not torch.Tensor or is_fake(x2):
-        return None
-    key = (x2.dtype, chunks, tuple(sorted(params.items())), device)
-    if key not in _SPLIT_PROGRAMS:
-        k = _softmax_split_kernel.warmup(
-            x2, out2, stats, count, x2.shape[0], x2.shape[1], x2.stride(0), out2.stride(0),
-            chunks, grid=(1,), **params,
-        )  # fmt: skip
-        _SPLIT_PROGRAMS[key] = _resident_programs(k, params["num_warps"], device)
-    programs = _SPLIT_PROGRAMS[key]
-    return programs if programs >= 2 * chunks else None
+    return (block, chunks) if 1 < chunks <= limit else None
 
 
 def _launch_split(
-    x2: torch.Tensor, out2: torch.Tensor, config: tuple[int, int, bool], log: bool, traced: bool
+    x2: torch.Tensor, out2: torch.Tensor, config: tuple[int, int], log: bool, traced: bool
 ) -> None:
     n_rows, n_cols = x2.shape
-    block, chunks, persistent = config
+    block, chunks = config
     # Balanced: the row's columns shared evenly over its programs (rounded up to 16, so
     # that chunk starts keep 16-byte alignment), rather than `block` each and the rest to
     # the last one (50257 = 6 x 8192 + 1105: one program in seven nearly idle). CHUNK is a
     # constexpr, so each long-row width compiles its own kernel: as a runtime argument
     # the kernel took 58 registers instead of 48 (4 blocks per SM, not 5; offline, sm_90).
-    # The persistent grid takes fixed shares (see SPLIT_PERSISTENT_BLOCK).
-    balanced = SPLIT_BALANCED and not persistent
-    chunk_cols = min(block, cdiv(cdiv(n_cols, chunks), 16) * 16) if balanced else block
+    chunk_cols = min(block, cdiv(cdiv(n_cols, chunks), 16) * 16) if SPLIT_BALANCED else block
     vec = 16 // x2.element_size()
     aligned = (x2.stride(0) - out2.stride(0)) % vec == 0  # rows of x and out line up
     stats = torch.empty((n_rows, chunks, 2), dtype=torch.float32, device=x2.device)
     count = torch.zeros((n_rows,), dtype=torch.int32, device=x2.device)
-    n_items = n_rows * chunks
-    if n_items >= 2**31:
-        raise ValueError(
-            f"softmax: x has too many rows for the split-row kernel ({n_rows} rows of "
-            f"{chunks} programs; at most {2**31 - 1} programs in all)"
-        )
-    params = dict(
-        LOG=log, BLOCK_N=block, CHUNK=chunk_cols, BLOCK_G=next_pow2(chunks),
-        VEC=vec if aligned else 1, FAST=fast_math(x2),
-        num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)),
-    )  # fmt: skip
-    # The persistent grid takes aligned rows only (x: _split_config checked; now out)
-    persistent = persistent and _rows_aligned(out2)
-    params["ALIGNED"] = persistent
+    kernel = torch.library.wrap_triton(_softmax_split_kernel) if traced else _softmax_split_kernel
     # The interpreter runs one program after another, so a program cannot wait for the
     # next: there the statistics and the output are two launches.
-    phases = (1, 2) if triton_interpreting() else (0,)
-    programs = None
-    if persistent:
-        if SPLIT_PERSISTENT_MAXNREG:
-            params["maxnreg"] = SPLIT_PERSISTENT_MAXNREG
-        programs = _split_programs(
-            x2, out2, stats, count, chunks, dict(params, PHASE=phases[0], PERSISTENT=True)
-        )
-        if programs is None:
-            params.pop("maxnreg", None)
-    grid = n_items if programs is None else min(n_items, programs)
-    kernel = torch.library.wrap_triton(_softmax_split_kernel) if traced else _softmax_split_kernel
-    for phase in phases:
-        kernel[(grid,)](
-            x2, out2, stats, count, n_rows, n_cols, x2.stride(0), out2.stride(0), chunks,
-            PHASE=phase, PERSISTENT=programs is not None, **params,
+    for phase in (1, 2) if triton_interpreting() else (0,):
+        kernel[(n_rows * chunks,)](
+            x2, out2, stats, count, n_cols, x2.stride(0), out2.stride(0), chunks,
+            LOG=log, BLOCK_N=block, CHUNK=chunk_cols, BLOCK_G=next_pow2(chunks),
+            VEC=vec if aligned else 1,
+            PHASE=phase, FAST=fast_math(x2),
+            num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)),
         )  # fmt: skip
 
 
