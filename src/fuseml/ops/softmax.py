@@ -2,11 +2,12 @@
 
 The naive chain (max, subtract, exp, sum, divide) reads the matrix five times and writes
 it three times. Here a row that fits on chip is loaded once into registers, reduced and
-written once, by a persistent grid sized from the compiled kernel's register and
-shared-memory use. A row too long for that is split over several programs that each hold
-a chunk in registers and exchange their chunks' (max, sum) through a small scratch buffer
-(still one read and one write); past 64 chunks a row is streamed twice (statistics with a
-running max and sum, then the output). exp(x) is never materialised in memory.
+written once: one program per row (or tile of short rows), or for the longest such rows a
+persistent grid sized from the compiled kernel's register and shared-memory use. A row
+too long for that is split over several programs that each hold a chunk in registers
+and exchange their chunks' (max, sum) through a small scratch buffer (still one read and
+one write); past 64 chunks a row is streamed twice (statistics with a running max and
+sum, then the output). exp(x) is never materialised in memory.
 
 Math in float32 whatever the storage dtype; the output has the input's dtype.
 """
@@ -57,8 +58,9 @@ def _softmax_rows_kernel(
     NUM_STAGES: tl.constexpr,  # software pipelining depth of the row loop
     FAST: tl.constexpr,  # one-instruction exp2 / reciprocal (ops/_math.py)
 ):
-    # Persistent: the grid is what fits on the GPU at once; each program strides over
-    # blocks of ROWS rows so the loads of block i + grid overlap the math of block i.
+    # A program per block of ROWS rows, or (PERSISTENT in the launcher: the longest rows)
+    # a grid of what fits on the GPU at once, each program striding over the blocks so
+    # that the loads of block i + grid (NUM_STAGES deep) overlap the math of block i.
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
     local = tl.arange(0, ROWS)
