@@ -1,5 +1,8 @@
 """GPU probe of a candidate long-row softmax: the split-row scheme with a persistent grid
-that loads its next chunk before it waits for the current row's other chunks.
+that loads its next chunk before it waits for the current row's other chunks. (The same
+scheme inside fuseml's split kernel, with its head and tail piece for unaligned rows, was
+tried and taken out: 1-4% on aligned rows, nothing on unaligned ones, a loss for
+log_softmax; numbers in ops/softmax.py and NOTES.md.)
 
     PYTHONPATH=src timeout 300 python scripts/probe_softmax_pipelined.py [N ...]
 
@@ -11,8 +14,9 @@ wait, so the wait overlaps memory traffic. The wait is safe when every program i
 resident (the grid comes from the compiled kernel's registers and the device's limits)
 and the grid is at least twice the chunks of a row. Softmax only, bf16 rows whose width
 is a multiple of 8 (no unaligned head or tail: 50256 stands in for 50257), with fixed or
-evenly shared chunks; compared with torch.softmax, a same-size
-copy and fuseml's split-row kernel; PROBE_PIPE="block:warps,..." picks the configs. Median us (triton.testing.do_bench, L2 flushed).
+evenly shared chunks; compared with torch.softmax, a same-size copy and fuseml's split-row
+kernel; PROBE_PIPE="block:warps,..." picks the configs. Median us (triton.testing.do_bench,
+L2 flushed).
 """
 
 from __future__ import annotations
