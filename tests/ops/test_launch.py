@@ -85,3 +85,23 @@ def test_aligned16():
     assert _utils.aligned16(buf, None, buf[4:])  # 16 bytes in: aligned
     assert not _utils.aligned16(buf, buf[1:])  # 4 bytes in: not
     assert _utils.aligned16()
+
+
+def test_plain_linear_launch_key_holds_out_dtype(monkeypatch):
+    # The same x, W and config writing bfloat16 or float32 (LoRA's x @ A^T) are two
+    # compiled kernels: the repeat-launch key must tell them apart.
+    import torch
+
+    from fuseml.ops import _gemm
+
+    keys = []
+    monkeypatch.setattr(
+        _gemm, "_linear_launches", lambda grid, key, aligned, args, options: keys.append(key)
+    )
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    w = torch.randn(16, 32, dtype=torch.bfloat16)
+    cfg = _gemm.default_config(4, 16, 32, torch.bfloat16)
+    for dtype in (torch.bfloat16, torch.float32):
+        out = torch.empty(4, 16, dtype=dtype)
+        _gemm.launch_linear(out, x, w, None, None, 1.0, 0, cfg)
+    assert len(keys) == 2 and keys[0] != keys[1]

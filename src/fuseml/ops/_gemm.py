@@ -693,7 +693,11 @@ def launch_linear(
         if traced:
             grid_launch(torch.library.wrap_triton(_linear_kernel), grid)(*args, **options)
             return
-        key = (x.dtype, consts, options["num_warps"], options["num_stages"], *map(int_spec, ints))
+        # out's dtype too: LoRA's x @ A^T launch writes float32 from 16-bit x and W
+        key = (
+            x.dtype, out.dtype, consts, options["num_warps"], options["num_stages"],
+            *map(int_spec, ints),
+        )  # fmt: skip
         _linear_launches(grid, key, aligned16(x, weight, b_arg, r_arg, out), args, options)
         return
     kernel = torch.library.wrap_triton(_lora_kernel) if traced else _lora_kernel
