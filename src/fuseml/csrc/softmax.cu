@@ -672,11 +672,15 @@ __global__ void __launch_bounds__(THREADS)
     const int j = lane + q * kWarp;
     p[q] = j < chunks ? __ldcg(&row_stats[j]) : make_float2(neg_inf(), 0.f);
   }
-  const float m_row = group_max<kWarp>(fmaxf(p[0].x, p[1].x));
+  float m_row = p[0].x;
+#pragma unroll
+  for (int q = 1; q < kMaxSplitChunks / kWarp; ++q) m_row = fmaxf(m_row, p[q].x);
+  m_row = group_max<kWarp>(m_row);
   const float row_shift = m_row == neg_inf() ? 0.f : m_row;
-  // a pair of only -inf adds 0 * 0
-  const float total = group_sum<kWarp>(p[0].y * expf(p[0].x - row_shift) +
-                                       p[1].y * expf(p[1].x - row_shift));
+  float total = p[0].y * expf(p[0].x - row_shift);  // a pair of only -inf adds 0 * 0
+#pragma unroll
+  for (int q = 1; q < kMaxSplitChunks / kWarp; ++q) total += p[q].y * expf(p[q].x - row_shift);
+  total = group_sum<kWarp>(total);
   // out = v * exp(shift - m_row) / total (softmax), v - m_row - log(total) (log).
   // A thread of only -inf in a row with a finite max has v = 0: its factor is 0 (exp(0 -
   // m_row) may overflow); its log_softmax outputs are -inf - m_row - log(total) = -inf. A
