@@ -52,6 +52,11 @@ def measure(run, out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return bench_us(run), rel_err(out, ref)
 
 
+def cfg_tag(cfg: dict) -> str:
+    """A launch config as "bm.. bn.. bk.. w.. s.." (tile sizes, warps, stages)."""
+    return "bm{BLOCK_M} bn{BLOCK_N} bk{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
+
+
 def time_all(results, out, ref, show) -> list[tuple[float, str]]:
     """Times each (tag, run) variant (``show(tag, us, err)`` as it goes); variants that
     cannot be built or run here are listed with their error. Sorted (us, tag) pairs."""
@@ -92,14 +97,14 @@ def sweep(m: int, k: int, n: int) -> None:
         show(name, us, best)
     results = []
     for cfg in _gemm._LARGE:
-        tag = "ptr bm{BLOCK_M} bn{BLOCK_N} bk{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
+        tag = f"ptr {cfg_tag(cfg)}"
 
         def run(cfg=cfg):
             _gemm.launch_linear(out, x, w, b, None, 1.0, GELU, cfg)
 
         results.append((tag, run))
     for cfg, flatten, ws in itertools.product(_gemm._LARGE[:4], (False, True), (False, True)):
-        tag = "tma bm{BLOCK_M} bn{BLOCK_N} bk{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
+        tag = f"tma {cfg_tag(cfg)}"
         tag += (" flatten" if flatten else "") + (" ws" if ws else "")
 
         def run(cfg=cfg, flatten=flatten, ws=ws):
@@ -281,7 +286,7 @@ def candidate_sweep(m: int, k: int, n: int) -> None:
             _gemm.launch_linear(out, x, w, b, None, 1.0, GELU, cfg, tma=tma)
 
         tag = "tma" if tma else "ptr"
-        tag += " bm{BLOCK_M} bn{BLOCK_N} bk{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
+        tag += f" {cfg_tag(cfg)}"
         results.append((tag, run))
 
     def show(tag, us, err):
@@ -319,7 +324,7 @@ def shrink_sweep(m: int, k: int, r: int) -> None:
                 )  # fmt: skip
 
         tag = "shrink " + ("tma" if tma else "ptr")
-        tag += " bm{BLOCK_M} bn{BLOCK_N} bk{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
+        tag += f" {cfg_tag(cfg)}"
         tag += f" ({_gemm.cdiv(m, cfg['BLOCK_M'])} programs)"
         results.append((tag, run))
 
@@ -342,8 +347,7 @@ def shrink_sweep(m: int, k: int, r: int) -> None:
                     xa=xs_ref, lora_scale=2.0, rank=r, tma=True,
                 )  # fmt: skip
 
-        tag = "expand main tma bm{BLOCK_M} bn{BLOCK_N} bk{BLOCK_K} w{num_warps} s{num_stages}"
-        results.append((tag.format(**cfg), run))
+        results.append((f"expand main tma {cfg_tag(cfg)}", run))
     time_all(results, out, ref, show)
 
 
