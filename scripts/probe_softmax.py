@@ -30,6 +30,12 @@ sm = importlib.import_module("fuseml.ops.softmax")  # the module (fuseml.ops.sof
 LOG = os.environ.get("PROBE_LOG") == "1"  # log_softmax instead of softmax
 
 
+def env_sweep(name: str) -> list[tuple[int, ...]]:
+    """The configs an environment variable names ("a:b:c,d:e:f"), [] if it is unset."""
+    value = os.environ.get(name, "")
+    return [tuple(int(v) for v in t.split(":")) for t in value.split(",") if t]
+
+
 def us_of(fn) -> float:
     return triton.testing.do_bench(fn, return_mode="median") * 1e3
 
@@ -68,10 +74,7 @@ def _width(n: int, m: int) -> None:
         # program per row; k > 0: k programs per SM; -2: the library's choice). Default:
         # warps 8 / 16 / 32 with the library's stages and grid (at 32768 columns 16 warps
         # spill 72 B a thread offline, sm_90a; 32 do not).
-        only = os.environ.get("PROBE_ROWS", "")
-        sweep = [tuple(int(v) for v in t.split(":")) for t in only.split(",") if t] or [
-            (8, 0, -2), (16, 0, -2), (32, 0, -2)
-        ]  # fmt: skip
+        sweep = env_sweep("PROBE_ROWS") or [(8, 0, -2), (16, 0, -2), (32, 0, -2)]
         n_sm = torch.cuda.get_device_properties(0).multi_processor_count
         try:
             for warps, stages, per_sm in sweep:
@@ -101,8 +104,7 @@ def _width(n: int, m: int) -> None:
     try:
         # The split-row kernel: PROBE_SPLIT="block:cols_per_warp,..." (columns a program)
         sm.MAX_ONCHIP_COLS = 1024
-        only = os.environ.get("PROBE_SPLIT", "")
-        sweep = [tuple(int(v) for v in t.split(":")) for t in only.split(",") if t] or [
+        sweep = env_sweep("PROBE_SPLIT") or [
             (2048, 512), (2048, 1024), (4096, 512), (4096, 1024), (8192, 1024), (16384, 1024)
         ]  # fmt: skip
         # balanced: equal chunks per row
@@ -127,8 +129,7 @@ def _width(n: int, m: int) -> None:
         sm.SPLIT_MAX_CHUNKS = 0
         # (per_sm 1 and 4 never beat 0 or 2 at 16384 / 32768, H100: NOTES.md).
         # PROBE_ONLINE="block:warps:per_sm,...": only those.
-        only = os.environ.get("PROBE_ONLINE", "")
-        sweep = [tuple(int(v) for v in t.split(":")) for t in only.split(",") if t] or list(
+        sweep = env_sweep("PROBE_ONLINE") or list(
             itertools.product((4096, 8192, 16384), (8, 16, 32), (0, 2))
         )
         for block, warps, per_sm in sweep:

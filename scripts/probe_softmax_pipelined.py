@@ -21,13 +21,12 @@ L2 flushed).
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
 import triton
 import triton.language as tl
-from probe_softmax import inputs, us_of  # scripts/ (this script's folder)
+from probe_softmax import env_sweep, inputs, us_of  # scripts/ (this script's folder)
 
 import fuseml
 from fuseml.ops._math import LOG2E, _exp2, _rcp
@@ -135,8 +134,8 @@ def _width(n: int, m: int) -> None:
     show("copy", us_of(lambda: torch.empty_like(x).copy_(x)))
     show("torch.softmax", us_of(lambda: torch.softmax(x, -1)))
     show("fuseml (split-row kernel)", us_of(lambda: fuseml.ops.softmax(x)))
-    configs = os.environ.get("PROBE_PIPE", "4096:4,8192:8,8192:4,16384:16")  # block:warps
-    for block, warps in (tuple(int(v) for v in c.split(":")) for c in configs.split(",")):
+    configs = env_sweep("PROBE_PIPE") or [(4096, 4), (8192, 8), (8192, 4), (16384, 16)]
+    for block, warps in configs:  # columns an item, warps
         for balanced in (False, True):
             if balanced and n % block == 0:
                 continue  # the same chunks
