@@ -46,9 +46,13 @@ enum Activation : int {
   kTanh = 7,
 };
 
-constexpr int kThreads = 256;  // threads per block
-// Work items (vectors) per thread, all loaded before any is stored: FLAT, U consecutive
-// vectors kThreads apart; 2-D, one vector column of U rows (its bias pack loaded and
+constexpr int kThreads = 256;  // threads per block (2-D)
+// FLAT blocks are smaller: at 1M elements, one 16-byte vector a thread, 128-thread blocks
+// spread the same warps over twice the blocks (finer-grained over 132 SMs), which is how
+// torch's own vectorized kernels are laid out.
+constexpr int kFlatThreads = 128;
+// Work items (vectors) per thread, all loaded before any is stored: FLAT, U vectors
+// kFlatThreads apart; 2-D, one vector column of U rows (its bias pack loaded and
 // converted once for all U). 16-bit 2-D kernels take 2: at 4 they need 90-96 registers
 // (2 blocks of 256 threads per SM; nvcc 13, sm_90), at 2 at most 57.
 template <typename S, bool FLAT>
@@ -186,8 +190,44 @@ struct Args {
   int tile_shift;     // 2-D: log2(TILE_COLS)
   int unroll;         // FLAT: item slots used per thread, 1..U (set by launch())
   int tail;           // FLAT, VEC > 1: trailing numel % VEC elements past the last vector
+  int wide;           // FLAT: item indices may pass int32 (64-bit index arithmetic)
   float alpha;
 };
+
+// FLAT: this thread's items, every load issued before any store (up to U independent
+// 16-byte loads per operand in flight). Item k of the thread is k * kFlatThreads past its
+// first, so each unrolled access is coalesced across the warp.
+template <class Tr, int ACT, int VEC, bool HAS_Y, typename I>
+__device__ __forceinline__ void flat_items(const Args<typename Tr::Storage>& a) {
+  using S = typename Tr::Storage;
+  using P = Pack<S, VEC>;
+  constexpr int U = kUnroll<S, true>;
+  const I items = static_cast<I>(a.items);
+  const I base = static_cast<I>(blockIdx.x) * static_cast<I>(kFlatThreads * a.unroll) +
+                 static_cast<I>(threadIdx.x);
+  P xv[U] = {};
+  P yv[U] = {};
+#pragma unroll
+  for (int k = 0; k < U; ++k) {
+    const I v = base + static_cast<I>(k * kFlatThreads);
+    if (k < a.unroll && v < items) {
+      xv[k] = *reinterpret_cast<const P*>(a.x + static_cast<int64_t>(v) * VEC);
+      if constexpr (HAS_Y) yv[k] = *reinterpret_cast<const P*>(a.y + static_cast<int64_t>(v) * VEC);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < U; ++k) {
+    const I v = base + static_cast<I>(k * kFlatThreads);
+    if (k < a.unroll && v < items) {
+      P r;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        r.v[j] = fused<Tr, ACT, HAS_Y, false>(xv[k].v[j], yv[k].v[j], S(), a.alpha);
+      }
+      *reinterpret_cast<P*>(a.out + static_cast<int64_t>(v) * VEC) = r;
+    }
+  }
+}
 
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
 __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename Tr::Storage> a) {
@@ -197,37 +237,14 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
   constexpr int U = kUnroll<S, FLAT>;
 
   if constexpr (FLAT) {
-    // a.unroll (1..U, uniform) of the U item slots are used: fewer for mid sizes, so that
-    // the tensor still spreads over enough blocks (see launch()).
-    const int64_t per_block = static_cast<int64_t>(kThreads) * a.unroll;
-    const int64_t step = static_cast<int64_t>(gridDim.x) * per_block;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block + threadIdx.x;
-         base < a.items; base += step) {
-      // Issue every load of this step before any store: up to U independent 16-byte loads
-      // per operand in flight per thread. Item k is base + k * kThreads, so each unrolled
-      // access is coalesced across the warp.
-      P xv[U] = {};
-      P yv[U] = {};
-#pragma unroll
-      for (int k = 0; k < U; ++k) {
-        const int64_t v = base + static_cast<int64_t>(k) * kThreads;
-        if (k < a.unroll && v < a.items) {
-          xv[k] = *reinterpret_cast<const P*>(a.x + v * VEC);
-          if constexpr (HAS_Y) yv[k] = *reinterpret_cast<const P*>(a.y + v * VEC);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < U; ++k) {
-        const int64_t v = base + static_cast<int64_t>(k) * kThreads;
-        if (k < a.unroll && v < a.items) {
-          P r;
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            r.v[j] = fused<Tr, ACT, HAS_Y, false>(xv[k].v[j], yv[k].v[j], S(), a.alpha);
-          }
-          *reinterpret_cast<P*>(a.out + v * VEC) = r;
-        }
-      }
+    // One pass: block b takes items [b * per_block, (b + 1) * per_block), thread t the
+    // a.unroll (1..U, uniform) items t, t + kFlatThreads, ... of them; launch() sizes the
+    // grid to cover every item. The index arithmetic is 32-bit wherever the tensor allows
+    // (a.wide == 0): the first loads then wait on a handful of instructions.
+    if (a.wide) {
+      flat_items<Tr, ACT, VEC, HAS_Y, int64_t>(a);
+    } else {
+      flat_items<Tr, ACT, VEC, HAS_Y, int32_t>(a);
     }
     if constexpr (VEC > 1) {
       // Fewer than VEC elements past the last whole vector: the first threads of block 0.
@@ -286,7 +303,7 @@ struct Launch {
   cudaStream_t stream;
 };
 
-constexpr int64_t kMinBlocksPerSm = 4;  // FLAT: 32 warps per SM before more work per thread
+constexpr int64_t kMinFlatBlocksPerSm = 8;  // FLAT: 32 warps per SM before more work per thread
 
 // One block per tile, as the Triton kernel has one program per tile. (A single resident
 // wave of blocks striding over the tensor was 4-6% slower at 268M elements on an H100:
@@ -295,19 +312,24 @@ template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
 void launch(Args<typename Tr::Storage> a, const Launch& l) {
   constexpr int U = kUnroll<typename Tr::Storage, FLAT>;
   dim3 grid;
+  int threads = kThreads;
   if constexpr (FLAT) {
-    // Up to U vectors a thread, fewer where that would leave under kMinBlocksPerSm blocks
-    // per SM (1M bf16 elements at U = 4 are 122 blocks on 132 SMs: 7 warps per SM).
+    // Up to U vectors a thread, fewer where that would leave under kMinFlatBlocksPerSm
+    // blocks per SM (1M bf16 elements at U = 4 are 245 blocks on 132 SMs: 7 warps per SM).
+    threads = kFlatThreads;
     a.unroll = U;
-    while (a.unroll > 1 &&
-           (a.items + kThreads * a.unroll - 1) / (kThreads * a.unroll) < kMinBlocksPerSm * l.sm_count) {
+    while (a.unroll > 1 && (a.items + kFlatThreads * a.unroll - 1) / (kFlatThreads * a.unroll) <
+                               kMinFlatBlocksPerSm * l.sm_count) {
       a.unroll /= 2;
     }
-    const int64_t wanted = (a.items + kThreads * a.unroll - 1) / (kThreads * a.unroll);
-    // At least one block (a call may be all tail: items == 0, tail > 0); past 2^31 - 1
-    // blocks the kernel strides.
-    grid.x = static_cast<unsigned>(
-        std::max<int64_t>(1, std::min<int64_t>(wanted, std::numeric_limits<int>::max())));
+    const int64_t per_block = static_cast<int64_t>(kFlatThreads) * a.unroll;
+    // At least one block (a call may be all tail: items == 0, tail > 0).
+    const int64_t blocks = std::max<int64_t>(1, (a.items + per_block - 1) / per_block);
+    TORCH_CHECK(blocks <= std::numeric_limits<int>::max(),
+                "bias_act_cuda_out: too many elements (", a.items * VEC, ") for one launch");
+    grid.x = static_cast<unsigned>(blocks);
+    // 32-bit item indices reach blocks * per_block (the last block's unused slots included).
+    a.wide = blocks * per_block > std::numeric_limits<int32_t>::max();
   } else {
     const int64_t rows_per_block = static_cast<int64_t>(kThreads >> a.tile_shift) * U;
     const int64_t row_blocks = (a.rows + rows_per_block - 1) / rows_per_block;
@@ -316,7 +338,7 @@ void launch(Args<typename Tr::Storage> a, const Launch& l) {
     grid.x = static_cast<unsigned>(row_blocks);
     grid.y = static_cast<unsigned>(std::min<int64_t>(a.col_tiles, 65535));  // the kernel strides
   }
-  bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT><<<grid, kThreads, 0, l.stream>>>(a);
+  bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT><<<grid, threads, 0, l.stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -373,6 +395,7 @@ void launch_activation(const Problem& p, const Launch& l) {
   a.col_tiles = 0;
   a.tile_shift = 0;
   a.tail = 0;
+  a.wide = 0;
   const int64_t numel = p.rows * p.cols;
   if (p.flat && p.vectorize) {
     a.items = numel / kVec;

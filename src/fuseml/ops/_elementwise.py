@@ -38,6 +38,7 @@ from fuseml.ops._utils import (
 ACTIVATIONS = ("none", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
 LEAKY_SLOPE = 0.01
+_INT32_MAX = 2**31 - 1
 IMPLS = ("triton", "cuda")
 
 
@@ -202,6 +203,8 @@ def _bias_act_kernel(
     FAST: tl.constexpr,  # single-instruction exp2 / reciprocal (compiled CUDA launches)
     VEC: tl.constexpr,  # elements in 16 bytes where n_cols and the row strides are
     # multiples of it (the launcher checks), else 1
+    FLAT: tl.constexpr = False,  # one packed run of n_cols elements (n_rows == 1)
+    WIDE: tl.constexpr = False,  # FLAT offsets past int32 (int64 index arithmetic)
 ):
     if VEC > 1:
         # Widths like 1000 are not multiples of 16, so Triton's own specialisation cannot
@@ -212,14 +215,30 @@ def _bias_act_kernel(
         stride_xm = (stride_xm // VEC) * VEC
         stride_ym = (stride_ym // VEC) * VEC
         stride_om = (stride_om // VEC) * VEC
-    rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N)
-    h = _load_pre(
-        x_ptr, y_ptr, bias_ptr, rows, cols, mask, n_cols, stride_xm, stride_ym, alpha,
-        HAS_Y, HAS_BIAS,
-    )  # fmt: skip
-    out = _activation(h, ACTIVATION, FAST)
-    offs = rows[:, None] * stride_om + cols[None, :]
-    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    if FLAT:
+        # The first load depends only on the program id: no tile division (a 25-instruction
+        # software divide on the critical path of every program) and int32 offsets unless
+        # the tensor needs more.
+        pid = tl.program_id(0)
+        if WIDE:
+            pid = pid.to(tl.int64)
+        offs = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = offs < n_cols
+        h = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+        if HAS_Y:
+            y = tl.load(y_ptr + offs, mask=mask)
+            h = h + tl.cast(alpha, tl.float32) * y.to(tl.float32)
+        out = _activation(h, ACTIVATION, FAST)
+        tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N)
+        h = _load_pre(
+            x_ptr, y_ptr, bias_ptr, rows, cols, mask, n_cols, stride_xm, stride_ym, alpha,
+            HAS_Y, HAS_BIAS,
+        )  # fmt: skip
+        out = _activation(h, ACTIVATION, FAST)
+        offs = rows[:, None] * stride_om + cols[None, :]
+        tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -388,12 +407,14 @@ def _launch(
     cfg = config or launch_config(n_rows, n_cols, x.element_size(), _device_index(x))
     grid = cfg.get("grid") or (cdiv(n_rows, cfg["BLOCK_M"]) * cdiv(n_cols, cfg["BLOCK_N"]),)
     kernel = torch.library.wrap_triton(_bias_act_kernel) if traced else _bias_act_kernel
+    flat = n_rows == 1 and bias is None and cfg["BLOCK_M"] == 1
     kernel[grid](
         x, x if y is None else y, x if bias is None else bias, out,
         n_rows, n_cols, stride_x, stride_y, stride_out, float(alpha),
         HAS_Y=y is not None, HAS_BIAS=bias is not None, ACTIVATION=activation,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], FAST=fast_math(x),
         VEC=_vec(x.element_size(), n_cols, stride_x, stride_y, stride_out),
+        FLAT=flat, WIDE=flat and not (type(n_cols) is int and n_cols <= _INT32_MAX - cfg["BLOCK_N"]),
         num_warps=cfg["num_warps"],
     )  # fmt: skip
 
