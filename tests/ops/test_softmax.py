@@ -179,6 +179,18 @@ def test_split_config_limits():
     assert sm._split_config(x.expand(2, most + 1)) is None
 
 
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_rows_vec_views(device, backend, log):
+    # 1000 columns: the on-chip kernel takes 16-byte accesses where the width and both row
+    # strides are whole vectors (row stride 1008), one element at a time where not (1003).
+    for width, vec in ((1008, 8), (1003, 1)):
+        x = (6 * torch.randn(5, width, device=device)).to(torch.bfloat16)[:, :1000]
+        assert sm._rows_vec(x, torch.empty(5, 1000, dtype=x.dtype)) == vec
+        assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), torch.bfloat16)
+    assert sm._rows_vec(torch.empty(2, 1000), torch.empty(2, 1000)) == 4  # fp32: 4 a vector
+
+
 def test_rows_config_grid_kind():
     # one program per row up to 16384 columns, the persistent grid from 32768 (the sweep
     # in ops/softmax.py)

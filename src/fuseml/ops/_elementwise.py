@@ -32,6 +32,7 @@ from fuseml.ops._utils import (
     next_pow2,
     rows_view,
     sm_count,
+    vec_width,
 )
 
 # Activation names and their codes; the CUDA twin (csrc/elementwise.cu) uses the same codes.
@@ -387,14 +388,6 @@ def bias_act_into(
     return out
 
 
-def _vec(elem_size: int, n_cols: int, *strides: int) -> int:
-    """The kernel's VEC: elements per 16 bytes if n_cols and every row stride are multiples
-    of it, else 1. (The base pointers' 16-byte alignment Triton checks by itself.)"""
-    vec = 16 // elem_size
-    ok = all(type(v) is int and v % vec == 0 for v in (n_cols, *strides))
-    return vec if ok else 1
-
-
 def _launch(
     out, x, y, bias, alpha, activation, impl, traced, config,
     n_rows, n_cols, stride_x, stride_y, stride_out,
@@ -413,7 +406,7 @@ def _launch(
         n_rows, n_cols, stride_x, stride_y, stride_out, float(alpha),
         HAS_Y=y is not None, HAS_BIAS=bias is not None, ACTIVATION=activation,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], FAST=fast_math(x),
-        VEC=_vec(x.element_size(), n_cols, stride_x, stride_y, stride_out),
+        VEC=vec_width(x.element_size(), n_cols, stride_x, stride_y, stride_out),
         FLAT=flat, WIDE=flat and not (type(n_cols) is int and n_cols <= _INT32_MAX - cfg["BLOCK_N"]),
         num_warps=cfg["num_warps"],
     )  # fmt: skip

@@ -116,6 +116,20 @@ def fast_math(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.version.hip is None
 
 
+def vec_width(elem_size: int, n_cols, *strides) -> int:
+    """Elements per 16 bytes if ``n_cols`` and every row stride are multiples of it, else 1.
+
+    A kernel given this as its VEC rewrites those values as ``(v // VEC) * VEC``: Triton
+    specialises only multiples of 16, so without it a width like 1000 leaves Triton unable
+    to tell that rows start on 16-byte boundaries and that masks change only between
+    vectors, and every access is one element wide. (Base pointers' 16-byte alignment
+    Triton checks by itself.) Symbolic sizes (torch.compile) give 1.
+    """
+    vec = 16 // elem_size
+    ok = all(type(v) is int and v % vec == 0 for v in (n_cols, *strides))
+    return vec if ok else 1
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) in plain Python: triton.cdiv is a JIT function, whose Python call costs
     microseconds on every launch (it also works on SymInts under torch.compile)."""

@@ -30,6 +30,7 @@ from fuseml.ops._utils import (
     needs_dispatch,
     next_pow2,
     sm_count,
+    vec_width,
 )
 from fuseml.runtime import resolve_backend, triton_interpreting
 
@@ -57,7 +58,14 @@ def _softmax_rows_kernel(
     BLOCK_N: tl.constexpr,  # next power of two >= n_cols: the whole row in registers
     NUM_STAGES: tl.constexpr,  # software pipelining depth of the row loop
     FAST: tl.constexpr,  # one-instruction exp2 / reciprocal (ops/_math.py)
+    VEC: tl.constexpr = 1,  # elements in 16 bytes where n_cols and both row strides are
+    # multiples of it (the launcher checks; ops/_utils.vec_width), else 1
 ):
+    if VEC > 1:
+        # 16-byte accesses for widths such as 1000 (see vec_width): (v // VEC) * VEC == v.
+        n_cols = (n_cols // VEC) * VEC
+        stride_xm = (stride_xm // VEC) * VEC
+        stride_om = (stride_om // VEC) * VEC
     # A program per block of ROWS rows, or (PERSISTENT in the launcher: the longest rows)
     # a grid of what fits on the GPU at once, each program striding over the blocks so
     # that the loads of block i + grid (NUM_STAGES deep) overlap the math of block i.
@@ -373,7 +381,7 @@ def _persistent_programs(x2: torch.Tensor, out2: torch.Tensor, cfg: dict, log: b
     k = _softmax_rows_kernel.warmup(
         x2, out2, x2.shape[0], x2.shape[1], x2.stride(0), out2.stride(0),
         LOG=log, ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["NUM_STAGES"],
-        FAST=fast_math(x2), num_warps=cfg["num_warps"], grid=(1,),
+        FAST=fast_math(x2), VEC=_rows_vec(x2, out2), num_warps=cfg["num_warps"], grid=(1,),
     )  # fmt: skip
     k._init_handles()
     props = torch.cuda.get_device_properties(device)
@@ -397,8 +405,14 @@ def _launch_rows(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) 
     kernel[(grid,)](
         x2, out2, n_rows, n_cols, x2.stride(0), out2.stride(0),
         LOG=log, ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["NUM_STAGES"],
-        FAST=fast_math(x2), num_warps=cfg["num_warps"],
+        FAST=fast_math(x2), VEC=_rows_vec(x2, out2), num_warps=cfg["num_warps"],
     )  # fmt: skip
+
+
+def _rows_vec(x2: torch.Tensor, out2: torch.Tensor) -> int:
+    """The on-chip kernel's VEC: 8 (16-bit) or 4 (fp32) where the width and both row
+    strides allow 16-byte accesses, else 1 (see vec_width)."""
+    return vec_width(x2.element_size(), x2.shape[1], x2.stride(0), out2.stride(0))
 
 
 # Online kernel launch: columns per step, warps, and programs per SM (0: one program per
