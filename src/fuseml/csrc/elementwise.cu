@@ -11,9 +11,10 @@
 //   * FLAT:   no bias and every operand's rows packed back to back -> one flat index, no
 //             div/mod; a tail of numel % VEC elements is done one by one.
 //   * 2-D:    a block takes a tile of TILE_COLS neighbouring vectors (a power of two, up to
-//             a block's threads) of ROWS_PER_STEP x U rows, where ROWS_PER_STEP = threads /
-//             TILE_COLS: a thread's row and column come from shifts, and its bias vector is
-//             loaded once for its U rows (the same tiling as the Triton kernel's 2-D tiles).
+//             a block's threads) of ROWS_PER_STEP x unroll rows (unroll <= U, fewer for
+//             mid sizes), where ROWS_PER_STEP = threads / TILE_COLS: a thread's row and
+//             column come from shifts, and its bias vector is loaded once for its rows (the
+//             same tiling as the Triton kernel's 2-D tiles, in the same row-major order).
 //   * VEC:    16-byte accesses when every pointer is 16-byte aligned and, for 2-D, N and
 //             every row stride are multiples of the vector width. VEC == 1 otherwise.
 // The activation, the dtype, HAS_Y, HAS_BIAS, VEC and FLAT are all template parameters, so
@@ -188,7 +189,7 @@ struct Args {
   int64_t rows;       // 2-D: rows
   int64_t col_tiles;  // 2-D: tiles across a row, ceil(items / TILE_COLS)
   int tile_shift;     // 2-D: log2(TILE_COLS)
-  int unroll;         // FLAT: item slots used per thread, 1..U (set by launch())
+  int unroll;         // item slots (FLAT) or rows (2-D) per thread, 1..U (set by launch())
   int tail;           // FLAT, VEC > 1: trailing numel % VEC elements past the last vector
   int wide;           // FLAT: item indices may pass int32 (64-bit index arithmetic)
   float alpha;
@@ -260,44 +261,50 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
       }
     }
   } else {
-    // Tile: TILE_COLS vectors x (ROWS_PER_STEP * U) rows; thread (ty, tx) takes vector
-    // column tx of rows ty, ty + ROWS_PER_STEP, ... (U of them). Column tiles past
-    // gridDim.y (more than 65535 of them) are strided over.
+    // Tile: TILE_COLS vectors x (ROWS_PER_STEP * a.unroll) rows; thread (ty, tx) takes
+    // vector column tx of rows ty, ty + ROWS_PER_STEP, ... (a.unroll of them, 1..U).
+    // Blocks go row-major over (row block, column tile), as the Triton kernel's programs
+    // do: consecutive blocks read consecutive stretches of a row. (Column tiles on
+    // gridDim.y, with row blocks fastest, left 4 KiB pieces of many rows in flight at
+    // once: fp32 65536 x 4096 ran 4-5% behind the Triton kernel.)
     const int tile_cols = 1 << a.tile_shift;
     const int tx = static_cast<int>(threadIdx.x) & (tile_cols - 1);
     const int ty = static_cast<int>(threadIdx.x) >> a.tile_shift;
     const int rows_per_step = kThreads >> a.tile_shift;
-    const int64_t row0 = static_cast<int64_t>(blockIdx.x) * rows_per_step * U + ty;
-    for (int64_t ct = blockIdx.y; ct < a.col_tiles; ct += gridDim.y) {
-      const int64_t item = ct * tile_cols + tx;
-      if (item >= a.items) break;  // no barriers below: an idle thread may leave
-      const int64_t col = item * VEC;
-      // The bias is N elements, reread by every row: it stays in L1/L2.
-      // Packs are not zero-filled (as in flat_items): each is read only where it was loaded.
-      P bv;
-      if constexpr (HAS_BIAS) bv = *reinterpret_cast<const P*>(a.bias + col);
-      P xv[U];
-      P yv[U];
+    const unsigned col_tiles = static_cast<unsigned>(a.col_tiles);  // launch() checked the range
+    const unsigned row_block = blockIdx.x / col_tiles;
+    const unsigned ct = blockIdx.x - row_block * col_tiles;
+    const int64_t item = static_cast<int64_t>(ct) * tile_cols + tx;
+    if (item >= a.items) return;  // no barriers below: an idle thread may leave
+    const int64_t row0 = static_cast<int64_t>(row_block) * rows_per_step * a.unroll + ty;
+    const int64_t col = item * VEC;
+    // The bias is N elements, reread by every row: it stays in L1/L2.
+    // Packs are not zero-filled (as in flat_items): each is read only where it was loaded.
+    P bv;
+    if constexpr (HAS_BIAS) bv = *reinterpret_cast<const P*>(a.bias + col);
+    P xv[U];
+    P yv[U];
+    bool live[U];
 #pragma unroll
-      for (int k = 0; k < U; ++k) {
-        const int64_t row = row0 + static_cast<int64_t>(k) * rows_per_step;
-        if (row < a.rows) {
-          xv[k] = *reinterpret_cast<const P*>(a.x + row * a.x_row_stride + col);
-          if constexpr (HAS_Y) yv[k] = *reinterpret_cast<const P*>(a.y + row * a.y_row_stride + col);
-        }
+    for (int k = 0; k < U; ++k) {
+      const int64_t row = row0 + static_cast<int64_t>(k) * rows_per_step;
+      live[k] = k < a.unroll && row < a.rows;
+      if (live[k]) {
+        xv[k] = *reinterpret_cast<const P*>(a.x + row * a.x_row_stride + col);
+        if constexpr (HAS_Y) yv[k] = *reinterpret_cast<const P*>(a.y + row * a.y_row_stride + col);
       }
+    }
 #pragma unroll
-      for (int k = 0; k < U; ++k) {
+    for (int k = 0; k < U; ++k) {
+      if (live[k]) {
         const int64_t row = row0 + static_cast<int64_t>(k) * rows_per_step;
-        if (row < a.rows) {
-          P r;
+        P r;
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            r.v[j] = fused<Tr, ACT, HAS_Y, HAS_BIAS>(xv[k].v[j], HAS_Y ? yv[k].v[j] : S(),
-                                                     HAS_BIAS ? bv.v[j] : S(), a.alpha);
-          }
-          *reinterpret_cast<P*>(a.out + row * a.out_row_stride + col) = r;
+        for (int j = 0; j < VEC; ++j) {
+          r.v[j] = fused<Tr, ACT, HAS_Y, HAS_BIAS>(xv[k].v[j], HAS_Y ? yv[k].v[j] : S(),
+                                                   HAS_BIAS ? bv.v[j] : S(), a.alpha);
         }
+        *reinterpret_cast<P*>(a.out + row * a.out_row_stride + col) = r;
       }
     }
   }
@@ -310,6 +317,7 @@ struct Launch {
 };
 
 constexpr int64_t kMinFlatBlocksPerSm = 8;  // FLAT: 32 warps per SM before more work per thread
+constexpr int64_t kMinBlocksPerSm = 4;      // 2-D: the same 32 warps per SM
 
 // One block per tile, as the Triton kernel has one program per tile. (A single resident
 // wave of blocks striding over the tensor was 4-6% slower at 268M elements on an H100:
@@ -337,12 +345,18 @@ void launch(Args<typename Tr::Storage> a, const Launch& l) {
     // 32-bit item indices reach blocks * per_block (the last block's unused slots included).
     a.wide = blocks * per_block > std::numeric_limits<int32_t>::max();
   } else {
-    const int64_t rows_per_block = static_cast<int64_t>(kThreads >> a.tile_shift) * U;
-    const int64_t row_blocks = (a.rows + rows_per_block - 1) / rows_per_block;
-    TORCH_CHECK(row_blocks <= std::numeric_limits<int>::max(),
-                "bias_act_cuda_out: too many rows (", a.rows, ") for one launch");
-    grid.x = static_cast<unsigned>(row_blocks);
-    grid.y = static_cast<unsigned>(std::min<int64_t>(a.col_tiles, 65535));  // the kernel strides
+    // Up to U rows a thread, fewer where that would leave under kMinBlocksPerSm blocks per
+    // SM (4096 x 512 fp32 at U = 4 are 512 blocks on 132 SMs, 3 or 4 an SM).
+    const int64_t rows_per_step = kThreads >> a.tile_shift;
+    const auto blocks = [&](int unroll) {
+      return (a.rows + rows_per_step * unroll - 1) / (rows_per_step * unroll) * a.col_tiles;
+    };
+    a.unroll = U;
+    while (a.unroll > 1 && blocks(a.unroll) < kMinBlocksPerSm * l.sm_count) a.unroll /= 2;
+    TORCH_CHECK(blocks(a.unroll) <= std::numeric_limits<int>::max(),
+                "bias_act_cuda_out: too many elements (", a.rows, " x ", a.items * VEC,
+                ") for one launch");
+    grid.x = static_cast<unsigned>(blocks(a.unroll));
   }
   bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT><<<grid, threads, 0, l.stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
