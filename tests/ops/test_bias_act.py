@@ -59,6 +59,27 @@ def test_bias_act_widths_of_whole_vectors(device, backend, dtype):
             assert_close_verbose(out, _ref64(xv, b, r, 1.0, "relu"), dtype)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_act_launch_geometry_on_gpu(backend, dtype):
+    # Sizes that take each launch shape of the kernels: flat at 1M elements and more (one
+    # vector a thread, and 4 a thread, with a ragged tail), 2-D with a bias over 4 blocks an
+    # SM or fewer (rows a thread reduced) and over many (ragged rows, a ragged last column
+    # tile of 1 vector), and 2-D with a single row.
+    torch.manual_seed(0)
+    for numel in (1_000_003, 4 << 20):
+        x = torch.randn(numel, device="cuda", dtype=dtype)
+        y = torch.randn_like(x)
+        out = fuseml.ops.bias_act(x, None, y, 0.5, "gelu", backend=backend)
+        assert_close_verbose(out, _ref64(x, None, y, 0.5, "gelu"), dtype)
+    for shape in ((4096, 512), (3001, 4104), (37, 8200), (1, 4104)):
+        x, b, r = _inputs(shape, dtype, "cuda")
+        out = fuseml.ops.bias_act(x, b, r, 0.5, "gelu", backend=backend)
+        assert_close_verbose(out, _ref64(x, b, r, 0.5, "gelu"), dtype)
+
+
 @pytest.mark.parametrize(("device", "backend"), fused_targets())
 def test_bias_act_non_contiguous(device, backend):
     big = torch.randn(40, 70, device=device)
