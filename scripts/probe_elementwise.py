@@ -9,12 +9,14 @@ Then, for the mid-size 2-D epilogues where the Triton kernel trailed torch.compi
 10% on an H200), the Triton kernel's tile (bytes per operand) and warps against
 torch.compile of the reference chain.
 
-With --small: 1M-element flat ops under CUDA-graph replay (GPU time), the Triton kernel's
-tile / warps against torch's built-in and the CUDA twin.
+With --small: flat ops (1M elements; PROBE_NUMEL / PROBE_OPS / PROBE_DTYPES for others)
+under CUDA-graph replay (GPU time), the Triton kernel's tile / warps against torch's
+built-in, a copy of x and the CUDA twin.
 
 Usage (GPU machine): PYTHONPATH=src python3 scripts/probe_elementwise.py [--sweep-only | --small]
 """
 
+import os
 import sys
 
 import torch
@@ -99,16 +101,21 @@ def small_case(op, dtype_name, numel) -> str:
     def graph_us(fn):
         return triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median") * 1e3
 
-    builtin = (lambda: torch.add(x, y)) if op == "add" else (lambda: F.gelu(x))
-    cells = [f"torch {graph_us(builtin):.2f}"]
+    if op == "add":
+        builtin = lambda: torch.add(x, y)
+    else:
+        builtin = lambda: F.gelu(x, approximate="tanh" if op == "gelu_tanh" else "none")
+    cells = [f"torch {graph_us(builtin):.2f}", f"copy(x) {graph_us(lambda: out.copy_(x)):.2f}"]
     cells.append(
         f"cuda {graph_us(lambda: ew.bias_act_into(out, x, y, None, 1.0, act, impl='cuda')):.2f}"
     )
     heur = ew.launch_config(1, numel, x.element_size(), 0)
     t = graph_us(lambda: ew.bias_act_into(out, x, y, None, 1.0, act))
     cells.append(f"heuristic {heur['BLOCK_N']}/{heur['num_warps']}w {t:.2f}")
-    for tile in (512, 1024, 2048, 4096):
+    for tile in (512, 1024, 2048, 4096, 8192):
         for warps in (1, 2, 4, 8):
+            if tile // (32 * warps) > 64:  # over 64 elements a thread: spills
+                continue
             if tile // (32 * warps) < 16 // x.element_size():
                 continue
             cfg = {"BLOCK_M": 1, "BLOCK_N": tile, "num_warps": warps}
@@ -141,9 +148,15 @@ def main() -> None:
     if not ok:
         raise SystemExit(f"CUDA twin unavailable: {why}")
     if "--small" in sys.argv:
-        for op in ("add", "gelu"):
-            for dtype_name in ("float32", "bfloat16"):
-                print(small_case(op, dtype_name, 1_000_000), flush=True)
+        # PROBE_NUMEL / PROBE_OPS / PROBE_DTYPES (comma lists) widen the flat sweep, e.g.
+        # PROBE_NUMEL=16777216 PROBE_OPS=gelu,gelu_tanh PROBE_DTYPES=bfloat16
+        sizes = [int(v) for v in os.environ.get("PROBE_NUMEL", "1000000").split(",")]
+        ops = os.environ.get("PROBE_OPS", "add,gelu").split(",")
+        dtypes = os.environ.get("PROBE_DTYPES", "float32,bfloat16").split(",")
+        for numel in sizes:
+            for op in ops:
+                for dtype_name in dtypes:
+                    print(small_case(op, dtype_name, numel), flush=True)
         return
     if "--sweep-only" not in sys.argv:
         for case in CASES:
