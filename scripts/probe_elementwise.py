@@ -13,7 +13,8 @@ With --small: flat ops (1M elements; PROBE_NUMEL / PROBE_OPS / PROBE_DTYPES for 
 under CUDA-graph replay (GPU time), the Triton kernel's tile / warps against torch's
 built-in, a copy of x and the CUDA twin.
 
-Usage (GPU machine): PYTHONPATH=src python3 scripts/probe_elementwise.py [--sweep-only | --small]
+Usage (GPU machine): PYTHONPATH=src [PROBE_GRAPH=1] python3 scripts/probe_elementwise.py
+[--sweep-only | --small]
 """
 
 import os
@@ -55,6 +56,10 @@ SWEEP = (  # op, dtype, shape (bias always; residual for relu)
 
 
 def ms(fn):
+    """Median ms: L2-flushed events, or CUDA-graph replay (GPU time only, the host's launch
+    cost left out) with PROBE_GRAPH=1, for kernels of a few microseconds."""
+    if os.environ.get("PROBE_GRAPH") == "1":
+        return triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median")
     return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
 
 
@@ -73,6 +78,8 @@ def sweep_case(op, dtype_name, shape) -> str:
         args = (x, b)
     ref(*args)
     cells = [f"compile {ms(lambda: ref(*args)) * 1e3:.1f}"]
+    t = ms(lambda: ew.bias_act_into(out, x, y, b, 1.0, act, impl="cuda"))
+    cells.append(f"cuda {t * 1e3:.1f}")
     heur = ew.launch_config(*shape, x.element_size(), 0)
     t = ms(lambda: ew.bias_act_into(out, x, y, b, 1.0, act))
     cells.append(
