@@ -277,18 +277,21 @@ def _bias_act_backward_kernel(
 
 
 # ---------------------------------------------------------------------- launch configs
-# Flat path, elements per program: 1024 fp32 (4 KiB per operand) or 4096 16-bit (8 KiB),
-# 4 warps: each thread then holds 2 (fp32) or 4 (16-bit) 16-byte vectors per operand. From
-# scripts/tune_elementwise.py on an H200 (NOTES.md): best or within 3% of the best tile at
-# 16M and 268M elements; fp32 with larger tiles lost up to 10% (register pressure of the
-# GELU math), 16-bit with smaller ones up to 6%.
+# Flat path, elements per program: 1024 fp32 (4 KiB per operand, 2 16-byte vectors a
+# thread) or 1024 16-bit (2 KiB, one vector a thread), 4 warps. 16-bit: H100, CUDA-graph
+# replay, bf16 GELU / GELU-tanh / add (scripts/probe_elementwise.py --small, ae172cb /
+# 94c4b14, NOTES.md "Elementwise, third round"): 1024-element tiles were the best or
+# within 1% of it at 1M, 4M, 16M and 268M elements, and up to 2% faster than the 4096 used
+# before (268M GELU 355.7 against 362.0 us; 16M 24.2-24.5 against 24.6; 4M 4.45 against
+# 4.69). fp32: from scripts/tune_elementwise.py on an H200, best or within 3% of the best
+# tile at 16M and 268M; larger tiles lost up to 10% (register pressure of the GELU math).
 # 2-D path (a bias, or rows with gaps): 4 KiB per operand; 16-bit with 8 warps, i.e. one
 # 16-byte vector a thread. H100 (scripts/probe_elementwise.py at 877cd02, bf16, us): bias +
 # residual + ReLU at 4096 x 512 9.0 against 10.9 for 8 KiB / 4 warps (torch.compile 9.6),
 # at 4096 x 4096 39.2 against 40.8 (compile 39.5); bias + GELU 7.8 / 27.7 against 8.5 / 30.4
 # (compile 16.5 / 32.7): best or within 3% of the best of 2-16 KiB x 2-8 warps. fp32
 # 4 KiB / 4 warps was within 2% of the best.
-TILE_BYTES = {4: 4096, 2: 8192}
+TILE_BYTES = {4: 4096, 2: 2048}
 NUM_WARPS = 4
 TILE_BYTES_2D = 4096
 NUM_WARPS_2D = {4: 4, 2: 8}
