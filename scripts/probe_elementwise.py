@@ -80,7 +80,7 @@ def sweep_case(op, dtype_name, shape) -> str:
     cells = [f"compile {ms(lambda: ref(*args)) * 1e3:.1f}"]
     t = ms(lambda: ew.bias_act_into(out, x, y, b, 1.0, act, impl="cuda"))
     cells.append(f"cuda {t * 1e3:.1f}")
-    heur = ew.launch_config(*shape, x.element_size(), 0)
+    heur = ew.launch_config(*shape, x.element_size())
     t = ms(lambda: ew.bias_act_into(out, x, y, b, 1.0, act))
     cells.append(
         f"heuristic {heur['BLOCK_M']}x{heur['BLOCK_N']}/{heur['num_warps']}w {t * 1e3:.1f}"
@@ -116,7 +116,7 @@ def small_case(op, dtype_name, numel) -> str:
     cells.append(
         f"cuda {graph_us(lambda: ew.bias_act_into(out, x, y, None, 1.0, act, impl='cuda')):.2f}"
     )
-    heur = ew.launch_config(1, numel, x.element_size(), 0)
+    heur = ew.launch_config(1, numel, x.element_size())
     t = graph_us(lambda: ew.bias_act_into(out, x, y, None, 1.0, act))
     cells.append(f"heuristic {heur['BLOCK_N']}/{heur['num_warps']}w {t:.2f}")
     for tile in (512, 1024, 2048, 4096, 8192):

@@ -36,7 +36,7 @@ def main():
             nbytes = 2 * x.numel() * es
             rows = 1 if len(shape) == 1 else shape[0]
             cols = x.numel() if len(shape) == 1 else shape[1]
-            heur = ew.launch_config(rows, cols, es, 0)
+            heur = ew.launch_config(rows, cols, es)
             results = []
             for tile_bytes in (4096, 8192, 16384, 32768):
                 for warps in (4, 8):

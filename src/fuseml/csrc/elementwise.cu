@@ -8,8 +8,8 @@
 // written, by the same thread, so no pointer below is __restrict__.
 //
 // Paths, picked on the host per call:
-//   * FLAT:   no bias and every operand's rows packed back to back -> one flat index, no
-//             div/mod; a tail of numel % VEC elements is done one by one.
+//   * FLAT:   no bias and every operand's rows packed back to back -> one flat index (a
+//             vector a thread, no div/mod); a tail of numel % VEC elements is done one by one.
 //   * 2-D:    a block takes a tile of TILE_COLS neighbouring vectors (a power of two, up to
 //             a block's threads) of ROWS_PER_STEP x unroll rows (unroll <= U, fewer for
 //             mid sizes), where ROWS_PER_STEP = threads / TILE_COLS: a thread's row and
@@ -48,16 +48,17 @@ enum Activation : int {
 };
 
 constexpr int kThreads = 256;  // threads per block (2-D)
-// FLAT blocks are smaller: at 1M elements, one 16-byte vector a thread, 128-thread blocks
-// spread the same warps over twice the blocks (finer-grained over 132 SMs), which is how
-// torch's own vectorized kernels are laid out.
+// FLAT: one 16-byte vector a thread in 128-thread blocks, at every size. H100, graph replay
+// (scripts/probe_elementwise.py --small, NOTES.md "Elementwise, third round"): the Triton
+// kernel's tiles of one vector a thread and 4 warps were the best or within 1% of it from
+// 1M to 268M elements, fp32 and bf16; this is also how torch's vectorized kernels are laid
+// out. (Up to 4 vectors a thread, the layout before, matched it at 268M and lost at 16M.)
 constexpr int kFlatThreads = 128;
-// Work items (vectors) per thread, all loaded before any is stored: FLAT, U vectors
-// kFlatThreads apart; 2-D, one vector column of U rows (its bias pack loaded and
-// converted once for all U). 16-bit 2-D kernels take 2: at 4 they need 90-96 registers
-// (2 blocks of 256 threads per SM; nvcc 13, sm_90), at 2 at most 57.
-template <typename S, bool FLAT>
-constexpr int kUnroll = (sizeof(S) == 2 && !FLAT) ? 2 : 4;
+// 2-D: rows per thread, all loaded before any is stored (one vector column of U rows, its
+// bias pack loaded and converted once for all of them). 16-bit kernels take 2: at 4 they
+// need 90-96 registers (2 blocks of 256 threads per SM; nvcc 13, sm_90), at 2 at most 57.
+template <typename S>
+constexpr int kUnroll = sizeof(S) == 2 ? 2 : 4;
 constexpr int kVecBytes = 16;  // widest single global load/store
 
 // ------------------------------------------------------------------------- dtype traits
@@ -189,49 +190,29 @@ struct Args {
   int64_t rows;       // 2-D: rows
   int64_t col_tiles;  // 2-D: tiles across a row, ceil(items / TILE_COLS)
   int tile_shift;     // 2-D: log2(TILE_COLS)
-  int unroll;         // item slots (FLAT) or rows (2-D) per thread, 1..U (set by launch())
+  int unroll;         // 2-D: rows per thread, 1..U (set by launch())
   int tail;           // FLAT, VEC > 1: trailing numel % VEC elements past the last vector
   int wide;           // FLAT: item indices may pass int32 (64-bit index arithmetic)
   float alpha;
 };
 
-// FLAT: this thread's items, every load issued before any store (up to U independent
-// 16-byte loads per operand in flight). Item k of the thread is k * kFlatThreads past its
-// first, so each unrolled access is coalesced across the warp.
+// FLAT: this thread's vector (item blockIdx.x * kFlatThreads + threadIdx.x), if in range.
 template <class Tr, int ACT, int VEC, bool HAS_Y, typename I>
-__device__ __forceinline__ void flat_items(const Args<typename Tr::Storage>& a) {
+__device__ __forceinline__ void flat_item(const Args<typename Tr::Storage>& a) {
   using S = typename Tr::Storage;
   using P = Pack<S, VEC>;
-  constexpr int U = kUnroll<S, true>;
-  const I items = static_cast<I>(a.items);
-  const I base = static_cast<I>(blockIdx.x) * static_cast<I>(kFlatThreads * a.unroll) +
-                 static_cast<I>(threadIdx.x);
-  // Not zero-filled: a slot is read only under the same bound that loaded it (zero-filling
-  // 16-bit packs cost two instructions per element, half the kernel at 1M elements).
-  P xv[U];
-  P yv[U];
-  bool live[U];
+  const I v = static_cast<I>(blockIdx.x) * static_cast<I>(kFlatThreads) +
+              static_cast<I>(threadIdx.x);
+  if (v >= static_cast<I>(a.items)) return;
+  const P xv = *reinterpret_cast<const P*>(a.x + static_cast<int64_t>(v) * VEC);
+  P yv;  // not zero-filled (two instructions an element for 16-bit packs): read only if HAS_Y
+  if constexpr (HAS_Y) yv = *reinterpret_cast<const P*>(a.y + static_cast<int64_t>(v) * VEC);
+  P r;
 #pragma unroll
-  for (int k = 0; k < U; ++k) {
-    const I v = base + static_cast<I>(k * kFlatThreads);
-    live[k] = k < a.unroll && v < items;
-    if (live[k]) {
-      xv[k] = *reinterpret_cast<const P*>(a.x + static_cast<int64_t>(v) * VEC);
-      if constexpr (HAS_Y) yv[k] = *reinterpret_cast<const P*>(a.y + static_cast<int64_t>(v) * VEC);
-    }
+  for (int j = 0; j < VEC; ++j) {
+    r.v[j] = fused<Tr, ACT, HAS_Y, false>(xv.v[j], HAS_Y ? yv.v[j] : S(), S(), a.alpha);
   }
-#pragma unroll
-  for (int k = 0; k < U; ++k) {
-    if (live[k]) {
-      const I v = base + static_cast<I>(k * kFlatThreads);
-      P r;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        r.v[j] = fused<Tr, ACT, HAS_Y, false>(xv[k].v[j], HAS_Y ? yv[k].v[j] : S(), S(), a.alpha);
-      }
-      *reinterpret_cast<P*>(a.out + static_cast<int64_t>(v) * VEC) = r;
-    }
-  }
+  *reinterpret_cast<P*>(a.out + static_cast<int64_t>(v) * VEC) = r;
 }
 
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
@@ -239,17 +220,16 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
   static_assert(!(FLAT && HAS_BIAS), "a bias needs the column, i.e. the 2-D path");
   using S = typename Tr::Storage;
   using P = Pack<S, VEC>;
-  constexpr int U = kUnroll<S, FLAT>;
+  constexpr int U = kUnroll<S>;
 
   if constexpr (FLAT) {
-    // One pass: block b takes items [b * per_block, (b + 1) * per_block), thread t the
-    // a.unroll (1..U, uniform) items t, t + kFlatThreads, ... of them; launch() sizes the
-    // grid to cover every item. The index arithmetic is 32-bit wherever the tensor allows
-    // (a.wide == 0): the first loads then wait on a handful of instructions.
+    // One pass, a vector a thread; launch() sizes the grid to cover every item. The index
+    // arithmetic is 32-bit wherever the tensor allows (a.wide == 0): the loads then wait
+    // on a handful of instructions.
     if (a.wide) {
-      flat_items<Tr, ACT, VEC, HAS_Y, int64_t>(a);
+      flat_item<Tr, ACT, VEC, HAS_Y, int64_t>(a);
     } else {
-      flat_items<Tr, ACT, VEC, HAS_Y, int32_t>(a);
+      flat_item<Tr, ACT, VEC, HAS_Y, int32_t>(a);
     }
     if constexpr (VEC > 1) {
       // Fewer than VEC elements past the last whole vector: the first threads of block 0.
@@ -316,34 +296,25 @@ struct Launch {
   cudaStream_t stream;
 };
 
-constexpr int64_t kMinFlatBlocksPerSm = 8;  // FLAT: 32 warps per SM before more work per thread
-constexpr int64_t kMinBlocksPerSm = 4;      // 2-D: the same 32 warps per SM
+constexpr int64_t kMinBlocksPerSm = 4;  // 2-D: 32 warps per SM before more rows a thread
 
 // One block per tile, as the Triton kernel has one program per tile. (A single resident
 // wave of blocks striding over the tensor was 4-6% slower at 268M elements on an H100:
 // its last stride step runs a few percent full; NOTES.md.)
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
 void launch(Args<typename Tr::Storage> a, const Launch& l) {
-  constexpr int U = kUnroll<typename Tr::Storage, FLAT>;
+  constexpr int U = kUnroll<typename Tr::Storage>;
   dim3 grid;
   int threads = kThreads;
   if constexpr (FLAT) {
-    // Up to U vectors a thread, fewer where that would leave under kMinFlatBlocksPerSm
-    // blocks per SM (1M bf16 elements at U = 4 are 245 blocks on 132 SMs: 7 warps per SM).
     threads = kFlatThreads;
-    a.unroll = U;
-    while (a.unroll > 1 && (a.items + kFlatThreads * a.unroll - 1) / (kFlatThreads * a.unroll) <
-                               kMinFlatBlocksPerSm * l.sm_count) {
-      a.unroll /= 2;
-    }
-    const int64_t per_block = static_cast<int64_t>(kFlatThreads) * a.unroll;
     // At least one block (a call may be all tail: items == 0, tail > 0).
-    const int64_t blocks = std::max<int64_t>(1, (a.items + per_block - 1) / per_block);
+    const int64_t blocks = std::max<int64_t>(1, (a.items + kFlatThreads - 1) / kFlatThreads);
     TORCH_CHECK(blocks <= std::numeric_limits<int>::max(),
                 "bias_act_cuda_out: too many elements (", a.items * VEC, ") for one launch");
     grid.x = static_cast<unsigned>(blocks);
-    // 32-bit item indices reach blocks * per_block (the last block's unused slots included).
-    a.wide = blocks * per_block > std::numeric_limits<int32_t>::max();
+    // 32-bit item indices reach blocks * kFlatThreads (the last block's idle threads too).
+    a.wide = blocks * kFlatThreads > std::numeric_limits<int32_t>::max();
   } else {
     // Up to U rows a thread, fewer where that would leave under kMinBlocksPerSm blocks per
     // SM (4096 x 512 fp32 at U = 4 are 512 blocks on 132 SMs, 3 or 4 an SM).
@@ -410,7 +381,7 @@ void launch_activation(const Problem& p, const Launch& l) {
   a.y_row_stride = p.y_row_stride;
   a.out_row_stride = p.out_row_stride;
   a.alpha = p.alpha;
-  a.rows = 0;  // FLAT kernels use items, tail and unroll only
+  a.rows = 0;  // FLAT kernels use items, tail and wide only
   a.unroll = 1;
   a.col_tiles = 0;
   a.tile_shift = 0;

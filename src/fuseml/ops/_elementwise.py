@@ -31,7 +31,6 @@ from fuseml.ops._utils import (
     launches_skipped,
     next_pow2,
     rows_view,
-    sm_count,
     vec_width,
 )
 
@@ -277,49 +276,38 @@ def _bias_act_backward_kernel(
 
 
 # ---------------------------------------------------------------------- launch configs
-# Flat path, elements per program: 1024 fp32 (4 KiB per operand, 2 16-byte vectors a
-# thread) or 1024 16-bit (2 KiB, one vector a thread), 4 warps. 16-bit: H100, CUDA-graph
-# replay, bf16 GELU / GELU-tanh / add (scripts/probe_elementwise.py --small, ae172cb /
-# 94c4b14, NOTES.md "Elementwise, third round"): 1024-element tiles were the best or
-# within 1% of it at 1M, 4M, 16M and 268M elements, and up to 2% faster than the 4096 used
-# before (268M GELU 355.7 against 362.0 us; 16M 24.2-24.5 against 24.6; 4M 4.45 against
-# 4.69). fp32: from scripts/tune_elementwise.py on an H200, best or within 3% of the best
-# tile at 16M and 268M; larger tiles lost up to 10% (register pressure of the GELU math).
+# Flat path: one 16-byte vector a thread, 4 warps (512 fp32 or 1024 16-bit elements a
+# program). H100, CUDA-graph replay (scripts/probe_elementwise.py --small, NOTES.md
+# "Elementwise, third round"), add / GELU / GELU-tanh: the best or within 1% of the best
+# of 512-8192 elements x 1-8 warps at 1M, 4M, 16M and 268M elements, fp32 and bf16, and up
+# to 2.5% faster than the tiles of 4 KiB (fp32) / 8 KiB (16-bit) before (268M bf16 GELU
+# 355.7 against 362.0 us; 16M 24.2-24.5 against 24.6; 1M fp32 add 2.65 against 2.72).
 # 2-D path (a bias, or rows with gaps): 4 KiB per operand; 16-bit with 8 warps, i.e. one
 # 16-byte vector a thread. H100 (scripts/probe_elementwise.py at 877cd02, bf16, us): bias +
 # residual + ReLU at 4096 x 512 9.0 against 10.9 for 8 KiB / 4 warps (torch.compile 9.6),
 # at 4096 x 4096 39.2 against 40.8 (compile 39.5); bias + GELU 7.8 / 27.7 against 8.5 / 30.4
 # (compile 16.5 / 32.7): best or within 3% of the best of 2-16 KiB x 2-8 warps. fp32
 # 4 KiB / 4 warps was within 2% of the best.
-TILE_BYTES = {4: 4096, 2: 2048}
+TILE_BYTES = 2048  # flat path: one 16-byte vector for each of NUM_WARPS * 32 threads
 NUM_WARPS = 4
 TILE_BYTES_2D = 4096
 NUM_WARPS_2D = {4: 4, 2: 8}
-MIN_TILE = 1024  # smallest tile when shrinking to spread a mid-size tensor over all SMs
-PROGRAMS_PER_SM = 8  # below this many programs per SM, shrink the tile (latency hiding)
 
 
-def launch_config(n_rows: int, n_cols: int, elem_size: int, device_index: int | None) -> dict:
+def launch_config(n_rows: int, n_cols: int, elem_size: int) -> dict:
     """BLOCK_M, BLOCK_N, num_warps and the grid for an (n_rows, n_cols) problem.
 
     Cached for concrete sizes: it runs on every call, and the eager launch path is worth
     every microsecond (symbolic sizes under torch.compile are not hashable).
-    ``device_index`` is None for CPU tensors (interpreter).
     """
     if type(n_rows) is int and type(n_cols) is int:
-        return _cached_config(n_rows, n_cols, elem_size, device_index)
-    return _config(n_rows, n_cols, elem_size, device_index)
+        return _cached_config(n_rows, n_cols, elem_size)
+    return _config(n_rows, n_cols, elem_size)
 
 
-def _config(n_rows, n_cols, elem_size: int, device_index: int | None) -> dict:
-    tile = TILE_BYTES[min(elem_size, 4)] // elem_size
+def _config(n_rows, n_cols, elem_size: int) -> dict:
     if n_rows == 1:
-        # Flat: shrink the tile until every SM has PROGRAMS_PER_SM programs (mid sizes
-        # otherwise leave SMs short of loads in flight), but never below MIN_TILE.
-        n_sm = 1 if device_index is None else sm_count(device_index)
-        while tile > MIN_TILE and cdiv(n_cols, tile) < PROGRAMS_PER_SM * n_sm:
-            tile //= 2
-        block_n = min(tile, next_pow2(n_cols))
+        block_n = min(TILE_BYTES // elem_size, next_pow2(n_cols))
         block_m = 1
         warps = NUM_WARPS
     else:
@@ -332,10 +320,6 @@ def _config(n_rows, n_cols, elem_size: int, device_index: int | None) -> dict:
 
 
 _cached_config = functools.lru_cache(maxsize=4096)(_config)
-
-
-def _device_index(t: torch.Tensor) -> int | None:
-    return t.get_device() if t.is_cuda else None
 
 
 # ----------------------------------------------------------------------------- launcher
@@ -400,7 +384,7 @@ def _launch(
     if impl == "cuda":
         torch.ops.fuseml.bias_act_cuda_out(x, y, bias, float(alpha), activation, out)
         return
-    cfg = config or launch_config(n_rows, n_cols, x.element_size(), _device_index(x))
+    cfg = config or launch_config(n_rows, n_cols, x.element_size())
     grid = cfg.get("grid") or (cdiv(n_rows, cfg["BLOCK_M"]) * cdiv(n_cols, cfg["BLOCK_N"]),)
     kernel = torch.library.wrap_triton(_bias_act_kernel) if traced else _bias_act_kernel
     flat = n_rows == 1 and bias is None and cfg["BLOCK_M"] == 1
@@ -434,7 +418,7 @@ def bias_act_backward_rows(
     bs = None if bias is None else bias.contiguous()
     ds = dh.view(-1, x.shape[-1]) if x.dim() else dh.view(1, 1)
     n_rows, n_cols = xs.shape
-    cfg = launch_config(n_rows, n_cols, x.element_size(), _device_index(x))
+    cfg = launch_config(n_rows, n_cols, x.element_size())
     if launches_skipped():
         return dh
     kernel = (
