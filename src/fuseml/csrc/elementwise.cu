@@ -271,8 +271,10 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
 
 // ------------------------------------------------------------------------------ host
 struct Launch {
+  int sm_count;
   cudaStream_t stream;
 };
+
 
 // One block per tile, as the Triton kernel has one program per tile. (A single resident
 // wave of blocks striding over the tensor was 4-6% slower at 268M elements on an H100:
@@ -482,6 +484,8 @@ void bias_act_cuda_out(const at::Tensor& x, const std::optional<at::Tensor>& y,
   }
 
   Launch l;
+  // getCurrentDeviceProperties is cached by ATen per device: no driver call per launch.
+  l.sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   l.stream = at::cuda::getCurrentCUDAStream();
 
   switch (dtype) {
