@@ -11,9 +11,10 @@
 //   * FLAT:   no bias and every operand's rows packed back to back -> one flat index (a
 //             vector a thread, no div/mod); a tail of numel % VEC elements is done one by one.
 //   * 2-D:    a block takes a tile of TILE_COLS neighbouring vectors (a power of two, up to
-//             a block's threads) of ROWS_PER_STEP rows, where ROWS_PER_STEP = threads /
-//             TILE_COLS, a vector a thread: its row and column come from shifts (the same
-//             tiling as the Triton kernel's 2-D tiles, in the same row-major order).
+//             a block's threads) of ROWS_PER_STEP x unroll rows (unroll <= U, fewer for
+//             mid sizes), where ROWS_PER_STEP = threads / TILE_COLS: a thread's row and
+//             column come from shifts, and its bias vector is loaded once for its rows (the
+//             same tiling as the Triton kernel's 2-D tiles, in the same row-major order).
 //   * VEC:    16-byte accesses when every pointer is 16-byte aligned and, for 2-D, N and
 //             every row stride are multiples of the vector width. VEC == 1 otherwise.
 // The activation, the dtype, HAS_Y, HAS_BIAS, VEC and FLAT are all template parameters, so
@@ -46,16 +47,18 @@ enum Activation : int {
   kTanh = 7,
 };
 
-// 2-D: 256-thread blocks, a vector a thread as on the flat path. (2 or 4 rows a thread, with
-// the bias pack loaded once for them, ran 4-8% behind the Triton kernel at 4096 x 512 and
-// 4096 x 4096 in the quick suite; one vector a thread won on the flat path. NOTES.md)
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;  // threads per block (2-D)
 // FLAT: one 16-byte vector a thread in 128-thread blocks, at every size. H100, graph replay
 // (scripts/probe_elementwise.py --small, NOTES.md "Elementwise, third round"): the Triton
 // kernel's tiles of one vector a thread and 4 warps were the best or within 1% of it from
 // 1M to 268M elements, fp32 and bf16; this is also how torch's vectorized kernels are laid
 // out. (Up to 4 vectors a thread, the layout before, matched it at 268M and lost at 16M.)
 constexpr int kFlatThreads = 128;
+// 2-D: rows per thread, all loaded before any is stored (one vector column of U rows, its
+// bias pack loaded and converted once for all of them). 16-bit kernels take 2: at 4 they
+// need 90-96 registers (2 blocks of 256 threads per SM; nvcc 13, sm_90), at 2 at most 57.
+template <typename S>
+constexpr int kUnroll = sizeof(S) == 2 ? 2 : 4;
 constexpr int kVecBytes = 16;  // widest single global load/store
 
 // ------------------------------------------------------------------------- dtype traits
@@ -187,6 +190,7 @@ struct Args {
   int64_t rows;       // 2-D: rows
   int64_t col_tiles;  // 2-D: tiles across a row, ceil(items / TILE_COLS)
   int tile_shift;     // 2-D: log2(TILE_COLS)
+  int unroll;         // 2-D: rows per thread, 1..U (set by launch())
   int tail;           // FLAT, VEC > 1: trailing numel % VEC elements past the last vector
   int wide;           // FLAT: item indices may pass int32 (64-bit index arithmetic)
   float alpha;
@@ -216,6 +220,7 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
   static_assert(!(FLAT && HAS_BIAS), "a bias needs the column, i.e. the 2-D path");
   using S = typename Tr::Storage;
   using P = Pack<S, VEC>;
+  constexpr int U = kUnroll<S>;
 
   if constexpr (FLAT) {
     // One pass, a vector a thread; launch() sizes the grid to cover every item. The index
@@ -236,11 +241,12 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
       }
     }
   } else {
-    // Tile: TILE_COLS vectors x ROWS_PER_STEP rows, a vector a thread: thread (ty, tx)
-    // takes vector column tx of row ty. Blocks go row-major over (row block, column tile),
-    // as the Triton kernel's programs do: consecutive blocks read consecutive stretches of
-    // a row. (Column tiles on gridDim.y, with row blocks fastest, left 4 KiB pieces of many
-    // rows in flight at once: fp32 65536 x 4096 ran 4-5% behind the Triton kernel.)
+    // Tile: TILE_COLS vectors x (ROWS_PER_STEP * a.unroll) rows; thread (ty, tx) takes
+    // vector column tx of rows ty, ty + ROWS_PER_STEP, ... (a.unroll of them, 1..U).
+    // Blocks go row-major over (row block, column tile), as the Triton kernel's programs
+    // do: consecutive blocks read consecutive stretches of a row. (Column tiles on
+    // gridDim.y, with row blocks fastest, left 4 KiB pieces of many rows in flight at
+    // once: fp32 65536 x 4096 ran 4-5% behind the Triton kernel.)
     const int tile_cols = 1 << a.tile_shift;
     const int tx = static_cast<int>(threadIdx.x) & (tile_cols - 1);
     const int ty = static_cast<int>(threadIdx.x) >> a.tile_shift;
@@ -249,23 +255,38 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
     const unsigned row_block = blockIdx.x / col_tiles;
     const unsigned ct = blockIdx.x - row_block * col_tiles;
     const int64_t item = static_cast<int64_t>(ct) * tile_cols + tx;
-    const int64_t row = static_cast<int64_t>(row_block) * rows_per_step + ty;
-    if (item >= a.items || row >= a.rows) return;  // no barriers: an idle thread may leave
+    if (item >= a.items) return;  // no barriers below: an idle thread may leave
+    const int64_t row0 = static_cast<int64_t>(row_block) * rows_per_step * a.unroll + ty;
     const int64_t col = item * VEC;
-    // The bias is N elements, reread by every row: it stays in L1/L2. Packs are not
-    // zero-filled (as in flat_item): y and the bias are read only where they were loaded.
+    // The bias is N elements, reread by every row: it stays in L1/L2.
+    // Packs are not zero-filled (as in flat_items): each is read only where it was loaded.
     P bv;
     if constexpr (HAS_BIAS) bv = *reinterpret_cast<const P*>(a.bias + col);
-    const P xv = *reinterpret_cast<const P*>(a.x + row * a.x_row_stride + col);
-    P yv;
-    if constexpr (HAS_Y) yv = *reinterpret_cast<const P*>(a.y + row * a.y_row_stride + col);
-    P r;
+    P xv[U];
+    P yv[U];
+    bool live[U];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      r.v[j] = fused<Tr, ACT, HAS_Y, HAS_BIAS>(xv.v[j], HAS_Y ? yv.v[j] : S(),
-                                               HAS_BIAS ? bv.v[j] : S(), a.alpha);
+    for (int k = 0; k < U; ++k) {
+      const int64_t row = row0 + static_cast<int64_t>(k) * rows_per_step;
+      live[k] = k < a.unroll && row < a.rows;
+      if (live[k]) {
+        xv[k] = *reinterpret_cast<const P*>(a.x + row * a.x_row_stride + col);
+        if constexpr (HAS_Y) yv[k] = *reinterpret_cast<const P*>(a.y + row * a.y_row_stride + col);
+      }
     }
-    *reinterpret_cast<P*>(a.out + row * a.out_row_stride + col) = r;
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      if (live[k]) {
+        const int64_t row = row0 + static_cast<int64_t>(k) * rows_per_step;
+        P r;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          r.v[j] = fused<Tr, ACT, HAS_Y, HAS_BIAS>(xv[k].v[j], HAS_Y ? yv[k].v[j] : S(),
+                                                   HAS_BIAS ? bv.v[j] : S(), a.alpha);
+        }
+        *reinterpret_cast<P*>(a.out + row * a.out_row_stride + col) = r;
+      }
+    }
   }
 }
 
@@ -275,12 +296,14 @@ struct Launch {
   cudaStream_t stream;
 };
 
+constexpr int64_t kMinBlocksPerSm = 4;  // 2-D: 32 warps per SM before more rows a thread
 
 // One block per tile, as the Triton kernel has one program per tile. (A single resident
 // wave of blocks striding over the tensor was 4-6% slower at 268M elements on an H100:
 // its last stride step runs a few percent full; NOTES.md.)
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
 void launch(Args<typename Tr::Storage> a, const Launch& l) {
+  constexpr int U = kUnroll<typename Tr::Storage>;
   dim3 grid;
   int threads = kThreads;
   if constexpr (FLAT) {
@@ -293,12 +316,18 @@ void launch(Args<typename Tr::Storage> a, const Launch& l) {
     // 32-bit item indices reach blocks * kFlatThreads (the last block's idle threads too).
     a.wide = blocks * kFlatThreads > std::numeric_limits<int32_t>::max();
   } else {
+    // Up to U rows a thread, fewer where that would leave under kMinBlocksPerSm blocks per
+    // SM (4096 x 512 fp32 at U = 4 are 512 blocks on 132 SMs, 3 or 4 an SM).
     const int64_t rows_per_step = kThreads >> a.tile_shift;
-    const int64_t blocks = (a.rows + rows_per_step - 1) / rows_per_step * a.col_tiles;
-    TORCH_CHECK(blocks <= std::numeric_limits<int>::max(),
+    const auto blocks = [&](int unroll) {
+      return (a.rows + rows_per_step * unroll - 1) / (rows_per_step * unroll) * a.col_tiles;
+    };
+    a.unroll = U;
+    while (a.unroll > 1 && blocks(a.unroll) < kMinBlocksPerSm * l.sm_count) a.unroll /= 2;
+    TORCH_CHECK(blocks(a.unroll) <= std::numeric_limits<int>::max(),
                 "bias_act_cuda_out: too many elements (", a.rows, " x ", a.items * VEC,
                 ") for one launch");
-    grid.x = static_cast<unsigned>(blocks);
+    grid.x = static_cast<unsigned>(blocks(a.unroll));
   }
   bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT><<<grid, threads, 0, l.stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -353,6 +382,7 @@ void launch_activation(const Problem& p, const Launch& l) {
   a.out_row_stride = p.out_row_stride;
   a.alpha = p.alpha;
   a.rows = 0;  // FLAT kernels use items, tail and wide only
+  a.unroll = 1;
   a.col_tiles = 0;
   a.tile_shift = 0;
   a.tail = 0;
