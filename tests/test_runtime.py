@@ -58,3 +58,21 @@ def test_first_call_inside_torch_compile(device, backend):
     )
     assert res.returncode == 0, res.stderr[-4000:]
     assert res.stdout.strip().endswith("ok")
+
+
+def test_cuda_launch_sites_load_the_extension_first(monkeypatch):
+    # A registered op called with impl "cuda" directly (torch.ops.fuseml.add(x, y, "cuda"))
+    # has had no resolve_backend build the extension: the launch site builds it (once per
+    # process), or says why it cannot, before it calls into torch.ops.fuseml.*_cuda_out.
+    import fuseml.ops  # noqa: F401  (registers torch.ops.fuseml.*)
+    from fuseml import _cuda_ext
+
+    builds = []
+    monkeypatch.setattr(_cuda_ext, "_status", None)
+    monkeypatch.setattr(_cuda_ext, "_build", lambda: builds.append(1) or (False, "no nvcc here"))
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="bias_act: backend='cuda' is unavailable here: no nvcc"):
+        torch.ops.fuseml.add(x, x, "cuda")
+    with pytest.raises(ValueError, match="log_softmax: backend='cuda' is unavailable here"):
+        torch.ops.fuseml.log_softmax(x, -1, "cuda")
+    assert builds == [1]

@@ -50,6 +50,19 @@ def status() -> tuple[bool, str]:
     return _status
 
 
+def require(op: str) -> None:
+    """Raise ValueError naming ``op`` unless the extension is loaded, building it first if
+    no call in this process has yet.
+
+    For the launch sites: a registered fuseml op (``torch.ops.fuseml.add(x, y, "cuda")``)
+    can be called with impl ``"cuda"`` directly, without ``resolve_backend`` having built
+    the extension, and ``torch.ops.fuseml.bias_act_cuda_out`` would then not exist.
+    """
+    ok, reason = _status if _status is not None else status()
+    if not ok:
+        raise ValueError(f"{op}: backend='cuda' is unavailable here: {reason}")
+
+
 def build_seconds() -> float | None:
     """Seconds the (successful) build and load took in this process, else None."""
     return _build_seconds

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fuseml import _cuda_ext
 from fuseml.ops._math import LOG2E, _exp2, _rcp
 from fuseml.ops._utils import (
     as_rows,
@@ -382,6 +383,7 @@ def _launch(
     if launches_skipped():
         return
     if impl == "cuda":
+        _cuda_ext.require("bias_act")
         torch.ops.fuseml.bias_act_cuda_out(x, y, bias, float(alpha), activation, out)
         return
     cfg = config or launch_config(n_rows, n_cols, x.element_size())

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
 
+from fuseml import _cuda_ext
 from fuseml.ops._math import LOG2E, _exp2, _rcp
 from fuseml.ops._utils import (
     cdiv,
@@ -588,6 +589,7 @@ def _forward(x: torch.Tensor, dim: int, log: bool, impl: str, traced: bool) -> t
 
 def _dispatch(x2: torch.Tensor, out2: torch.Tensor, log: bool, impl: str, traced: bool) -> None:
     if impl == "cuda":
+        _cuda_ext.require("log_softmax" if log else "softmax")
         torch.ops.fuseml.softmax_cuda_out(x2, log, out2)
     elif x2.shape[1] <= MAX_ONCHIP_COLS:
         _launch_rows(x2, out2, log, traced)
