@@ -203,3 +203,25 @@ def test_bias_act_bad_input():
     other = torch.randn(6, device="cuda" if torch.cuda.is_available() else "meta")
     with pytest.raises(ValueError, match="bias is on"):
         fuseml.ops.bias_act(x.detach(), other, r)
+
+
+def test_flat_launch_index_width(monkeypatch):
+    # The flat path indexes in int32 unless the last program's offsets could pass it: the
+    # launch flags (FLAT, WIDE) recorded from a stand-in kernel for packed fp32 tensors of
+    # a small and of (pretended) near-2^31-element sizes; a 2-D launch (a bias) never FLAT.
+    from fuseml.ops import _elementwise as ew
+
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((kw["FLAT"], kw["WIDE"]))
+
+    monkeypatch.setattr(ew, "_bias_act_kernel", Recorder())
+    x = torch.randn(4, 8)
+    block = ew.TILE_BYTES // 4  # fp32 elements a program
+    last = 2**31 - 1 - block  # the largest size whose offsets all fit in int32
+    for n_cols in (32, last, last + 1):
+        ew._launch(x, x, x, None, 1.0, 0, "triton", False, None, 1, n_cols, 0, 0, 0)
+    ew._launch(x, x, None, x[0], 1.0, 0, "triton", False, None, 4, 8, 8, 0, 8)
+    assert launches == [(True, False), (True, False), (True, True), (False, False)]
