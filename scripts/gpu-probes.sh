@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# The open GPU checks of NOTES.md in one call (next round): one quick suite on the
-# machine the call lands on (meant for an H200, whose committed elementwise and softmax
-# tables predate the current kernels), written into OUTDIR/results; OUTDIR/probes.tgz
-# holds the logs and results (one file to fetch).
+# One quick bench suite on the machine the call lands on, in one device call, with the
+# results packed into one file to fetch (a device call returns a limited number of files).
 #
-#   scripts/gpu-probes.sh [OUTDIR] [SUITE]     (defaults: out/gpu-probes, softmax)
+#   scripts/gpu-probes.sh [OUTDIR] [SUITE] [CASES]     (defaults: out/gpu-probes, softmax)
+#
+# Without CASES the whole suite runs into a fresh OUTDIR/results (an H200 refresh: its
+# committed elementwise and softmax tables predate the current kernels). With CASES (a
+# regex of case names, as `fuseml bench --cases`) the committed results are copied into
+# OUTDIR/results first and only those cases are re-run and merged (`--merge`), so the
+# file keeps every other row. OUTDIR/probes.tgz holds the logs and results; unpack it and
+# copy the suite's .json / .png into benchmarks/results/<gpu>/, then `fuseml bench readme`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-out/gpu-probes}"
 SUITE="${2:-softmax}"
+CASES="${3:-}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
@@ -19,6 +25,13 @@ run() {  # name, timeout in seconds, command...
     timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
     echo "$name: exit $?" | tee -a "$OUT/summary.txt"
 }
-run "bench-$SUITE" 570 "$PY" -m fuseml.cli bench "$SUITE" --quick --out "$OUT/results"
+if [ -n "$CASES" ]; then
+    rm -rf "$OUT/results" && cp -r benchmarks/results "$OUT/results"
+    run "bench-$SUITE" 570 "$PY" -m fuseml.cli bench "$SUITE" --quick --merge \
+        --cases "$CASES" --out "$OUT/results"
+else
+    run "bench-$SUITE" 570 "$PY" -m fuseml.cli bench "$SUITE" --quick --out "$OUT/results"
+fi
 tail -5 "$OUT/bench-$SUITE.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"
+rm -rf "$OUT/results"  # packed above; left loose they count against the files a call returns
