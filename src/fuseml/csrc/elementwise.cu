@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
     const int64_t row0 = static_cast<int64_t>(row_block) * rows_per_step * a.unroll + ty;
     const int64_t col = item * VEC;
     // The bias is N elements, reread by every row: it stays in L1/L2.
-    // Packs are not zero-filled (as in flat_items): each is read only where it was loaded.
+    // Packs are not zero-filled (as in flat_item): each is read only where it was loaded.
     P bv;
     if constexpr (HAS_BIAS) bv = *reinterpret_cast<const P*>(a.bias + col);
     P xv[U];

@@ -370,11 +370,16 @@ def _persistent_programs(x2: torch.Tensor, out2: torch.Tensor, cfg: dict, log: b
 
     From the compiled kernel itself (registers, shared memory) and the device's limits
     (threads, registers and shared memory per SM, SM count), as in the Triton fused-softmax
-    tutorial. Cached per dtype / config; computed on real tensors only (a fake tensor under
-    torch.compile has no data pointer to specialise on).
+    tutorial. Cached per dtype / config / VEC (the variant launched: VEC changes the compiled
+    kernel); computed on real tensors only (a fake tensor under torch.compile has no data
+    pointer to specialise on).
     """
     device = x2.get_device()
-    key = (x2.dtype, cfg["ROWS"], cfg["BLOCK_N"], cfg["num_warps"], cfg["NUM_STAGES"], log, device)
+    vec = _rows_vec(x2, out2)
+    key = (
+        x2.dtype, cfg["ROWS"], cfg["BLOCK_N"], cfg["num_warps"], cfg["NUM_STAGES"], log, vec,
+        device,
+    )  # fmt: skip
     if key in _PROGRAMS:
         return _PROGRAMS[key]
     if triton_interpreting() or device < 0 or type(x2) is not torch.Tensor or is_fake(x2):
@@ -382,7 +387,7 @@ def _persistent_programs(x2: torch.Tensor, out2: torch.Tensor, cfg: dict, log: b
     k = _softmax_rows_kernel.warmup(
         x2, out2, x2.shape[0], x2.shape[1], x2.stride(0), out2.stride(0),
         LOG=log, ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["NUM_STAGES"],
-        FAST=fast_math(x2), VEC=_rows_vec(x2, out2), num_warps=cfg["num_warps"], grid=(1,),
+        FAST=fast_math(x2), VEC=vec, num_warps=cfg["num_warps"], grid=(1,),
     )  # fmt: skip
     k._init_handles()
     props = torch.cuda.get_device_properties(device)
