@@ -58,7 +58,7 @@ def require(op: str) -> None:
     can be called with impl ``"cuda"`` directly, without ``resolve_backend`` having built
     the extension, and ``torch.ops.fuseml.bias_act_cuda_out`` would then not exist.
     """
-    ok, reason = _status if _status is not None else status()
+    ok, reason = status()
     if not ok:
         raise ValueError(f"{op}: backend='cuda' is unavailable here: {reason}")
 
