@@ -3,6 +3,8 @@
 PYTHONPATH=src python scripts/host_overhead.py [mlp]
 
 ``mlp``: the fused MLP's call path only, down to the compiled kernel's own launcher.
+``elementwise``: GELU, bias_act and softmax per call, each backend, with the Triton
+kernels' repeat launches through the compiled kernel's launcher and through Triton's own.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import triton.language as tl
 
 import fuseml
 from fuseml.ops import _gemm
+from fuseml.runtime import cuda_backend_status
 
 lin_mod = importlib.import_module("fuseml.ops.linear")  # fuseml.ops.linear is also the function
 
@@ -233,7 +236,62 @@ def mlp_breakdown() -> None:
         pstats.Stats(pr).sort_stats("tottime").print_stats(30)
 
 
+def elementwise_breakdown() -> None:
+    """Host time per call of the elementwise and softmax ops: torch's kernels, the CUDA
+    twin, the Triton kernels with repeat launches through CompiledLaunches (the default)
+    and through Triton's ordinary launch, and the custom op through the dispatcher."""
+    ew = importlib.import_module("fuseml.ops._elementwise")
+    sm = importlib.import_module("fuseml.ops.softmax")
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(4096, 512, device=dev, dtype=dt)
+    b = torch.randn(512, device=dev, dtype=dt)
+    r = torch.randn(4096, 512, device=dev, dtype=dt)
+    xf = torch.randn(1 << 20, device=dev)
+    s = torch.randn(4096, 1024, device=dev, dtype=dt)
+    cuda = cuda_backend_status(dev)[0]
+    rows = {
+        "torch F.gelu, 1M fp32": lambda: F.gelu(xf),
+        "torch bias + residual + relu (3 kernels)": lambda: torch.relu(x + b + 0.5 * r),
+        "torch.softmax 4096 x 1024": lambda: torch.softmax(s, -1),
+    }
+    for backend in ("triton", "cuda") if cuda else ("triton",):
+        rows.update({
+            f"fuseml gelu 1M fp32, {backend}": lambda be=backend: fuseml.ops.gelu(xf, backend=be),
+            f"fuseml bias_act 4096 x 512, {backend}": lambda be=backend: fuseml.ops.bias_act(
+                x, b, r, 0.5, "relu", backend=be
+            ),
+            f"fuseml softmax 4096 x 1024, {backend}": lambda be=backend: fuseml.ops.softmax(
+                s, backend=be
+            ),
+        })  # fmt: skip
+    rows.update({
+        "torch.ops.fuseml.bias_act (dispatcher)": lambda: torch.ops.fuseml.bias_act(
+            x, b, r, 0.5, "relu", "triton"
+        ),
+        "torch.ops.fuseml.softmax (dispatcher)": lambda: torch.ops.fuseml.softmax(s, -1, "triton"),
+    })  # fmt: skip
+    print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
+    with torch.no_grad():
+        for name, fn in rows.items():
+            print(f"{name:45s} {host_us(fn):7.1f} us/call (host)", flush=True)
+        for launches in (ew._bias_act_launches, sm._rows_launches):
+            launches.enabled = False
+        for name in [n for n in rows if n.startswith("fuseml") and n.endswith("triton")]:
+            print(f"{name + ', ordinary launch':45s} {host_us(rows[name]):7.1f} us/call (host)")
+        for launches in (ew._bias_act_launches, sm._rows_launches):
+            launches.enabled = True
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(1000):
+            fuseml.ops.bias_act(x, b, r, 0.5, "relu", backend="triton")
+        pr.disable()
+        torch.cuda.synchronize()
+        print("== cProfile: fuseml.ops.bias_act (triton), 1000 calls")
+        pstats.Stats(pr).sort_stats("tottime").print_stats(20)
+
+
 if __name__ == "__main__":
     import sys
 
-    mlp_breakdown() if sys.argv[1:] == ["mlp"] else main()
+    modes = {"mlp": mlp_breakdown, "elementwise": elementwise_breakdown}
+    modes.get(sys.argv[1] if sys.argv[1:] else "", main)()

@@ -213,11 +213,10 @@ def test_flat_launch_index_width(monkeypatch):
 
     launches = []
 
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((kw["FLAT"], kw["WIDE"]))
+    def record(grid, key, aligned, args, options):  # FLAT and WIDE: the last two arguments
+        launches.append(args[-2:])
 
-    monkeypatch.setattr(ew, "_bias_act_kernel", Recorder())
+    monkeypatch.setattr(ew, "_bias_act_launches", record)
     x = torch.randn(4, 8)
     block = ew.TILE_BYTES // 4  # fp32 elements a program
     last = 2**31 - 1 - block  # the largest size whose offsets all fit in int32
@@ -225,3 +224,41 @@ def test_flat_launch_index_width(monkeypatch):
         ew._launch(x, x, x, None, 1.0, 0, "triton", False, None, 1, n_cols, 0, 0, 0)
     ew._launch(x, x, None, x[0], 1.0, 0, "triton", False, None, 4, 8, 8, 0, 8)
     assert launches == [(True, False), (True, False), (True, True), (False, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_direct_launch_matches_the_ordinary_launch_gpu(monkeypatch):
+    """Repeat launches go through the compiled kernel's own launcher (CompiledLaunches):
+    the same output as Triton's ordinary launch, on the flat path and the 2-D path (with
+    and without bias / residual), for one row, widths that are multiples of 16 and not
+    (1000: VEC without the 16-divisibility), a row-strided view, and a 16-byte-misaligned
+    input (which always takes the ordinary launch). Specializations must not mix: every
+    case compiles its own entry."""
+    from fuseml.ops import _elementwise as ew
+
+    launches = ew._bias_act_launches
+    monkeypatch.setattr(launches, "compiled", {})
+    buf = torch.randn(64 * 1000 + 1, device="cuda", dtype=torch.bfloat16)
+    wide = torch.randn(33, 2048, device="cuda", dtype=torch.bfloat16)
+    cases = [
+        (torch.randn(1 << 20, device="cuda"), False, False),  # flat fp32
+        (torch.randn(4097, device="cuda", dtype=torch.bfloat16), False, True),  # flat, ragged
+        (torch.randn(1, 512, device="cuda"), True, True),  # one row
+        (torch.randn(37, 1000, device="cuda", dtype=torch.bfloat16), True, False),
+        (torch.randn(64, 1008, device="cuda", dtype=torch.float16), True, True),
+        (wide[:, :1024], True, True),  # row stride 2048
+        (buf[1:].view(64, 1000), True, False),  # misaligned: the ordinary launch
+    ]
+    for x, with_bias, residual in cases:
+        b = torch.randn(x.shape[-1], device="cuda", dtype=x.dtype) if with_bias else None
+        r = torch.randn(x.shape, device="cuda", dtype=x.dtype) if residual else None
+        outs = []
+        for direct in (False, True, True):  # ordinary, then the first and a repeat
+            monkeypatch.setattr(launches, "enabled", direct)
+            out = poison_(torch.empty_like(x))
+            fuseml.ops.bias_act(x, b, r, 0.5, "gelu", out=out, backend="triton")
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+        assert_close_verbose(outs[2], _ref64(x, b, r, 0.5, "gelu"), x.dtype)
+    assert len(launches.compiled) == len(cases) - 1

@@ -347,3 +347,33 @@ def test_online_block_halves_the_step_for_rows_it_does_not_divide():
     assert sm._online_block(4 * full) == full  # 65536 with 16384-column steps
     assert sm._online_block(3 * full + 1) == full // 2  # ragged (50257): half the step
     assert sm._online_block(1000) == 1024  # shorter than a step: one step of the row
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_direct_launch_matches_the_ordinary_launch_gpu(log, monkeypatch):
+    """The on-chip kernel's repeat launches go through the compiled kernel's own launcher
+    (CompiledLaunches): the same output as Triton's ordinary launch for one row, short rows
+    taken several at a time, widths that are multiples of 16 and not (1000, 1003), a
+    row-strided view and a 16-byte-misaligned input (always the ordinary launch); every
+    case compiles its own entry."""
+    launches = sm._rows_launches
+    monkeypatch.setattr(launches, "compiled", {})
+    buf = torch.randn(64 * 1000 + 1, device="cuda", dtype=torch.bfloat16)
+    cases = [
+        torch.randn(1, 4096, device="cuda"),
+        torch.randn(300, 100, device="cuda", dtype=torch.bfloat16),
+        torch.randn(37, 1000, device="cuda", dtype=torch.float16),
+        torch.randn(37, 1003, device="cuda", dtype=torch.bfloat16),
+        torch.randn(33, 4096, device="cuda", dtype=torch.bfloat16)[:, :2048],
+        buf[1:].view(64, 1000),
+    ]
+    for x in cases:
+        outs = []
+        for direct in (False, True, True):  # ordinary, then the first and a repeat
+            monkeypatch.setattr(launches, "enabled", direct)
+            outs.append(_op(log)(x, -1, backend="triton"))
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+        assert_close_verbose(outs[2], _ref(x, -1, log), x.dtype)
+    assert len(launches.compiled) == len(cases) - 1

@@ -24,10 +24,13 @@ import triton.language as tl
 from fuseml import _cuda_ext
 from fuseml.ops._math import LOG2E, _exp2, _rcp
 from fuseml.ops._utils import (
+    CompiledLaunches,
+    aligned16,
     as_rows,
     cdiv,
     fast_math,
     flat_storage_view,
+    int_spec,
     is_dense,
     launches_skipped,
     next_pow2,
@@ -388,17 +391,34 @@ def _launch(
         return
     cfg = config or launch_config(n_rows, n_cols, x.element_size())
     grid = cfg.get("grid") or (cdiv(n_rows, cfg["BLOCK_M"]) * cdiv(n_cols, cfg["BLOCK_N"]),)
-    kernel = torch.library.wrap_triton(_bias_act_kernel) if traced else _bias_act_kernel
     flat = n_rows == 1 and bias is None and cfg["BLOCK_M"] == 1
-    kernel[grid](
-        x, x if y is None else y, x if bias is None else bias, out,
-        n_rows, n_cols, stride_x, stride_y, stride_out, float(alpha),
-        HAS_Y=y is not None, HAS_BIAS=bias is not None, ACTIVATION=activation,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], FAST=fast_math(x),
-        VEC=vec_width(x.element_size(), n_cols, stride_x, stride_y, stride_out),
-        FLAT=flat, WIDE=flat and not (type(n_cols) is int and n_cols <= _INT32_MAX - cfg["BLOCK_N"]),
-        num_warps=cfg["num_warps"],
+    wide = flat and not (type(n_cols) is int and n_cols <= _INT32_MAX - cfg["BLOCK_N"])
+    ints = (n_rows, n_cols, stride_x, stride_y, stride_out)
+    consts = (
+        y is not None, bias is not None, activation, cfg["BLOCK_M"], cfg["BLOCK_N"],
+        fast_math(x), vec_width(x.element_size(), n_cols, stride_x, stride_y, stride_out),
+        flat, wide,
     )  # fmt: skip
+    args = (
+        x,
+        x if y is None else y,
+        x if bias is None else bias,
+        out,
+        *ints,
+        float(alpha),
+        *consts,
+    )
+    options = {"num_warps": cfg["num_warps"]}
+    if traced:
+        torch.library.wrap_triton(_bias_act_kernel)[grid](*args, **options)
+        return
+    # Repeat launches through the compiled kernel's own launcher (host time: see
+    # CompiledLaunches); x, y, bias and out share x's dtype (validated).
+    key = (x.dtype, consts, cfg["num_warps"], *map(int_spec, ints))
+    _bias_act_launches(grid, key, aligned16(x, y, bias, out), args, options)
+
+
+_bias_act_launches = CompiledLaunches(_bias_act_kernel)
 
 
 def bias_act_backward_rows(

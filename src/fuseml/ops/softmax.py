@@ -22,11 +22,14 @@ from torch._subclasses.fake_tensor import is_fake
 from fuseml import _cuda_ext
 from fuseml.ops._math import LOG2E, _exp2, _rcp
 from fuseml.ops._utils import (
+    CompiledLaunches,
+    aligned16,
     cdiv,
     check_tensor,
     compiled,
     fast_math,
     fused_op,
+    int_spec,
     launches_skipped,
     needs_dispatch,
     next_pow2,
@@ -407,12 +410,22 @@ def _launch_rows(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) 
     programs = _persistent_programs(x2, out2, cfg, log) if cfg["PERSISTENT"] else None
     blocks = cdiv(n_rows, cfg["ROWS"])
     grid = blocks if programs is None else min(blocks, programs)
-    kernel = torch.library.wrap_triton(_softmax_rows_kernel) if traced else _softmax_rows_kernel
-    kernel[(grid,)](
-        x2, out2, n_rows, n_cols, x2.stride(0), out2.stride(0),
-        LOG=log, ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["NUM_STAGES"],
-        FAST=fast_math(x2), VEC=_rows_vec(x2, out2), num_warps=cfg["num_warps"],
+    ints = (n_rows, n_cols, x2.stride(0), out2.stride(0))
+    consts = (
+        log, cfg["ROWS"], cfg["BLOCK_N"], cfg["NUM_STAGES"], fast_math(x2), _rows_vec(x2, out2)
     )  # fmt: skip
+    args = (x2, out2, *ints, *consts)
+    options = {"num_warps": cfg["num_warps"]}
+    if traced:
+        torch.library.wrap_triton(_softmax_rows_kernel)[(grid,)](*args, **options)
+        return
+    # Repeat launches through the compiled kernel's own launcher (host time: see
+    # CompiledLaunches); out2 has x2's dtype.
+    key = (x2.dtype, consts, cfg["num_warps"], *map(int_spec, ints))
+    _rows_launches((grid,), key, aligned16(x2, out2), args, options)
+
+
+_rows_launches = CompiledLaunches(_softmax_rows_kernel)
 
 
 def _rows_vec(x2: torch.Tensor, out2: torch.Tensor) -> int:
