@@ -115,7 +115,7 @@ def test_run_cases_times_and_checks_on_gpu():
 
     case = Case(
         suite="t", name="neg", params={"numel": 1 << 16}, make_inputs=make,
-        arms={"eager": torch.neg, "wrong": lambda x: x}, bytes=8 << 16,
+        arms={"eager": torch.neg, "wrong": torch.clone}, bytes=8 << 16,
         graph=True, overhead=True,
     )  # fmt: skip
     rows = run_cases([case], ceilings={"copy_gbps": 1000.0}, settings=Settings.for_mode(True))
@@ -167,3 +167,12 @@ def test_commits_note_names_every_commit_of_merged_rows():
     assert report.commits_note(rows, meta) == (
         "rows from commits aaa (2 rows), bbb (1 rows); last run 2026-01-02"
     )
+
+
+def test_git_commit_shortens_a_full_sha(monkeypatch):
+    from fuseml.bench.harness import git_commit
+
+    monkeypatch.setenv("FUSEML_COMMIT", "fa1198b2cf09221d0eb862651cab1e78f01404cf")
+    assert git_commit() == "fa1198b"
+    monkeypatch.setenv("FUSEML_COMMIT", "release-1")
+    assert git_commit() == "release-1"

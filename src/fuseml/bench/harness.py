@@ -82,9 +82,12 @@ class Settings:
 
 
 def git_commit() -> str:
-    """Short commit of the checkout (FUSEML_COMMIT wins: a copied tree has no .git)."""
-    if os.environ.get("FUSEML_COMMIT"):
-        return os.environ["FUSEML_COMMIT"]
+    """Short commit of the checkout (FUSEML_COMMIT wins: a copied tree has no .git; a full
+    hex sha there is shortened to 7 characters, as the other stamps)."""
+    given = os.environ.get("FUSEML_COMMIT", "").strip()
+    if given:
+        full_sha = len(given) == 40 and all(c in "0123456789abcdef" for c in given.lower())
+        return given[:7] if full_sha else given
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
