@@ -97,6 +97,30 @@ struct alignas(sizeof(S) * VEC) Pack {
   S v[VEC];
 };
 
+// Store a pack with one instruction. A plain `*reinterpret_cast<P*>(p) = r` (or a uint4
+// copied from it) was left to the compiler, which on the 2-D path split every 16-byte pack
+// into four 4-byte stores (st.global.v2.u16 / .f32 x 4 in the PTX, STG.E x 4 in the SASS;
+// nvcc 13, sm_90, every dtype) while the loads stayed LDG.E.128. Here the pack goes out as
+// four 32-bit words through __stwb (st.global.wb.v4.u32: the default write-back policy).
+template <class P>
+__device__ __forceinline__ void store_pack(void* dst, const P& r) {
+  if constexpr (sizeof(P) == 16) {
+    uint32_t w[4];
+    if constexpr (sizeof(r.v[0]) == 2) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w[i] = static_cast<uint32_t>(r.v[2 * i]) | (static_cast<uint32_t>(r.v[2 * i + 1]) << 16);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[i] = __float_as_uint(r.v[i]);
+    }
+    __stwb(reinterpret_cast<uint4*>(dst), make_uint4(w[0], w[1], w[2], w[3]));
+  } else {
+    *reinterpret_cast<P*>(dst) = r;
+  }
+}
+
 // ----------------------------------------------------------------------------- math
 // The same formulas as the Triton kernel (ops/_elementwise.py), on the same two PTX
 // approximations: 2^x and 1/x are one MUFU instruction each (ex2.approx.ftz: ~2 ulp;
@@ -212,7 +236,7 @@ __device__ __forceinline__ void flat_item(const Args<typename Tr::Storage>& a) {
   for (int j = 0; j < VEC; ++j) {
     r.v[j] = fused<Tr, ACT, HAS_Y, false>(xv.v[j], HAS_Y ? yv.v[j] : S(), S(), a.alpha);
   }
-  *reinterpret_cast<P*>(a.out + static_cast<int64_t>(v) * VEC) = r;
+  store_pack(a.out + static_cast<int64_t>(v) * VEC, r);
 }
 
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
@@ -284,7 +308,7 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
           r.v[j] = fused<Tr, ACT, HAS_Y, HAS_BIAS>(xv[k].v[j], HAS_Y ? yv[k].v[j] : S(),
                                                    HAS_BIAS ? bv.v[j] : S(), a.alpha);
         }
-        *reinterpret_cast<P*>(a.out + row * a.out_row_stride + col) = r;
+        store_pack(a.out + row * a.out_row_stride + col, r);
       }
     }
   }
