@@ -389,33 +389,55 @@ def _launch(
         _cuda_ext.require("bias_act")
         torch.ops.fuseml.bias_act_cuda_out(x, y, bias, float(alpha), activation, out)
         return
-    cfg = config or launch_config(n_rows, n_cols, x.element_size())
-    grid = cfg.get("grid") or (cdiv(n_rows, cfg["BLOCK_M"]) * cdiv(n_cols, cfg["BLOCK_N"]),)
-    flat = n_rows == 1 and bias is None and cfg["BLOCK_M"] == 1
-    wide = flat and not (type(n_cols) is int and n_cols <= _INT32_MAX - cfg["BLOCK_N"])
-    ints = (n_rows, n_cols, stride_x, stride_y, stride_out)
-    consts = (
-        y is not None, bias is not None, activation, cfg["BLOCK_M"], cfg["BLOCK_N"],
-        fast_math(x), vec_width(x.element_size(), n_cols, stride_x, stride_y, stride_out),
-        flat, wide,
-    )  # fmt: skip
-    args = (
-        x,
-        x if y is None else y,
-        x if bias is None else bias,
-        out,
-        *ints,
-        float(alpha),
-        *consts,
-    )
-    options = {"num_warps": cfg["num_warps"]}
-    if traced:
-        torch.library.wrap_triton(_bias_act_kernel)[grid](*args, **options)
+    args_tail = (n_rows, n_cols, stride_x, stride_y, stride_out, float(alpha))
+    ptrs = (x, x if y is None else y, x if bias is None else bias, out)
+    if traced or config is not None:
+        grid, consts, warps = _plan(
+            x.element_size(), fast_math(x), n_rows, n_cols, stride_x, stride_y, stride_out,
+            y is not None, bias is not None, activation, config,
+        )  # fmt: skip
+        kernel = torch.library.wrap_triton(_bias_act_kernel) if traced else _bias_act_kernel
+        kernel[grid](*ptrs, *args_tail, *consts, num_warps=warps)
         return
     # Repeat launches through the compiled kernel's own launcher (host time: see
-    # CompiledLaunches); x, y, bias and out share x's dtype (validated).
-    key = (x.dtype, consts, cfg["num_warps"], *map(int_spec, ints))
-    _bias_act_launches(grid, key, aligned16(x, y, bias, out), args, options)
+    # CompiledLaunches); x, y, bias and out share x's dtype (validated). The plan (grid,
+    # constexprs, specialization key) is cached per dtype, sizes, strides and flags.
+    grid, consts, warps, key = _direct_plan(
+        x.dtype, fast_math(x), n_rows, n_cols, stride_x, stride_y, stride_out,
+        y is not None, bias is not None, activation,
+    )  # fmt: skip
+    _bias_act_launches(
+        grid, key, aligned16(x, y, bias, out), (*ptrs, *args_tail, *consts), {"num_warps": warps}
+    )
+
+
+def _plan(
+    elem_size, fast, n_rows, n_cols, stride_x, stride_y, stride_out, has_y, has_bias,
+    activation, config=None,
+) -> tuple[tuple, tuple, int]:  # fmt: skip
+    """(grid, the kernel's constexprs in order, num_warps) of one launch."""
+    cfg = config or launch_config(n_rows, n_cols, elem_size)
+    grid = cfg.get("grid") or (cdiv(n_rows, cfg["BLOCK_M"]) * cdiv(n_cols, cfg["BLOCK_N"]),)
+    flat = n_rows == 1 and not has_bias and cfg["BLOCK_M"] == 1
+    wide = flat and not (type(n_cols) is int and n_cols <= _INT32_MAX - cfg["BLOCK_N"])
+    consts = (
+        has_y, has_bias, activation, cfg["BLOCK_M"], cfg["BLOCK_N"], fast,
+        vec_width(elem_size, n_cols, stride_x, stride_y, stride_out), flat, wide,
+    )  # fmt: skip
+    return grid, consts, cfg["num_warps"]
+
+
+@functools.lru_cache(maxsize=4096)
+def _direct_plan(
+    dtype, fast, n_rows, n_cols, stride_x, stride_y, stride_out, has_y, has_bias, activation
+) -> tuple[tuple, tuple, int, tuple]:
+    """_plan for a direct launch (concrete ints), with the CompiledLaunches key."""
+    grid, consts, warps = _plan(
+        dtype.itemsize, fast, n_rows, n_cols, stride_x, stride_y, stride_out, has_y, has_bias,
+        activation,
+    )  # fmt: skip
+    ints = (n_rows, n_cols, stride_x, stride_y, stride_out)
+    return grid, consts, warps, (dtype, consts, warps, *map(int_spec, ints))
 
 
 _bias_act_launches = CompiledLaunches(_bias_act_kernel)
