@@ -91,11 +91,13 @@ def _width(n: int, m: int) -> None:
                     return per_sm * n_sm if per_sm > 0 else programs(x2, out2, cfg, log)
 
                 sm._rows_config, sm._persistent_programs = config, grid
+                sm._ROWS_PLANS.clear()  # plans are cached per shape: drop the last variant's
                 kind = {0: "occupancy", -1: "a row each", -2: "lib"}.get(per_sm, per_sm)
                 name = f"on-chip kernel, {warps} warps, stages {stages or 'lib'}, grid {kind}"
                 show(name, us_of(fused), rel_err(fused(), ref))
         finally:
             sm._rows_config, sm._persistent_programs = base, programs
+            sm._ROWS_PLANS.clear()
     show("fuseml CUDA twin", us_of(lambda: op(x, backend="cuda")))
     if os.environ.get("PROBE_SPLIT") == "none":
         return

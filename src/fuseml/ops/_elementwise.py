@@ -391,21 +391,20 @@ def _launch(
         return
     args_tail = (n_rows, n_cols, stride_x, stride_y, stride_out, float(alpha))
     ptrs = (x, x if y is None else y, x if bias is None else bias, out)
-    if traced or config is not None:
+    if traced:
         grid, consts, warps = _plan(
             x.element_size(), fast_math(x), n_rows, n_cols, stride_x, stride_y, stride_out,
             y is not None, bias is not None, activation, config,
         )  # fmt: skip
-        kernel = torch.library.wrap_triton(_bias_act_kernel) if traced else _bias_act_kernel
+        kernel = torch.library.wrap_triton(_bias_act_kernel)
         kernel[grid](*ptrs, *args_tail, *consts, num_warps=warps)
         return
     # Repeat launches through the compiled kernel's own launcher (host time: see
     # CompiledLaunches); x, y, bias and out share x's dtype (validated). The plan (grid,
     # constexprs, specialization key) is cached per dtype, sizes, strides and flags.
-    grid, consts, warps, key = _direct_plan(
-        x.dtype, fast_math(x), n_rows, n_cols, stride_x, stride_y, stride_out,
-        y is not None, bias is not None, activation,
-    )  # fmt: skip
+    flags = (x.dtype, fast_math(x), n_rows, n_cols, stride_x, stride_y, stride_out)
+    flags += (y is not None, bias is not None, activation)
+    grid, consts, warps, key = _direct_plan(*flags) if config is None else _key(*flags, config)
     _bias_act_launches(
         grid, key, aligned16(x, y, bias, out), (*ptrs, *args_tail, *consts), {"num_warps": warps}
     )
@@ -427,17 +426,20 @@ def _plan(
     return grid, consts, cfg["num_warps"]
 
 
-@functools.lru_cache(maxsize=4096)
-def _direct_plan(
-    dtype, fast, n_rows, n_cols, stride_x, stride_y, stride_out, has_y, has_bias, activation
-) -> tuple[tuple, tuple, int, tuple]:
+def _key(
+    dtype, fast, n_rows, n_cols, stride_x, stride_y, stride_out, has_y, has_bias, activation,
+    config=None,
+) -> tuple[tuple, tuple, int, tuple]:  # fmt: skip
     """_plan for a direct launch (concrete ints), with the CompiledLaunches key."""
     grid, consts, warps = _plan(
         dtype.itemsize, fast, n_rows, n_cols, stride_x, stride_y, stride_out, has_y, has_bias,
-        activation,
+        activation, config,
     )  # fmt: skip
     ints = (n_rows, n_cols, stride_x, stride_y, stride_out)
     return grid, consts, warps, (dtype, consts, warps, *map(int_spec, ints))
+
+
+_direct_plan = functools.lru_cache(maxsize=4096)(_key)  # the heuristic's plans (no config)
 
 
 _bias_act_launches = CompiledLaunches(_bias_act_kernel)

@@ -406,23 +406,40 @@ def _persistent_programs(x2: torch.Tensor, out2: torch.Tensor, cfg: dict, log: b
 
 def _launch_rows(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) -> None:
     n_rows, n_cols = x2.shape
+    ints = (n_rows, n_cols, x2.stride(0), out2.stride(0))
+    if traced:
+        grid, consts, warps = _rows_plan(x2, out2, log)
+        kernel = torch.library.wrap_triton(_softmax_rows_kernel)
+        kernel[(grid,)](x2, out2, *ints, *consts, num_warps=warps)
+        return
+    # Repeat launches through the compiled kernel's own launcher (host time: see
+    # CompiledLaunches); out2 has x2's dtype. The plan (grid, constexprs, specialization
+    # key) is kept per dtype, sizes, strides, log and device.
+    pkey = (x2.dtype, log, *ints, x2.get_device())
+    plan = _ROWS_PLANS.get(pkey)
+    if plan is None:
+        grid, consts, warps = _rows_plan(x2, out2, log)
+        plan = ((grid,), consts, warps, (x2.dtype, consts, warps, *map(int_spec, ints)))
+        if len(_ROWS_PLANS) < 4096:
+            _ROWS_PLANS[pkey] = plan
+    grid, consts, warps, key = plan
+    _rows_launches(grid, key, aligned16(x2, out2), (x2, out2, *ints, *consts), {"num_warps": warps})
+
+
+_ROWS_PLANS: dict[tuple, tuple] = {}
+
+
+def _rows_plan(x2: torch.Tensor, out2: torch.Tensor, log: bool) -> tuple[int, tuple, int]:
+    """(programs, the on-chip kernel's constexprs in order, num_warps) for x2 -> out2."""
+    n_rows, n_cols = x2.shape
     cfg = _rows_config(n_cols)
     programs = _persistent_programs(x2, out2, cfg, log) if cfg["PERSISTENT"] else None
     blocks = cdiv(n_rows, cfg["ROWS"])
     grid = blocks if programs is None else min(blocks, programs)
-    ints = (n_rows, n_cols, x2.stride(0), out2.stride(0))
     consts = (
         log, cfg["ROWS"], cfg["BLOCK_N"], cfg["NUM_STAGES"], fast_math(x2), _rows_vec(x2, out2)
     )  # fmt: skip
-    args = (x2, out2, *ints, *consts)
-    options = {"num_warps": cfg["num_warps"]}
-    if traced:
-        torch.library.wrap_triton(_softmax_rows_kernel)[(grid,)](*args, **options)
-        return
-    # Repeat launches through the compiled kernel's own launcher (host time: see
-    # CompiledLaunches); out2 has x2's dtype.
-    key = (x2.dtype, consts, cfg["num_warps"], *map(int_spec, ints))
-    _rows_launches((grid,), key, aligned16(x2, out2), args, options)
+    return grid, consts, cfg["num_warps"]
 
 
 _rows_launches = CompiledLaunches(_softmax_rows_kernel)
