@@ -75,22 +75,18 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
     Leading dims that cannot be merged into one row stride (or a last dim with a
     non-unit stride) cost a copy; the result is the same either way.
     """
-    dim = t.dim()
-    if dim == 2 and (t.stride(1) == 1 or t.shape[1] <= 1):
-        return t  # already (M, N) with unit column stride (the eager path's common case)
-    if dim == 0:
-        t = t.reshape(1)
-    rows = t.reshape(-1, t.shape[-1])
-    if rows.shape[1] > 1 and rows.stride(1) != 1:
-        rows = rows.contiguous()
+    rows = rows_view(t)
+    if rows is None:  # no such view: one contiguous copy
+        rows = t.reshape(-1, t.shape[-1]).contiguous()
     return rows
 
 
 def rows_view(t: torch.Tensor) -> torch.Tensor | None:
-    """Like :func:`as_rows` but never copies: None when no (M, N) view exists (for outputs)."""
+    """``t`` as (M, N) with unit column stride without copying; None when no such view
+    exists (outputs must be written in place; :func:`as_rows` copies inputs instead)."""
     dim = t.dim()
     if dim == 2 and (t.stride(1) == 1 or t.shape[1] <= 1):
-        return t
+        return t  # already (M, N) with unit column stride (the eager path's common case)
     if dim == 0:
         t = t.reshape(1)
     try:
