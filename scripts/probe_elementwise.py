@@ -13,6 +13,12 @@ With --small: flat ops (1M elements; PROBE_NUMEL / PROBE_OPS / PROBE_DTYPES for 
 under CUDA-graph replay (GPU time), the Triton kernel's tile / warps against torch's
 built-in, a copy of x and the CUDA twin.
 
+With --twin-rows: the 2-D epilogues with a bias (bias + GELU; bias + residual + ReLU), fp32
+and bf16, 4096 / 65536 rows x 512 / 4096, in CUDA-graph replay with inputs rotating past
+the L2 as in the suite: the CUDA twin at each rows-per-thread setting (a process each,
+FUSEML_EW_CUDA_ROWS = 0 (the library's choice), 1, 2, 4), the Triton kernel beside it as
+the run's reference (torch.compile too with PROBE_COMPILE=1).
+
 Usage (GPU machine): PYTHONPATH=src [PROBE_GRAPH=1] python3 scripts/probe_elementwise.py
 [--sweep-only | --small]
 """
@@ -150,10 +156,80 @@ def time_case(op, dtype_name, shape, has_bias, has_y) -> str:
     return f"{op:9} {dtype_name:8} {shape!s:14} " + " | ".join(cells)
 
 
+TWIN_ROWS = tuple(
+    (op, dtype_name, shape)
+    for dtype_name in ("float32", "bfloat16")
+    for shape in ((4096, 512), (4096, 4096), (65536, 512), (65536, 4096))
+    for op in ("gelu", "relu")
+)
+
+
+def rotated_graph_us(fn, make, n_calls: int = 10) -> float:
+    """GPU us per call of ``fn(*inputs)`` in a CUDA graph of ``n_calls`` calls cycling over
+    input sets from ``make()``, enough of them to pass twice the L2 (as the suite does)."""
+    first = make()
+    per_set = sum(t.numel() * t.element_size() for t in first if t is not None)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    sets = [first] + [make() for _ in range(min(16, -(-2 * l2 // per_set)))]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for inputs in sets[:3]:
+            fn(*inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for k in range(n_calls):
+            fn(*sets[k % len(sets)])
+    return triton.testing.do_bench(graph.replay, warmup=25, rep=100) * 1e3 / n_calls
+
+
+def twin_rows_case(op, dtype_name, shape, with_compile: bool) -> str:
+    dtype = getattr(torch, dtype_name)
+    act = ew.ACT_CODE[op]
+    has_y = op == "relu"
+
+    def make():
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        y = torch.randn_like(x) if has_y else None
+        return x, y, torch.randn(shape[-1], device="cuda", dtype=dtype), torch.empty_like(x)
+
+    cells = []
+    for impl in ("cuda", "triton"):
+        t = rotated_graph_us(
+            lambda x, y, b, out, impl=impl: ew.bias_act_into(out, x, y, b, 1.0, act, impl=impl),
+            make,
+        )
+        cells.append(f"{impl} {t:7.2f}")
+    if with_compile:
+        if has_y:
+            ref = torch.compile(lambda x, y, b, out: torch.relu(x + b + y), dynamic=False)
+        else:
+            ref = torch.compile(lambda x, y, b, out: F.gelu(x + b), dynamic=False)
+        cells.append(f"compile {rotated_graph_us(ref, make):7.2f}")
+    rows = os.environ.get("FUSEML_EW_CUDA_ROWS", "0")
+    return f"rows={rows} {op:4} {dtype_name:8} {shape!s:13} us (graph): " + " | ".join(cells)
+
+
 def main() -> None:
+    if "--twin-rows" in sys.argv and "FUSEML_EW_CUDA_ROWS" not in os.environ:
+        import subprocess
+
+        for rows in ("0", "1", "2", "4"):  # one process each: the knob is read once
+            env = dict(os.environ, FUSEML_EW_CUDA_ROWS=rows)
+            subprocess.run([sys.executable, *sys.argv], env=env, check=True)
+        return
     ok, why = cuda_backend_status("cuda")  # builds / loads the CUDA twin
     if not ok:
         raise SystemExit(f"CUDA twin unavailable: {why}")
+    if "--twin-rows" in sys.argv:
+        rows = os.environ["FUSEML_EW_CUDA_ROWS"]
+        for op, dtype_name, shape in TWIN_ROWS:
+            if rows == "4" and dtype_name != "float32":
+                continue  # 16-bit kernels take at most 2 rows a thread
+            with_compile = rows == "0" and os.environ.get("PROBE_COMPILE") == "1"
+            print(twin_rows_case(op, dtype_name, shape, with_compile), flush=True)
+        return
     if "--small" in sys.argv:
         # PROBE_NUMEL / PROBE_OPS / PROBE_DTYPES (comma lists) widen the flat sweep, e.g.
         # PROBE_NUMEL=16777216 PROBE_OPS=gelu,gelu_tanh PROBE_DTYPES=bfloat16

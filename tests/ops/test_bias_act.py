@@ -66,8 +66,9 @@ def test_bias_act_widths_of_whole_vectors(device, backend, dtype):
 def test_bias_act_launch_geometry_on_gpu(backend, dtype):
     # Sizes that take each launch shape of the kernels: flat at 1M elements and more (a
     # ragged tail at 1M + 3), 2-D with a bias over 4 blocks an SM or fewer (rows a thread
-    # reduced) and over many (ragged rows, a ragged last column tile of 1 vector), and 2-D
-    # with a single row.
+    # reduced: the twin's 1-row kernel in bf16, its 2-row one in fp32) and over many
+    # (ragged rows, a ragged last column tile of 1 vector; the twin's 2-row kernel in bf16,
+    # its 4-row one in fp32), and 2-D with a single row.
     torch.manual_seed(0)
     for numel in (1_000_003, 4 << 20):
         x = torch.randn(numel, device="cuda", dtype=dtype)

@@ -11,8 +11,8 @@
 //   * FLAT:   no bias and every operand's rows packed back to back -> one flat index (a
 //             vector a thread, no div/mod); a tail of numel % VEC elements is done one by one.
 //   * 2-D:    a block takes a tile of TILE_COLS neighbouring vectors (a power of two, up to
-//             a block's threads) of ROWS_PER_STEP x unroll rows (unroll <= U, fewer for
-//             mid sizes), where ROWS_PER_STEP = threads / TILE_COLS: a thread's row and
+//             a block's threads) of ROWS_PER_STEP x U rows (U <= kUnroll, fewer for mid
+//             sizes), where ROWS_PER_STEP = threads / TILE_COLS: a thread's row and
 //             column come from shifts, and its bias vector is loaded once for its rows (the
 //             same tiling as the Triton kernel's 2-D tiles, in the same row-major order).
 //   * VEC:    16-byte accesses when every pointer is 16-byte aligned and, for 2-D, N and
@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 
@@ -54,9 +55,12 @@ constexpr int kThreads = 256;  // threads per block (2-D)
 // 1M to 268M elements, fp32 and bf16; this is also how torch's vectorized kernels are laid
 // out. (Up to 4 vectors a thread, the layout before, matched it at 268M and lost at 16M.)
 constexpr int kFlatThreads = 128;
-// 2-D: rows per thread, all loaded before any is stored (one vector column of U rows, its
-// bias pack loaded and converted once for all of them). 16-bit kernels take 2: at 4 they
-// need 90-96 registers (2 blocks of 256 threads per SM; nvcc 13, sm_90), at 2 at most 57.
+// 2-D: rows per thread (U), all loaded before any is stored (one vector column of U rows,
+// its bias pack loaded and converted once for all of them), at most kUnroll. 16-bit kernels
+// take at most 2: at 4 they need 90-96 registers (2 blocks of 256 threads per SM; nvcc 13,
+// sm_90), at 2 at most 57. U is a template parameter, one kernel per value, because the
+// registers follow it: a kernel for 4 rows run with 1 or 2 kept 40-58 registers (6 blocks
+// of 256 threads an SM, so 4096 x 512 ran as 1.3 waves), one built for 1 row takes 22-32.
 template <typename S>
 constexpr int kUnroll = sizeof(S) == 2 ? 2 : 4;
 constexpr int kVecBytes = 16;  // widest single global load/store
@@ -214,7 +218,6 @@ struct Args {
   int64_t rows;       // 2-D: rows
   int64_t col_tiles;  // 2-D: tiles across a row, ceil(items / TILE_COLS)
   int tile_shift;     // 2-D: log2(TILE_COLS)
-  int unroll;         // 2-D: rows per thread, 1..U (set by launch())
   int tail;           // FLAT, VEC > 1: trailing numel % VEC elements past the last vector
   int wide;           // FLAT: item indices may pass int32 (64-bit index arithmetic)
   float alpha;
@@ -239,12 +242,12 @@ __device__ __forceinline__ void flat_item(const Args<typename Tr::Storage>& a) {
   store_pack(a.out + static_cast<int64_t>(v) * VEC, r);
 }
 
-template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
+template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT, int U>
 __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename Tr::Storage> a) {
   static_assert(!(FLAT && HAS_BIAS), "a bias needs the column, i.e. the 2-D path");
+  static_assert(U >= 1 && (!FLAT || U == 1), "U: rows per thread, 2-D only");
   using S = typename Tr::Storage;
   using P = Pack<S, VEC>;
-  constexpr int U = kUnroll<S>;
 
   if constexpr (FLAT) {
     // One pass, a vector a thread; launch() sizes the grid to cover every item. The index
@@ -265,8 +268,8 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
       }
     }
   } else {
-    // Tile: TILE_COLS vectors x (ROWS_PER_STEP * a.unroll) rows; thread (ty, tx) takes
-    // vector column tx of rows ty, ty + ROWS_PER_STEP, ... (a.unroll of them, 1..U).
+    // Tile: TILE_COLS vectors x (ROWS_PER_STEP * U) rows; thread (ty, tx) takes vector
+    // column tx of rows ty, ty + ROWS_PER_STEP, ... (U of them).
     // Blocks go row-major over (row block, column tile), as the Triton kernel's programs
     // do: consecutive blocks read consecutive stretches of a row. (Column tiles on
     // gridDim.y, with row blocks fastest, left 4 KiB pieces of many rows in flight at
@@ -280,7 +283,7 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
     const unsigned ct = blockIdx.x - row_block * col_tiles;
     const int64_t item = static_cast<int64_t>(ct) * tile_cols + tx;
     if (item >= a.items) return;  // no barriers below: an idle thread may leave
-    const int64_t row0 = static_cast<int64_t>(row_block) * rows_per_step * a.unroll + ty;
+    const int64_t row0 = static_cast<int64_t>(row_block) * rows_per_step * U + ty;
     const int64_t col = item * VEC;
     // The bias is N elements, reread by every row: it stays in L1/L2.
     // Packs are not zero-filled (as in flat_item): each is read only where it was loaded.
@@ -292,7 +295,7 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
 #pragma unroll
     for (int k = 0; k < U; ++k) {
       const int64_t row = row0 + static_cast<int64_t>(k) * rows_per_step;
-      live[k] = k < a.unroll && row < a.rows;
+      live[k] = row < a.rows;
       if (live[k]) {
         xv[k] = *reinterpret_cast<const P*>(a.x + row * a.x_row_stride + col);
         if constexpr (HAS_Y) yv[k] = *reinterpret_cast<const P*>(a.y + row * a.y_row_stride + col);
@@ -322,39 +325,63 @@ struct Launch {
 
 constexpr int64_t kMinBlocksPerSm = 4;  // 2-D: 32 warps per SM before more rows a thread
 
+// FUSEML_EW_CUDA_ROWS=1|2|4 fixes the rows a thread of a 2-D launch takes (capped at
+// kUnroll): a tuning knob for scripts/probe_elementwise.py, read once per process.
+int forced_rows() {
+  static const int rows = [] {
+    const char* v = std::getenv("FUSEML_EW_CUDA_ROWS");
+    return v == nullptr ? 0 : std::atoi(v);
+  }();
+  return rows;
+}
+
+template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT, int U>
+void launch_kernel(const Args<typename Tr::Storage>& a, unsigned blocks, int threads,
+                   const Launch& l) {
+  bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT, U><<<blocks, threads, 0, l.stream>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // One block per tile, as the Triton kernel has one program per tile. (A single resident
 // wave of blocks striding over the tensor was 4-6% slower at 268M elements on an H100:
 // its last stride step runs a few percent full; NOTES.md.)
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
 void launch(Args<typename Tr::Storage> a, const Launch& l) {
-  constexpr int U = kUnroll<typename Tr::Storage>;
-  dim3 grid;
-  int threads = kThreads;
   if constexpr (FLAT) {
-    threads = kFlatThreads;
     // At least one block (a call may be all tail: items == 0, tail > 0).
     const int64_t blocks = std::max<int64_t>(1, (a.items + kFlatThreads - 1) / kFlatThreads);
     TORCH_CHECK(blocks <= std::numeric_limits<int>::max(),
                 "bias_act_cuda_out: too many elements (", a.items * VEC, ") for one launch");
-    grid.x = static_cast<unsigned>(blocks);
     // 32-bit item indices reach blocks * kFlatThreads (the last block's idle threads too).
     a.wide = blocks * kFlatThreads > std::numeric_limits<int32_t>::max();
+    launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, true, 1>(a, static_cast<unsigned>(blocks),
+                                                          kFlatThreads, l);
   } else {
-    // Up to U rows a thread, fewer where that would leave under kMinBlocksPerSm blocks per
-    // SM (4096 x 512 fp32 at U = 4 are 512 blocks on 132 SMs, 3 or 4 an SM).
+    // Up to kUnroll rows a thread, fewer where that would leave under kMinBlocksPerSm
+    // blocks per SM (4096 x 512 fp32 at 4 rows are 512 blocks on 132 SMs, 3 or 4 an SM).
+    constexpr int kMax = kUnroll<typename Tr::Storage>;
     const int64_t rows_per_step = kThreads >> a.tile_shift;
-    const auto blocks = [&](int unroll) {
-      return (a.rows + rows_per_step * unroll - 1) / (rows_per_step * unroll) * a.col_tiles;
+    const auto blocks = [&](int rows) {
+      return (a.rows + rows_per_step * rows - 1) / (rows_per_step * rows) * a.col_tiles;
     };
-    a.unroll = U;
-    while (a.unroll > 1 && blocks(a.unroll) < kMinBlocksPerSm * l.sm_count) a.unroll /= 2;
-    TORCH_CHECK(blocks(a.unroll) <= std::numeric_limits<int>::max(),
+    int rows = kMax;
+    if (forced_rows() > 0) {
+      while (rows > 1 && rows > forced_rows()) rows /= 2;
+    } else {
+      while (rows > 1 && blocks(rows) < kMinBlocksPerSm * l.sm_count) rows /= 2;
+    }
+    TORCH_CHECK(blocks(rows) <= std::numeric_limits<int>::max(),
                 "bias_act_cuda_out: too many elements (", a.rows, " x ", a.items * VEC,
                 ") for one launch");
-    grid.x = static_cast<unsigned>(blocks(a.unroll));
+    const auto grid = static_cast<unsigned>(blocks(rows));
+    if (rows == 1) {
+      launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, false, 1>(a, grid, kThreads, l);
+    } else if (rows == 2) {
+      launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, false, 2>(a, grid, kThreads, l);
+    } else if constexpr (kMax >= 4) {
+      launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, false, 4>(a, grid, kThreads, l);
+    }
   }
-  bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT><<<grid, threads, 0, l.stream>>>(a);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <class Tr, int ACT, int VEC, bool FLAT>
@@ -406,7 +433,6 @@ void launch_activation(const Problem& p, const Launch& l) {
   a.out_row_stride = p.out_row_stride;
   a.alpha = p.alpha;
   a.rows = 0;  // FLAT kernels use items, tail and wide only
-  a.unroll = 1;
   a.col_tiles = 0;
   a.tile_shift = 0;
   a.tail = 0;
