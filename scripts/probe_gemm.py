@@ -4,7 +4,8 @@
     PYTHONPATH=src python scripts/probe_gemm.py [M,K,N ...]
     PYTHONPATH=src python scripts/probe_gemm.py lora [M:adapters:rank ...]
     PYTHONPATH=src python scripts/probe_gemm.py small
-    PYTHONPATH=src python scripts/probe_gemm.py cands M,K,N ...   (PROBE_EXTRA=bm-bn-bk-w-s,..)
+    PYTHONPATH=src python scripts/probe_gemm.py cands M,K,N ...   (PROBE_EXTRA=bm-bn-bk-w-s[-t],..)
+    PYTHONPATH=src python scripts/probe_gemm.py kernels M,K,N ...
     PYTHONPATH=src python scripts/probe_gemm.py shrink M,K,rank ...
 
 For each shape (default 4096,4096,4096 and 4096,4096,11008; bf16, bias + GELU-tanh):
@@ -17,7 +18,7 @@ the merged weight and fuseml's plain linear, with the tuned configs.
 `small`: M = 1 / 16 / 64 (weight-read bound), a wider tile sweep than the tuner's
 candidates, to choose the small-M candidate list. `cands`: every tuning candidate of a
 shape. `shrink`: LoRA's shrink launch alone per candidate, and the expand mode's main
-launch alone (xs given).
+launch alone (xs given). `kernels`: the names of the kernels cuBLAS runs (torch.profiler).
 """
 
 from __future__ import annotations
@@ -266,34 +267,69 @@ def small_sweep(k: int = 4096, n: int = 4096) -> None:
 
 def candidate_sweep(m: int, k: int, n: int) -> None:
     """Every tuning candidate of (M, K, N) (LOOP_TUNED: pointer and TMA kernels) against
-    cuBLAS (one weight set: L2-warm where W fits, an optimistic figure for both)."""
-    x = torch.randn(m, k, device="cuda", dtype=DT)
-    w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
-    b = torch.randn(n, device="cuda", dtype=DT)
+    cuBLAS. One weight set (L2-warm where W fits, an optimistic figure for both), or
+    PROBE_SETS of them in turn (L2-cold, as the suite's graph rows; the time is per call).
+    PROBE_EXTRA="bm-bn-bk-warps-stages[-t],...": more configs (-t: the TMA kernel)."""
+    nsets = int(os.environ.get("PROBE_SETS", "1"))
+    sets = []
+    for _ in range(nsets):
+        x = torch.randn(m, k, device="cuda", dtype=DT)
+        w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
+        b = torch.randn(n, device="cuda", dtype=DT)
+        sets.append((x, w, b))
     out = torch.empty(m, n, device="cuda", dtype=DT)
-    ref = F.gelu(F.linear(x, w, b), approximate="tanh")
-    print(f"== candidates M={m} K={k} N={n} bf16, bias + gelu_tanh", flush=True)
-    cublas = bench_us(lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))
+    ref = F.gelu(F.linear(*sets[-1]), approximate="tanh")
+    print(f"== candidates M={m} K={k} N={n} bf16, bias + gelu_tanh, {nsets} set(s)", flush=True)
+
+    def cublas_run():
+        for xs, ws, bs in sets:
+            F.gelu(F.linear(xs, ws, bs), approximate="tanh")
+
+    cublas = bench_us(cublas_run) / nsets
     print(f"  {'cublas F.linear + gelu':58s} {cublas:9.1f} us", flush=True)
     results = []
     cfgs = _gemm.candidates(m, n, k, DT, _gemm.LOOP_TUNED)
     for spec in filter(None, os.environ.get("PROBE_EXTRA", "").split(",")):
-        cfgs.append(_gemm._cfg(*(int(v) for v in spec.split("-"))))  # bm-bn-bk-warps-stages
+        fields = spec.split("-")
+        cfg = _gemm._cfg(*(int(v) for v in fields[:5]))  # bm-bn-bk-warps-stages
+        if fields[5:] == ["t"]:
+            cfg["TMA"] = True
+        cfgs.append(cfg)
     for cfg in cfgs:
         tma = cfg.get("TMA", False)
 
         def run(cfg=cfg, tma=tma):
-            _gemm.launch_linear(out, x, w, b, None, 1.0, GELU, cfg, tma=tma)
+            for xs, ws, bs in sets:
+                _gemm.launch_linear(out, xs, ws, bs, None, 1.0, GELU, cfg, tma=tma)
 
         tag = "tma" if tma else "ptr"
         tag += f" {cfg_tag(cfg)}"
         results.append((tag, run))
 
     def show(tag, us, err):
+        us /= nsets
         print(f"  {tag:58s} {us:9.1f} us {us / cublas:5.2f}x cuBLAS err={err:.1e}", flush=True)
 
     for us, tag in time_all(results, out, ref, show)[:3]:
+        us /= nsets
         print(f"  best: {tag} {us:.1f} us ({us / cublas:.2f}x cuBLAS)")
+
+
+def cublas_kernels(shapes: list[tuple[int, int, int]]) -> None:
+    """The kernels cuBLAS runs for F.linear at each (M, K, N), bf16 (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for m, k, n in shapes:
+        x = torch.randn(m, k, device="cuda", dtype=DT)
+        w = torch.randn(n, k, device="cuda", dtype=DT)
+        b = torch.randn(n, device="cuda", dtype=DT)
+        F.linear(x, w, b)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            F.linear(x, w, b)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+        print(f"== cuBLAS kernels, F.linear M={m} K={k} N={n} bf16: {names}", flush=True)
 
 
 def shrink_sweep(m: int, k: int, r: int) -> None:
@@ -355,6 +391,9 @@ def main() -> None:
     if sys.argv[1:2] == ["shrink"]:
         for a in sys.argv[2:]:
             shrink_sweep(*(int(v) for v in a.split(",")))
+        return
+    if sys.argv[1:2] == ["kernels"]:
+        cublas_kernels([tuple(int(v) for v in a.split(",")) for a in sys.argv[2:]])
         return
     if sys.argv[1:2] == ["cands"]:
         for a in sys.argv[2:]:

@@ -401,7 +401,14 @@ def test_linear_tma_kernel(device, backend, dtype, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(
     ("m", "k", "n"),
-    [(4096, 4096, 4096), (300, 512, 1000), (1, 1024, 64), (16, 4096, 4096), (64, 4096, 4096)],
+    [
+        (4096, 4096, 4096),
+        (300, 512, 1000),
+        (200, 1024, 1000),
+        (1, 1024, 64),
+        (16, 4096, 4096),
+        (64, 4096, 4096),
+    ],
 )
 def test_linear_tma_kernel_gpu(m, k, n, monkeypatch):
     monkeypatch.setenv("FUSEML_GEMM", "tma")

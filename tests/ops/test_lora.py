@@ -262,6 +262,39 @@ def test_lora_small_rows_tuned_gpu(m, adapters, pdl, fresh_tuning, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("pdl", [False, True])
+def test_lora_mid_rows_every_tma_tile_gpu(pdl, tuned_gemm_call, monkeypatch):
+    """65 to TMA_TUNED_MAX_M rows: every TMA tile the tuner may pick there (the deep
+    pipelines too: up to 192 KiB of shared memory before the adapter's own buffers) runs
+    the LoRA launches, in-loop and as the overlapped shrink / expand, on ragged sizes."""
+    from fuseml.ops import _gemm
+
+    if pdl:
+        monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
+    else:
+        monkeypatch.setenv("FUSEML_PDL", "0")
+    dtype = torch.bfloat16
+    m, k, n = 200, 1024, 1000
+    w, b, a, bb = _layer(k, n, 16, dtype, "cuda")
+    x = torch.randn(m, k, dtype=dtype, device="cuda")
+    ref = _ref64(x, w, b, a, bb, 0.5, "relu")
+    tiles = [c for c in _gemm.candidates(m, n, k, dtype, _gemm.LOOP_TUNED) if c.get("TMA")]
+    assert {(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_stages"]) for c in tiles} >= {
+        (64, 128, 128, 4),
+        (64, 128, 64, 8),
+        (128, 64, 128, 4),
+    }
+    for cfg in tiles:
+        out, used = tuned_gemm_call(
+            cfg, lambda: fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", backend="triton")
+        )
+        assert_close_verbose(out, ref, dtype)
+        want = [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND] if pdl else [_gemm.LORA_IN_LOOP]
+        assert [extra[0] for extra in used] == want, cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m", [1, 64, 256, 1024])
 @pytest.mark.parametrize("adapters", [None, 4])
 def test_lora_cuda_graph_gpu(m, adapters, fresh_tuning):

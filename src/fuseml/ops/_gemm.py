@@ -754,8 +754,13 @@ _SMALL_TMA = [  # the same for the TMA kernel (LOOP_TUNED): the best of a wider 
 
 
 _MID_TMA = [  # TMA-kernel candidates for 65 to TMA_TUNED_MAX_M rows (LOOP_TUNED): tiles
-    # that give 128-256 programs at M = 256, N = 4096, beside the pointer kernel's _LARGE
+    # that give 128-256 programs at M = 256, N = 4096, beside the pointer kernel's _LARGE.
+    # The deep ones keep 128-192 KiB of x and W in flight per SM: at 256 rows the loop
+    # waits on W streaming from HBM, not on the tensor cores (H100, 4096 x 4096 bf16, W
+    # rotating past the L2: 64 x 128 x 128 with 4 stages 19.6 us, 64 x 128 x 64 with 8
+    # stages 20.5, against 25.2 for 4 stages of 64 and cuBLAS's 21.9; NOTES.md)
     _cfg(64, 128, 64, 4, 4), _cfg(128, 64, 64, 4, 4), _cfg(64, 64, 128, 4, 4),
+    _cfg(64, 128, 128, 4, 4), _cfg(64, 128, 64, 4, 8), _cfg(128, 64, 128, 4, 4),
 ]  # fmt: skip
 
 
