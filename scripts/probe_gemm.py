@@ -6,6 +6,7 @@
     PYTHONPATH=src python scripts/probe_gemm.py small
     PYTHONPATH=src python scripts/probe_gemm.py cands M,K,N ...   (PROBE_EXTRA=bm-bn-bk-w-s[-t],..)
     PYTHONPATH=src python scripts/probe_gemm.py kernels M,K,N ...
+    PYTHONPATH=src python scripts/probe_gemm.py overlap M,K,rank ...   (PROBE_MAIN, PROBE_SHRINK)
     PYTHONPATH=src python scripts/probe_gemm.py shrink M,K,rank ...
 
 For each shape (default 4096,4096,4096 and 4096,4096,11008; bf16, bias + GELU-tanh):
@@ -18,7 +19,8 @@ the merged weight and fuseml's plain linear, with the tuned configs.
 `small`: M = 1 / 16 / 64 (weight-read bound), a wider tile sweep than the tuner's
 candidates, to choose the small-M candidate list. `cands`: every tuning candidate of a
 shape. `shrink`: LoRA's shrink launch alone per candidate, and the expand mode's main
-launch alone (xs given). `kernels`: the names of the kernels cuBLAS runs (torch.profiler).
+launch alone (xs given). `kernels`: the names of the kernels cuBLAS runs (torch.profiler). `overlap`: LoRA's
+expand mode in parts (plain GEMM, main launch alone, shrink alone, the overlapped pair).
 """
 
 from __future__ import annotations
@@ -315,6 +317,80 @@ def candidate_sweep(m: int, k: int, n: int) -> None:
         print(f"  best: {tag} {us:.1f} us ({us / cublas:.2f}x cuBLAS)")
 
 
+def overlap_sweep(m: int, k: int, r: int) -> None:
+    """LoRA's expand mode in parts, x and weights rotating over 3 sets: the plain GEMM and
+    the expand main launch alone (xs given) on the tile PROBE_MAIN names (bm-bn-bk-w-s,
+    TMA kernel), then for each shrink tile (the tuner's candidates and PROBE_SHRINK extras)
+    the shrink alone and the shrink + main pair as the fused layer runs them in a graph
+    (programmatic dependent launch): where the adapter's cost goes."""
+    n = 4096
+    sets = []
+    for _ in range(3):
+        x = torch.randn(m, k, device="cuda", dtype=DT)
+        a = torch.randn(r, k, device="cuda", dtype=DT) / k**0.5
+        w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
+        bb = torch.randn(n, r, device="cuda", dtype=DT) / r**0.5
+        b = torch.randn(n, device="cuda", dtype=DT)
+        sets.append((x, a, w, bb, b, (2.0 * (x @ a.t())).to(DT)))
+    xs = torch.empty(m, r, device="cuda", dtype=DT)
+    out = torch.empty(m, n, device="cuda", dtype=DT)
+    spec = os.environ.get("PROBE_MAIN", "64-128-128-4-4" if m <= 256 else "128-256-64-8-3")
+    main_cfg = dict(_gemm._cfg(*(int(v) for v in spec.split("-"))), TMA=True)
+    x, a, w, bb, b, xs_ref = sets[-1]
+    ref = torch.relu(F.linear(x, w, b) + xs_ref @ bb.t())
+    print(f"== overlap M={m} K={k} N={n} rank {r}, main tile {cfg_tag(main_cfg)}", flush=True)
+
+    def show(tag, us, err):
+        print(f"  {tag:64s} {us / 3:9.1f} us/call err={err:.1e}", flush=True)
+
+    def merged():
+        for x, _a, w, _bb, b, _xs in sets:
+            F.linear(x, w, b)
+
+    print(f"  {'cuBLAS F.linear (the merged arm, no activation)':64s} "
+          f"{bench_us(merged) / 3:9.1f} us/call", flush=True)  # fmt: skip
+
+    def plain():
+        for x, _a, w, _bb, b, _xs in sets:
+            _gemm.launch_linear(out, x, w, b, None, 1.0, 1, main_cfg, tma=True)
+
+    def main_alone():
+        for x, _a, w, bb, b, xs_ref in sets:
+            _gemm.launch_linear(
+                out, x, w, b, None, 1.0, 1, main_cfg, lora=_gemm.LORA_EXPAND, lora_b=bb,
+                xa=xs_ref, lora_scale=2.0, rank=r, tma=True,
+            )  # fmt: skip
+
+    time_all([("plain GEMM + bias + ReLU", plain)], out, F.relu(F.linear(x, w, b)), show)
+    time_all([("expand main alone (xs given)", main_alone)], out, ref, show)
+    shrink_cfgs = [c for c in _gemm.candidates(m, r, k, DT, _gemm.LOOP_TUNED) if c.get("TMA")]
+    for spec in filter(None, os.environ.get("PROBE_SHRINK", "").split(",")):
+        shrink_cfgs.append(dict(_gemm._cfg(*(int(v) for v in spec.split("-"))), TMA=True))
+    for cfg in shrink_cfgs:
+        tag = f"{cfg_tag(cfg)} ({_gemm.cdiv(m, cfg['BLOCK_M'])} programs)"
+
+        def shrink(cfg=cfg):
+            for x, a, _w, _bb, _b, _xs in sets:
+                _gemm.launch_linear(
+                    xs, x, a, None, None, 1.0, 0, cfg, lora=_gemm.LORA_SHRINK, lora_scale=2.0,
+                    rank=r, tma=True,
+                )  # fmt: skip
+
+        def pair(cfg=cfg):
+            for x, a, w, bb, b, _xs in sets:
+                _gemm.launch_linear(
+                    xs, x, a, None, None, 1.0, 0, cfg, lora=_gemm.LORA_SHRINK, lora_scale=2.0,
+                    rank=r, tma=True, pdl=True,
+                )  # fmt: skip
+                _gemm.launch_linear(
+                    out, x, w, b, None, 1.0, 1, main_cfg, lora=_gemm.LORA_EXPAND, lora_b=bb,
+                    xa=xs, lora_scale=2.0, rank=r, tma=True, pdl=True,
+                )  # fmt: skip
+
+        time_all([(f"shrink alone {tag}", shrink)], xs, xs_ref, show)
+        time_all([(f"shrink + main, PDL: {tag}", pair)], out, ref, show)
+
+
 def cublas_kernels(shapes: list[tuple[int, int, int]]) -> None:
     """The kernels cuBLAS runs for F.linear at each (M, K, N), bf16 (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
@@ -391,6 +467,10 @@ def main() -> None:
     if sys.argv[1:2] == ["shrink"]:
         for a in sys.argv[2:]:
             shrink_sweep(*(int(v) for v in a.split(",")))
+        return
+    if sys.argv[1:2] == ["overlap"]:
+        for a in sys.argv[2:]:
+            overlap_sweep(*(int(v) for v in a.split(",")))
         return
     if sys.argv[1:2] == ["kernels"]:
         cublas_kernels([tuple(int(v) for v in a.split(",")) for a in sys.argv[2:]])
