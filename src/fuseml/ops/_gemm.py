@@ -769,6 +769,9 @@ _SKINNY_N = [  # (BLOCK_M, BLOCK_K, warps, stages) for many rows and N <= 256 (L
     # (H100, M = 4096, N = 16: 64 x 16 tiles left half the SMs idle, 23 us for a 32 MiB
     # read; M = 1024, 16 adapters x rank 16 = 256 columns: 64 x 128 tiles made 32 programs)
     (16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 3),
+    # Few, tall tiles: LoRA's shrink overlapped with the main launch (see
+    # fuseml.ops.lora._overlapped_expand) must leave the SMs to it (1024 rows: 4 programs)
+    (256, 64, 8, 4), (256, 128, 8, 3),
 ]  # fmt: skip
 _SHORT_K = [  # (BLOCK_M, BLOCK_N, warps, stages) for many rows and a K of one step (the
     # DLRM's 13 -> 512, 64 -> 16): the kernel is about one round trip to memory long, so
