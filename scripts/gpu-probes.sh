@@ -11,13 +11,16 @@
 # file keeps every other row. OUTDIR/probes.tgz holds the logs and results; unpack it and
 # copy the suite's .json / .png into benchmarks/results/<gpu>/, then `fuseml bench readme`.
 # FUSEML_PROBE_LIMIT: seconds the bench may run (default 570); results measured by then
-# are kept and packed.
+# are kept and packed. FUSEML_PROBE_FULL=1: the full suite's cases (no --quick), for a
+# full suite run in parts (with CASES).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-out/gpu-probes}"
 SUITE="${2:-softmax}"
 CASES="${3:-}"
 LIMIT="${FUSEML_PROBE_LIMIT:-570}"
+QUICK=--quick
+[ "${FUSEML_PROBE_FULL:-0}" = 1 ] && QUICK=
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
@@ -30,10 +33,10 @@ run() {  # name, timeout in seconds, command...
 }
 if [ -n "$CASES" ]; then
     rm -rf "$OUT/results" && cp -r benchmarks/results "$OUT/results"
-    run "bench-$SUITE" "$LIMIT" "$PY" -m fuseml.cli bench "$SUITE" --quick --merge \
+    run "bench-$SUITE" "$LIMIT" "$PY" -m fuseml.cli bench "$SUITE" $QUICK --merge \
         --cases "$CASES" --out "$OUT/results"
 else
-    run "bench-$SUITE" "$LIMIT" "$PY" -m fuseml.cli bench "$SUITE" --quick --out "$OUT/results"
+    run "bench-$SUITE" "$LIMIT" "$PY" -m fuseml.cli bench "$SUITE" $QUICK --out "$OUT/results"
 fi
 tail -5 "$OUT/bench-$SUITE.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"
