@@ -748,8 +748,11 @@ _SMALL = [  # (BLOCK_N, BLOCK_K, warps, stages); BLOCK_M from M. Narrow N tiles 
     (128, 64, 4, 4), (128, 128, 8, 3),
 ]  # fmt: skip
 _SMALL_TMA = [  # the same for the TMA kernel (LOOP_TUNED): the best of a wider sweep,
-    # H100, 4096 -> 4096 bf16 at M = 1, 16, 64 (scripts/probe_gemm.py small, NOTES.md)
+    # H100, 4096 -> 4096 bf16 at M = 1, 16, 64 (scripts/probe_gemm.py small, NOTES.md).
+    # The last two keep 192 KiB in flight at 64 rows, where the 5-stage tiles above do not
+    # fit: 15.4 / 15.8 us against 16.4 for 32 x 256 / 3 stages (W rotating; cuBLAS 17.4)
     (64, 256, 4, 5), (64, 256, 4, 3), (32, 512, 4, 5), (32, 256, 4, 5), (32, 256, 4, 3),
+    (32, 256, 4, 4), (32, 128, 4, 8),
 ]  # fmt: skip
 
 
