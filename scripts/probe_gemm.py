@@ -324,19 +324,12 @@ def overlap_sweep(m: int, k: int, r: int) -> None:
     the shrink alone and the shrink + main pair as the fused layer runs them in a graph
     (programmatic dependent launch): where the adapter's cost goes."""
     n = 4096
-    sets = []
-    for _ in range(3):
-        x = torch.randn(m, k, device="cuda", dtype=DT)
-        a = torch.randn(r, k, device="cuda", dtype=DT) / k**0.5
-        w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
-        bb = torch.randn(n, r, device="cuda", dtype=DT) / r**0.5
-        b = torch.randn(n, device="cuda", dtype=DT)
-        sets.append((x, a, w, bb, b, (2.0 * (x @ a.t())).to(DT)))
+    sets = lora_sets(m, k, n, r)
     xs = torch.empty(m, r, device="cuda", dtype=DT)
     out = torch.empty(m, n, device="cuda", dtype=DT)
     spec = os.environ.get("PROBE_MAIN", "64-128-128-4-4" if m <= 256 else "128-256-64-8-3")
     main_cfg = dict(_gemm._cfg(*(int(v) for v in spec.split("-"))), TMA=True)
-    x, a, w, bb, b, xs_ref = sets[-1]
+    x, _a, w, bb, b, xs_ref = sets[-1]
     ref = torch.relu(F.linear(x, w, b) + xs_ref @ bb.t())
     print(f"== overlap M={m} K={k} N={n} rank {r}, main tile {cfg_tag(main_cfg)}", flush=True)
 
@@ -408,19 +401,25 @@ def cublas_kernels(shapes: list[tuple[int, int, int]]) -> None:
         print(f"== cuBLAS kernels, F.linear M={m} K={k} N={n} bf16: {names}", flush=True)
 
 
-def shrink_sweep(m: int, k: int, r: int) -> None:
-    """LoRA's shrink launch alone (xs = 2 * x @ A^T in x's dtype, the first launch of the
-    expand mode) for every tuning candidate, and the expand mode's main launch alone (xs
-    given, no overlap) for the TMA candidates, with x and the weights rotating over 3 sets."""
-    n = 4096
+def lora_sets(m: int, k: int, n: int, r: int, count: int = 3) -> list[tuple]:
+    """``count`` input sets (x, A, W, B, bias, xs = 2 x A^T in bf16) of a rank-r layer."""
     sets = []
-    for _ in range(3):
+    for _ in range(count):
         x = torch.randn(m, k, device="cuda", dtype=DT)
         a = torch.randn(r, k, device="cuda", dtype=DT) / k**0.5
         w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
         bb = torch.randn(n, r, device="cuda", dtype=DT) / r**0.5
         b = torch.randn(n, device="cuda", dtype=DT)
         sets.append((x, a, w, bb, b, (2.0 * (x @ a.t())).to(DT)))
+    return sets
+
+
+def shrink_sweep(m: int, k: int, r: int) -> None:
+    """LoRA's shrink launch alone (xs = 2 * x @ A^T in x's dtype, the first launch of the
+    expand mode) for every tuning candidate, and the expand mode's main launch alone (xs
+    given, no overlap) for the TMA candidates, with x and the weights rotating over 3 sets."""
+    n = 4096
+    sets = lora_sets(m, k, n, r)
     xs = torch.empty(m, r, device="cuda", dtype=DT)
     out = torch.empty(m, n, device="cuda", dtype=DT)
     print(f"== shrink M={m} K={k} rank {r} (3 sets rotating)", flush=True)

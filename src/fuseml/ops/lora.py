@@ -218,6 +218,21 @@ def _run_mode(
             # shared memory (H100: 466 KiB asked for 16 adapters x rank 16).
             loop = _gemm.LOOP_PTR
 
+    run, extra = _main_launch(
+        mode, loop, pdl, out, x2, weight, b, a_stacked, b_stacked, xa, ids, scales, scaling,
+        rank, code, traced,
+    )  # fmt: skip
+    run(_gemm.choose_config("linear", x2, n, k, run, extra, loop))
+
+
+def _main_launch(
+    mode, loop, pdl, out, x2, weight, b, a_stacked, b_stacked, xa, ids, scales, scaling, rank,
+    code, traced,
+):  # fmt: skip
+    """(launch(config), tuning-key suffix) of the fused layer's main launch in LoRA mode
+    ``mode`` (xa: xs for the expand mode, x @ A^T for the precomputed one, else None)."""
+    r_pad = max(16, next_pow2(a_stacked.shape[0]))
+
     def run(cfg: dict) -> None:
         _gemm.launch_linear(
             out, x2, weight, b, None, 1.0, code, cfg,
@@ -226,8 +241,7 @@ def _run_mode(
             pdl=pdl,
         )  # fmt: skip
 
-    extra = f"lora{mode}r{r_pad}{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
-    run(_gemm.choose_config("linear", x2, n, k, run, extra, loop))
+    return run, f"lora{mode}r{r_pad}{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
 
 
 def _overlapped_expand(
@@ -243,28 +257,15 @@ def _overlapped_expand(
     m, k = x2.shape
     n = weight.shape[0]
     r = a_stacked.shape[0]
-    r_pad = max(16, next_pow2(r))
     xs = torch.empty((m, r), dtype=x2.dtype, device=x2.device)
-    mode = _gemm.LORA_EXPAND
-
-    def main(cfg: dict) -> None:
-        _gemm.launch_linear(
-            out, x2, weight, b, None, 1.0, code, cfg,
-            lora=mode, lora_a=a_stacked, lora_b=b_stacked, xa=xs, ids=ids, scales=scales,
-            lora_scale=scaling, rank=rank, traced=traced, tma=_gemm.takes_tma(loop, cfg),
-            pdl=True,
-        )  # fmt: skip
-
-    extra = f"lora{mode}r{r_pad}{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
+    main, extra = _main_launch(
+        _gemm.LORA_EXPAND, loop, True, out, x2, weight, b, a_stacked, b_stacked, xs, ids,
+        scales, scaling, rank, code, traced,
+    )  # fmt: skip
     main_cfg = _gemm.choose_config("linear", x2, n, k, main, extra, loop)
-    shrink_loop = _gemm.gemm_loop(x2, a_stacked, traced)
-
-    def shrink(cfg: dict) -> None:
-        _gemm.launch_linear(
-            xs, x2, a_stacked, None, None, 1.0, 0, cfg,
-            lora=_gemm.LORA_SHRINK, ids=ids, scales=scales, lora_scale=scaling, rank=rank,
-            traced=traced, tma=_gemm.takes_tma(shrink_loop, cfg), pdl=True,
-        )  # fmt: skip
+    shrink, shrink_loop = _shrink_launch(
+        xs, x2, a_stacked, rank, scaling, scales, ids, traced, True
+    )
 
     def pair(cfg: dict) -> None:
         shrink(cfg)
@@ -290,6 +291,15 @@ def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, pdl) -> torch.Ten
     m, k = x2.shape
     r = a_stacked.shape[0]
     xs = torch.empty((m, r), dtype=x2.dtype, device=x2.device)
+    run, loop = _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, pdl)
+    if m:
+        extra = f"shrink{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
+        run(_gemm.choose_config("linear", x2, r, k, run, extra, loop))
+    return xs
+
+
+def _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, pdl):
+    """(launch(config) of the shrink into xs, its main loop choice)."""
     loop = _gemm.gemm_loop(x2, a_stacked, traced)
 
     def run(cfg: dict) -> None:
@@ -299,10 +309,7 @@ def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, pdl) -> torch.Ten
             traced=traced, tma=_gemm.takes_tma(loop, cfg), pdl=pdl,
         )  # fmt: skip
 
-    if m:
-        extra = f"shrink{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
-        run(_gemm.choose_config("linear", x2, r, k, run, extra, loop))
-    return xs
+    return run, loop
 
 
 # ------------------------------------------------------------------------ registration
