@@ -369,6 +369,46 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
     assert modes == [_gemm.LORA_IN_LOOP]
 
 
+@pytest.mark.parametrize(("device", "backend"), TARGETS[:1])  # the interpreter: the order
+# of choices and launches is the point here (the GPU tests time and run the real pairs)
+def test_overlapped_shrink_is_tuned_with_the_main_launch(device, backend, monkeypatch):
+    """The overlapped expand mode chooses the main launch's tile first, then times each
+    shrink tile with that main launch behind it (the pair as it runs), under a key of its
+    own that names N; the call then runs the shrink and the main launch once each."""
+    from fuseml.ops import _gemm
+
+    monkeypatch.delenv("FUSEML_GEMM", raising=False)
+    monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)
+    monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: True)
+    monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
+    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a: _gemm.LORA_EXPAND)
+    launched = []
+    launch = _gemm.launch_linear
+    monkeypatch.setattr(
+        _gemm, "launch_linear", lambda *a, **k: launched.append(k.get("lora")) or launch(*a, **k)
+    )
+    chosen = []  # (tuning-key suffix, launches one timing of a candidate makes)
+    choose = _gemm.choose_config
+
+    def spy(op, x, n, k, run, extra, loop):
+        cfg = choose(op, x, n, k, run, extra, loop)
+        before = len(launched)
+        run(cfg)  # what timing this candidate would launch
+        chosen.append((extra, launched[before:]))
+        return cfg
+
+    monkeypatch.setattr(_gemm, "choose_config", spy)
+    w, b, a, bb = _layer(64, 40, 8, torch.float32, device)
+    x = torch.randn(3, 64, device=device)
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend=backend)
+    assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5), torch.float32)
+    (main_key, main_runs), (shrink_key, pair_runs) = chosen
+    assert main_key.startswith(f"lora{_gemm.LORA_EXPAND}") and main_runs == [_gemm.LORA_EXPAND]
+    assert shrink_key.startswith("shrinkpdl") and ":n40" in shrink_key
+    assert pair_runs == [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND]
+    assert launched[-2:] == [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND]  # the call itself
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(
