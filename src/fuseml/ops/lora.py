@@ -188,7 +188,6 @@ def _run_mode(
     r_pad = max(16, next_pow2(r))
     xa = None
     if mode == _gemm.LORA_IN_LOOP:
-        pdl = False
         if loop != _gemm.LOOP_PTR:
             # In-loop inside the TMA kernel (A through a descriptor): a tuning candidate for
             # decode-like rows (LOOP_TUNED), or forced (FUSEML_GEMM=tma); otherwise in-loop
@@ -209,17 +208,17 @@ def _run_mode(
                 traced, loop,
             )  # fmt: skip
             return
-        xa = _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, pdl)
+        xa = _shrink(x2, a_stacked, rank, scaling, scales, ids, traced)
     else:  # precomputed: x @ A^T in float32, by the same kernel; the epilogue scales, masks
-        pdl = False
         xa = linear_rows(x2, a_stacked, None, None, 1.0, 0, traced=traced, out_dtype=torch.float32)
         if r_pad > TMA_MAX_R:
             # More than one epilogue step of the fp32 mode overflows the TMA kernel's
             # shared memory (H100: 466 KiB asked for 16 adapters x rank 16).
             loop = _gemm.LOOP_PTR
 
+    # (one launch, or the expand mode's in stream order: nothing overlaps from here on)
     run, extra = _main_launch(
-        mode, loop, pdl, out, x2, weight, b, a_stacked, b_stacked, xa, ids, scales, scaling,
+        mode, loop, False, out, x2, weight, b, a_stacked, b_stacked, xa, ids, scales, scaling,
         rank, code, traced,
     )  # fmt: skip
     run(_gemm.choose_config("linear", x2, n, k, run, extra, loop))
@@ -284,14 +283,14 @@ def _expand_tma(r: int, b_stacked: torch.Tensor) -> bool:
     return r % 8 == 0 and _gemm.tma_eligible(b_stacked)
 
 
-def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, pdl) -> torch.Tensor:
+def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced) -> torch.Tensor:
     """xs = (x @ A^T) * scaling, each row keeping only its adapter's columns (MULTI), in
-    x's dtype: the first launch of the expand mode (the rounding the unmerged chain does).
-    pdl: it lets the expand launch start at once (see ``_gemm.launch_linear``)."""
+    x's dtype: the first launch of the expand mode in stream order (the rounding the
+    unmerged chain does; ``_overlapped_expand`` runs its overlapped form)."""
     m, k = x2.shape
     r = a_stacked.shape[0]
     xs = torch.empty((m, r), dtype=x2.dtype, device=x2.device)
-    run, loop = _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, pdl)
+    run, loop = _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, False)
     if m:
         extra = f"shrink{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
         run(_gemm.choose_config("linear", x2, r, k, run, extra, loop))
