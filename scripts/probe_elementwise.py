@@ -164,24 +164,18 @@ TWIN_ROWS = tuple(
 )
 
 
-def rotated_graph_us(fn, make, n_calls: int = 10) -> float:
-    """GPU us per call of ``fn(*inputs)`` in a CUDA graph of ``n_calls`` calls cycling over
-    input sets from ``make()``, enough of them to pass twice the L2 (as the suite does)."""
+def rotated_graph_us(fn, make) -> float:
+    """GPU us per call of ``fn(*inputs)`` in CUDA-graph replays (the suite's
+    ``bench_graph_ms``) cycling over input sets from ``make()``, enough of them to pass
+    twice the L2 (as the suite does)."""
+    from fuseml.bench.harness import Settings, bench_graph_ms
+
     first = make()
     per_set = sum(t.numel() * t.element_size() for t in first if t is not None)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     sets = [first] + [make() for _ in range(min(16, -(-2 * l2 // per_set)))]
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for inputs in sets[:3]:
-            fn(*inputs)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for k in range(n_calls):
-            fn(*sets[k % len(sets)])
-    return triton.testing.do_bench(graph.replay, warmup=25, rep=100) * 1e3 / n_calls
+    p50, _p20, _p80 = bench_graph_ms(fn, sets, Settings())
+    return p50 * 1e3
 
 
 def twin_rows_case(op, dtype_name, shape, with_compile: bool) -> str:
