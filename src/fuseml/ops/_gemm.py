@@ -60,6 +60,12 @@ from fuseml.runtime import triton_interpreting
 
 LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND = 0, 1, 2, 3, 4
 
+# Loads the epilogue needs that do not depend on the main loop (bias; LoRA's B tile, and xs
+# where no launch overlaps) are issued before it, so their round trip to memory overlaps
+# the loop instead of following it. FUSEML_GEMM_PREFETCH=0 issues them after the loop
+# (probes; read at import).
+PREFETCH = tl.constexpr(os.environ.get("FUSEML_GEMM_PREFETCH", "1") != "0")
+
 
 @triton.jit
 def round_tf32(v):
@@ -120,8 +126,9 @@ def _epilogue(
     LORA: tl.constexpr, MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr,
     R_PAD: tl.constexpr, R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    bias_v=0.0, res_v=0.0,  # the fp32 bias (BLOCK_N,) / residual tile, when loaded earlier
+    bias_v=0.0, res_v=0.0,  # the bias (BLOCK_N,) / residual tile, when loaded earlier
     BIAS_LOADED: tl.constexpr = False, RES_LOADED: tl.constexpr = False,
+    b_v=0.0, B_LOADED: tl.constexpr = False,  # LORA 1: the B^T chunk (R_BLOCK, BLOCK_N)
 ):  # fmt: skip
     """out = act(acc [+ (s * xa) @ B^T] + bias + alpha * residual), stored once. Shared
     by every GEMM kernel, so the epilogue cannot drift between them."""
@@ -149,18 +156,21 @@ def _epilogue(
                 t, rows, row_ok, rr, r_ok, ids_ptr, scale_ptr, lora_scale,
                 MULTI, PER_ADAPTER_SCALE, RANK,
             )  # fmt: skip
-            bt = tl.load(
-                b_ptr + cols[None, :] * stride_bn + rr[:, None],
-                mask=r_ok[:, None] & col_ok[None, :],
-                other=0.0,
-            )  # B^T chunk (R_BLOCK, BLOCK_N)
+            if B_LOADED:
+                bt = b_v
+            else:
+                bt = tl.load(
+                    b_ptr + cols[None, :] * stride_bn + rr[:, None],
+                    mask=r_ok[:, None] & col_ok[None, :],
+                    other=0.0,
+                )  # B^T chunk (R_BLOCK, BLOCK_N)
             # The rank-R term is rounded to the input dtype, as the unmerged chain rounds it.
             acc = mma(t.to(bt.dtype), bt, acc, PRECISION, UPCAST)
 
     if HAS_BIAS:
         if not BIAS_LOADED:
             bias_v = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        acc += bias_v[None, :]
+        acc += bias_v.to(tl.float32)[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
     if HAS_RES:
         if not RES_LOADED:
@@ -247,12 +257,27 @@ def _gemm_body(
         a_ptrs = a_ptr + rs[None, :] * stride_ar + ks[:, None]  # A^T tile (K, R_PAD)
     bias_v = 0.0
     res_v = 0.0
+    b_v = 0.0  # LORA 1 / 4: the B^T chunk (R_PAD, BLOCK_N), prefetched where one step
+    s_v = 0.0  # LORA 4 without PDL: the xs tile (BLOCK_M, R_PAD), prefetched likewise
+    B_EARLY: tl.constexpr = (PREFETCH and (LORA == 1 or LORA == 4)) and R_PAD == R_BLOCK
+    # The epilogue's loads that do not wait on the loop go before it (see PREFETCH): a
+    # small-M kernel is a few round trips to memory long, and one after the loop adds one.
+    if HAS_BIAS and (ONE_STEP or PREFETCH):
+        bias_v = tl.load(bias_ptr + cols, mask=cols < N, other=0.0)
+    if B_EARLY:
+        b_v = tl.load(
+            b_ptr + (cols % N)[None, :] * stride_bn + rs[:, None], mask=(rs < R)[:, None],
+            other=0.0,
+        )  # fmt: skip
+        if LORA == 4 and not PDL:
+            s_v = tl.load(
+                xa_ptr + rows[:, None] * R + rs[None, :],
+                mask=(rows < M)[:, None] & (rs < R)[None, :], other=0.0,
+            )  # fmt: skip
     if ONE_STEP:
         # One masked step, with the epilogue's bias (and a small tile's residual) loaded
         # alongside x and W: a skinny layer's kernel is about one round trip to memory
         # long, and a load issued after the dot would add a second.
-        if HAS_BIAS:
-            bias_v = tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
         if HAS_RES and BLOCK_M * BLOCK_N <= 64 * 64:
             res_v = tl.load(
                 res_ptr + rows[:, None] * stride_rm + cols[None, :],
@@ -288,22 +313,28 @@ def _gemm_body(
         for r0 in tl.static_range(0, R_PAD, R_BLOCK):
             rr = r0 + tl.arange(0, R_BLOCK)
             r_ok = rr < R
-            st = tl.load(
-                xa_ptr + rows[:, None] * R + rr[None, :], mask=row_ok[:, None] & r_ok[None, :],
-                other=0.0,
-            )  # fmt: skip
-            bt = tl.load(
-                b_ptr + (cols % N)[None, :] * stride_bn + rr[:, None], mask=r_ok[:, None],
-                other=0.0,
-            )  # fmt: skip
+            if B_EARLY and not PDL:
+                st = s_v
+            else:
+                st = tl.load(
+                    xa_ptr + rows[:, None] * R + rr[None, :],
+                    mask=row_ok[:, None] & r_ok[None, :], other=0.0,
+                )  # fmt: skip
+            if B_EARLY:
+                bt = b_v
+            else:
+                bt = tl.load(
+                    b_ptr + (cols % N)[None, :] * stride_bn + rr[:, None], mask=r_ok[:, None],
+                    other=0.0,
+                )  # fmt: skip
             acc = mma(st, bt, acc, PRECISION, UPCAST)
 
     _epilogue(
         acc, rows, cols, M, N, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
         stride_rm, stride_om, stride_bn, alpha, lora_scale, xa,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
-        PRECISION, UPCAST, bias_v, res_v, ONE_STEP,
-        ONE_STEP and BLOCK_M * BLOCK_N <= 64 * 64,
+        PRECISION, UPCAST, bias_v, res_v, ONE_STEP or PREFETCH,
+        ONE_STEP and BLOCK_M * BLOCK_N <= 64 * 64, b_v, B_EARLY and LORA == 1,
     )  # fmt: skip
 
 
@@ -378,6 +409,11 @@ def _tma_body(
     module docstring). PDL: as in _gemm_body."""
     if LORA == 3 and PDL:
         tl.extra.cuda.gdc_launch_dependents()
+    # Prefetch (see PREFETCH) only where the tile loop is not flattened into the K loop:
+    # flattened, the pipeliner keeps one copy of each such load per stage in registers
+    # (64 x 128 x 64 tile, 8 stages: 140 -> 229 registers, sm_90, Triton 3.6)
+    EARLY: tl.constexpr = PREFETCH and not FLATTEN
+    B_EARLY: tl.constexpr = (EARLY and (LORA == 1 or LORA == 4)) and R_PAD == R_BLOCK
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_tiles_n
@@ -395,6 +431,29 @@ def _tma_body(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if LORA == 1:
             xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+        # Loads of the epilogue that do not wait on the main loop go before it (EARLY):
+        # pointer loads, which block nothing until their use (a descriptor load waits for
+        # its data where it is issued); int32 indices and the input dtype, since they are
+        # held in registers across the loop
+        bias_v = 0.0
+        b_v = 0.0
+        s_v = 0.0
+        if HAS_BIAS and EARLY:
+            cn = off_n + tl.arange(0, BLOCK_N)
+            bias_v = tl.load(bias_ptr + cn, mask=cn < N, other=0.0)
+        if B_EARLY:  # the B^T chunk (R_PAD, BLOCK_N); LORA 4 without PDL: xs too
+            cn = off_n + tl.arange(0, BLOCK_N)
+            rs = tl.arange(0, R_PAD)
+            b_v = tl.load(
+                b_ptr + (cn % N)[None, :] * stride_bn + rs[:, None], mask=(rs < R)[:, None],
+                other=0.0,
+            )  # fmt: skip
+            if LORA == 4 and not PDL:
+                rm = off_m + tl.arange(0, BLOCK_M)
+                s_v = tl.load(
+                    xa_ptr + rm[:, None] * R + rs[None, :],
+                    mask=(rm < M)[:, None] & (rs < R)[None, :], other=0.0,
+                )  # fmt: skip
         for k0 in range(0, K, BLOCK_K):
             xt = x_desc.load([off_m, k0])
             wt = w_desc.load([off_n, k0])
@@ -411,16 +470,23 @@ def _tma_body(
                     bt = b_desc.load([off_n, r0])
                     acc = mma(st, bt.T, acc, PRECISION, UPCAST)
             else:
-                st = a_desc.load([off_m, 0])
-                bt = b_desc.load([off_n, 0])
-                acc = mma(st, bt.T, acc, PRECISION, UPCAST)
+                if B_EARLY:
+                    bt_t = b_v
+                else:
+                    bt_t = b_desc.load([off_n, 0]).T
+                if B_EARLY and not PDL:
+                    st = s_v
+                else:
+                    st = a_desc.load([off_m, 0])
+                acc = mma(st, bt_t, acc, PRECISION, UPCAST)
         rows = off_m.to(tl.int64) + tl.arange(0, BLOCK_M)
         cols = off_n.to(tl.int64) + tl.arange(0, BLOCK_N)
         _epilogue(
             acc, rows, cols, M, N, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr,
             scale_ptr, stride_rm, stride_om, stride_bn, alpha, lora_scale, xa,
             HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK,
-            PER_ADAPTER_SCALE, PRECISION, UPCAST,
+            PER_ADAPTER_SCALE, PRECISION, UPCAST, bias_v, 0.0, EARLY, False,
+            b_v, B_EARLY and LORA == 1,
         )  # fmt: skip
 
 
@@ -544,14 +610,15 @@ def tma_eligible(*tensors: torch.Tensor) -> bool:
 
 def _launch_tma(
     out, x, weight, bias, residual, alpha, activation, config, lora=None, *, pdl=None,
-    flatten=True, warp_spec=False,
+    flatten=None, warp_spec=False,
 ) -> None:  # fmt: skip
     """One launch of the TMA kernel. lora: None, or (mode, lora_a, lora_b, xa, ids,
     scales, lora_scale, rank, r_block) with mode LORA_IN_LOOP (lora_a read through its own
     descriptor), LORA_PRECOMPUTED (xa = x @ A^T given), LORA_SHRINK (weight is A) or
     LORA_EXPAND (xa is xs, read with lora_b through descriptors). pdl (LoRA only): the
     kernel's PDL flag, and for LORA_EXPAND with pdl the launch may start early. flatten,
-    warp_spec: the kernels' FLATTEN / WARP_SPEC (for probes; see ``_tma_body``).
+    warp_spec: the kernels' FLATTEN / WARP_SPEC (for probes; flatten None: where a
+    program has more than one tile; see ``_tma_body``).
 
     Repeat launches go through the compiled kernel's launcher (``CompiledLaunches``): a
     host descriptor specializes on its dtype and block shape only, both fixed by the
@@ -565,6 +632,10 @@ def _launch_tma(
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     tiles = cdiv(m, bm) * cdiv(n, bn)
     programs = tiles if not x.is_cuda else min(tiles, sm_count(x.get_device()))
+    if flatten is None:
+        # One tile a program: nothing to flatten, and the epilogue's loads go before the
+        # main loop (see _tma_body)
+        flatten = tiles > programs
     x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
     w_desc = TensorDescriptor.from_tensor(weight, [bn, bk])
     bias_arg = out if bias is None else bias
