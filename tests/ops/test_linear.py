@@ -327,6 +327,43 @@ def test_tuning_disabled_uses_default(tmp_path, monkeypatch):
     assert not (tmp_path / "tune").exists()
 
 
+def test_tuning_l2_mode_switch_and_its_own_table(tmp_path, monkeypatch):
+    """FUSEML_TUNE_L2: cold (default) or warm, each with its own table (the two timings
+    rank tiles differently); anything else is an error naming the variable."""
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
+    monkeypatch.delenv("FUSEML_TUNE_L2", raising=False)
+    dev = torch.device("cpu")
+    assert _tune.l2_mode() == "cold"
+    cold = _tune._table_path(dev)
+    monkeypatch.setenv("FUSEML_TUNE_L2", "warm")
+    assert _tune.l2_mode() == "warm"
+    warm = _tune._table_path(dev)
+    assert cold != warm and cold.name.endswith("-l2cold.json") and cold.parent == warm.parent
+    monkeypatch.setenv("FUSEML_TUNE_L2", "lukewarm")
+    with pytest.raises(ValueError, match="FUSEML_TUNE_L2"):
+        _tune.l2_mode()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cold_tuning_times_reads_from_memory_not_the_l2(monkeypatch):
+    """Cold timing: a tensor half the L2's size is read from HBM on every timed call, so it
+    takes longer than replays that find it in the L2; a compute-only call (no memory
+    reads) comes out near its own time, the flush's subtracted."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    t = torch.ones(l2 // 2 // 4, device="cuda")
+    monkeypatch.setenv("FUSEML_TUNE_L2", "warm")
+    warm = _tune.gpu_time_ms(t.sum)
+    monkeypatch.setenv("FUSEML_TUNE_L2", "cold")
+    cold = _tune.gpu_time_ms(t.sum)
+    assert cold > 1.2 * warm > 0, (cold, warm)
+    tiny = torch.ones(8, device="cuda")
+    monkeypatch.setenv("FUSEML_TUNE_L2", "warm")
+    tiny_warm = _tune.gpu_time_ms(tiny.sum)
+    monkeypatch.setenv("FUSEML_TUNE_L2", "cold")
+    assert abs(_tune.gpu_time_ms(tiny.sum) - tiny_warm) < 0.5 * cold, (tiny_warm, cold)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_first_gpu_call_tunes_and_writes_the_cache(fresh_tuning):
