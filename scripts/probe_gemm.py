@@ -6,7 +6,7 @@
     PYTHONPATH=src python scripts/probe_gemm.py small
     PYTHONPATH=src python scripts/probe_gemm.py cands M,K,N ...   (PROBE_EXTRA=bm-bn-bk-w-s[-t],..)
     PYTHONPATH=src python scripts/probe_gemm.py kernels M,K,N ...
-    PYTHONPATH=src python scripts/probe_gemm.py overlap M,K,rank ...   (PROBE_MAIN, PROBE_SHRINK)
+    PYTHONPATH=src python scripts/probe_gemm.py overlap M,K,rank ...   (PROBE_MAIN, PROBE_SHRINK[_ONLY])
     PYTHONPATH=src python scripts/probe_gemm.py shrink M,K,rank ...
 
 For each shape (default 4096,4096,4096 and 4096,4096,11008; bf16, bias + GELU-tanh):
@@ -203,6 +203,7 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
             ),
             "fused (default: tuned mode)": fused,
             "fused, expand + PDL": variant(mode=_gemm.LORA_EXPAND),
+            "fused, joint (one launch)": variant(mode=_gemm.LORA_JOINT),
             "fused, expand in stream order": variant(patch=no_overlap, mode=_gemm.LORA_EXPAND),
             "fused, FUSEML_PDL=0 (in-loop)": variant(env="0"),
         }
@@ -357,6 +358,8 @@ def overlap_sweep(m: int, k: int, r: int) -> None:
     time_all([("plain GEMM + bias + ReLU", plain)], out, F.relu(F.linear(x, w, b)), show)
     time_all([("expand main alone (xs given)", main_alone)], out, ref, show)
     shrink_cfgs = [c for c in _gemm.candidates(m, r, k, DT, _gemm.LOOP_TUNED) if c.get("TMA")]
+    if os.environ.get("PROBE_SHRINK_ONLY") == "1":  # only the PROBE_SHRINK tiles
+        shrink_cfgs = []
     for spec in filter(None, os.environ.get("PROBE_SHRINK", "").split(",")):
         shrink_cfgs.append(dict(_gemm._cfg(*(int(v) for v in spec.split("-"))), TMA=True))
     for cfg in shrink_cfgs:

@@ -30,20 +30,31 @@ def _ref64(x, w, b, a, bb, s, act=None, ids=None):
 
 
 @pytest.fixture(
-    params=["in_loop", "precomputed", "precomputed-tma", "in_loop-tma", "expand", "expand-tma"]
-)
+    params=[
+        "in_loop", "precomputed", "precomputed-tma", "in_loop-tma", "expand", "expand-tma",
+        "joint-tma",
+    ]
+)  # fmt: skip
 def lora_mode(request, monkeypatch):
     """The LoRA modes of the kernel: x @ A^T inside the K loop, or from a first launch;
     each also through the TMA kernel where the rows are 16-byte aligned (precomputed-tma:
     the expand mode where the rank is a multiple of 8, else precomputed fp32). expand: the
     small-batch expand mode taken where launches can overlap (PDL, Hopper); forced here on
-    any device (the interpreter runs the launches in order)."""
+    any device (the interpreter runs the launches in order). joint-tma: one launch whose
+    first programs compute xs (ranks up to 64; wider ones take the expand mode)."""
     from fuseml.ops import _gemm
 
     monkeypatch.setenv("FUSEML_GEMM", "tma" if request.param.endswith("-tma") else "ptr")
-    if request.param.startswith("expand"):
+    if request.param.startswith(("expand", "joint")):
         monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
         monkeypatch.setattr(lora_mod, "capturing", lambda x: True)  # as in a graph capture
+        joint = request.param.startswith("joint")
+
+        def mode(args, loop, *_):  # what tuning may pick: joint only where it can run
+            ok = joint and lora_mod._joint_ok(loop, args[4])
+            return _gemm.LORA_JOINT if ok else _gemm.LORA_EXPAND
+
+        monkeypatch.setattr(lora_mod, "_tuned_mode", mode)
     else:
         monkeypatch.setenv("FUSEML_PDL", "0")
     if request.param.startswith("precomputed"):
@@ -262,17 +273,20 @@ def test_lora_small_rows_tuned_gpu(m, adapters, pdl, fresh_tuning, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("pdl", [False, True])
-def test_lora_mid_rows_every_tma_tile_gpu(pdl, tuned_gemm_call, monkeypatch):
+@pytest.mark.parametrize("mode", ["in_loop", "pdl", "joint"])
+def test_lora_mid_rows_every_tma_tile_gpu(mode, tuned_gemm_call, monkeypatch):
     """65 to TMA_TUNED_MAX_M rows: every TMA tile the tuner may pick there (the deep
     pipelines too: up to 192 KiB of shared memory before the adapter's own buffers) runs
-    the LoRA launches, in-loop and as the overlapped shrink / expand, on ragged sizes."""
+    the LoRA launches, in-loop, as the overlapped shrink / expand, and as the joint
+    launch, on ragged sizes."""
     from fuseml.ops import _gemm
 
-    if pdl:
-        monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
-    else:
+    if mode == "in_loop":
         monkeypatch.setenv("FUSEML_PDL", "0")
+    else:
+        monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
+        want_mode = _gemm.LORA_JOINT if mode == "joint" else _gemm.LORA_EXPAND
+        monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a: want_mode)
     dtype = torch.bfloat16
     m, k, n = 200, 1024, 1000
     w, b, a, bb = _layer(k, n, 16, dtype, "cuda")
@@ -289,7 +303,11 @@ def test_lora_mid_rows_every_tma_tile_gpu(pdl, tuned_gemm_call, monkeypatch):
             cfg, lambda: fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", backend="triton")
         )
         assert_close_verbose(out, ref, dtype)
-        want = [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND] if pdl else [_gemm.LORA_IN_LOOP]
+        want = {
+            "in_loop": [_gemm.LORA_IN_LOOP],
+            "pdl": [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND],
+            "joint": [_gemm.LORA_JOINT],
+        }[mode]
         assert [extra[0] for extra in used] == want, cfg
 
 
@@ -367,6 +385,30 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
     modes.clear()
     fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend=backend)
     assert modes == [_gemm.LORA_IN_LOOP]
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("adapters", [None, 3])
+def test_lora_joint_mode_one_launch(device, backend, adapters, lora_mode, monkeypatch):
+    """The joint mode: one TMA launch whose first programs write xs (here 2 programs for 3
+    row tiles on the interpreter, 1 per free SM on a GPU) and whose tile programs wait for
+    them; single and mixed batches (ids -1 included) match the reference."""
+    from fuseml.ops import _gemm
+
+    if lora_mode != "joint-tma":
+        pytest.skip("the joint mode's own test")
+    used = []
+    launch = _gemm._launch_tma
+    monkeypatch.setattr(
+        _gemm, "_launch_tma", lambda *a, **k: used.append(a[8] and a[8][0]) or launch(*a, **k)
+    )
+    m = 300  # 3 row tiles of the default config's 128 rows
+    w, b, a, bb = _layer(64, 72, 8, torch.bfloat16, device, adapters=adapters)
+    x = torch.randn(m, 64, dtype=torch.bfloat16, device=device)
+    ids = None if adapters is None else torch.randint(-1, adapters, (m,), device=device)
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "gelu", adapter_ids=ids, backend=backend)
+    assert used == [_gemm.LORA_JOINT]
+    assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "gelu", ids), torch.bfloat16)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS[:1])  # the interpreter: the order

@@ -28,6 +28,12 @@ LoRA modes (constexpr LORA):
   4  expand (TMA kernel): xs and B tiles arrive through their own descriptors after the
      K loop and one more dot adds xs @ B^T to the accumulator: an extra K step over the
      stacked columns, no register-to-shared copies and no masking in the epilogue.
+  5  joint (TMA kernel, one launch): the grid's first programs compute xs (as mode 3)
+     on SMs the GEMM's tiles leave free, then count themselves done on a counter; the
+     others run the GEMM tiles and, after the K loop, wait for that count before adding
+     xs @ B^T (as mode 4). The two-launch forms (PDL) pay a second launch's latency in
+     the chain (~1.8 us, H100); here the shrink's programs are simply the grid's lowest,
+     which start first and wait on nothing, so the GEMM's wait always ends.
 Multi-adapter: A and B of every adapter are stacked along R (R = adapters x rank), and
 each row keeps only the columns of its own adapter (id -1: none), scaled per adapter.
 Exact, since the other columns are multiplied by zero.
@@ -58,7 +64,7 @@ from fuseml.ops._utils import (
 )
 from fuseml.runtime import triton_interpreting
 
-LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND = 0, 1, 2, 3, 4
+LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND, LORA_JOINT = 0, 1, 2, 3, 4, 5
 
 # Loads the epilogue needs that do not depend on the main loop (bias; LoRA's B tile, and xs
 # where no launch overlaps) are issued before it, so their round trip to memory overlaps
@@ -385,13 +391,47 @@ def _lora_kernel(
 
 
 @triton.jit
+def _joint_shrink(
+    x_desc, a_desc, xs_ptr, ids_ptr, scale_ptr, sync_ptr, M, K, lora_scale, n_tiles_m,
+    n_shrink,
+    MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, R_PAD: tl.constexpr,
+    PER_ADAPTER_SCALE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """LORA 5's shrink programs: xs = x @ A^T for row tiles pid, pid + n_shrink, ...,
+    scaled and masked per adapter and stored in xs's dtype (as LORA 3 stores it), then
+    one release-add on the counter the GEMM's programs wait for."""
+    rs = tl.arange(0, R_PAD)
+    for tm in range(tl.program_id(0), n_tiles_m, n_shrink):
+        off_m = tm * BLOCK_M
+        xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            xt = x_desc.load([off_m, k0])
+            at = a_desc.load([0, k0])
+            xa = mma(xt, at.T, xa, PRECISION, UPCAST)
+        rows = off_m + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        xa = _adapter_scale(
+            xa, rows, row_ok, rs, rs < R, ids_ptr, scale_ptr, lora_scale,
+            MULTI, PER_ADAPTER_SCALE, RANK,
+        )  # fmt: skip
+        tl.store(
+            xs_ptr + rows[:, None] * R + rs[None, :], xa.to(xs_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & (rs < R)[None, :],
+        )  # fmt: skip
+    tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
 def _tma_body(
     x_desc,  # TensorDescriptor over x (M, K), block (BLOCK_M, BLOCK_K)
     w_desc,  # TensorDescriptor over W (N, K), block (BLOCK_N, BLOCK_K)
-    a_desc,  # LORA 1: over stacked A (R, K), block (R_PAD, BLOCK_K); LORA 4: over xs (M, R)
+    a_desc,  # LORA 1 / 5: over stacked A (R, K), block (R_PAD, BLOCK_K); LORA 4: xs (M, R)
     b_desc,  # LORA 4: TensorDescriptor over stacked B (N, R), block (BLOCK_N, R_BLOCK)
     bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,  # as in _gemm_body
+    sync_ptr,  # LORA 5: int32 counter, zero at launch, of shrink programs done
     M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
+    n_shrink,  # LORA 5: the grid's first n_shrink programs compute xs
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
     LORA: tl.constexpr, MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr,
     R_PAD: tl.constexpr, R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
@@ -405,21 +445,33 @@ def _tma_body(
     past K, M and N: no masks or index math in the main loop. FLATTEN lets Triton pipeline
     the tile and K loops as one (faster on H100: NOTES.md). LORA 1: x @ A^T accumulated
     from the x tiles already in shared memory (A's rows past R arrive as zeros); LORA 2:
-    precomputed xa read by the epilogue; LORA 4: xs @ B^T as one more K step (see the
-    module docstring). PDL: as in _gemm_body."""
+    precomputed xa read by the epilogue; LORA 4: xs @ B^T as one more K step; LORA 5:
+    the first n_shrink programs compute xs, the rest the tiles (see the module
+    docstring). PDL: as in _gemm_body."""
     if LORA == 3 and PDL:
         tl.extra.cuda.gdc_launch_dependents()
     # Prefetch (see PREFETCH) only where the tile loop is not flattened into the K loop:
     # flattened, the pipeliner keeps one copy of each such load per stage in registers
     # (64 x 128 x 64 tile, 8 stages: 140 -> 229 registers, sm_90, Triton 3.6)
     EARLY: tl.constexpr = PREFETCH and not FLATTEN
-    B_EARLY: tl.constexpr = (EARLY and (LORA == 1 or LORA == 4)) and R_PAD == R_BLOCK
+    B_EARLY: tl.constexpr = (EARLY and (LORA == 1 or LORA == 4 or LORA == 5)) and (R_PAD == R_BLOCK)
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_tiles_n
     xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+    first = tl.program_id(0)
+    if LORA == 5:
+        if first < n_shrink:
+            _joint_shrink(
+                x_desc, a_desc, xa_ptr, ids_ptr, scale_ptr, sync_ptr, M, K, lora_scale,
+                n_tiles_m, n_shrink, MULTI, R, RANK, R_PAD, PER_ADAPTER_SCALE, PRECISION,
+                UPCAST, BLOCK_M, BLOCK_K,
+            )  # fmt: skip
+            first = n_tiles_m * n_tiles_n  # no GEMM tiles for this program
+        else:
+            first -= n_shrink
     for tile in tl.range(
-        tl.program_id(0), n_tiles_m * n_tiles_n, NUM_PROGRAMS, flatten=FLATTEN,
+        first, n_tiles_m * n_tiles_n, NUM_PROGRAMS, flatten=FLATTEN,
         warp_specialize=WARP_SPEC,
     ):  # fmt: skip
         first_m = (tile // per_group) * GROUP_M
@@ -448,7 +500,7 @@ def _tma_body(
                 b_ptr + (cn % N)[None, :] * stride_bn + rs[:, None], mask=(rs < R)[:, None],
                 other=0.0,
             )  # fmt: skip
-            if LORA == 4 and not PDL:
+            if LORA == 4 and not PDL:  # (LORA 5: xs only after the wait)
                 rm = off_m + tl.arange(0, BLOCK_M)
                 s_v = tl.load(
                     xa_ptr + rm[:, None] * R + rs[None, :],
@@ -461,6 +513,25 @@ def _tma_body(
             if LORA == 1:
                 at = a_desc.load([0, k0])
                 xa = mma(xt, at.T, xa, PRECISION, UPCAST)
+        if LORA == 5:  # wait until every shrink program has stored its rows of xs
+            done = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+            while done < n_shrink:
+                done = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+            rm = off_m + tl.arange(0, BLOCK_M)
+            rs = tl.arange(0, R_PAD)
+            st = tl.load(
+                xa_ptr + rm[:, None] * R + rs[None, :],
+                mask=(rm < M)[:, None] & (rs < R)[None, :], other=0.0,
+            )  # fmt: skip
+            if B_EARLY:
+                bt_t = b_v
+            else:
+                cn = off_n + tl.arange(0, BLOCK_N)
+                bt_t = tl.load(
+                    b_ptr + (cn % N)[None, :] * stride_bn + rs[:, None],
+                    mask=(rs < R)[:, None], other=0.0,
+                )  # fmt: skip
+            acc = mma(st, bt_t, acc, PRECISION, UPCAST)
         if LORA == 4:
             if PDL:
                 tl.extra.cuda.gdc_wait()
@@ -503,8 +574,8 @@ def _linear_tma_kernel(
     """Plain linear layers through _tma_body (the fewest launch arguments)."""
     _tma_body(
         x_desc, w_desc, x_desc, x_desc, bias_ptr, res_ptr, out_ptr, out_ptr, out_ptr, out_ptr,
-        out_ptr,
-        M, N, K, stride_rm, stride_om, 0, alpha, 1.0,
+        out_ptr, out_ptr,
+        M, N, K, stride_rm, stride_om, 0, alpha, 1.0, 0,
         HAS_BIAS, HAS_RES, ACTIVATION, 0, False, 1, 1, 16, 16, False, PRECISION, UPCAST,
         BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN, WARP_SPEC, False,
     )  # fmt: skip
@@ -513,7 +584,7 @@ def _linear_tma_kernel(
 @triton.jit
 def _lora_tma_kernel(
     x_desc, w_desc, a_desc, b_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
-    M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
+    sync_ptr, M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale, n_shrink,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
     LORA: tl.constexpr, MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, R_PAD: tl.constexpr,
     R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
@@ -525,7 +596,7 @@ def _lora_tma_kernel(
     """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand) through _tma_body."""
     _tma_body(
         x_desc, w_desc, a_desc, b_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
-        M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
+        sync_ptr, M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale, n_shrink,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
         PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN,
         WARP_SPEC, PDL,
@@ -614,8 +685,9 @@ def _launch_tma(
 ) -> None:  # fmt: skip
     """One launch of the TMA kernel. lora: None, or (mode, lora_a, lora_b, xa, ids,
     scales, lora_scale, rank, r_block) with mode LORA_IN_LOOP (lora_a read through its own
-    descriptor), LORA_PRECOMPUTED (xa = x @ A^T given), LORA_SHRINK (weight is A) or
-    LORA_EXPAND (xa is xs, read with lora_b through descriptors). pdl (LoRA only): the
+    descriptor), LORA_PRECOMPUTED (xa = x @ A^T given), LORA_SHRINK (weight is A),
+    LORA_EXPAND (xa is xs, read with lora_b through descriptors) or LORA_JOINT (xa: the xs
+    buffer its first programs fill; lora_a through a descriptor). pdl (LoRA only): the
     kernel's PDL flag, and for LORA_EXPAND with pdl the launch may start early. flatten,
     warp_spec: the kernels' FLATTEN / WARP_SPEC (for probes; flatten None: where a
     program has more than one tile; see ``_tma_body``).
@@ -656,8 +728,17 @@ def _launch_tma(
     r = 1 if lora_b is None else lora_b.shape[1]
     r_pad = max(16, next_pow2(r))
     a_desc = b_desc = x_desc
-    if mode == LORA_IN_LOOP:
+    sync, n_shrink, grid = out, 0, programs
+    if mode in (LORA_IN_LOOP, LORA_JOINT):
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, bk])
+    if mode == LORA_JOINT:
+        # xs's programs first: as many as the SMs the tiles leave free (at least one),
+        # at most one per row tile; a counter, zeroed here, of those done
+        row_tiles = cdiv(m, bm)
+        free = (sm_count(x.get_device()) if x.is_cuda else programs + 2) - programs
+        n_shrink = min(row_tiles, max(1, free))
+        grid = programs + n_shrink
+        sync = torch.zeros(1, dtype=torch.int32, device=x.device)
     elif mode == LORA_EXPAND:
         a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
         b_desc = TensorDescriptor.from_tensor(lora_b, [bn, r_block])
@@ -665,7 +746,7 @@ def _launch_tma(
         options["launch_pdl"] = True
     more = (
         out if lora_b is None else lora_b, out if xa is None else xa,
-        out if ids is None else ids, out if scales is None else scales,
+        out if ids is None else ids, out if scales is None else scales, sync,
     )  # fmt: skip
     ints += (0 if lora_b is None else lora_b.stride(0),)
     consts = (
@@ -673,13 +754,13 @@ def _launch_tma(
     )  # fmt: skip
     args = (
         x_desc, w_desc, a_desc, b_desc, *ptrs, *more, *ints, float(alpha), float(lora_scale),
-        *common[:3], *consts, *common[3:], bool(pdl),
+        n_shrink, *common[:3], *consts, *common[3:], bool(pdl),
     )  # fmt: skip
     key = (
         x.dtype, out.dtype, common, consts, bool(pdl), tuple(options.items()),
-        tuple(t.dtype for t in more), *map(int_spec, ints),
+        tuple(t.dtype for t in more), *map(int_spec, ints), int_spec(n_shrink),
     )  # fmt: skip
-    _lora_tma_launches((programs,), key, aligned16(*ptrs, *more), args, options)
+    _lora_tma_launches((grid,), key, aligned16(*ptrs, *more), args, options)
 
 
 _linear_tma_launches = CompiledLaunches(_linear_tma_kernel)
@@ -738,6 +819,8 @@ def launch_linear(
     precision = dot_precision(x.dtype)
     upcast = triton_interpreting()
     pdl = pdl and not upcast  # a launch-order hint: the interpreter runs launches in order
+    if lora == LORA_JOINT and not tma:
+        raise ValueError("launch_linear: the joint LoRA mode runs on the TMA kernel only")
     if tma:
         extra = None
         if lora != LORA_NONE:
@@ -915,8 +998,11 @@ def choose_config(
     launch: Callable[[dict], None],
     extra: str = "",
     loop: int = LOOP_PTR,
+    *,
+    tma_only: bool = False,
 ) -> dict:
     """The launch config of an (M, N, K) problem; ``launch(cfg)`` runs it (for tuning).
+    tma_only: only the candidates that take the TMA kernel (LoRA's joint mode).
 
     See ``fuseml.ops._tune.choose``: memo, then the on-disk table, then tuning.
     """
@@ -946,7 +1032,9 @@ def choose_config(
         memo_key,
         x.device,
         text_key,
-        lambda: candidates(m, n, k, x.dtype, loop),
+        lambda: [
+            c for c in candidates(m, n, k, x.dtype, loop) if not tma_only or takes_tma(loop, c)
+        ],
         bench,
         default_config(m, n, k, x.dtype),
         can_time=x.is_cuda and not is_fake(x),

@@ -168,12 +168,21 @@ def _tuned_mode(args: tuple, loop: int, r_pad: int, default: int) -> int:
     def bench(cfg: dict) -> float:
         return _tune.gpu_time_ms(lambda: _run_mode(cfg["LORA"], loop, True, *args))
 
+    def modes() -> list[dict]:
+        found = [{"LORA": _gemm.LORA_IN_LOOP}, {"LORA": _gemm.LORA_EXPAND}]
+        if _joint_ok(loop, args[4]):
+            found.append({"LORA": _gemm.LORA_JOINT})
+        return found
+
     cfg = _tune.choose(
-        memo_key, x2.device, text_key,
-        lambda: [{"LORA": _gemm.LORA_IN_LOOP}, {"LORA": _gemm.LORA_EXPAND}],
-        bench, {"LORA": default}, can_time=True,
+        memo_key, x2.device, text_key, modes, bench, {"LORA": default}, can_time=True,
     )  # fmt: skip
     return cfg["LORA"]
+
+
+def _joint_ok(loop: int, a_stacked: torch.Tensor) -> bool:
+    """Can the one-launch joint mode run (the TMA kernel, A read through a descriptor)?"""
+    return loop != _gemm.LOOP_PTR and _gemm.tma_eligible(a_stacked)
 
 
 def _run_mode(
@@ -195,6 +204,10 @@ def _run_mode(
             forced = loop == _gemm.LOOP_TMA and _gemm.gemm_mode() == "tma"
             if not (_gemm.tma_eligible(a_stacked) and (loop == _gemm.LOOP_TUNED or forced)):
                 loop = _gemm.LOOP_PTR
+    elif mode == _gemm.LORA_JOINT:
+        # One launch: its first programs write xs on the SMs the GEMM's tiles leave free,
+        # the tiles wait for them after their K loop (the TMA kernel only)
+        xa = torch.empty((x2.shape[0], r), dtype=x2.dtype, device=x2.device)
     elif mode == _gemm.LORA_EXPAND:
         # xs = scaled, masked x @ A^T in x's dtype from a first launch, then more K steps of
         # the main kernel (on the TMA kernel B and xs through descriptors). With pdl the
@@ -221,7 +234,8 @@ def _run_mode(
         mode, loop, False, out, x2, weight, b, a_stacked, b_stacked, xa, ids, scales, scaling,
         rank, code, traced,
     )  # fmt: skip
-    run(_gemm.choose_config("linear", x2, n, k, run, extra, loop))
+    joint = mode == _gemm.LORA_JOINT
+    run(_gemm.choose_config("linear", x2, n, k, run, extra, loop, tma_only=joint))
 
 
 def _main_launch(
@@ -236,8 +250,8 @@ def _main_launch(
         _gemm.launch_linear(
             out, x2, weight, b, None, 1.0, code, cfg,
             lora=mode, lora_a=a_stacked, lora_b=b_stacked, xa=xa, ids=ids, scales=scales,
-            lora_scale=scaling, rank=rank, traced=traced, tma=_gemm.takes_tma(loop, cfg),
-            pdl=pdl,
+            lora_scale=scaling, rank=rank, traced=traced,
+            tma=mode == _gemm.LORA_JOINT or _gemm.takes_tma(loop, cfg), pdl=pdl,
         )  # fmt: skip
 
     return run, f"lora{mode}r{r_pad}{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
