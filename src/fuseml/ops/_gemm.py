@@ -396,16 +396,18 @@ def _joint_shrink(
     n_shrink,
     MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, R_PAD: tl.constexpr,
     PER_ADAPTER_SCALE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     """LORA 5's shrink programs: xs = x @ A^T for row tiles pid, pid + n_shrink, ...,
     scaled and masked per adapter and stored in xs's dtype (as LORA 3 stores it), then
-    one release-add on the counter the GEMM's programs wait for."""
+    one release-add on the counter the GEMM's programs wait for. x_desc / a_desc have
+    their own K step (BLOCK_K) and STAGES: a few programs read all of x while the GEMM
+    streams W, so each keeps as many bytes in flight as the GEMM's buffers hold."""
     rs = tl.arange(0, R_PAD)
     for tm in range(tl.program_id(0), n_tiles_m, n_shrink):
         off_m = tm * BLOCK_M
         xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             xt = x_desc.load([off_m, k0])
             at = a_desc.load([0, k0])
             xa = mma(xt, at.T, xa, PRECISION, UPCAST)
@@ -426,8 +428,10 @@ def _joint_shrink(
 def _tma_body(
     x_desc,  # TensorDescriptor over x (M, K), block (BLOCK_M, BLOCK_K)
     w_desc,  # TensorDescriptor over W (N, K), block (BLOCK_N, BLOCK_K)
-    a_desc,  # LORA 1 / 5: over stacked A (R, K), block (R_PAD, BLOCK_K); LORA 4: xs (M, R)
-    b_desc,  # LORA 4: TensorDescriptor over stacked B (N, R), block (BLOCK_N, R_BLOCK)
+    a_desc,  # LORA 1: over stacked A (R, K), block (R_PAD, BLOCK_K) (LORA 5: (R_PAD,
+    # SHRINK_K)); LORA 4: over xs (M, R)
+    b_desc,  # LORA 4: over stacked B (N, R), block (BLOCK_N, R_BLOCK); LORA 5: x, block
+    # (BLOCK_M, SHRINK_K)
     bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,  # as in _gemm_body
     sync_ptr,  # LORA 5: int32 counter, zero at launch, of shrink programs done
     M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
@@ -439,6 +443,7 @@ def _tma_body(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr, PDL: tl.constexpr,
+    SHRINK_K: tl.constexpr = 16, SHRINK_STAGES: tl.constexpr = 1,  # LORA 5, see _joint_shrink
 ):  # fmt: skip
     """Hopper+ (see gemm_loop): a persistent grid (one program per SM, tiles in grouped
     order) whose tiles are loaded by the tensor-memory accelerator (TMA), which zero-fills
@@ -463,9 +468,9 @@ def _tma_body(
     if LORA == 5:
         if first < n_shrink:
             _joint_shrink(
-                x_desc, a_desc, xa_ptr, ids_ptr, scale_ptr, sync_ptr, M, K, lora_scale,
+                b_desc, a_desc, xa_ptr, ids_ptr, scale_ptr, sync_ptr, M, K, lora_scale,
                 n_tiles_m, n_shrink, MULTI, R, RANK, R_PAD, PER_ADAPTER_SCALE, PRECISION,
-                UPCAST, BLOCK_M, BLOCK_K,
+                UPCAST, BLOCK_M, SHRINK_K, SHRINK_STAGES,
             )  # fmt: skip
             first = n_tiles_m * n_tiles_n  # no GEMM tiles for this program
         else:
@@ -592,14 +597,16 @@ def _lora_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False, PDL: tl.constexpr = False,
+    SHRINK_K: tl.constexpr = 16, SHRINK_STAGES: tl.constexpr = 1,
 ):  # fmt: skip
-    """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand) through _tma_body."""
+    """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand, 5 joint) through
+    _tma_body."""
     _tma_body(
         x_desc, w_desc, a_desc, b_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
         sync_ptr, M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale, n_shrink,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
         PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN,
-        WARP_SPEC, PDL,
+        WARP_SPEC, PDL, SHRINK_K, SHRINK_STAGES,
     )  # fmt: skip
 
 
@@ -729,16 +736,24 @@ def _launch_tma(
     r_pad = max(16, next_pow2(r))
     a_desc = b_desc = x_desc
     sync, n_shrink, grid = out, 0, programs
-    if mode in (LORA_IN_LOOP, LORA_JOINT):
+    if mode == LORA_IN_LOOP:
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, bk])
     if mode == LORA_JOINT:
         # xs's programs first: as many as the SMs the tiles leave free (at least one),
-        # at most one per row tile; a counter, zeroed here, of those done
+        # at most one per row tile; a counter, zeroed here, of those done. Their loop
+        # reads x and A in long K steps, as deep as the GEMM's buffers allow.
         row_tiles = cdiv(m, bm)
         free = (sm_count(x.get_device()) if x.is_cuda else programs + 2) - programs
         n_shrink = min(row_tiles, max(1, free))
         grid = programs + n_shrink
         sync = torch.zeros(1, dtype=torch.int32, device=x.device)
+        es = x.element_size()
+        shrink_k = max(16, min(512 // es, next_pow2(k)))
+        budget = config["num_stages"] * (bm + bn) * bk * es
+        shrink_stages = max(1, min(8, budget // ((bm + r_pad) * shrink_k * es)))
+        a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, shrink_k])
+        b_desc = TensorDescriptor.from_tensor(x, [bm, shrink_k])
+        options = {**options, "SHRINK_K": shrink_k, "SHRINK_STAGES": shrink_stages}
     elif mode == LORA_EXPAND:
         a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
         b_desc = TensorDescriptor.from_tensor(lora_b, [bn, r_block])
