@@ -105,3 +105,41 @@ def test_plain_linear_launch_key_holds_out_dtype(monkeypatch):
         out = torch.empty(4, 16, dtype=dtype)
         _gemm.launch_linear(out, x, w, None, None, 1.0, 0, cfg)
     assert len(keys) == 2 and keys[0] != keys[1]
+
+
+@pytest.mark.parametrize("mode", ["in_loop", "expand", "joint", "linear"])
+def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch):
+    """The compiled kernel's launcher takes every parameter positionally, constexprs and
+    defaulted ones included (``CompiledLaunches``): a parameter passed only as a keyword
+    works on the first, ordinary launch and fails on every repeat. Each TMA launch form
+    hands over exactly as many arguments as its kernel has."""
+    import torch
+
+    import fuseml
+    from fuseml.ops import _gemm
+    from fuseml.ops import lora as lora_mod
+
+    seen = []
+    call = _utils.CompiledLaunches.__call__
+
+    def checked(self, grid, key, aligned, args, options):
+        assert len(args) == len(self.kernel.arg_names), (self.kernel.arg_names, len(args))
+        seen.append(self.kernel)
+        return call(self, grid, key, aligned, args, options)
+
+    monkeypatch.setattr(_utils.CompiledLaunches, "__call__", checked)
+    monkeypatch.setenv("FUSEML_GEMM", "tma")
+    want = {"in_loop": _gemm.LORA_IN_LOOP, "expand": _gemm.LORA_EXPAND}.get(mode)
+    want = _gemm.LORA_JOINT if mode == "joint" else want
+    monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: mode != "in_loop")
+    monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
+    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a: want)
+    x = torch.randn(40, 64)
+    w, b = torch.randn(48, 64), torch.randn(48)
+    a, bb = torch.randn(8, 64), torch.randn(48, 8)
+    if mode == "linear":
+        fuseml.ops.linear(x, w, b, "relu", backend="triton")
+        assert seen == [_gemm._linear_tma_kernel]
+    else:
+        fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend="triton")
+        assert _gemm._lora_tma_kernel in seen

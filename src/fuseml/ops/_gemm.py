@@ -735,7 +735,7 @@ def _launch_tma(
     r = 1 if lora_b is None else lora_b.shape[1]
     r_pad = max(16, next_pow2(r))
     a_desc = b_desc = x_desc
-    sync, n_shrink, grid = out, 0, programs
+    sync, n_shrink, grid, shrink_k, shrink_stages = out, 0, programs, 16, 1
     if mode == LORA_IN_LOOP:
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, bk])
     if mode == LORA_JOINT:
@@ -753,7 +753,6 @@ def _launch_tma(
         shrink_stages = max(1, min(8, budget // ((bm + r_pad) * shrink_k * es)))
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, shrink_k])
         b_desc = TensorDescriptor.from_tensor(x, [bm, shrink_k])
-        options = {**options, "SHRINK_K": shrink_k, "SHRINK_STAGES": shrink_stages}
     elif mode == LORA_EXPAND:
         a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
         b_desc = TensorDescriptor.from_tensor(lora_b, [bn, r_block])
@@ -769,10 +768,11 @@ def _launch_tma(
     )  # fmt: skip
     args = (
         x_desc, w_desc, a_desc, b_desc, *ptrs, *more, *ints, float(alpha), float(lora_scale),
-        n_shrink, *common[:3], *consts, *common[3:], bool(pdl),
+        n_shrink, *common[:3], *consts, *common[3:], bool(pdl), shrink_k, shrink_stages,
     )  # fmt: skip
     key = (
-        x.dtype, out.dtype, common, consts, bool(pdl), tuple(options.items()),
+        x.dtype, out.dtype, common, consts, bool(pdl), shrink_k, shrink_stages,
+        tuple(options.items()),
         tuple(t.dtype for t in more), *map(int_spec, ints), int_spec(n_shrink),
     )  # fmt: skip
     _lora_tma_launches((grid,), key, aligned16(*ptrs, *more), args, options)
