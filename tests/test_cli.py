@@ -24,6 +24,14 @@ def test_env_reports_versions_and_backends():
     assert "Triton install hash" in out and "triton-key" in out
 
 
+def test_env_names_the_tuning_l2_mode(monkeypatch):
+    monkeypatch.delenv("FUSEML_AUTOTUNE", raising=False)
+    monkeypatch.setenv("FUSEML_TUNE_L2", "warm")
+    assert "timed with the L2 warm" in _flat(runner.invoke(app, ["env", "--no-build-cuda"]).output)
+    monkeypatch.setenv("FUSEML_TUNE_L2", "tepid")
+    assert "FUSEML_TUNE_L2 must be" in _flat(runner.invoke(app, ["env", "--no-build-cuda"]).output)
+
+
 def test_env_names_a_forced_or_bad_gemm_path(monkeypatch):
     monkeypatch.setenv("FUSEML_GEMM", "ptr")
     out = _flat(runner.invoke(app, ["env", "--no-build-cuda"]).output)

@@ -94,8 +94,11 @@ def _tuning_cache() -> str:
         state = "off (FUSEML_AUTOTUNE=0)"
     else:
         try:
-            state = f"on, candidates compiled {_tune.parallel_compile()}"
-        except ValueError as err:  # a bad FUSEML_COMPILE_THREADS
+            state = (
+                f"on, candidates compiled {_tune.parallel_compile()}, timed with the L2 "
+                f"{_tune.l2_mode()} (FUSEML_TUNE_L2)"
+            )
+        except ValueError as err:  # a bad FUSEML_COMPILE_THREADS / FUSEML_TUNE_L2
             state = f"on; {err}"
     return f"{_tune.cache_dir()}: {entries} tuned shape(s) in {files} file(s); tuning {state}"
 
