@@ -31,9 +31,11 @@ LoRA modes (constexpr LORA):
   5  joint (TMA kernel, one launch): the grid's first programs compute xs (as mode 3)
      on SMs the GEMM's tiles leave free, then count themselves done on a counter; the
      others run the GEMM tiles and, after the K loop, wait for that count before adding
-     xs @ B^T (as mode 4). The two-launch forms (PDL) pay a second launch's latency in
-     the chain (~1.8 us, H100); here the shrink's programs are simply the grid's lowest,
-     which start first and wait on nothing, so the GEMM's wait always ends.
+     xs @ B^T (as mode 4). The shrink's programs are the grid's lowest, which start
+     first and wait on nothing, so the GEMM's wait always ends. (The overlapped pair of
+     launches measured ~1.8 us over its main launch alone, H100; the joint launch took
+     0.3-0.5 us off that at 1 row and was within noise at 64-1024 rows: NOTES.md. The
+     tuner picks per shape.)
 Multi-adapter: A and B of every adapter are stacked along R (R = adapters x rank), and
 each row keeps only the columns of its own adapter (id -1: none), scaled per adapter.
 Exact, since the other columns are multiplied by zero.
