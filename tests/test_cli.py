@@ -27,7 +27,9 @@ def test_env_reports_versions_and_backends():
 def test_env_names_the_tuning_l2_mode(monkeypatch):
     monkeypatch.delenv("FUSEML_AUTOTUNE", raising=False)
     monkeypatch.setenv("FUSEML_TUNE_L2", "warm")
-    assert "timed with the L2 warm" in _flat(runner.invoke(app, ["env", "--no-build-cuda"]).output)
+    assert "timings with the L2 warm" in _flat(
+        runner.invoke(app, ["env", "--no-build-cuda"]).output
+    )
     monkeypatch.setenv("FUSEML_TUNE_L2", "tepid")
     assert "FUSEML_TUNE_L2 must be" in _flat(runner.invoke(app, ["env", "--no-build-cuda"]).output)
 

@@ -95,7 +95,7 @@ def _tuning_cache() -> str:
     else:
         try:
             state = (
-                f"on, candidates compiled {_tune.parallel_compile()}, timed with the L2 "
+                f"on, candidates compiled {_tune.parallel_compile()}; timings with the L2 "
                 f"{_tune.l2_mode()} (FUSEML_TUNE_L2)"
             )
         except ValueError as err:  # a bad FUSEML_COMPILE_THREADS / FUSEML_TUNE_L2
