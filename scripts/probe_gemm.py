@@ -8,6 +8,7 @@
     PYTHONPATH=src python scripts/probe_gemm.py kernels M,K,N ...
     PYTHONPATH=src python scripts/probe_gemm.py overlap M,K,rank ...   (PROBE_MAIN, PROBE_SHRINK[_ONLY])
     PYTHONPATH=src python scripts/probe_gemm.py shrink M,K,rank ...
+    PYTHONPATH=src python scripts/probe_gemm.py profile M,K,rank ...   (PROBE_MAIN; for ncu)
 
 For each shape (default 4096,4096,4096 and 4096,4096,11008; bf16, bias + GELU-tanh):
 cuBLAS (F.linear + gelu, and cuBLASLt's fused epilogue), then every large-tile candidate
@@ -21,6 +22,7 @@ candidates, to choose the small-M candidate list. `cands`: every tuning candidat
 shape. `shrink`: LoRA's shrink launch alone per candidate, and the expand mode's main
 launch alone (xs given). `kernels`: the names of the kernels cuBLAS runs (torch.profiler). `overlap`: LoRA's
 expand mode in parts (plain GEMM, main launch alone, shrink alone, the overlapped pair).
+`profile`: a few plain / joint / overlapped launches under NVTX ranges, for a profiler.
 """
 
 from __future__ import annotations
@@ -417,6 +419,52 @@ def lora_sets(m: int, k: int, n: int, r: int, count: int = 3) -> list[tuple]:
     return sets
 
 
+def profile_target(m: int, k: int, r: int) -> None:
+    """A few launches for a profiler (``ncu --nvtx --nvtx-include 'joint/'``, say): the
+    plain GEMM, the joint LoRA launch and the overlapped pair, each under its own NVTX
+    range, on the tile PROBE_MAIN names (TMA kernel; no tuning), weights rotating over 3
+    sets; each variant runs 3 rounds (the first compiles) and is checked once."""
+    n = 4096
+    sets = lora_sets(m, k, n, r)
+    xs = torch.empty(m, r, device="cuda", dtype=DT)
+    out = torch.empty(m, n, device="cuda", dtype=DT)
+    spec = os.environ.get("PROBE_MAIN", "64-128-64-4-8" if m <= 256 else "128-256-64-8-3")
+    cfg = dict(_gemm._cfg(*(int(v) for v in spec.split("-"))), TMA=True)
+    shrink_cfg = dict(
+        _gemm._cfg(min(64, 1 << (max(16, m) - 1).bit_length()), 16, 256, 4, 4), TMA=True
+    )
+
+    def plain(x, a, w, bb, b):
+        _gemm.launch_linear(out, x, w, b, None, 1.0, 1, cfg, tma=True)
+
+    def joint(x, a, w, bb, b):
+        _gemm.launch_linear(
+            out, x, w, b, None, 1.0, 1, cfg, lora=_gemm.LORA_JOINT, lora_a=a, lora_b=bb,
+            xa=xs, lora_scale=2.0, rank=r, tma=True,
+        )  # fmt: skip
+
+    def pair(x, a, w, bb, b):
+        _gemm.launch_linear(
+            xs, x, a, None, None, 1.0, 0, shrink_cfg, lora=_gemm.LORA_SHRINK, lora_scale=2.0,
+            rank=r, tma=True, pdl=True,
+        )  # fmt: skip
+        _gemm.launch_linear(
+            out, x, w, b, None, 1.0, 1, cfg, lora=_gemm.LORA_EXPAND, lora_b=bb, xa=xs,
+            lora_scale=2.0, rank=r, tma=True, pdl=True,
+        )  # fmt: skip
+
+    print(f"== profile target M={m} K={k} N={n} rank {r}, tile {cfg_tag(cfg)}", flush=True)
+    for name, fn in (("plain", plain), ("joint", joint), ("pair", pair)):
+        for i in range(3):
+            with torch.cuda.nvtx.range(f"{name}/{i}"):
+                for x, a, w, bb, b, _xs in sets:
+                    fn(x, a, w, bb, b)
+            torch.cuda.synchronize()
+        x, a, w, bb, b, xs_ref = sets[-1]
+        ref = F.linear(x, w, b) if name == "plain" else F.linear(x, w, b) + xs_ref @ bb.t()
+        print(f"  {name:6s} err={rel_err(out, torch.relu(ref)):.1e}", flush=True)
+
+
 def shrink_sweep(m: int, k: int, r: int) -> None:
     """LoRA's shrink launch alone (xs = 2 * x @ A^T in x's dtype, the first launch of the
     expand mode) for every tuning candidate, and the expand mode's main launch alone (xs
@@ -469,6 +517,10 @@ def main() -> None:
     if sys.argv[1:2] == ["shrink"]:
         for a in sys.argv[2:]:
             shrink_sweep(*(int(v) for v in a.split(",")))
+        return
+    if sys.argv[1:2] == ["profile"]:
+        for a in sys.argv[2:]:
+            profile_target(*(int(v) for v in a.split(",")))
         return
     if sys.argv[1:2] == ["overlap"]:
         for a in sys.argv[2:]:
