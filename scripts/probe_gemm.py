@@ -320,18 +320,29 @@ def candidate_sweep(m: int, k: int, n: int) -> None:
         print(f"  best: {tag} {us:.1f} us ({us / cublas:.2f}x cuBLAS)")
 
 
+def tma_tile(spec: str) -> dict:
+    """A TMA-kernel config from "bm-bn-bk-warps-stages"."""
+    return dict(_gemm._cfg(*(int(v) for v in spec.split("-"))), TMA=True)
+
+
+def lora_parts(m: int, k: int, r: int, small_tile: str):
+    """(n, 3 rotating input sets, xs and out buffers, the main tile PROBE_MAIN names, else
+    ``small_tile`` up to 256 rows and 128 x 256 x 64 above) for the probes that run LoRA's
+    launches in parts."""
+    n = 4096
+    xs = torch.empty(m, r, device="cuda", dtype=DT)
+    out = torch.empty(m, n, device="cuda", dtype=DT)
+    spec = os.environ.get("PROBE_MAIN", small_tile if m <= 256 else "128-256-64-8-3")
+    return n, lora_sets(m, k, n, r), xs, out, tma_tile(spec)
+
+
 def overlap_sweep(m: int, k: int, r: int) -> None:
     """LoRA's expand mode in parts, x and weights rotating over 3 sets: the plain GEMM and
     the expand main launch alone (xs given) on the tile PROBE_MAIN names (bm-bn-bk-w-s,
     TMA kernel), then for each shrink tile (the tuner's candidates and PROBE_SHRINK extras)
     the shrink alone and the shrink + main pair as the fused layer runs them in a graph
     (programmatic dependent launch): where the adapter's cost goes."""
-    n = 4096
-    sets = lora_sets(m, k, n, r)
-    xs = torch.empty(m, r, device="cuda", dtype=DT)
-    out = torch.empty(m, n, device="cuda", dtype=DT)
-    spec = os.environ.get("PROBE_MAIN", "64-128-128-4-4" if m <= 256 else "128-256-64-8-3")
-    main_cfg = dict(_gemm._cfg(*(int(v) for v in spec.split("-"))), TMA=True)
+    n, sets, xs, out, main_cfg = lora_parts(m, k, r, "64-128-128-4-4")
     x, _a, w, bb, b, xs_ref = sets[-1]
     ref = torch.relu(F.linear(x, w, b) + xs_ref @ bb.t())
     print(f"== overlap M={m} K={k} N={n} rank {r}, main tile {cfg_tag(main_cfg)}", flush=True)
@@ -363,7 +374,7 @@ def overlap_sweep(m: int, k: int, r: int) -> None:
     if os.environ.get("PROBE_SHRINK_ONLY") == "1":  # only the PROBE_SHRINK tiles
         shrink_cfgs = []
     for spec in filter(None, os.environ.get("PROBE_SHRINK", "").split(",")):
-        shrink_cfgs.append(dict(_gemm._cfg(*(int(v) for v in spec.split("-"))), TMA=True))
+        shrink_cfgs.append(tma_tile(spec))
     for cfg in shrink_cfgs:
         tag = f"{cfg_tag(cfg)} ({_gemm.cdiv(m, cfg['BLOCK_M'])} programs)"
 
@@ -424,12 +435,7 @@ def profile_target(m: int, k: int, r: int) -> None:
     plain GEMM, the joint LoRA launch and the overlapped pair, each under its own NVTX
     range, on the tile PROBE_MAIN names (TMA kernel; no tuning), weights rotating over 3
     sets; each variant runs 3 rounds (the first compiles) and is checked once."""
-    n = 4096
-    sets = lora_sets(m, k, n, r)
-    xs = torch.empty(m, r, device="cuda", dtype=DT)
-    out = torch.empty(m, n, device="cuda", dtype=DT)
-    spec = os.environ.get("PROBE_MAIN", "64-128-64-4-8" if m <= 256 else "128-256-64-8-3")
-    cfg = dict(_gemm._cfg(*(int(v) for v in spec.split("-"))), TMA=True)
+    n, sets, xs, out, cfg = lora_parts(m, k, r, "64-128-64-4-8")
     shrink_cfg = dict(
         _gemm._cfg(min(64, 1 << (max(16, m) - 1).bit_length()), 16, 256, 4, 4), TMA=True
     )
