@@ -2,6 +2,7 @@ import re
 
 import pytest
 import torch
+import triton
 
 import fuseml
 from fuseml.ops import lora as lora_mod
@@ -313,7 +314,57 @@ def test_lora_mid_rows_every_tma_tile_gpu(mode, tuned_gemm_call, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("m", [1, 64, 256, 1024])
+@pytest.mark.parametrize("adapters", [None, 4])
+def test_lora_joint_persistent_every_tma_tile_gpu(adapters, tuned_gemm_call, monkeypatch):
+    """Past IN_LOOP_MAX_M rows the joint launch's GEMM programs walk several tiles each
+    (a persistent grid smaller than the SM count, the SMs left computing xs) and wait per
+    row tile: every large TMA tile, ragged sizes, single and mixed batches."""
+    from fuseml.ops import _gemm
+
+    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_JOINT)
+    grids = []
+    compiled = _gemm._lora_tma_launches
+    monkeypatch.setattr(
+        _gemm, "_lora_tma_launches", lambda grid, *a: grids.append(grid[0]) or compiled(grid, *a)
+    )
+    dtype = torch.bfloat16
+    m, k, n = 3000, 1000, 2040
+    w, b, a, bb = _layer(k, n, 16, dtype, "cuda", adapters=adapters)
+    x = torch.randn(m, k, dtype=dtype, device="cuda")
+    ids = None if adapters is None else torch.randint(-1, adapters, (m,), device="cuda")
+    ref = _ref64(x, w, b, a, bb, 0.5, "relu", ids)
+    tiles = [c for c in _gemm.candidates(m, n, k, dtype, _gemm.LOOP_TMA) if c.get("TMA", True)]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    r_pad = 16 * (adapters or 1)  # stacked columns (a power of two here)
+    ran = 0
+    for cfg in tiles:
+        grids.clear()
+        bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+        try:
+            out, used = tuned_gemm_call(
+                cfg,
+                lambda: fuseml.ops.lora_linear(
+                    x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend="triton"
+                ),
+            )
+        except triton.runtime.errors.OutOfResources:
+            # The tuner skips a tile that does not fit; only where the main loop's buffers
+            # and the adapter dot's operands (BLOCK_M + BLOCK_N) x R_PAD together pass the
+            # limit (128 x 256 x 64 with 4 stages at 64 stacked columns)
+            smem = (cfg["num_stages"] * cfg["BLOCK_K"] + r_pad) * (bm + bn) * 2
+            assert smem > _gemm.SMEM_LIMIT, cfg
+            continue
+        ran += 1
+        assert_close_verbose(out, ref, dtype)
+        assert [extra[0] for extra in used] == [_gemm.LORA_JOINT], cfg
+        n_tiles = -(-m // bm) * -(-n // bn)
+        assert n_tiles > sms and grids and grids[0] <= sms, (cfg, grids)
+    assert ran >= len(tiles) - 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [1, 64, 256, 1024, 2048])
 @pytest.mark.parametrize("adapters", [None, 4])
 def test_lora_cuda_graph_gpu(m, adapters, fresh_tuning):
     """Captured into a CUDA graph after an eager warm-up (which tunes), as serving does: on
@@ -347,13 +398,22 @@ def test_lora_cuda_graph_gpu(m, adapters, fresh_tuning):
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 def test_lora_modes_chosen(device, backend, monkeypatch):
     """Which LoRA mode each call takes (as on a Hopper GPU): in-loop up to IN_LOOP_MAX_M
-    rows, expand through TMA above when the rank is a multiple of 8, precomputed fp32 else;
-    with PDL up to IN_LOOP_MAX_M rows the tuned choice of in-loop and overlapped expand
-    in a CUDA-graph capture (forced here), in-loop for eager calls."""
+    rows, above it the tuned choice of expand in stream order and the joint launch (the
+    default, untuned: expand) when the rank is a multiple of 8 and TMA reads the adapters,
+    precomputed fp32 else; with PDL up to IN_LOOP_MAX_M rows the tuned choice of in-loop
+    and overlapped expand in a CUDA-graph capture (forced here), in-loop for eager calls."""
     from fuseml.ops import _gemm
 
     monkeypatch.delenv("FUSEML_GEMM", raising=False)
     monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)
+    asked = []
+    tuned_mode = lora_mod._tuned_mode
+
+    def tuned(args, loop, r_pad, default, overlap=True):
+        asked.append((args[1].shape[0], overlap))
+        return tuned_mode(args, loop, r_pad, default, overlap)
+
+    monkeypatch.setattr(lora_mod, "_tuned_mode", tuned)
     modes = []
     launch = _gemm.launch_linear
     monkeypatch.setattr(
@@ -369,8 +429,13 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
         w, b, a, bb = _layer(64, 40, r, torch.float32, device)
         x = torch.randn(m, 64, device=device)
         modes.clear()
+        asked.clear()
         out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend=backend)
         assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5), torch.float32)
+        # (600 rows, rank 8: expand in stream order or joint; 3 rows with PDL: in-loop or
+        # the overlapped pair)
+        tuned_at = {(600, 8): [(600, False)]}.get((m, r), [(3, True)] if pdl else [])
+        assert asked == tuned_at, (m, r, loop)
         want = {
             (600, 8): [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND],
             (600, 6): [_gemm.LORA_NONE, _gemm.LORA_PRECOMPUTED],
@@ -389,14 +454,26 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("adapters", [None, 3])
-def test_lora_joint_mode_one_launch(device, backend, adapters, lora_mode, monkeypatch):
+@pytest.mark.parametrize("sms", [None, 3])
+def test_lora_joint_mode_one_launch(device, backend, adapters, sms, lora_mode, monkeypatch):
     """The joint mode: one TMA launch whose first programs write xs (here 2 programs for 3
     row tiles on the interpreter, 1 per free SM on a GPU) and whose tile programs wait for
-    them; single and mixed batches (ids -1 included) match the reference."""
+    their rows of it; single and mixed batches (ids -1 included) match the reference.
+    sms = 3: a persistent grid of 3 programs, 1 of them the shrink and 2 walking the 3
+    tiles (the interpreter; the GPU keeps its own SM count)."""
     from fuseml.ops import _gemm
 
     if lora_mode != "joint-tma":
         pytest.skip("the joint mode's own test")
+    if sms is not None and device == "cuda":
+        pytest.skip("a persistent grid smaller than the tiles is the interpreter's case")
+    if sms is not None:
+        monkeypatch.setattr(_gemm, "persistent_programs", lambda x: sms)
+    grids = []
+    compiled = _gemm._lora_tma_launches
+    monkeypatch.setattr(
+        _gemm, "_lora_tma_launches", lambda grid, *a: grids.append(grid) or compiled(grid, *a)
+    )
     used = []
     launch = _gemm._launch_tma
     monkeypatch.setattr(
@@ -408,6 +485,8 @@ def test_lora_joint_mode_one_launch(device, backend, adapters, lora_mode, monkey
     ids = None if adapters is None else torch.randint(-1, adapters, (m,), device=device)
     out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "gelu", adapter_ids=ids, backend=backend)
     assert used == [_gemm.LORA_JOINT]
+    if device == "cpu":  # 3 tiles: one program each and 2 shrink programs, or 2 + 1
+        assert grids == [(5,) if sms is None else (3,)]
     assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "gelu", ids), torch.bfloat16)
 
 

@@ -29,10 +29,11 @@ LoRA modes (constexpr LORA):
      K loop and one more dot adds xs @ B^T to the accumulator: an extra K step over the
      stacked columns, no register-to-shared copies and no masking in the epilogue.
   5  joint (TMA kernel, one launch): the grid's first programs compute xs (as mode 3)
-     on SMs the GEMM's tiles leave free, then count themselves done on a counter; the
-     others run the GEMM tiles and, after the K loop, wait for that count before adding
-     xs @ B^T (as mode 4). The shrink's programs are the grid's lowest, which start
-     first and wait on nothing, so the GEMM's wait always ends. (The overlapped pair of
+     on SMs the GEMM's tiles leave free, setting a flag per row tile of xs stored; the
+     others run the GEMM tiles and, after the K loop, wait for their row tile's flag
+     before adding xs @ B^T (as mode 4). The shrink's programs are the grid's lowest,
+     which start first and wait on nothing, and the grid is no larger than the SM count,
+     so the GEMM's wait always ends. (The overlapped pair of
      launches measured ~1.8 us over its main launch alone, H100; the joint launch took
      0.3-0.5 us off that at 1 row and was within noise at 64-1024 rows: NOTES.md. The
      tuner picks per shape.)
@@ -400,11 +401,12 @@ def _joint_shrink(
     PER_ADAPTER_SCALE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    """LORA 5's shrink programs: xs = x @ A^T for row tiles pid, pid + n_shrink, ...,
-    scaled and masked per adapter and stored in xs's dtype (as LORA 3 stores it), then
-    one release-add on the counter the GEMM's programs wait for. x_desc / a_desc have
-    their own K step (BLOCK_K) and STAGES: a few programs read all of x while the GEMM
-    streams W, so each keeps as many bytes in flight as the GEMM's buffers hold."""
+    """LORA 5's shrink programs: xs = x @ A^T for row tiles pid, pid + n_shrink, ... (the
+    order the GEMM's grouped tiles reach them), scaled and masked per adapter and stored
+    in xs's dtype (as LORA 3 stores it); after each row tile, a release-add on that row
+    tile's flag, which the GEMM's tiles of those rows wait for. x_desc / a_desc have their
+    own K step (BLOCK_K) and STAGES: a few programs read all of x while the GEMM streams
+    W, so each keeps as many bytes in flight as the GEMM's buffers hold."""
     rs = tl.arange(0, R_PAD)
     for tm in range(tl.program_id(0), n_tiles_m, n_shrink):
         off_m = tm * BLOCK_M
@@ -423,7 +425,9 @@ def _joint_shrink(
             xs_ptr + rows[:, None] * R + rs[None, :], xa.to(xs_ptr.dtype.element_ty),
             mask=row_ok[:, None] & (rs < R)[None, :],
         )  # fmt: skip
-    tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+        # Every thread's stores of this tile before the one release that publishes them
+        tl.debug_barrier()
+        tl.atomic_add(sync_ptr + tm, 1, sem="release", scope="gpu")
 
 
 @triton.jit
@@ -435,7 +439,7 @@ def _tma_body(
     b_desc,  # LORA 4: over stacked B (N, R), block (BLOCK_N, R_BLOCK); LORA 5: x, block
     # (BLOCK_M, SHRINK_K)
     bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,  # as in _gemm_body
-    sync_ptr,  # LORA 5: int32 counter, zero at launch, of shrink programs done
+    sync_ptr,  # LORA 5: int32 flag per row tile, zero at launch, set once its xs is stored
     M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale,
     n_shrink,  # LORA 5: the grid's first n_shrink programs compute xs
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
@@ -520,10 +524,10 @@ def _tma_body(
             if LORA == 1:
                 at = a_desc.load([0, k0])
                 xa = mma(xt, at.T, xa, PRECISION, UPCAST)
-        if LORA == 5:  # wait until every shrink program has stored its rows of xs
-            done = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
-            while done < n_shrink:
-                done = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+        if LORA == 5:  # wait until a shrink program has stored this row tile of xs
+            done = tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu")
+            while done == 0:
+                done = tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu")
             rm = off_m + tl.arange(0, BLOCK_M)
             rs = tl.arange(0, R_PAD)
             st = tl.load(
@@ -712,7 +716,19 @@ def _launch_tma(
     n = weight.shape[0]
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     tiles = cdiv(m, bm) * cdiv(n, bn)
-    programs = tiles if not x.is_cuda else min(tiles, sm_count(x.get_device()))
+    sms = persistent_programs(x)
+    programs = tiles if sms is None else min(tiles, sms)
+    joint = lora is not None and lora[0] == LORA_JOINT
+    n_shrink = 0
+    if joint:
+        # xs's programs first: one per SM the tiles leave free, at most one per row tile.
+        # Where every SM has tiles, the GEMM takes as few programs as finish its tiles in
+        # the same number of rounds (512 tiles on 132 SMs: 128 programs of 4), and at most
+        # all SMs but one (CPU: two programs more than the tiles)
+        free_sms = programs + 2 if sms is None else sms
+        if tiles >= free_sms:
+            programs = min(cdiv(tiles, cdiv(tiles, free_sms)), free_sms - 1)
+        n_shrink = min(cdiv(m, bm), free_sms - programs)
     if flatten is None:
         # One tile a program: nothing to flatten, and the epilogue's loads go before the
         # main loop (see _tma_body)
@@ -737,18 +753,13 @@ def _launch_tma(
     r = 1 if lora_b is None else lora_b.shape[1]
     r_pad = max(16, next_pow2(r))
     a_desc = b_desc = x_desc
-    sync, n_shrink, grid, shrink_k, shrink_stages = out, 0, programs, 16, 1
+    sync, grid, shrink_k, shrink_stages = out, programs + n_shrink, 16, 1
     if mode == LORA_IN_LOOP:
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, bk])
-    if mode == LORA_JOINT:
-        # xs's programs first: as many as the SMs the tiles leave free (at least one),
-        # at most one per row tile; a counter, zeroed here, of those done. Their loop
-        # reads x and A in long K steps, as deep as the GEMM's buffers allow.
-        row_tiles = cdiv(m, bm)
-        free = (sm_count(x.get_device()) if x.is_cuda else programs + 2) - programs
-        n_shrink = min(row_tiles, max(1, free))
-        grid = programs + n_shrink
-        sync = torch.zeros(1, dtype=torch.int32, device=x.device)
+    if joint:
+        # A flag per row tile, zeroed here (see _joint_shrink). The shrink's loop reads x
+        # and A in long K steps, as deep as the GEMM's buffers allow.
+        sync = torch.zeros(cdiv(m, bm), dtype=torch.int32, device=x.device)
         es = x.element_size()
         shrink_k = max(16, min(512 // es, next_pow2(k)))
         budget = config["num_stages"] * (bm + bn) * bk * es
@@ -778,6 +789,13 @@ def _launch_tma(
         tuple(t.dtype for t in more), *map(int_spec, ints), int_spec(n_shrink),
     )  # fmt: skip
     _lora_tma_launches((grid,), key, aligned16(*ptrs, *more), args, options)
+
+
+def persistent_programs(x: torch.Tensor) -> int | None:
+    """Programs of the TMA kernel's persistent grid: x's SM count (None on the CPU, where
+    the interpreter runs one program per tile; tests set it to exercise several tiles a
+    program)."""
+    return sm_count(x.get_device()) if x.is_cuda else None
 
 
 _linear_tma_launches = CompiledLaunches(_linear_tma_kernel)
@@ -1017,9 +1035,11 @@ def choose_config(
     loop: int = LOOP_PTR,
     *,
     tma_only: bool = False,
+    only: dict | None = None,
 ) -> dict:
     """The launch config of an (M, N, K) problem; ``launch(cfg)`` runs it (for tuning).
-    tma_only: only the candidates that take the TMA kernel (LoRA's joint mode).
+    tma_only: only the candidates that take the TMA kernel (LoRA's joint mode). only: that
+    config, untimed and kept in memory only (a tile another launch's tuning chose).
 
     See ``fuseml.ops._tune.choose``: memo, then the on-disk table, then tuning.
     """
@@ -1045,15 +1065,18 @@ def choose_config(
     def bench(c: dict) -> float:
         return _tune.gpu_time_ms(lambda: launch(c))
 
+    def listed() -> list[dict]:
+        if only is not None:
+            return [only]
+        return [c for c in candidates(m, n, k, x.dtype, loop) if not tma_only or takes_tma(loop, c)]
+
     return _tune.choose(
         memo_key,
         x.device,
         text_key,
-        lambda: [
-            c for c in candidates(m, n, k, x.dtype, loop) if not tma_only or takes_tma(loop, c)
-        ],
+        listed,
         bench,
-        default_config(m, n, k, x.dtype),
+        default_config(m, n, k, x.dtype) if only is None else only,
         can_time=x.is_cuda and not is_fake(x),
         run=launch,
     )

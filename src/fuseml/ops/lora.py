@@ -135,10 +135,14 @@ def lora_rows(
     elif small and r_pad <= IN_LOOP_MAX_R:
         mode = _gemm.LORA_IN_LOOP
     elif loop == _gemm.LOOP_TMA and _expand_tma(r, b_stacked):
-        # Above IN_LOOP_MAX_M rows the launches run in stream order: the overlap measured
-        # slower there (H100, M = 4096, rank 16: 223.9 vs 209.0 us), its main kernel's
-        # persistent programs taking SMs the shrink needs.
+        # Above IN_LOOP_MAX_M rows the expand mode's launches run in stream order: the
+        # overlap measured slower there (H100, M = 4096, rank 16: 223.9 vs 209.0 us), its
+        # main kernel's persistent programs taking SMs the shrink needs. The joint launch
+        # gives the shrink SMs of its own (where the tiles' rounds leave some), and the
+        # tiles wait only for their own rows of xs: timed against it per shape bucket.
         mode = _gemm.LORA_EXPAND
+        if r_pad <= IN_LOOP_MAX_R and _joint_ok(loop, a_stacked):
+            mode = _tuned_mode(args, loop, r_pad, mode, overlap=False)
     else:
         mode = _gemm.LORA_PRECOMPUTED
     _run_mode(mode, loop, pdl, *args)
@@ -150,9 +154,11 @@ def capturing(x: torch.Tensor) -> bool:
     return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _tuned_mode(args: tuple, loop: int, r_pad: int, default: int) -> int:
-    """LORA_IN_LOOP or LORA_EXPAND (overlapped) for this shape bucket: from the tuning
-    cache, else both timed whole (each with its own tuned tiles) and the faster kept."""
+def _tuned_mode(args: tuple, loop: int, r_pad: int, default: int, overlap: bool = True) -> int:
+    """The LoRA mode for this shape bucket, from the tuning cache, else each timed whole
+    (with its own tuned tiles) and the fastest kept: LORA_IN_LOOP, LORA_EXPAND with its
+    launches overlapped, or LORA_JOINT where it can run; without ``overlap`` (rows past
+    IN_LOOP_MAX_M), LORA_EXPAND in stream order or LORA_JOINT."""
     from fuseml.ops import _tune
 
     _out, x2, weight, *_rest, ids, _code, _traced = args
@@ -166,10 +172,12 @@ def _tuned_mode(args: tuple, loop: int, r_pad: int, default: int) -> int:
         return f"loramode:{str(x2.dtype)[6:]}:m{bucket}:n{n}:k{k}:r{r_pad}{multi}{_gemm.loop_key(loop)}"
 
     def bench(cfg: dict) -> float:
-        return _tune.gpu_time_ms(lambda: _run_mode(cfg["LORA"], loop, True, *args))
+        return _tune.gpu_time_ms(lambda: _run_mode(cfg["LORA"], loop, overlap, *args))
 
     def modes() -> list[dict]:
-        found = [{"LORA": _gemm.LORA_IN_LOOP}, {"LORA": _gemm.LORA_EXPAND}]
+        found = [{"LORA": _gemm.LORA_EXPAND}]
+        if overlap:
+            found.insert(0, {"LORA": _gemm.LORA_IN_LOOP})
         if _joint_ok(loop, args[4]):
             found.append({"LORA": _gemm.LORA_JOINT})
         return found
@@ -235,7 +243,17 @@ def _run_mode(
         rank, code, traced,
     )  # fmt: skip
     joint = mode == _gemm.LORA_JOINT
-    run(_gemm.choose_config("linear", x2, n, k, run, extra, loop, tma_only=joint))
+    only = None
+    if joint and x2.shape[0] > IN_LOOP_MAX_M:
+        # Many rows: the tile the expand mode's main launch tuned (the same GEMM, timed
+        # first by _tuned_mode). Tuning the joint launch's own added 4.6 s to a first
+        # call at 4096 rows, rank 64 (H100), for a tile that lost to the expand mode.
+        expand, expand_extra = _main_launch(
+            _gemm.LORA_EXPAND, loop, False, out, x2, weight, b, a_stacked, b_stacked, xa,
+            ids, scales, scaling, rank, code, traced,
+        )  # fmt: skip
+        only = _gemm.choose_config("linear", x2, n, k, expand, expand_extra, loop)
+    run(_gemm.choose_config("linear", x2, n, k, run, extra, loop, tma_only=joint, only=only))
 
 
 def _main_launch(
