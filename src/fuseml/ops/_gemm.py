@@ -547,7 +547,7 @@ def _tma_body(
             if PDL:
                 tl.extra.cuda.gdc_wait()
             if R_PAD > R_BLOCK:  # several steps: one set of buffers, not one per step
-                for r0 in tl.range(0, R_PAD, R_BLOCK, num_stages=1):
+                for r0 in tl.range(0, R_PAD, R_BLOCK, num_stages=3):
                     st = a_desc.load([off_m, r0])
                     bt = b_desc.load([off_n, r0])
                     acc = mma(st, bt.T, acc, PRECISION, UPCAST)
