@@ -19,7 +19,7 @@ with their error and skipped. `lora`: the fused LoRA layer per mode (see lora_sw
 the merged weight and fuseml's plain linear, with the tuned configs.
 `small`: M = 1 / 16 / 64 (weight-read bound), a wider tile sweep than the tuner's
 candidates, to choose the small-M candidate list. `cands`: every tuning candidate of a
-shape. `shrink`: LoRA's shrink launch alone per candidate (split-K ones too), and the expand mode's main
+shape. `shrink`: LoRA's shrink launch alone per candidate, and the expand mode's main
 launch alone (xs given). `kernels`: the names of the kernels cuBLAS runs (torch.profiler). `overlap`: LoRA's
 expand mode in parts (plain GEMM, main launch alone, shrink alone, the overlapped pair).
 `profile`: a few plain / joint / overlapped launches under NVTX ranges, for a profiler.
@@ -481,24 +481,20 @@ def shrink_sweep(m: int, k: int, r: int) -> None:
     out = torch.empty(m, n, device="cuda", dtype=DT)
     print(f"== shrink M={m} K={k} rank {r} (3 sets rotating)", flush=True)
     results = []
-    split = _gemm.shrink_split_candidates(m, r, k, DT)
-    for cfg in _gemm.candidates(m, r, k, DT, _gemm.LOOP_TUNED) + split:
+    for cfg in _gemm.candidates(m, r, k, DT, _gemm.LOOP_TUNED):
         tma = cfg.get("TMA", False)
 
         def run(cfg=cfg, tma=tma):
             for x, a, _w, _bb, _b, _xs in sets:
-                if cfg.get("SPLIT_K"):
-                    _gemm.launch_shrink_split(xs, x, a, None, None, 2.0, r, cfg)
-                    continue
                 _gemm.launch_linear(
                     xs, x, a, None, None, 1.0, 0, cfg, lora=_gemm.LORA_SHRINK, lora_scale=2.0,
                     rank=r, tma=tma,
                 )  # fmt: skip
 
-        kind = f"split {cfg['SPLIT_K']}" if cfg.get("SPLIT_K") else "tma" if tma else "ptr"
-        programs = _gemm.cdiv(m, cfg["BLOCK_M"]) * _gemm.cdiv(r, cfg["BLOCK_N"])
-        programs *= cfg.get("SPLIT_K", 1)
-        results.append((f"shrink {kind} {cfg_tag(cfg)} ({programs} programs)", run))
+        tag = "shrink " + ("tma" if tma else "ptr")
+        tag += f" {cfg_tag(cfg)}"
+        tag += f" ({_gemm.cdiv(m, cfg['BLOCK_M'])} programs)"
+        results.append((tag, run))
 
     def show(tag, us, err):
         print(f"  {tag:58s} {us / 3:9.1f} us/call err={err:.1e}", flush=True)
@@ -508,9 +504,9 @@ def shrink_sweep(m: int, k: int, r: int) -> None:
         F.linear(sets[-1][0], sets[-1][2], sets[-1][4]) + sets[-1][5] @ sets[-1][3].t()
     )
     results = []
-    # (from TMA_MIN_M rows every candidate takes the TMA kernel: LOOP_TMA, no flag)
-    tuned = [c for c in _gemm.candidates(m, n, k, DT, _gemm.LOOP_TUNED) if c.get("TMA")]
-    for cfg in tuned or _gemm.candidates(m, n, k, DT, _gemm.LOOP_TMA):
+    for cfg in _gemm.candidates(m, n, k, DT, _gemm.LOOP_TUNED):
+        if not cfg.get("TMA", False):
+            continue
 
         def run(cfg=cfg):
             for x, _a, w, bb, b, xs_ref in sets:

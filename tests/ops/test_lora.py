@@ -490,88 +490,6 @@ def test_lora_joint_mode_one_launch(device, backend, adapters, sms, lora_mode, m
     assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "gelu", ids), torch.bfloat16)
 
 
-def _shrink_ref(x, a, scale, ids, rank, dtype):
-    """xs = scale * x @ A^T in float64, each row keeping its adapter's columns, in dtype."""
-    xs = _up(x) @ _up(a).t() * scale
-    if ids is not None:
-        owner = torch.arange(a.shape[0], device=x.device) // rank
-        xs = torch.where(ids[:, None] == owner[None, :], xs, 0.0)
-    return xs.to(dtype)
-
-
-@pytest.mark.parametrize(("device", "backend"), TARGETS)
-@pytest.mark.parametrize(("m", "k", "rank", "adapters"), [(520, 2050, 16, None), (300, 4100, 8, 3)])
-def test_shrink_split_k(device, backend, m, k, rank, adapters):
-    """The split-K shrink (K over several programs per tile, the last to arrive sums the
-    partials in split order): every candidate matches the float64 reference on ragged
-    sizes (K not a multiple of the split's steps, ids -1 included), and a second call
-    gives the same bits."""
-    from fuseml.ops import _gemm
-
-    dtype = torch.bfloat16
-    r = rank * (adapters or 1)
-    x = torch.randn(m, k, dtype=dtype, device=device)
-    a = (torch.randn(r, k, dtype=dtype, device=device) / k**0.5).contiguous()
-    ids = None if adapters is None else torch.randint(-1, adapters, (m,), device=device)
-    ref = _shrink_ref(x, a, 0.5, ids, rank, dtype)
-    configs = _gemm.shrink_split_candidates(m, r, k, dtype)
-    assert configs and all(c["SPLIT_K"] > 1 for c in configs)
-    if device == "cpu":
-        configs = configs[:: max(1, len(configs) - 1)]  # first and last (the interpreter)
-    for cfg in configs:
-        outs = []
-        for _ in range(2):
-            xs = torch.full((m, r), float("nan"), dtype=dtype, device=device)
-            _gemm.launch_shrink_split(xs, x, a, ids, None, 0.5, rank, cfg)
-            outs.append(xs)
-        assert_close_verbose(outs[0], ref, dtype)
-        assert torch.equal(outs[0], outs[1]), cfg
-
-
-def test_shrink_split_candidates_where_tiles_are_few():
-    """Split-K shrink configs only where the shrink's tiles are few and K long: 1024 rows x
-    256 stacked columns x K 4096 (16 tiles of 128 x 128) gets them, each 64 to 512
-    programs; one row, a short K, or many tiles get none."""
-    from fuseml.ops import _gemm
-
-    configs = _gemm.shrink_split_candidates(1024, 256, 4096, torch.bfloat16)
-    assert configs
-    for c in configs:
-        programs = -(-1024 // c["BLOCK_M"]) * -(-256 // c["BLOCK_N"]) * c["SPLIT_K"]
-        assert 64 <= programs <= 512 and 4096 // c["SPLIT_K"] >= 2 * c["BLOCK_K"], c
-    assert _gemm.shrink_split_candidates(1, 16, 4096, torch.bfloat16) == []
-    assert _gemm.shrink_split_candidates(1024, 256, 512, torch.bfloat16) == []
-    assert _gemm.shrink_split_candidates(65536, 256, 4096, torch.bfloat16) == []
-
-
-@pytest.mark.parametrize(("device", "backend"), TARGETS)
-def test_lora_with_split_k_shrink(device, backend, monkeypatch):
-    """A fused layer whose tuner picked the split-K shrink (forced here), in the expand
-    mode, single and mixed batches: matches the reference."""
-    from fuseml.ops import _gemm
-
-    monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
-    monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
-    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_EXPAND)
-    split = []
-
-    def config(x2, a_stacked, run, extra, loop):
-        cfg = _gemm.shrink_split_candidates(x2.shape[0], a_stacked.shape[0], x2.shape[1], x2.dtype)[
-            0
-        ]
-        split.append(cfg)
-        return cfg
-
-    monkeypatch.setattr(lora_mod, "_shrink_config", config)
-    for adapters in (None, 3):
-        w, b, a, bb = _layer(2100, 72, 8, torch.bfloat16, device, adapters=adapters)
-        x = torch.randn(300, 2100, dtype=torch.bfloat16, device=device)
-        ids = None if adapters is None else torch.randint(-1, adapters, (300,), device=device)
-        out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend=backend)
-        assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), torch.bfloat16)
-    assert len(split) == 2
-
-
 @pytest.mark.parametrize(("device", "backend"), TARGETS[:1])  # the interpreter: the order
 # of choices and launches is the point here (the GPU tests time and run the real pairs)
 def test_overlapped_shrink_is_tuned_with_the_main_launch(device, backend, monkeypatch):
@@ -593,8 +511,8 @@ def test_overlapped_shrink_is_tuned_with_the_main_launch(device, backend, monkey
     chosen = []  # (tuning-key suffix, launches one timing of a candidate makes)
     choose = _gemm.choose_config
 
-    def spy(op, x, n, k, run, extra, loop, **kw):
-        cfg = choose(op, x, n, k, run, extra, loop, **kw)
+    def spy(op, x, n, k, run, extra, loop):
+        cfg = choose(op, x, n, k, run, extra, loop)
         before = len(launched)
         run(cfg)  # what timing this candidate would launch
         chosen.append((extra, launched[before:]))

@@ -431,66 +431,6 @@ def _joint_shrink(
 
 
 @triton.jit
-def _shrink_split_kernel(
-    x_ptr, a_ptr, ws_ptr, count_ptr, xs_ptr, ids_ptr, scale_ptr,  # see launch_shrink_split
-    M, K, stride_xm, stride_xk, lora_scale,
-    R: tl.constexpr, RANK: tl.constexpr, MULTI: tl.constexpr,
-    PER_ADAPTER_SCALE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """LoRA's shrink (xs = x @ A^T scaled and masked per adapter, in xs's dtype: what LORA 3
-    stores) with K split over SPLIT_K programs per tile: for many rows and few stacked
-    columns (1024 rows x 256 columns is 16 tiles of 128 x 128, each 4096 deep). Each
-    program stores its fp32 partial tile, then counts itself on the tile's counter
-    (release after a CTA barrier, acquire); the last to arrive sums the partials in split
-    order, so the result does not depend on which program came last."""
-    if PDL:  # the overlapped expand launch may start now (it waits for xs)
-        tl.extra.cuda.gdc_launch_dependents()
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    split = tl.program_id(2)
-    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    row_ok = rows < M
-    col_ok = cols < R
-    k_len = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_lo = split * k_len
-    k_hi = tl.minimum(K, k_lo + k_len)
-    # Rows and columns past the ends read valid ones (wrapped), as in _gemm_body
-    x_ptrs = x_ptr + (rows % M)[:, None] * stride_xm + (k_lo + ks)[None, :] * stride_xk
-    a_ptrs = a_ptr + (cols % R)[None, :] * K + (k_lo + ks)[:, None]  # A^T tile (K, N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        k_ok = ks < k_hi - k0
-        xt = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-        at = tl.load(a_ptrs, mask=k_ok[:, None], other=0.0)
-        acc = mma(xt, at, acc, PRECISION, UPCAST)
-        x_ptrs += BLOCK_K * stride_xk
-        a_ptrs += BLOCK_K
-    mask = row_ok[:, None] & col_ok[None, :]
-    tile_ws = ws_ptr + rows[:, None] * R + cols[None, :]  # partial p at + p * M * R
-    tl.store(tile_ws + split * M * R, acc, mask=mask)
-    tl.debug_barrier()  # every thread's partial stored before the one release
-    tile = pid_m * tl.num_programs(1) + pid_n
-    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == SPLIT_K - 1:
-        tl.debug_barrier()
-        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for p in tl.static_range(SPLIT_K):
-            total += tl.load(tile_ws + p * M * R, mask=mask, other=0.0, cache_modifier=".cg")
-        total = _adapter_scale(
-            total, rows, row_ok, cols, col_ok, ids_ptr, scale_ptr, lora_scale,
-            MULTI, PER_ADAPTER_SCALE, RANK,
-        )  # fmt: skip
-        tl.store(
-            xs_ptr + rows[:, None] * R + cols[None, :], total.to(xs_ptr.dtype.element_ty),
-            mask=mask,
-        )  # fmt: skip
-
-
-@triton.jit
 def _tma_body(
     x_desc,  # TensorDescriptor over x (M, K), block (BLOCK_M, BLOCK_K)
     w_desc,  # TensorDescriptor over W (N, K), block (BLOCK_N, BLOCK_K)
@@ -975,35 +915,6 @@ def launch_linear(
     )  # fmt: skip
 
 
-def launch_shrink_split(
-    xs: torch.Tensor, x: torch.Tensor, a_stacked: torch.Tensor, ids: torch.Tensor | None,
-    scales: torch.Tensor | None, lora_scale: float, rank: int, config: dict, *,
-    traced: bool = False, pdl: bool = False,
-) -> None:  # fmt: skip
-    """LoRA's shrink into xs (M, R) through ``_shrink_split_kernel``: config from
-    ``shrink_split_candidates`` (its SPLIT_K). x (M, K); a_stacked (R, K) contiguous."""
-    if launches_skipped():
-        return
-    m, k = x.shape
-    r = a_stacked.shape[0]
-    if m == 0:
-        return
-    bm, bn, split = config["BLOCK_M"], config["BLOCK_N"], config["SPLIT_K"]
-    grid = (cdiv(m, bm), cdiv(r, bn), split)
-    ws = torch.empty((split, m, r), dtype=torch.float32, device=x.device)
-    count = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=x.device)
-    kernel = torch.library.wrap_triton(_shrink_split_kernel) if traced else _shrink_split_kernel
-    upcast = triton_interpreting()
-    grid_launch(kernel, grid)(
-        x, a_stacked, ws, count, xs, x if ids is None else ids, ws if scales is None else scales,
-        m, k, x.stride(0), x.stride(1), float(lora_scale),
-        R=r, RANK=max(rank, 1), MULTI=ids is not None, PER_ADAPTER_SCALE=scales is not None,
-        PRECISION=dot_precision(x.dtype), UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_K=config["BLOCK_K"], SPLIT_K=split, PDL=pdl and not upcast,
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
-    )  # fmt: skip
-
-
 # ------------------------------------------------------------------------ configs
 def _cfg(bm, bn, bk, warps, stages, group=8) -> dict:
     return {
@@ -1102,35 +1013,6 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR)
     return out
 
 
-_SPLIT_TILES = [  # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the split-K shrink
-    (64, 64, 128, 4, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 8, 3),
-]  # fmt: skip
-
-
-def shrink_split_candidates(m: int, r: int, k: int, dtype: torch.dtype) -> list[dict]:
-    """Configs of ``launch_shrink_split`` (flagged "SPLIT_K") for LoRA's shrink, where its
-    tiles are too few to cover the SMs and K is long: from 128 rows, fewer than 64 tiles
-    of 128 x 128, K >= 1024 (H100, 1024 rows x 4096 x 256 stacked columns: the unsplit
-    kernel's best tile took 15.6 us, 32 x 64 with 128 programs; NOTES.md). Each tile
-    gets the splits that make 64 to 512 programs, each at least two K steps long."""
-    if m < 128 or k < 1024 or cdiv(m, 128) * cdiv(r, 128) >= 64:
-        return []
-    mb = _tune.m_bucket(m)
-    cap_n = max(16, next_pow2(r))
-    out = []
-    for bm, bn, bk, warps, stages in _SPLIT_TILES:
-        bm, bn = min(bm, mb), min(bn, cap_n)
-        if dtype == torch.float32:
-            bk //= 2
-        tiles = cdiv(m, bm) * cdiv(r, bn)
-        for split in (2, 4, 8, 16):
-            if 64 <= tiles * split <= 512 and k // split >= 2 * bk:
-                c = dict(_cfg(bm, bn, bk, warps, stages), SPLIT_K=split)
-                if c not in out:
-                    out.append(c)
-    return out
-
-
 def default_config(m: int, n: int, k: int, dtype: torch.dtype) -> dict:
     """The untuned config: tuning off, interpreter, or torch.compile tracing."""
     bk = 32 if dtype == torch.float32 else 64
@@ -1154,12 +1036,10 @@ def choose_config(
     *,
     tma_only: bool = False,
     only: dict | None = None,
-    more: list[dict] = (),
 ) -> dict:
     """The launch config of an (M, N, K) problem; ``launch(cfg)`` runs it (for tuning).
     tma_only: only the candidates that take the TMA kernel (LoRA's joint mode). only: that
-    config, untimed and kept in memory only (a tile another launch's tuning chose). more:
-    candidates beside the GEMM's own (LoRA's split-K shrink).
+    config, untimed and kept in memory only (a tile another launch's tuning chose).
 
     See ``fuseml.ops._tune.choose``: memo, then the on-disk table, then tuning.
     """
@@ -1188,8 +1068,7 @@ def choose_config(
     def listed() -> list[dict]:
         if only is not None:
             return [only]
-        own = [c for c in candidates(m, n, k, x.dtype, loop) if not tma_only or takes_tma(loop, c)]
-        return own + list(more)
+        return [c for c in candidates(m, n, k, x.dtype, loop) if not tma_only or takes_tma(loop, c)]
 
     return _tune.choose(
         memo_key,

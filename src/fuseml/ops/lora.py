@@ -306,7 +306,7 @@ def _overlapped_expand(
         f"shrinkpdl{'m' if ids is not None else ''}{_gemm.loop_key(shrink_loop)}"
         f":n{n}{_gemm.loop_key(loop)}"
     )
-    shrink(_shrink_config(x2, a_stacked, pair, shrink_extra, shrink_loop))
+    shrink(_gemm.choose_config("linear", x2, r, k, pair, shrink_extra, shrink_loop))
     main(main_cfg)
 
 
@@ -319,13 +319,13 @@ def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced) -> torch.Tensor:
     """xs = (x @ A^T) * scaling, each row keeping only its adapter's columns (MULTI), in
     x's dtype: the first launch of the expand mode in stream order (the rounding the
     unmerged chain does; ``_overlapped_expand`` runs its overlapped form)."""
-    m = x2.shape[0]
+    m, k = x2.shape
     r = a_stacked.shape[0]
     xs = torch.empty((m, r), dtype=x2.dtype, device=x2.device)
     run, loop = _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, False)
     if m:
         extra = f"shrink{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
-        run(_shrink_config(x2, a_stacked, run, extra, loop))
+        run(_gemm.choose_config("linear", x2, r, k, run, extra, loop))
     return xs
 
 
@@ -334,11 +334,6 @@ def _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, pdl):
     loop = _gemm.gemm_loop(x2, a_stacked, traced)
 
     def run(cfg: dict) -> None:
-        if cfg.get("SPLIT_K"):
-            _gemm.launch_shrink_split(
-                xs, x2, a_stacked, ids, scales, scaling, rank, cfg, traced=traced, pdl=pdl
-            )
-            return
         _gemm.launch_linear(
             xs, x2, a_stacked, None, None, 1.0, 0, cfg,
             lora=_gemm.LORA_SHRINK, ids=ids, scales=scales, lora_scale=scaling, rank=rank,
@@ -346,14 +341,6 @@ def _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, pdl):
         )  # fmt: skip
 
     return run, loop
-
-
-def _shrink_config(x2, a_stacked, run, extra: str, loop: int) -> dict:
-    """The shrink's tuned config: the GEMM's candidates and the split-K ones."""
-    m, k = x2.shape
-    r = a_stacked.shape[0]
-    more = _gemm.shrink_split_candidates(m, r, k, x2.dtype) if type(m) is int else []
-    return _gemm.choose_config("linear", x2, r, k, run, extra, loop, more=more)
 
 
 # ------------------------------------------------------------------------ registration
