@@ -504,9 +504,9 @@ def shrink_sweep(m: int, k: int, r: int) -> None:
         F.linear(sets[-1][0], sets[-1][2], sets[-1][4]) + sets[-1][5] @ sets[-1][3].t()
     )
     results = []
-    for cfg in _gemm.candidates(m, n, k, DT, _gemm.LOOP_TUNED):
-        if not cfg.get("TMA", False):
-            continue
+    # (from TMA_MIN_M rows every candidate takes the TMA kernel: LOOP_TMA, no flag)
+    tuned = [c for c in _gemm.candidates(m, n, k, DT, _gemm.LOOP_TUNED) if c.get("TMA")]
+    for cfg in tuned or _gemm.candidates(m, n, k, DT, _gemm.LOOP_TMA):
 
         def run(cfg=cfg):
             for x, _a, w, bb, b, xs_ref in sets:
