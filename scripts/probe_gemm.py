@@ -7,7 +7,7 @@
     PYTHONPATH=src python scripts/probe_gemm.py cands M,K,N ...   (PROBE_EXTRA=bm-bn-bk-w-s[-t],..)
     PYTHONPATH=src python scripts/probe_gemm.py kernels M,K,N ...
     PYTHONPATH=src python scripts/probe_gemm.py overlap M,K,rank ...   (PROBE_MAIN, PROBE_SHRINK[_ONLY])
-    PYTHONPATH=src python scripts/probe_gemm.py shrink M,K,rank ...
+    PYTHONPATH=src python scripts/probe_gemm.py shrink M,K,rank[,adapters] ...
     PYTHONPATH=src python scripts/probe_gemm.py profile M,K,rank ...   (PROBE_MAIN; for ncu)
 
 For each shape (default 4096,4096,4096 and 4096,4096,11008; bf16, bias + GELU-tanh):
@@ -59,7 +59,10 @@ def measure(run, out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
 
 def cfg_tag(cfg: dict) -> str:
     """A launch config as "bm.. bn.. bk.. w.. s.." (tile sizes, warps, stages)."""
-    return "bm{BLOCK_M} bn{BLOCK_N} bk{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
+    names = (("bm", "BLOCK_M"), ("bn", "BLOCK_N"), ("bk", "BLOCK_K"), ("w", "num_warps"))
+    return " ".join(
+        f"{short}{cfg[key]}" for short, key in (*names, ("s", "num_stages")) if key in cfg
+    )
 
 
 def time_all(results, out, ref, show) -> list[tuple[float, str]]:
@@ -471,35 +474,47 @@ def profile_target(m: int, k: int, r: int) -> None:
         print(f"  {name:6s} err={rel_err(out, torch.relu(ref)):.1e}", flush=True)
 
 
-def shrink_sweep(m: int, k: int, r: int) -> None:
+def shrink_sweep(m: int, k: int, r: int, adapters: int = 0) -> None:
     """LoRA's shrink launch alone (xs = 2 * x @ A^T in x's dtype, the first launch of the
     expand mode) for every tuning candidate, and the expand mode's main launch alone (xs
-    given, no overlap) for the TMA candidates, with x and the weights rotating over 3 sets."""
+    given, no overlap) for the TMA candidates, with x and the weights rotating over 3 sets.
+    ``adapters`` > 0: r is the stacked width of that many adapters in a mixed batch (random
+    ids), and the segmented shrink's configs are timed too."""
     n = 4096
     sets = lora_sets(m, k, n, r)
     xs = torch.empty(m, r, device="cuda", dtype=DT)
     out = torch.empty(m, n, device="cuda", dtype=DT)
-    print(f"== shrink M={m} K={k} rank {r} (3 sets rotating)", flush=True)
+    rank = r // adapters if adapters else r
+    ids = torch.randint(0, adapters, (m,), device="cuda") if adapters else None
+    print(f"== shrink M={m} K={k} stacked columns {r}, adapters {adapters or 1} (3 sets)")
     results = []
-    for cfg in _gemm.candidates(m, r, k, DT, _gemm.LOOP_TUNED):
+    segments = _gemm.SEGMENT_CONFIGS if adapters > 1 else []
+    for cfg in _gemm.candidates(m, r, k, DT, _gemm.LOOP_TUNED) + segments:
         tma = cfg.get("TMA", False)
 
         def run(cfg=cfg, tma=tma):
             for x, a, _w, _bb, _b, _xs in sets:
+                if cfg.get("SEGMENTS"):
+                    _gemm.launch_shrink_segments(xs, x, a, ids, None, 2.0, rank, cfg)
+                    continue
                 _gemm.launch_linear(
-                    xs, x, a, None, None, 1.0, 0, cfg, lora=_gemm.LORA_SHRINK, lora_scale=2.0,
-                    rank=r, tma=tma,
+                    xs, x, a, None, None, 1.0, 0, cfg, lora=_gemm.LORA_SHRINK, ids=ids,
+                    lora_scale=2.0, rank=rank, tma=tma,
                 )  # fmt: skip
 
-        tag = "shrink " + ("tma" if tma else "ptr")
-        tag += f" {cfg_tag(cfg)}"
-        tag += f" ({_gemm.cdiv(m, cfg['BLOCK_M'])} programs)"
-        results.append((tag, run))
+        kind = "segments" if cfg.get("SEGMENTS") else "tma" if tma else "ptr"
+        results.append((f"shrink {kind} {cfg_tag(cfg)}", run))
 
     def show(tag, us, err):
         print(f"  {tag:58s} {us / 3:9.1f} us/call err={err:.1e}", flush=True)
 
-    time_all(results, xs, sets[-1][5], show)
+    want = sets[-1][5]
+    if adapters:
+        owner = torch.arange(r, device="cuda") // rank
+        want = torch.where(ids[:, None] == owner[None, :], want, 0)
+    time_all(results, xs, want, show)
+    if adapters:
+        return
     ref = torch.relu(
         F.linear(sets[-1][0], sets[-1][2], sets[-1][4]) + sets[-1][5] @ sets[-1][3].t()
     )

@@ -490,6 +490,75 @@ def test_lora_joint_mode_one_launch(device, backend, adapters, sms, lora_mode, m
     assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "gelu", ids), torch.bfloat16)
 
 
+def _shrink_ref(x, a, scale, ids, rank, dtype):
+    """xs = scale * x @ A^T in float64, each row keeping its adapter's columns, in dtype."""
+    xs = _up(x) @ _up(a).t() * scale
+    owner = torch.arange(a.shape[0], device=x.device) // rank
+    return torch.where(ids[:, None] == owner[None, :], xs, 0.0).to(dtype)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize(("m", "k", "rank", "adapters"), [(300, 200, 8, 5), (37, 1000, 16, 3)])
+def test_shrink_segments(device, backend, m, k, rank, adapters):
+    """The segmented shrink (each program: one block of one adapter's rows): every config
+    matches the float64 reference of the stacked, masked product, on ragged sizes with ids
+    -1, an id past the adapters (no adapter, as the stacked product treats it) and an
+    adapter with no rows; xs starts as NaN (the launch zeroes it); a second call gives
+    the same bits."""
+    from fuseml.ops import _gemm
+
+    dtype = torch.bfloat16
+    r = rank * adapters
+    x = torch.randn(m, k, dtype=dtype, device=device)
+    a = torch.randn(r, k, dtype=dtype, device=device) / k**0.5
+    ids = torch.randint(-1, adapters + 1, (m,), device=device)
+    ids[ids == 1] = 0  # adapter 1 has no rows
+    ref = _shrink_ref(x, a, 0.5, ids, rank, dtype)
+    for cfg in _gemm.SEGMENT_CONFIGS:
+        outs = []
+        for _ in range(2):
+            xs = torch.full((m, r), float("nan"), dtype=dtype, device=device)
+            _gemm.launch_shrink_segments(xs, x, a, ids, None, 0.5, rank, cfg)
+            outs.append(xs)
+        assert_close_verbose(outs[0], ref, dtype)
+        assert torch.equal(outs[0], outs[1]), cfg
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_lora_with_segmented_shrink(device, backend, monkeypatch):
+    """Mixed batches whose shrink the tuner gave to the segmented kernel (forced here), in
+    the overlapped expand mode and in stream order: match the reference; the segmented
+    configs are candidates for mixed batches of several adapters only."""
+    from fuseml.ops import _gemm
+
+    monkeypatch.setenv("FUSEML_GEMM", "tma")  # the expand mode's TMA kernel, also past
+    # IN_LOOP_MAX_M rows (the interpreter runs it on the CPU)
+    monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
+    monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
+    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_EXPAND)
+    offered = []
+    choose = _gemm.choose_config
+
+    def forced(op, x, n, k, run, extra, loop, **kw):
+        if extra.startswith("shrink"):
+            offered.append(kw.get("more", []))
+            if kw.get("more"):
+                return kw["more"][0]
+        return choose(op, x, n, k, run, extra, loop, **kw)
+
+    monkeypatch.setattr(_gemm, "choose_config", forced)
+    for m in (40, 1100):  # overlapped, then (past IN_LOOP_MAX_M) in stream order
+        for adapters in (None, 3):
+            w, b, a, bb = _layer(96, 72, 8, torch.bfloat16, device, adapters=adapters)
+            x = torch.randn(m, 96, dtype=torch.bfloat16, device=device)
+            ids = None if adapters is None else torch.randint(-1, adapters, (m,), device=device)
+            out = fuseml.ops.lora_linear(
+                x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend=backend
+            )
+            assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), torch.bfloat16)
+    assert [bool(o) for o in offered] == [False, True, False, True]
+
+
 @pytest.mark.parametrize(("device", "backend"), TARGETS[:1])  # the interpreter: the order
 # of choices and launches is the point here (the GPU tests time and run the real pairs)
 def test_overlapped_shrink_is_tuned_with_the_main_launch(device, backend, monkeypatch):
@@ -511,8 +580,8 @@ def test_overlapped_shrink_is_tuned_with_the_main_launch(device, backend, monkey
     chosen = []  # (tuning-key suffix, launches one timing of a candidate makes)
     choose = _gemm.choose_config
 
-    def spy(op, x, n, k, run, extra, loop):
-        cfg = choose(op, x, n, k, run, extra, loop)
+    def spy(op, x, n, k, run, extra, loop, **kw):
+        cfg = choose(op, x, n, k, run, extra, loop, **kw)
         before = len(launched)
         run(cfg)  # what timing this candidate would launch
         chosen.append((extra, launched[before:]))

@@ -306,7 +306,7 @@ def _overlapped_expand(
         f"shrinkpdl{'m' if ids is not None else ''}{_gemm.loop_key(shrink_loop)}"
         f":n{n}{_gemm.loop_key(loop)}"
     )
-    shrink(_gemm.choose_config("linear", x2, r, k, pair, shrink_extra, shrink_loop))
+    shrink(_shrink_config(x2, a_stacked, ids, rank, pair, shrink_extra, shrink_loop))
     main(main_cfg)
 
 
@@ -319,13 +319,13 @@ def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced) -> torch.Tensor:
     """xs = (x @ A^T) * scaling, each row keeping only its adapter's columns (MULTI), in
     x's dtype: the first launch of the expand mode in stream order (the rounding the
     unmerged chain does; ``_overlapped_expand`` runs its overlapped form)."""
-    m, k = x2.shape
+    m = x2.shape[0]
     r = a_stacked.shape[0]
     xs = torch.empty((m, r), dtype=x2.dtype, device=x2.device)
     run, loop = _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, False)
     if m:
         extra = f"shrink{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
-        run(_gemm.choose_config("linear", x2, r, k, run, extra, loop))
+        run(_shrink_config(x2, a_stacked, ids, rank, run, extra, loop))
     return xs
 
 
@@ -334,6 +334,11 @@ def _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, pdl):
     loop = _gemm.gemm_loop(x2, a_stacked, traced)
 
     def run(cfg: dict) -> None:
+        if cfg.get("SEGMENTS"):
+            _gemm.launch_shrink_segments(
+                xs, x2, a_stacked, ids, scales, scaling, rank, cfg, traced=traced, pdl=pdl
+            )
+            return
         _gemm.launch_linear(
             xs, x2, a_stacked, None, None, 1.0, 0, cfg,
             lora=_gemm.LORA_SHRINK, ids=ids, scales=scales, lora_scale=scaling, rank=rank,
@@ -341,6 +346,15 @@ def _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, pdl):
         )  # fmt: skip
 
     return run, loop
+
+
+def _shrink_config(x2, a_stacked, ids, rank, run, extra: str, loop: int) -> dict:
+    """The shrink's tuned config: the GEMM's candidates, and for a mixed batch of several
+    adapters the segmented shrink's (``_gemm.launch_shrink_segments``)."""
+    k = x2.shape[1]
+    r = a_stacked.shape[0]
+    more = _gemm.SEGMENT_CONFIGS if ids is not None and r > rank else []
+    return _gemm.choose_config("linear", x2, r, k, run, extra, loop, more=more)
 
 
 # ------------------------------------------------------------------------ registration
