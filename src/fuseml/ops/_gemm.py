@@ -431,37 +431,50 @@ def _joint_shrink(
 
 
 @triton.jit
+def _segment_rows_kernel(
+    ids_ptr, rows_ptr, counts_ptr, M, n_adapters,
+    ADAPTERS_PAD: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """One program: each adapter's rows in order, rows_ptr[a * M + p] = the p-th row whose
+    id is a, and counts_ptr[a] = how many (ids -1 or past the adapters: in no list). A
+    row's place is a running count per adapter (a cumulative sum over a one-hot chunk),
+    so the lists do not depend on scheduling."""
+    adapters = tl.arange(0, ADAPTERS_PAD)
+    seen = tl.zeros((ADAPTERS_PAD,), dtype=tl.int32)
+    for c0 in range(0, M, CHUNK):
+        rr = c0 + tl.arange(0, CHUNK)
+        ids = tl.load(ids_ptr + rr, mask=rr < M, other=-1)
+        hot = ((ids[:, None] == adapters[None, :]) & (adapters < n_adapters)[None, :]).to(tl.int32)
+        place = tl.sum(hot * (seen[None, :] + tl.cumsum(hot, 0) - 1), axis=1)
+        listed = tl.sum(hot, axis=1) > 0
+        tl.store(rows_ptr + ids.to(tl.int64) * M + place, rr, mask=listed)
+        seen += tl.sum(hot, axis=0)
+    tl.store(counts_ptr + adapters, seen, mask=adapters < n_adapters)
+
+
+@triton.jit
 def _shrink_segment_kernel(
-    x_ptr, a_ptr, xs_ptr, ids_ptr, scale_ptr,  # see launch_shrink_segments
+    x_ptr, a_ptr, xs_ptr, rows_ptr, counts_ptr, scale_ptr,  # see launch_shrink_segments
     M, K, stride_xm, stride_xk, stride_ar, lora_scale,
     R: tl.constexpr, RANK: tl.constexpr, RANK_PAD: tl.constexpr,
     PER_ADAPTER_SCALE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SCAN: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Multi-adapter LoRA's shrink by adapter segments: program (a, b) computes xs for the
-    b-th block of BLOCK_M rows whose id is a (rows in order), from those rows of x and
-    adapter a's RANK rows of A only; xs (zeroed by the caller) keeps zeros in every other
-    adapter's columns, as LORA 3's masked product does. The stacked product does every
-    adapter's columns for every row: 16 adapters x rank 16 at 1024 rows is 2.1 GFLOP,
-    where this does 0.13. Each program finds its rows by scanning the ids: the positions
-    of adapter a's rows (a running count), and for each of its BLOCK_M slots the row at
-    that position. Programs past the adapter's rows stop after the scan."""
+    b-th block of BLOCK_M rows of adapter a's list (``_segment_rows_kernel``), from those
+    rows of x and adapter a's RANK rows of A only; xs (zeroed by the caller) keeps zeros
+    in every other adapter's columns, as LORA 3's masked product does. The stacked
+    product does every adapter's columns for every row: 16 adapters x rank 16 at 1024
+    rows is 2.1 GFLOP, where this does 0.13. Programs past the list stop at once."""
     if PDL:  # the overlapped expand launch may start now (it waits for xs)
         tl.extra.cuda.gdc_launch_dependents()
     adapter = tl.program_id(0)
     first = tl.program_id(1) * BLOCK_M
-    slots = first + tl.arange(0, BLOCK_M)  # positions among this adapter's rows
-    rows = tl.zeros((BLOCK_M,), dtype=tl.int32)
-    seen = 0  # this adapter's rows before the chunk
-    for c0 in range(0, M, SCAN):
-        rr = c0 + tl.arange(0, SCAN)
-        mine = (tl.load(ids_ptr + rr, mask=rr < M, other=-1) == adapter).to(tl.int32)
-        pos = seen + tl.cumsum(mine, 0) - 1
-        hit = (pos[None, :] == slots[:, None]) & (mine[None, :] == 1)  # (BLOCK_M, SCAN)
-        rows += tl.sum(tl.where(hit, rr[None, :], 0), axis=1)
-        seen += tl.sum(mine, 0)
-    if first < seen:
-        valid = slots < seen
+    count = tl.load(counts_ptr + adapter)
+    if first < count:
+        slots = first + tl.arange(0, BLOCK_M)
+        valid = slots < count
+        rows = tl.load(rows_ptr + adapter.to(tl.int64) * M + slots, mask=valid, other=0)
         ks = tl.arange(0, BLOCK_K)
         cs = tl.arange(0, RANK_PAD)
         col_ok = cs < RANK
@@ -976,10 +989,10 @@ def launch_shrink_segments(
     scales: torch.Tensor | None, lora_scale: float, rank: int, config: dict, *,
     traced: bool = False, pdl: bool = False,
 ) -> None:  # fmt: skip
-    """Multi-adapter LoRA's shrink into xs (M, R), zeroed here, through
-    ``_shrink_segment_kernel``: x (M, K), a_stacked (R, K) with R = adapters x rank, ids
-    (M,) per row (-1, or any id past the adapters: no adapter, as the stacked product
-    masks them). config from ``SEGMENT_CONFIGS``."""
+    """Multi-adapter LoRA's shrink into xs (M, R), zeroed here: each adapter's rows listed
+    (``_segment_rows_kernel``), then ``_shrink_segment_kernel``. x (M, K), a_stacked (R,
+    K) with R = adapters x rank, ids (M,) per row (-1, or any id past the adapters: no
+    adapter, as the stacked product masks them). config from ``SEGMENT_CONFIGS``."""
     if launches_skipped():
         return
     m, k = x.shape
@@ -987,16 +1000,22 @@ def launch_shrink_segments(
     xs.zero_()
     if m == 0:
         return
-    bm = config["BLOCK_M"]
-    grid = (r // rank, cdiv(m, bm))
-    kernel = torch.library.wrap_triton(_shrink_segment_kernel) if traced else _shrink_segment_kernel
+    adapters = r // rank
+    rows = torch.empty((adapters, m), dtype=torch.int32, device=x.device)
+    counts = torch.empty(adapters, dtype=torch.int32, device=x.device)
+    wrap = torch.library.wrap_triton if traced else (lambda kernel: kernel)
+    pad = max(16, next_pow2(adapters))
+    grid_launch(wrap(_segment_rows_kernel), (1,))(
+        ids, rows, counts, m, adapters, ADAPTERS_PAD=pad,
+        CHUNK=max(16, min(next_pow2(m), 16384 // pad)), num_warps=4,
+    )  # fmt: skip
     upcast = triton_interpreting()
-    grid_launch(kernel, grid)(
-        x, a_stacked, xs, ids, xs if scales is None else scales,
+    grid_launch(wrap(_shrink_segment_kernel), (adapters, cdiv(m, config["BLOCK_M"])))(
+        x, a_stacked, xs, rows, counts, xs if scales is None else scales,
         m, k, x.stride(0), x.stride(1), a_stacked.stride(0), float(lora_scale),
         R=r, RANK=rank, RANK_PAD=max(16, next_pow2(rank)), PER_ADAPTER_SCALE=scales is not None,
-        PRECISION=dot_precision(x.dtype), UPCAST=upcast, BLOCK_M=bm, BLOCK_K=config["BLOCK_K"],
-        SCAN=min(1024, max(16, next_pow2(m))), PDL=pdl and not upcast,
+        PRECISION=dot_precision(x.dtype), UPCAST=upcast, BLOCK_M=config["BLOCK_M"],
+        BLOCK_K=config["BLOCK_K"], PDL=pdl and not upcast,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )  # fmt: skip
 
