@@ -431,25 +431,19 @@ def _joint_shrink(
 
 
 @triton.jit
-def _segment_rows_kernel(
-    ids_ptr, rows_ptr, counts_ptr, M, n_adapters,
-    ADAPTERS_PAD: tl.constexpr, CHUNK: tl.constexpr,
-):  # fmt: skip
-    """One program: each adapter's rows in order, rows_ptr[a * M + p] = the p-th row whose
-    id is a, and counts_ptr[a] = how many (ids -1 or past the adapters: in no list). A
-    row's place is a running count per adapter (a cumulative sum over a one-hot chunk),
-    so the lists do not depend on scheduling."""
-    adapters = tl.arange(0, ADAPTERS_PAD)
-    seen = tl.zeros((ADAPTERS_PAD,), dtype=tl.int32)
+def _segment_rows_kernel(ids_ptr, rows_ptr, counts_ptr, M, CHUNK: tl.constexpr):
+    """Program a lists adapter a's rows in order: rows_ptr[a * M + p] = the p-th row whose
+    id is a, counts_ptr[a] = how many (ids -1 or past the adapters: in no list). A row's
+    place is a running count, so the lists do not depend on scheduling."""
+    adapter = tl.program_id(0)
+    seen = 0
     for c0 in range(0, M, CHUNK):
         rr = c0 + tl.arange(0, CHUNK)
-        ids = tl.load(ids_ptr + rr, mask=rr < M, other=-1)
-        hot = ((ids[:, None] == adapters[None, :]) & (adapters < n_adapters)[None, :]).to(tl.int32)
-        place = tl.sum(hot * (seen[None, :] + tl.cumsum(hot, 0) - 1), axis=1)
-        listed = tl.sum(hot, axis=1) > 0
-        tl.store(rows_ptr + ids.to(tl.int64) * M + place, rr, mask=listed)
-        seen += tl.sum(hot, axis=0)
-    tl.store(counts_ptr + adapters, seen, mask=adapters < n_adapters)
+        mine = (tl.load(ids_ptr + rr, mask=rr < M, other=-1) == adapter).to(tl.int32)
+        place = seen + tl.cumsum(mine, 0) - 1
+        tl.store(rows_ptr + adapter.to(tl.int64) * M + place, rr, mask=mine == 1)
+        seen += tl.sum(mine, 0)
+    tl.store(counts_ptr + adapter, seen)
 
 
 @triton.jit
@@ -1004,10 +998,8 @@ def launch_shrink_segments(
     rows = torch.empty((adapters, m), dtype=torch.int32, device=x.device)
     counts = torch.empty(adapters, dtype=torch.int32, device=x.device)
     wrap = torch.library.wrap_triton if traced else (lambda kernel: kernel)
-    pad = max(16, next_pow2(adapters))
-    grid_launch(wrap(_segment_rows_kernel), (1,))(
-        ids, rows, counts, m, adapters, ADAPTERS_PAD=pad,
-        CHUNK=max(16, min(next_pow2(m), 16384 // pad)), num_warps=4,
+    grid_launch(wrap(_segment_rows_kernel), (adapters,))(
+        ids, rows, counts, m, CHUNK=max(16, min(next_pow2(m), 2048)), num_warps=4
     )  # fmt: skip
     upcast = triton_interpreting()
     grid_launch(wrap(_shrink_segment_kernel), (adapters, cdiv(m, config["BLOCK_M"])))(
@@ -1119,9 +1111,10 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR)
 
 
 SEGMENT_CONFIGS = [  # launch_shrink_segments: short row blocks (each adapter's rows are
-    # a fraction of the batch), long K steps (each block reads its rows of x once)
+    # a fraction of the batch) and long, deep K steps: few programs each stream a long
+    # run of x (16 rows x 4096 bf16: 128 KiB) and their adapter's A
     {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": w, "num_stages": st, "SEGMENTS": True}
-    for bm, bk, w, st in ((16, 128, 4, 4), (16, 256, 4, 3), (32, 128, 4, 4), (64, 64, 4, 4))
+    for bm, bk, w, st in ((16, 256, 4, 4), (16, 512, 4, 3), (16, 512, 4, 4), (32, 256, 4, 4))
 ]
 
 
