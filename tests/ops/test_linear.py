@@ -344,24 +344,35 @@ def test_tuning_l2_mode_switch_and_its_own_table(tmp_path, monkeypatch):
         _tune.l2_mode()
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cold_tuning_times_reads_from_memory_not_the_l2(monkeypatch):
-    """Cold timing: a tensor half the L2's size is read from HBM on every timed call, so it
-    takes longer than replays that find it in the L2; a compute-only call (no memory
-    reads) comes out near its own time, the flush's subtracted."""
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    t = torch.ones(l2 // 2 // 4, device="cuda")
-    monkeypatch.setenv("FUSEML_TUNE_L2", "warm")
-    warm = _tune.gpu_time_ms(t.sum)
+def test_cold_tuning_flushes_the_l2_before_each_timed_call(monkeypatch):
+    """Cold timing: every timed call follows a read of the flush buffer (twice the L2), and
+    the flush's own time is subtracted; warm timing replays the call alone. (The effect on
+    tile choice is measured, not tested: a timed test under parallel GPU test workers
+    compared noise; NOTES.md has the measurements.)"""
+    import triton.testing
+
+    events = []
+
+    class Flush:
+        def sum(self):
+            events.append("flush")
+
+    def bench(fn, rep):
+        for _ in range(3):
+            fn()
+        return 1.0
+
+    monkeypatch.setattr(_tune, "_l2_flush", lambda index: (Flush(), 0.25))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", bench)
     monkeypatch.setenv("FUSEML_TUNE_L2", "cold")
-    cold = _tune.gpu_time_ms(t.sum)
-    assert cold > 1.2 * warm > 0, (cold, warm)
-    tiny = torch.ones(8, device="cuda")
+    assert _tune.gpu_time_ms(lambda: events.append("call")) == 0.75
+    assert events == ["flush", "call"] * 3
+    events.clear()
     monkeypatch.setenv("FUSEML_TUNE_L2", "warm")
-    tiny_warm = _tune.gpu_time_ms(tiny.sum)
-    monkeypatch.setenv("FUSEML_TUNE_L2", "cold")
-    assert abs(_tune.gpu_time_ms(tiny.sum) - tiny_warm) < 0.5 * cold, (tiny_warm, cold)
+    assert _tune.gpu_time_ms(lambda: events.append("call")) == 1.0
+    assert events == ["call"] * 3
 
 
 @pytest.mark.gpu
