@@ -327,6 +327,29 @@ def test_tuning_disabled_uses_default(tmp_path, monkeypatch):
     assert not (tmp_path / "tune").exists()
 
 
+def test_no_tuning_inside_a_graph_capture(tmp_path, monkeypatch, caplog):
+    """A tuning miss met inside a CUDA-graph capture times nothing (timing there would
+    invalidate the capture): the table's entry or the default, not remembered (a later
+    eager call tunes), and one warning per key that names it."""
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
+    monkeypatch.setenv("FUSEML_AUTOTUNE", "1")
+    monkeypatch.setattr(_tune, "_memo", {})
+    monkeypatch.setattr(_tune, "_capture_misses", set())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(_tune, "lookup", lambda device, key: None)  # (no GPU to name here)
+
+    def bench(cfg):
+        raise AssertionError("timed inside a capture")
+
+    dev = torch.device("cuda")
+    args = (dev, lambda: "k:capture", lambda: [{"a": 1}, {"a": 2}], bench, {"a": 0})
+    with caplog.at_level("WARNING", logger="fuseml"):
+        for _ in range(2):
+            assert _tune.choose(("k",), *args, can_time=True) == {"a": 0}
+    assert ("k",) not in _tune._memo
+    assert sum("k:capture" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_tuning_l2_mode_switch_and_its_own_table(tmp_path, monkeypatch):
     """FUSEML_TUNE_L2: cold (default) or warm, each with its own table (the two timings
     rank tiles differently); anything else is an error naming the variable."""

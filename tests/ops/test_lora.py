@@ -364,6 +364,28 @@ def test_lora_joint_persistent_every_tma_tile_gpu(adapters, tuned_gemm_call, mon
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_lora_ranks_of_one_pad_each_tuned_before_capture_gpu(fresh_tuning):
+    """Rank 8, then rank 16 (both padded to 16 columns), each warmed up eagerly and then
+    captured, in one process: each rank's own launches are tuned by its eager call, none
+    inside the capture (the mode choice was once shared by the pad, and the rank-16
+    capture failed tuning its shrink)."""
+    dtype = torch.bfloat16
+    for r in (8, 16):
+        w, b, a, bb = _layer(1024, 768, r, dtype, "cuda")
+        x = torch.randn(1, 1024, dtype=dtype, device="cuda")
+        fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", backend="triton")  # warm-up
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", backend="triton")
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu"), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m", [1, 64, 256, 1024, 2048])
 @pytest.mark.parametrize("adapters", [None, 4])
 def test_lora_cuda_graph_gpu(m, adapters, fresh_tuning):

@@ -227,6 +227,7 @@ def lookup(device: torch.device, key: str) -> dict | None:
 
 
 _memo: dict[tuple, dict] = {}  # the configs this process chose, by the caller's memo key
+_capture_misses: set[str] = set()  # keys first met inside a graph capture (warned once)
 
 
 def memoized(memo_key: tuple) -> dict | None:
@@ -262,6 +263,20 @@ def choose(
     text_key = key()
     if not can_time:  # fake CUDA tensors (torch.compile tracing): the table, not memoised
         return lookup(device, text_key) or default
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # Timing launches inside a CUDA-graph capture would invalidate it: the table or
+        # the default (same results, maybe slower), not memoised, so an eager call later
+        # still tunes. Graph users run one eager call first (as torch.compile's
+        # cudagraphs do): a call met here only in a capture is a miss worth reporting.
+        found = lookup(device, text_key)
+        if found is None and text_key not in _capture_misses:
+            _capture_misses.add(text_key)
+            log.warning(
+                "fuseml: %s: first met inside a CUDA-graph capture, where nothing can be "
+                "timed: using the default config (run one eager call before capturing to "
+                "tune it)", text_key,
+            )  # fmt: skip
+        return found or default
     cfg = tuned(device, text_key, candidates(), bench, default, run=run)
     if not torch.compiler.is_compiling():
         _memo[memo_key] = cfg

@@ -166,10 +166,15 @@ def _tuned_mode(args: tuple, loop: int, r_pad: int, default: int, overlap: bool 
     n = weight.shape[0]
     bucket = _tune.m_bucket(m)
     multi = "m" if ids is not None else ""
-    memo_key = ("loramode", x2.dtype, bucket, n, k, r_pad, multi, loop, x2.device)
+    # Keyed on the stacked width itself, not r_pad: the launches each mode runs are tuned
+    # per width (the shrink's N), and timing the modes is what tunes them eagerly. Under
+    # r_pad, rank 8 and rank 16 shared the choice, so a rank-16 layer whose eager call
+    # found it made was first tuned inside a graph capture (which failed there).
+    r = args[4].shape[0]
+    memo_key = ("loramode", x2.dtype, bucket, n, k, r, multi, loop, x2.device)
 
     def text_key() -> str:
-        return f"loramode:{str(x2.dtype)[6:]}:m{bucket}:n{n}:k{k}:r{r_pad}{multi}{_gemm.loop_key(loop)}"
+        return f"loramode:{str(x2.dtype)[6:]}:m{bucket}:n{n}:k{k}:r{r}{multi}{_gemm.loop_key(loop)}"
 
     def bench(cfg: dict) -> float:
         return _tune.gpu_time_ms(lambda: _run_mode(cfg["LORA"], loop, overlap, *args))
