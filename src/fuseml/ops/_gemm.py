@@ -33,13 +33,17 @@ LoRA modes (constexpr LORA):
      others run the GEMM tiles and, after the K loop, wait for their row tile's flag
      before adding xs @ B^T (as mode 4). The shrink's programs are the grid's lowest,
      which start first and wait on nothing, and the grid is no larger than the SM count,
-     so the GEMM's wait always ends. (The overlapped pair of
-     launches measured ~1.8 us over its main launch alone, H100; the joint launch took
-     0.3-0.5 us off that at 1 row and was within noise at 64-1024 rows: NOTES.md. The
-     tuner picks per shape.)
+     so the GEMM's wait always ends. Where every SM has tiles, the GEMM
+     keeps as few programs as finish its tiles in the same rounds and the shrink takes
+     the SMs left. (H100, NOTES.md: against the overlapped pair, 0.3-0.5 us less at 1
+     row, within noise at 64-1024 rows; at 4096 rows, rank 16, the cost of fuseml's plain
+     GEMM where expand in stream order took 10% more; at rank 64 too slow. The tuner
+     picks per shape.)
 Multi-adapter: A and B of every adapter are stacked along R (R = adapters x rank), and
 each row keeps only the columns of its own adapter (id -1: none), scaled per adapter.
-Exact, since the other columns are multiplied by zero.
+Exact, since the other columns are multiplied by zero. A mixed batch's shrink may
+instead run per adapter segment (``launch_shrink_segments``: each row's own columns
+only), timed by the tuner beside the stacked product.
 """
 
 from __future__ import annotations
