@@ -348,6 +348,11 @@ def test_no_tuning_inside_a_graph_capture(tmp_path, monkeypatch, caplog):
             assert _tune.choose(("k",), *args, can_time=True) == {"a": 0}
     assert ("k",) not in _tune._memo
     assert sum("k:capture" in r.getMessage() for r in caplog.records) == 1
+    # one candidate (a tile another launch chose): nothing to tune, nothing to report
+    one = (dev, lambda: "k:one", lambda: [{"a": 3}], bench, {"a": 3})
+    with caplog.at_level("WARNING", logger="fuseml"):
+        assert _tune.choose(("k1",), *one, can_time=True) == {"a": 3}
+    assert not any("k:one" in r.getMessage() for r in caplog.records)
 
 
 def test_tuning_l2_mode_switch_and_its_own_table(tmp_path, monkeypatch):
