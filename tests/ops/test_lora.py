@@ -431,9 +431,9 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
     asked = []
     tuned_mode = lora_mod._tuned_mode
 
-    def tuned(args, loop, r_pad, default, overlap=True):
+    def tuned(args, loop, default, overlap=True):
         asked.append((args[1].shape[0], overlap))
-        return tuned_mode(args, loop, r_pad, default, overlap)
+        return tuned_mode(args, loop, default, overlap)
 
     monkeypatch.setattr(lora_mod, "_tuned_mode", tuned)
     modes = []

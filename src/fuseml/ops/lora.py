@@ -127,7 +127,7 @@ def lora_rows(
         # 320 us per call): it takes the in-loop mode. (The first, eager call of a bucket
         # measures both, so a later capture finds the choice made.)
         default = _gemm.LORA_IN_LOOP if loop == _gemm.LOOP_PTR else _gemm.LORA_EXPAND
-        mode = _tuned_mode(args, loop, r_pad, default)
+        mode = _tuned_mode(args, loop, default)
         if not capturing(x2):
             mode = _gemm.LORA_IN_LOOP
     elif pdl:
@@ -142,7 +142,7 @@ def lora_rows(
         # tiles wait only for their own rows of xs: timed against it per shape bucket.
         mode = _gemm.LORA_EXPAND
         if r_pad <= IN_LOOP_MAX_R and _joint_ok(loop, a_stacked):
-            mode = _tuned_mode(args, loop, r_pad, mode, overlap=False)
+            mode = _tuned_mode(args, loop, mode, overlap=False)
     else:
         mode = _gemm.LORA_PRECOMPUTED
     _run_mode(mode, loop, pdl, *args)
@@ -154,7 +154,7 @@ def capturing(x: torch.Tensor) -> bool:
     return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _tuned_mode(args: tuple, loop: int, r_pad: int, default: int, overlap: bool = True) -> int:
+def _tuned_mode(args: tuple, loop: int, default: int, overlap: bool = True) -> int:
     """The LoRA mode for this shape bucket, from the tuning cache, else each timed whole
     (with its own tuned tiles) and the fastest kept: LORA_IN_LOOP, LORA_EXPAND with its
     launches overlapped, or LORA_JOINT where it can run; without ``overlap`` (rows past
