@@ -51,7 +51,7 @@ def lora_mode(request, monkeypatch):
         monkeypatch.setattr(lora_mod, "capturing", lambda x: True)  # as in a graph capture
         joint = request.param.startswith("joint")
 
-        def mode(args, loop, *_):  # what tuning may pick: joint only where it can run
+        def mode(args, loop, *_, **__):  # what tuning may pick: joint only where it can run
             ok = joint and lora_mod._joint_ok(loop, args[4])
             return _gemm.LORA_JOINT if ok else _gemm.LORA_EXPAND
 
@@ -579,6 +579,37 @@ def test_lora_with_segmented_shrink(device, backend, monkeypatch):
             )
             assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), torch.bfloat16)
     assert [bool(o) for o in offered] == [False, True, False, True]
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS[:1])  # the interpreter: which key
+# the tile comes from is the point here (the GPU tests run the joint launch's tiles)
+def test_joint_past_in_loop_rows_takes_the_expand_tile(device, backend, lora_mode, monkeypatch):
+    """Past IN_LOOP_MAX_M rows the joint launch runs on the tile tuned for the expand
+    mode's main launch (one tuning key for the same GEMM), and matches the reference."""
+    from fuseml.ops import _gemm
+
+    if lora_mode != "joint-tma":
+        pytest.skip("the joint mode's own test")
+    monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 16)
+    keys = []
+    choose = _gemm.choose_config
+
+    def spy(op, x, n, k, run, extra, loop, **kw):
+        keys.append(extra)
+        return choose(op, x, n, k, run, extra, loop, **kw)
+
+    monkeypatch.setattr(_gemm, "choose_config", spy)
+    used = []
+    launch = _gemm._launch_tma
+    monkeypatch.setattr(
+        _gemm, "_launch_tma", lambda *a, **k: used.append(a[8] and a[8][0]) or launch(*a, **k)
+    )
+    w, b, a, bb = _layer(64, 72, 8, torch.bfloat16, device)
+    x = torch.randn(300, 64, dtype=torch.bfloat16, device=device)
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", backend=backend)
+    assert used == [_gemm.LORA_JOINT]
+    assert keys == [f"lora{_gemm.LORA_EXPAND}r16tma"]  # (rank 8 pads to 16 columns)
+    assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu"), torch.bfloat16)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS[:1])  # the interpreter: the order

@@ -1144,12 +1144,10 @@ def choose_config(
     loop: int = LOOP_PTR,
     *,
     tma_only: bool = False,
-    only: dict | None = None,
     more: list[dict] = (),
 ) -> dict:
     """The launch config of an (M, N, K) problem; ``launch(cfg)`` runs it (for tuning).
-    tma_only: only the candidates that take the TMA kernel (LoRA's joint mode). only: that
-    config, untimed and kept in memory only (a tile another launch's tuning chose). more:
+    tma_only: only the candidates that take the TMA kernel (LoRA's joint mode). more:
     candidates beside the GEMM's own (LoRA's segmented shrink).
 
     See ``fuseml.ops._tune.choose``: memo, then the on-disk table, then tuning.
@@ -1177,8 +1175,6 @@ def choose_config(
         return _tune.gpu_time_ms(lambda: launch(c))
 
     def listed() -> list[dict]:
-        if only is not None:
-            return [only]
         own = [c for c in candidates(m, n, k, x.dtype, loop) if not tma_only or takes_tma(loop, c)]
         return own + list(more)
 
@@ -1188,7 +1184,7 @@ def choose_config(
         text_key,
         listed,
         bench,
-        default_config(m, n, k, x.dtype) if only is None else only,
+        default_config(m, n, k, x.dtype),
         can_time=x.is_cuda and not is_fake(x),
         run=launch,
     )

@@ -269,7 +269,7 @@ def choose(
         # still tunes. Graph users run one eager call first (as torch.compile's
         # cudagraphs do): a call met here only in a capture is a miss worth reporting.
         found = lookup(device, text_key)
-        if found is None and len(candidates()) <= 1:  # nothing to choose from
+        if found is None and len(candidates()) <= 1:  # nothing to choose (as ``tuned``)
             return default
         if found is None and text_key not in _capture_misses:
             _capture_misses.add(text_key)

@@ -248,7 +248,6 @@ def _run_mode(
         rank, code, traced,
     )  # fmt: skip
     joint = mode == _gemm.LORA_JOINT
-    only = None
     if joint and x2.shape[0] > IN_LOOP_MAX_M:
         # Many rows: the tile the expand mode's main launch tuned (the same GEMM, timed
         # first by _tuned_mode). Tuning the joint launch's own added 4.6 s to a first
@@ -257,8 +256,9 @@ def _run_mode(
             _gemm.LORA_EXPAND, loop, False, out, x2, weight, b, a_stacked, b_stacked, xa,
             ids, scales, scaling, rank, code, traced,
         )  # fmt: skip
-        only = _gemm.choose_config("linear", x2, n, k, expand, expand_extra, loop)
-    run(_gemm.choose_config("linear", x2, n, k, run, extra, loop, tma_only=joint, only=only))
+        run(_gemm.choose_config("linear", x2, n, k, expand, expand_extra, loop))
+        return
+    run(_gemm.choose_config("linear", x2, n, k, run, extra, loop, tma_only=joint))
 
 
 def _main_launch(
