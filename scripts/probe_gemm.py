@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import sys
 
 import torch
@@ -129,7 +130,8 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
     mode: the default (with PDL on Hopper: the expand mode, its main launch overlapping the
     shrink), the expand mode with the overlap switched off (launches in stream order), and
     FUSEML_PDL=0 (in-loop up to IN_LOOP_MAX_M rows). First call of each arm tunes; the
-    configs it chose are listed. ``shapes``: "M:adapters:rank,..." (adapters 0: single)."""
+    configs it chose are listed. ``shapes``: "M:adapters:rank,..." (adapters 0: single);
+    PROBE_ARMS: a regex of the arms to run beside the merged weight's."""
     import fuseml
     from fuseml.ops import _tune
     from fuseml.ops import lora as lora_mod
@@ -212,8 +214,11 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
             "fused, expand in stream order": variant(patch=no_overlap, mode=_gemm.LORA_EXPAND),
             "fused, FUSEML_PDL=0 (in-loop)": variant(env="0"),
         }
+        only = os.environ.get("PROBE_ARMS")  # a regex of arm names (merged always runs)
         base = None
         for name, fn in arms.items():
+            if only and base is not None and not re.search(only, name):
+                continue
             try:
                 before = set(_tune._memo)
                 got = fn()
