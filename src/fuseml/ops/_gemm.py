@@ -78,11 +78,6 @@ LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND, LORA_JOINT 
 # the loop instead of following it. FUSEML_GEMM_PREFETCH=0 issues them after the loop
 # (probes; read at import).
 PREFETCH = tl.constexpr(os.environ.get("FUSEML_GEMM_PREFETCH", "1") != "0")
-# LORA 5 (joint) with one tile a program: the tiles wait for their rows of xs and issue its
-# load this many K steps before the main loop ends, so the load's round trip overlaps the
-# last steps instead of following them. 0: after the loop (FUSEML_JOINT_POLL, for probes;
-# read at import).
-JOINT_POLL = tl.constexpr(int(os.environ.get("FUSEML_JOINT_POLL", "4")))
 
 
 @triton.jit
@@ -503,22 +498,6 @@ def _shrink_segment_kernel(
 
 
 @triton.jit
-def _joint_xs(xa_ptr, sync_ptr, pid_m, off_m, M, R: tl.constexpr, R_PAD: tl.constexpr,
-              BLOCK_M: tl.constexpr):  # fmt: skip
-    """LORA 5's tiles: wait until a shrink program has stored row tile pid_m of xs
-    (acquire), then load it (BLOCK_M, R_PAD), zeros past M and R."""
-    done = tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu")
-    while done == 0:
-        done = tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu")
-    rm = off_m + tl.arange(0, BLOCK_M)
-    rs = tl.arange(0, R_PAD)
-    return tl.load(
-        xa_ptr + rm[:, None] * R + rs[None, :],
-        mask=(rm < M)[:, None] & (rs < R)[None, :], other=0.0,
-    )  # fmt: skip
-
-
-@triton.jit
 def _tma_body(
     x_desc,  # TensorDescriptor over x (M, K), block (BLOCK_M, BLOCK_K)
     w_desc,  # TensorDescriptor over W (N, K), block (BLOCK_N, BLOCK_K)
@@ -554,7 +533,6 @@ def _tma_body(
     # (64 x 128 x 64 tile, 8 stages: 140 -> 229 registers, sm_90, Triton 3.6)
     EARLY: tl.constexpr = PREFETCH and not FLATTEN
     B_EARLY: tl.constexpr = (EARLY and (LORA == 1 or LORA == 4 or LORA == 5)) and (R_PAD == R_BLOCK)
-    POLL_EARLY: tl.constexpr = LORA == 5 and EARLY and JOINT_POLL > 0
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_tiles_n
@@ -606,11 +584,6 @@ def _tma_body(
                     xa_ptr + rm[:, None] * R + rs[None, :],
                     mask=(rm < M)[:, None] & (rs < R)[None, :], other=0.0,
                 )  # fmt: skip
-        # LORA 5 with one tile a program: the wait for xs and its load inside the loop,
-        # JOINT_POLL steps before its end (see JOINT_POLL)
-        if POLL_EARLY:
-            xs_t = tl.zeros((BLOCK_M, R_PAD), dtype=xa_ptr.dtype.element_ty)
-            k_poll = tl.maximum(tl.cdiv(K, BLOCK_K) - JOINT_POLL, 0) * BLOCK_K
         for k0 in range(0, K, BLOCK_K):
             xt = x_desc.load([off_m, k0])
             wt = w_desc.load([off_n, k0])
@@ -618,13 +591,16 @@ def _tma_body(
             if LORA == 1:
                 at = a_desc.load([0, k0])
                 xa = mma(xt, at.T, xa, PRECISION, UPCAST)
-            if POLL_EARLY:  # noqa: SIM102  (a constexpr guard: k_poll exists only then)
-                if k0 == k_poll:
-                    xs_t = _joint_xs(xa_ptr, sync_ptr, pid_m, off_m, M, R, R_PAD, BLOCK_M)
-        if LORA == 5:
-            if not POLL_EARLY:
-                xs_t = _joint_xs(xa_ptr, sync_ptr, pid_m, off_m, M, R, R_PAD, BLOCK_M)
+        if LORA == 5:  # wait until a shrink program has stored this row tile of xs
+            done = tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu")
+            while done == 0:
+                done = tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu")
+            rm = off_m + tl.arange(0, BLOCK_M)
             rs = tl.arange(0, R_PAD)
+            st = tl.load(
+                xa_ptr + rm[:, None] * R + rs[None, :],
+                mask=(rm < M)[:, None] & (rs < R)[None, :], other=0.0,
+            )  # fmt: skip
             if B_EARLY:
                 bt_t = b_v
             else:
@@ -633,7 +609,7 @@ def _tma_body(
                     b_ptr + (cn % N)[None, :] * stride_bn + rs[:, None],
                     mask=(rs < R)[:, None], other=0.0,
                 )  # fmt: skip
-            acc = mma(xs_t, bt_t, acc, PRECISION, UPCAST)
+            acc = mma(st, bt_t, acc, PRECISION, UPCAST)
         if LORA == 4:
             if PDL:
                 tl.extra.cuda.gdc_wait()
