@@ -520,17 +520,13 @@ def _shrink_ref(x, a, scale, ids, rank, dtype):
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
-@pytest.mark.parametrize(
-    ("m", "k", "rank", "adapters"), [(300, 200, 8, 5), (37, 1000, 16, 3), (700, 40, 4, 6)]
-)
+@pytest.mark.parametrize(("m", "k", "rank", "adapters"), [(300, 200, 8, 5), (37, 1000, 16, 3)])
 def test_shrink_segments(device, backend, m, k, rank, adapters):
-    """The segmented shrink (one launch: each program lists its adapters' rows, computes
-    its blocks of them and zeroes the adapters' columns of the other rows): every config
-    (one or several adapters a program, one or several programs an adapter) matches the
-    float64 reference of the stacked, masked product, on ragged sizes with ids -1, an id
-    past the adapters (no adapter, as the stacked product treats it) and an adapter with
-    no rows; xs starts as NaN (every element must be written); a second call gives the
-    same bits."""
+    """The segmented shrink (each program: one block of one adapter's rows): every config
+    matches the float64 reference of the stacked, masked product, on ragged sizes with ids
+    -1, an id past the adapters (no adapter, as the stacked product treats it) and an
+    adapter with no rows; xs starts as NaN (the launch zeroes it); a second call gives
+    the same bits."""
     from fuseml.ops import _gemm
 
     dtype = torch.bfloat16

@@ -435,73 +435,66 @@ def _joint_shrink(
 
 
 @triton.jit
+def _segment_rows_kernel(ids_ptr, rows_ptr, counts_ptr, M, CHUNK: tl.constexpr):
+    """Program a lists adapter a's rows in order: rows_ptr[a * M + p] = the p-th row whose
+    id is a, counts_ptr[a] = how many (ids -1 or past the adapters: in no list). A row's
+    place is a running count, so the lists do not depend on scheduling."""
+    adapter = tl.program_id(0)
+    seen = 0
+    for c0 in range(0, M, CHUNK):
+        rr = c0 + tl.arange(0, CHUNK)
+        mine = (tl.load(ids_ptr + rr, mask=rr < M, other=-1) == adapter).to(tl.int32)
+        place = seen + tl.cumsum(mine, 0) - 1
+        tl.store(rows_ptr + adapter.to(tl.int64) * M + place, rr, mask=mine == 1)
+        seen += tl.sum(mine, 0)
+    tl.store(counts_ptr + adapter, seen)
+
+
+@triton.jit
 def _shrink_segment_kernel(
-    x_ptr, a_ptr, xs_ptr, ids_ptr, rows_ptr, scale_ptr,  # see launch_shrink_segments
-    M, K, stride_xm, stride_xk, stride_ar, lora_scale, n_adapters,
+    x_ptr, a_ptr, xs_ptr, rows_ptr, counts_ptr, scale_ptr,  # see launch_shrink_segments
+    M, K, stride_xm, stride_xk, stride_ar, lora_scale,
     R: tl.constexpr, RANK: tl.constexpr, RANK_PAD: tl.constexpr,
     PER_ADAPTER_SCALE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr,
-    GROUP: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """Multi-adapter LoRA's shrink by adapter segments, one launch: program (g, q) serves
-    adapters g * GROUP ... g * GROUP + GROUP - 1, and of each adapter's rows (listed in
-    order by a running count over the ids, so the list does not depend on scheduling)
-    the blocks of BLOCK_M numbered q, q + SPLIT, ...: xs for those rows from them alone
-    and the adapter's RANK rows of A. Every other row gets zeros in the adapter's
-    columns (rows split between the SPLIT programs by CHUNK), as LORA 3's masked product
-    stores them, so each element of xs has one writer and nothing zeroes xs first. The
-    stacked product does every adapter's columns for every row: 16 adapters x rank 16 at
-    1024 rows is 2.1 GFLOP, where this does 0.13. rows_ptr: (adapters, M) int32 scratch,
-    each program writing and reading its own blocks' places (a CTA barrier between)."""
+    """Multi-adapter LoRA's shrink by adapter segments: program (a, b) computes xs for the
+    b-th block of BLOCK_M rows of adapter a's list (``_segment_rows_kernel``), from those
+    rows of x and adapter a's RANK rows of A only; xs (zeroed by the caller) keeps zeros
+    in every other adapter's columns, as LORA 3's masked product does. The stacked
+    product does every adapter's columns for every row: 16 adapters x rank 16 at 1024
+    rows is 2.1 GFLOP, where this does 0.13. Programs past the list stop at once."""
     if PDL:  # the overlapped expand launch may start now (it waits for xs)
         tl.extra.cuda.gdc_launch_dependents()
-    q = tl.program_id(1)
-    cs = tl.arange(0, RANK_PAD)
-    col_ok = cs < RANK
-    ks = tl.arange(0, BLOCK_K)
-    for g in range(GROUP):
-        adapter = tl.program_id(0) * GROUP + g
-        if adapter < n_adapters:
-            cols = adapter * RANK + cs
-            list_ptr = rows_ptr + adapter.to(tl.int64) * M
-            seen = 0
-            for c0 in range(0, M, CHUNK):
-                rr = c0 + tl.arange(0, CHUNK)
-                in_m = rr < M
-                idv = tl.load(ids_ptr + rr, mask=in_m, other=-1)
-                mine = idv == adapter
-                place = seen + tl.cumsum(mine.to(tl.int32), 0) - 1
-                tl.store(list_ptr + place, rr, mask=mine & ((place // BLOCK_M) % SPLIT == q))
-                zero = in_m & (idv != adapter) & ((rr // CHUNK) % SPLIT == q)
-                tl.store(
-                    xs_ptr + rr.to(tl.int64)[:, None] * R + cols[None, :],
-                    tl.zeros((CHUNK, RANK_PAD), dtype=xs_ptr.dtype.element_ty),
-                    mask=zero[:, None] & col_ok[None, :],
-                )  # fmt: skip
-                seen += tl.sum(mine.to(tl.int32), 0)
-            tl.debug_barrier()  # this program's list stores, before its threads read them
-            for first in range(q * BLOCK_M, seen, SPLIT * BLOCK_M):
-                slots = first + tl.arange(0, BLOCK_M)
-                valid = slots < seen
-                rows = tl.load(list_ptr + slots, mask=valid, other=0, cache_modifier=".cg")
-                x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :] * stride_xk
-                a_ptrs = a_ptr + (cols % R)[None, :] * stride_ar + ks[:, None]  # A^T chunk
-                acc = tl.zeros((BLOCK_M, RANK_PAD), dtype=tl.float32)
-                for k0 in range(0, K, BLOCK_K):
-                    k_ok = ks < K - k0
-                    xt = tl.load(x_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-                    at = tl.load(a_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                    acc = mma(xt, at, acc, PRECISION, UPCAST)
-                    x_ptrs += BLOCK_K * stride_xk
-                    a_ptrs += BLOCK_K
-                if PER_ADAPTER_SCALE:
-                    acc = acc * tl.load(scale_ptr + adapter)
-                else:
-                    acc = acc * tl.cast(lora_scale, tl.float32)
-                tl.store(
-                    xs_ptr + rows.to(tl.int64)[:, None] * R + cols[None, :],
-                    acc.to(xs_ptr.dtype.element_ty), mask=valid[:, None] & col_ok[None, :],
-                )  # fmt: skip
+    adapter = tl.program_id(0)
+    first = tl.program_id(1) * BLOCK_M
+    count = tl.load(counts_ptr + adapter)
+    if first < count:
+        slots = first + tl.arange(0, BLOCK_M)
+        valid = slots < count
+        rows = tl.load(rows_ptr + adapter.to(tl.int64) * M + slots, mask=valid, other=0)
+        ks = tl.arange(0, BLOCK_K)
+        cs = tl.arange(0, RANK_PAD)
+        col_ok = cs < RANK
+        cols = adapter * RANK + cs
+        x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :] * stride_xk
+        a_ptrs = a_ptr + (cols % R)[None, :] * stride_ar + ks[:, None]  # A^T (BLOCK_K, RANK_PAD)
+        acc = tl.zeros((BLOCK_M, RANK_PAD), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = ks < K - k0
+            xt = tl.load(x_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+            at = tl.load(a_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = mma(xt, at, acc, PRECISION, UPCAST)
+            x_ptrs += BLOCK_K * stride_xk
+            a_ptrs += BLOCK_K
+        if PER_ADAPTER_SCALE:
+            acc = acc * tl.load(scale_ptr + adapter)
+        else:
+            acc = acc * tl.cast(lora_scale, tl.float32)
+        tl.store(
+            xs_ptr + rows.to(tl.int64)[:, None] * R + cols[None, :],
+            acc.to(xs_ptr.dtype.element_ty), mask=valid[:, None] & col_ok[None, :],
+        )  # fmt: skip
 
 
 @triton.jit
@@ -994,29 +987,31 @@ def launch_shrink_segments(
     scales: torch.Tensor | None, lora_scale: float, rank: int, config: dict, *,
     traced: bool = False, pdl: bool = False,
 ) -> None:  # fmt: skip
-    """Multi-adapter LoRA's shrink into xs (M, R), every element written (no zeroing
-    first), in one launch of ``_shrink_segment_kernel``. x (M, K), a_stacked (R, K) with
-    R = adapters x rank, ids (M,) per row (-1, or any id past the adapters: no adapter,
-    as the stacked product masks them). config from ``SEGMENT_CONFIGS``: GROUP adapters a
-    program, SPLIT programs an adapter group."""
+    """Multi-adapter LoRA's shrink into xs (M, R), zeroed here: each adapter's rows listed
+    (``_segment_rows_kernel``), then ``_shrink_segment_kernel``. x (M, K), a_stacked (R,
+    K) with R = adapters x rank, ids (M,) per row (-1, or any id past the adapters: no
+    adapter, as the stacked product masks them). config from ``SEGMENT_CONFIGS``."""
     if launches_skipped():
         return
     m, k = x.shape
     r = a_stacked.shape[0]
+    xs.zero_()
     if m == 0:
         return
     adapters = r // rank
-    group, split = config.get("GROUP", 1), config.get("SPLIT", 1)
     rows = torch.empty((adapters, m), dtype=torch.int32, device=x.device)
+    counts = torch.empty(adapters, dtype=torch.int32, device=x.device)
     wrap = torch.library.wrap_triton if traced else (lambda kernel: kernel)
+    grid_launch(wrap(_segment_rows_kernel), (adapters,))(
+        ids, rows, counts, m, CHUNK=max(16, min(next_pow2(m), 2048)), num_warps=4
+    )  # fmt: skip
     upcast = triton_interpreting()
-    grid_launch(wrap(_shrink_segment_kernel), (cdiv(adapters, group), split))(
-        x, a_stacked, xs, ids, rows, xs if scales is None else scales,
-        m, k, x.stride(0), x.stride(1), a_stacked.stride(0), float(lora_scale), adapters,
+    grid_launch(wrap(_shrink_segment_kernel), (adapters, cdiv(m, config["BLOCK_M"])))(
+        x, a_stacked, xs, rows, counts, xs if scales is None else scales,
+        m, k, x.stride(0), x.stride(1), a_stacked.stride(0), float(lora_scale),
         R=r, RANK=rank, RANK_PAD=max(16, next_pow2(rank)), PER_ADAPTER_SCALE=scales is not None,
         PRECISION=dot_precision(x.dtype), UPCAST=upcast, BLOCK_M=config["BLOCK_M"],
-        BLOCK_K=config["BLOCK_K"], CHUNK=max(16, min(next_pow2(m), 256)), GROUP=group,
-        SPLIT=split, PDL=pdl and not upcast,
+        BLOCK_K=config["BLOCK_K"], PDL=pdl and not upcast,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )  # fmt: skip
 
@@ -1120,18 +1115,11 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR)
 
 
 SEGMENT_CONFIGS = [  # launch_shrink_segments: short row blocks (each adapter's rows are
-    # a fraction of the batch) and long, deep K steps (16 rows x 4096 bf16: 128 KiB of x);
-    # few programs (GROUP adapters each) where the shrink overlaps the main launch and
-    # must leave it the SMs (16 rows, 16 adapters: 128 tiles on 132 SMs), or several a
-    # group (SPLIT) for long lists
-    {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": w, "num_stages": st, "GROUP": g, "SPLIT": sp,
-     "SEGMENTS": True}
-    for bm, bk, w, st, g, sp in (
-        (16, 512, 4, 3, 4, 1), (16, 512, 4, 3, 2, 1), (16, 512, 4, 3, 1, 1),
-        (16, 256, 4, 4, 1, 1), (16, 256, 4, 4, 1, 4), (16, 256, 4, 4, 1, 16),
-        (32, 256, 4, 4, 1, 8),
-    )
-]  # fmt: skip
+    # a fraction of the batch) and long, deep K steps: few programs each stream a long
+    # run of x (16 rows x 4096 bf16: 128 KiB) and their adapter's A
+    {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": w, "num_stages": st, "SEGMENTS": True}
+    for bm, bk, w, st in ((16, 256, 4, 4), (16, 512, 4, 3), (16, 512, 4, 4), (32, 256, 4, 4))
+]
 
 
 def default_config(m: int, n: int, k: int, dtype: torch.dtype) -> dict:
