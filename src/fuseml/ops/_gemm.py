@@ -81,6 +81,7 @@ PREFETCH = tl.constexpr(os.environ.get("FUSEML_GEMM_PREFETCH", "1") != "0")
 # LORA 5 with several tiles a program: the shrink runs on the programs one tile short, which
 # then take their tiles (see _launch_tma); FUSEML_JOINT_TAIL=0: on SMs of its own (probes)
 JOINT_TAIL = os.environ.get("FUSEML_JOINT_TAIL", "1") != "0"
+JOINT_SHRINK_STAGES = int(os.environ.get("FUSEML_JOINT_SHRINK_STAGES", "3"))  # (see _launch_tma)
 
 
 @triton.jit
@@ -848,11 +849,16 @@ def _launch_tma(
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, bk])
     if joint:
         # A flag per row tile, zeroed here (see _joint_shrink). The shrink's loop reads x
-        # and A in long K steps, as deep as the GEMM's buffers allow.
+        # and A in K steps of up to 512 bytes, in the GEMM's buffers: shorter steps where
+        # fewer than JOINT_SHRINK_STAGES of them fit (a 128 x 256 x 64 tile with 3 stages
+        # holds one 512-byte step of a 128-row tile at rank 64: each step waited for its
+        # load)
         sync = torch.zeros(cdiv(m, bm), dtype=torch.int32, device=x.device)
         es = x.element_size()
-        shrink_k = max(16, min(512 // es, next_pow2(k)))
         budget = config["num_stages"] * (bm + bn) * bk * es
+        shrink_k = max(16, min(512 // es, next_pow2(k)))
+        while shrink_k > 32 and budget // ((bm + r_pad) * shrink_k * es) < JOINT_SHRINK_STAGES:
+            shrink_k //= 2
         shrink_stages = max(1, min(8, budget // ((bm + r_pad) * shrink_k * es)))
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, shrink_k])
         b_desc = TensorDescriptor.from_tensor(x, [bm, shrink_k])
