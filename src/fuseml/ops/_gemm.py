@@ -78,10 +78,9 @@ LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND, LORA_JOINT 
 # the loop instead of following it. FUSEML_GEMM_PREFETCH=0 issues them after the loop
 # (probes; read at import).
 PREFETCH = tl.constexpr(os.environ.get("FUSEML_GEMM_PREFETCH", "1") != "0")
-# LORA 5 with several tiles a program: the shrink runs on the programs one tile short, which
-# then take their tiles (see _launch_tma); FUSEML_JOINT_TAIL=0: on SMs of its own (probes)
-JOINT_TAIL = os.environ.get("FUSEML_JOINT_TAIL", "1") != "0"
-JOINT_SHRINK_STAGES = int(os.environ.get("FUSEML_JOINT_SHRINK_STAGES", "3"))  # (see _launch_tma)
+# LORA 5: the fewest K steps of the joint shrink's loop that fit the GEMM's buffers (see
+# _launch_tma; FUSEML_JOINT_SHRINK_STAGES, for probes)
+JOINT_SHRINK_STAGES = int(os.environ.get("FUSEML_JOINT_SHRINK_STAGES", "3"))
 
 
 @triton.jit
@@ -416,7 +415,7 @@ def _joint_shrink(
     own K step (BLOCK_K) and STAGES: a few programs read all of x while the GEMM streams
     W, so each keeps as many bytes in flight as the GEMM's buffers hold."""
     rs = tl.arange(0, R_PAD)
-    for tm in range(tl.program_id(0), n_tiles_m, n_shrink):  # (the grid's first programs)
+    for tm in range(tl.program_id(0), n_tiles_m, n_shrink):
         off_m = tm * BLOCK_M
         xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
@@ -521,7 +520,6 @@ def _tma_body(
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr, PDL: tl.constexpr,
     SHRINK_K: tl.constexpr = 16, SHRINK_STAGES: tl.constexpr = 1,  # LORA 5, see _joint_shrink
-    SHRINK_TILES: tl.constexpr = False,  # LORA 5: the shrink programs also take tiles after
 ):  # fmt: skip
     """Hopper+ (see gemm_loop): a persistent grid (one program per SM, tiles in grouped
     order) whose tiles are loaded by the tensor-memory accelerator (TMA), which zero-fills
@@ -550,11 +548,6 @@ def _tma_body(
                 n_tiles_m, n_shrink, MULTI, R, RANK, R_PAD, PER_ADAPTER_SCALE, PRECISION,
                 UPCAST, BLOCK_M, SHRINK_K, SHRINK_STAGES,
             )  # fmt: skip
-        if SHRINK_TILES:
-            # Every program walks tiles; the shrink programs (the first ids) take the
-            # sequences with one tile fewer (the last n_shrink of NUM_PROGRAMS)
-            first = (first + NUM_PROGRAMS - n_shrink) % NUM_PROGRAMS
-        elif first < n_shrink:
             first = n_tiles_m * n_tiles_n  # no GEMM tiles for this program
         else:
             first -= n_shrink
@@ -681,7 +674,6 @@ def _lora_tma_kernel(
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False, PDL: tl.constexpr = False,
     SHRINK_K: tl.constexpr = 16, SHRINK_STAGES: tl.constexpr = 1,
-    SHRINK_TILES: tl.constexpr = False,
 ):  # fmt: skip
     """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand, 5 joint) through
     _tma_body."""
@@ -690,7 +682,7 @@ def _lora_tma_kernel(
         sync_ptr, M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale, n_shrink,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
         PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN,
-        WARP_SPEC, PDL, SHRINK_K, SHRINK_STAGES, SHRINK_TILES,
+        WARP_SPEC, PDL, SHRINK_K, SHRINK_STAGES,
     )  # fmt: skip
 
 
@@ -798,27 +790,15 @@ def _launch_tma(
     programs = tiles if sms is None else min(tiles, sms)
     joint = lora is not None and lora[0] == LORA_JOINT
     n_shrink = 0
-    shrink_tiles = False
     if joint:
-        # xs's programs come first (the lowest ids: they start first and wait on nothing).
-        # Otherwise (below): one per SM the tiles leave free, at most one per row tile;
-        # where every SM has tiles evenly, the GEMM takes as few programs as finish them
-        # in the same number of rounds, at most all SMs but one (CPU: two programs more
-        # than the tiles). H100, rank 64, 4096 rows: 128 GEMM programs of 4 tiles beside 4
-        # shrink programs took 274-349 us, the plain GEMM 200-213 (NOTES.md)
+        # xs's programs first: one per SM the tiles leave free, at most one per row tile.
+        # Where every SM has tiles, the GEMM takes as few programs as finish its tiles in
+        # the same number of rounds (512 tiles on 132 SMs: 128 programs of 4), and at most
+        # all SMs but one (CPU: two programs more than the tiles)
         free_sms = programs + 2 if sms is None else sms
-        short = free_sms * cdiv(tiles, free_sms) - tiles
-        if tiles > free_sms and short and JOINT_TAIL:
-            # Several tiles a program and some programs one tile short: those (as many as
-            # there are row tiles) compute xs first, then their tiles; the GEMM keeps
-            # every SM (512 tiles on 132 SMs: 16 programs of 3 tiles shrink first)
-            programs = free_sms
-            n_shrink = min(cdiv(m, bm), short)
-            shrink_tiles = True
-        else:
-            if tiles >= free_sms:
-                programs = min(cdiv(tiles, cdiv(tiles, free_sms)), free_sms - 1)
-            n_shrink = min(cdiv(m, bm), free_sms - programs)
+        if tiles >= free_sms:
+            programs = min(cdiv(tiles, cdiv(tiles, free_sms)), free_sms - 1)
+        n_shrink = min(cdiv(m, bm), free_sms - programs)
     if flatten is None:
         # One tile a program: nothing to flatten, and the epilogue's loads go before the
         # main loop (see _tma_body)
@@ -843,8 +823,7 @@ def _launch_tma(
     r = 1 if lora_b is None else lora_b.shape[1]
     r_pad = max(16, next_pow2(r))
     a_desc = b_desc = x_desc
-    grid = programs if shrink_tiles else programs + n_shrink
-    sync, shrink_k, shrink_stages = out, 16, 1
+    sync, grid, shrink_k, shrink_stages = out, programs + n_shrink, 16, 1
     if mode == LORA_IN_LOOP:
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, bk])
     if joint:
@@ -878,10 +857,9 @@ def _launch_tma(
     args = (
         x_desc, w_desc, a_desc, b_desc, *ptrs, *more, *ints, float(alpha), float(lora_scale),
         n_shrink, *common[:3], *consts, *common[3:], bool(pdl), shrink_k, shrink_stages,
-        shrink_tiles,
     )  # fmt: skip
     key = (
-        x.dtype, out.dtype, common, consts, bool(pdl), shrink_k, shrink_stages, shrink_tiles,
+        x.dtype, out.dtype, common, consts, bool(pdl), shrink_k, shrink_stages,
         tuple(options.items()),
         tuple(t.dtype for t in more), *map(int_spec, ints), int_spec(n_shrink),
     )  # fmt: skip
