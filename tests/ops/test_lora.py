@@ -477,12 +477,15 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("adapters", [None, 3])
 @pytest.mark.parametrize("sms", [None, 3])
-def test_lora_joint_mode_one_launch(device, backend, adapters, sms, lora_mode, monkeypatch):
+@pytest.mark.parametrize("m", [300, 40])
+def test_lora_joint_mode_one_launch(device, backend, adapters, sms, m, lora_mode, monkeypatch):
     """The joint mode: one TMA launch whose first programs write xs (here 2 programs for 3
     row tiles on the interpreter, 1 per free SM on a GPU) and whose tile programs wait for
     their rows of it; single and mixed batches (ids -1 included) match the reference.
     sms = 3: a persistent grid of 3 programs, 1 of them the shrink and 2 walking the 3
-    tiles (the interpreter; the GPU keeps its own SM count)."""
+    tiles (the interpreter; the GPU keeps its own SM count). m = 40: one row tile, so K
+    is split over the free SMs (2 parts on the interpreter, 4 on a GPU), the parts summed
+    by the tiles."""
     from fuseml.ops import _gemm
 
     if lora_mode != "joint-tma":
@@ -501,14 +504,19 @@ def test_lora_joint_mode_one_launch(device, backend, adapters, sms, lora_mode, m
     monkeypatch.setattr(
         _gemm, "_launch_tma", lambda *a, **k: used.append(a[8] and a[8][0]) or launch(*a, **k)
     )
-    m = 300  # 3 row tiles of the default config's 128 rows
-    w, b, a, bb = _layer(64, 72, 8, torch.bfloat16, device, adapters=adapters)
-    x = torch.randn(m, 64, dtype=torch.bfloat16, device=device)
+    # 300 rows: 3 row tiles of the default config's 128; 40 rows, K = 600: the shrink's
+    # 256-wide steps in 2 parts of 512 and 88 columns (the last one ragged)
+    k = 600 if m == 40 else 64
+    w, b, a, bb = _layer(k, 72, 8, torch.bfloat16, device, adapters=adapters)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
     ids = None if adapters is None else torch.randint(-1, adapters, (m,), device=device)
     out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "gelu", adapter_ids=ids, backend=backend)
     assert used == [_gemm.LORA_JOINT]
-    if device == "cpu":  # 3 tiles: one program each and 2 shrink programs, or 2 + 1
-        assert grids == [(5,) if sms is None else (3,)]
+    if device == "cpu":  # 300 rows, 3 tiles: one program each and 2 shrink programs, or
+        # 2 + 1; 40 rows, 1 tile: 1 + 2 shrink programs (K in 2 parts), or 2 + 1
+        assert grids == [
+            {(300, None): (5,), (300, 3): (3,), (40, None): (3,), (40, 3): (3,)}[m, sms]
+        ]
     assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "gelu", ids), torch.bfloat16)
 
 

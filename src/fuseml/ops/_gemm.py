@@ -81,6 +81,9 @@ PREFETCH = tl.constexpr(os.environ.get("FUSEML_GEMM_PREFETCH", "1") != "0")
 # LORA 5: the fewest K steps of the joint shrink's loop that fit the GEMM's buffers (see
 # _launch_tma; FUSEML_JOINT_SHRINK_STAGES, for probes)
 JOINT_SHRINK_STAGES = int(os.environ.get("FUSEML_JOINT_SHRINK_STAGES", "3"))
+# LORA 5: the most parts K is split into for the shrink where free SMs outnumber row tiles
+# (see _launch_tma; FUSEML_JOINT_SPLIT=1: no split, for probes)
+JOINT_SPLIT = int(os.environ.get("FUSEML_JOINT_SPLIT", "4"))
 
 
 @triton.jit
@@ -407,18 +410,26 @@ def _joint_shrink(
     MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, R_PAD: tl.constexpr,
     PER_ADAPTER_SCALE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):  # fmt: skip
     """LORA 5's shrink programs: xs = x @ A^T for row tiles pid, pid + n_shrink, ... (the
     order the GEMM's grouped tiles reach them), scaled and masked per adapter and stored
     in xs's dtype (as LORA 3 stores it); after each row tile, a release-add on that row
     tile's flag, which the GEMM's tiles of those rows wait for. x_desc / a_desc have their
     own K step (BLOCK_K) and STAGES: a few programs read all of x while the GEMM streams
-    W, so each keeps as many bytes in flight as the GEMM's buffers hold."""
+    W, so each keeps as many bytes in flight as the GEMM's buffers hold. SPLIT > 1 (free
+    SMs past the row tiles): work item i is part i % SPLIT of K for row tile i // SPLIT,
+    stored in float32 at xs_ptr + part * M * R; the tiles wait for SPLIT adds and sum
+    the parts in order (``_joint_xs``)."""
     rs = tl.arange(0, R_PAD)
-    for tm in range(tl.program_id(0), n_tiles_m, n_shrink):
+    k_part = tl.cdiv(tl.cdiv(K, SPLIT), BLOCK_K) * BLOCK_K
+    for item in range(tl.program_id(0), n_tiles_m * SPLIT, n_shrink):
+        tm = item // SPLIT
+        part = item % SPLIT
         off_m = tm * BLOCK_M
         xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        k_lo = part * k_part
+        for k0 in tl.range(k_lo, tl.minimum(K, k_lo + k_part), BLOCK_K, num_stages=STAGES):
             xt = x_desc.load([off_m, k0])
             at = a_desc.load([0, k0])
             xa = mma(xt, at.T, xa, PRECISION, UPCAST)
@@ -429,8 +440,8 @@ def _joint_shrink(
             MULTI, PER_ADAPTER_SCALE, RANK,
         )  # fmt: skip
         tl.store(
-            xs_ptr + rows[:, None] * R + rs[None, :], xa.to(xs_ptr.dtype.element_ty),
-            mask=row_ok[:, None] & (rs < R)[None, :],
+            xs_ptr + part.to(tl.int64) * M * R + rows[:, None] * R + rs[None, :],
+            xa.to(xs_ptr.dtype.element_ty), mask=row_ok[:, None] & (rs < R)[None, :],
         )  # fmt: skip
         # Every thread's stores of this tile before the one release that publishes them
         tl.debug_barrier()
@@ -501,6 +512,31 @@ def _shrink_segment_kernel(
 
 
 @triton.jit
+def _joint_xs(
+    xa_ptr, sync_ptr, pid_m, off_m, M,
+    R: tl.constexpr, R_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr,
+    DTYPE: tl.constexpr,
+):  # fmt: skip
+    """LORA 5's tiles: wait until the shrink has posted all SPLIT parts of row tile pid_m
+    of xs (acquire), then load it (BLOCK_M, R_PAD) in DTYPE, zeros past M and R; several
+    parts are float32 sums over K, added in order and rounded once, as one sum is."""
+    done = tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu")
+    while done < SPLIT:
+        done = tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu")
+    rm = off_m + tl.arange(0, BLOCK_M)
+    rs = tl.arange(0, R_PAD)
+    ptrs = xa_ptr + rm[:, None] * R + rs[None, :]
+    ok = (rm < M)[:, None] & (rs < R)[None, :]
+    if SPLIT == 1:
+        st = tl.load(ptrs, mask=ok, other=0.0)
+    else:
+        st = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+        for part in tl.static_range(SPLIT):
+            st += tl.load(ptrs + part * M * R, mask=ok, other=0.0)
+    return st.to(DTYPE)
+
+
+@triton.jit
 def _tma_body(
     x_desc,  # TensorDescriptor over x (M, K), block (BLOCK_M, BLOCK_K)
     w_desc,  # TensorDescriptor over W (N, K), block (BLOCK_N, BLOCK_K)
@@ -520,6 +556,7 @@ def _tma_body(
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr, PDL: tl.constexpr,
     SHRINK_K: tl.constexpr = 16, SHRINK_STAGES: tl.constexpr = 1,  # LORA 5, see _joint_shrink
+    SHRINK_SPLIT: tl.constexpr = 1,
 ):  # fmt: skip
     """Hopper+ (see gemm_loop): a persistent grid (one program per SM, tiles in grouped
     order) whose tiles are loaded by the tensor-memory accelerator (TMA), which zero-fills
@@ -546,7 +583,7 @@ def _tma_body(
             _joint_shrink(
                 b_desc, a_desc, xa_ptr, ids_ptr, scale_ptr, sync_ptr, M, K, lora_scale,
                 n_tiles_m, n_shrink, MULTI, R, RANK, R_PAD, PER_ADAPTER_SCALE, PRECISION,
-                UPCAST, BLOCK_M, SHRINK_K, SHRINK_STAGES,
+                UPCAST, BLOCK_M, SHRINK_K, SHRINK_STAGES, SHRINK_SPLIT,
             )  # fmt: skip
             first = n_tiles_m * n_tiles_n  # no GEMM tiles for this program
         else:
@@ -594,16 +631,12 @@ def _tma_body(
             if LORA == 1:
                 at = a_desc.load([0, k0])
                 xa = mma(xt, at.T, xa, PRECISION, UPCAST)
-        if LORA == 5:  # wait until a shrink program has stored this row tile of xs
-            done = tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu")
-            while done == 0:
-                done = tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu")
-            rm = off_m + tl.arange(0, BLOCK_M)
-            rs = tl.arange(0, R_PAD)
-            st = tl.load(
-                xa_ptr + rm[:, None] * R + rs[None, :],
-                mask=(rm < M)[:, None] & (rs < R)[None, :], other=0.0,
+        if LORA == 5:  # wait until the shrink programs have stored this row tile of xs
+            st = _joint_xs(
+                xa_ptr, sync_ptr, pid_m, off_m, M, R, R_PAD, BLOCK_M, SHRINK_SPLIT,
+                b_ptr.dtype.element_ty,
             )  # fmt: skip
+            rs = tl.arange(0, R_PAD)
             if B_EARLY:
                 bt_t = b_v
             else:
@@ -674,6 +707,7 @@ def _lora_tma_kernel(
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False, PDL: tl.constexpr = False,
     SHRINK_K: tl.constexpr = 16, SHRINK_STAGES: tl.constexpr = 1,
+    SHRINK_SPLIT: tl.constexpr = 1,
 ):  # fmt: skip
     """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand, 5 joint) through
     _tma_body."""
@@ -682,7 +716,7 @@ def _lora_tma_kernel(
         sync_ptr, M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale, n_shrink,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
         PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN,
-        WARP_SPEC, PDL, SHRINK_K, SHRINK_STAGES,
+        WARP_SPEC, PDL, SHRINK_K, SHRINK_STAGES, SHRINK_SPLIT,
     )  # fmt: skip
 
 
@@ -799,6 +833,7 @@ def _launch_tma(
         if tiles >= free_sms:
             programs = min(cdiv(tiles, cdiv(tiles, free_sms)), free_sms - 1)
         n_shrink = min(cdiv(m, bm), free_sms - programs)
+        free = free_sms - programs
     if flatten is None:
         # One tile a program: nothing to flatten, and the epilogue's loads go before the
         # main loop (see _tma_body)
@@ -823,7 +858,7 @@ def _launch_tma(
     r = 1 if lora_b is None else lora_b.shape[1]
     r_pad = max(16, next_pow2(r))
     a_desc = b_desc = x_desc
-    sync, grid, shrink_k, shrink_stages = out, programs + n_shrink, 16, 1
+    sync, shrink_k, shrink_stages, split = out, 16, 1, 1
     if mode == LORA_IN_LOOP:
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, bk])
     if joint:
@@ -839,8 +874,14 @@ def _launch_tma(
         while shrink_k > 32 and budget // ((bm + r_pad) * shrink_k * es) < JOINT_SHRINK_STAGES:
             shrink_k //= 2
         shrink_stages = max(1, min(8, budget // ((bm + r_pad) * shrink_k * es)))
+        # More free SMs than row tiles (decode-like rows: 1 row tile, 4 free SMs on an
+        # H100): K split over them, so that no one SM streams a whole row tile of x and A
+        split = max(1, min(JOINT_SPLIT, free // cdiv(m, bm), cdiv(k, shrink_k)))
+        n_shrink *= split
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, shrink_k])
         b_desc = TensorDescriptor.from_tensor(x, [bm, shrink_k])
+        if split > 1:  # float32 parts (see _joint_shrink)
+            xa = torch.empty((split, m, r), dtype=torch.float32, device=x.device)
     elif mode == LORA_EXPAND:
         a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
         b_desc = TensorDescriptor.from_tensor(lora_b, [bn, r_block])
@@ -856,14 +897,14 @@ def _launch_tma(
     )  # fmt: skip
     args = (
         x_desc, w_desc, a_desc, b_desc, *ptrs, *more, *ints, float(alpha), float(lora_scale),
-        n_shrink, *common[:3], *consts, *common[3:], bool(pdl), shrink_k, shrink_stages,
+        n_shrink, *common[:3], *consts, *common[3:], bool(pdl), shrink_k, shrink_stages, split,
     )  # fmt: skip
     key = (
-        x.dtype, out.dtype, common, consts, bool(pdl), shrink_k, shrink_stages,
+        x.dtype, out.dtype, common, consts, bool(pdl), shrink_k, shrink_stages, split,
         tuple(options.items()),
         tuple(t.dtype for t in more), *map(int_spec, ints), int_spec(n_shrink),
     )  # fmt: skip
-    _lora_tma_launches((grid,), key, aligned16(*ptrs, *more), args, options)
+    _lora_tma_launches((programs + n_shrink,), key, aligned16(*ptrs, *more), args, options)
 
 
 def persistent_programs(x: torch.Tensor) -> int | None:
