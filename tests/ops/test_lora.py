@@ -555,39 +555,6 @@ def test_shrink_segments(device, backend, m, k, rank, adapters):
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
-def test_lora_wide_stack_tunes_main_behind_shrink(device, backend, monkeypatch):
-    """A mixed batch whose stack is wider than IN_LOOP_MAX_R (16 adapters x rank 8) in the
-    overlapped expand mode: after the shrink's tuning (in the pair) the main launch's
-    tile is chosen again under a key of its own, timed behind that shrink; the layer
-    matches the reference. A narrow stack (3 adapters) keeps the main tile tuned alone."""
-    from fuseml.ops import _gemm
-
-    monkeypatch.setenv("FUSEML_GEMM", "tma")
-    monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
-    monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
-    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_EXPAND)
-    extras = []
-    choose = _gemm.choose_config
-
-    def spy(op, x, n, k, run, extra, loop, **kw):
-        extras.append(extra)
-        return choose(op, x, n, k, run, extra, loop, **kw)
-
-    monkeypatch.setattr(_gemm, "choose_config", spy)
-    for adapters in (16, 3):
-        extras.clear()
-        w, b, a, bb = _layer(96, 72, 8, torch.bfloat16, device, adapters=adapters)
-        x = torch.randn(40, 96, dtype=torch.bfloat16, device=device)
-        ids = torch.randint(-1, adapters, (40,), device=device)
-        out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend=backend)
-        assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), torch.bfloat16)
-        pair = [e for e in extras if e.endswith(":pair")]
-        assert len(pair) == (1 if adapters == 16 else 0), extras
-        if pair:  # the main launch's own key, then the shrink's, then the main's again
-            assert extras[-1] == pair[0] and extras[0] + ":pair" == pair[0], extras
-
-
-@pytest.mark.parametrize(("device", "backend"), TARGETS)
 def test_lora_with_segmented_shrink(device, backend, monkeypatch):
     """Mixed batches whose shrink the tuner gave to the segmented kernel (forced here), in
     the overlapped expand mode and in stream order: match the reference; the segmented

@@ -311,19 +311,7 @@ def _overlapped_expand(
         f"shrinkpdl{'m' if ids is not None else ''}{_gemm.loop_key(shrink_loop)}"
         f":n{n}{_gemm.loop_key(loop)}"
     )
-    shrink_cfg = _shrink_config(x2, a_stacked, ids, rank, pair, shrink_extra, shrink_loop)
-    if r > IN_LOOP_MAX_R:
-        # A wide stack (16 adapters x rank 16): its shrink needs more SMs than the main
-        # launch's tile (tuned alone) leaves free, so the main tile is tuned again with
-        # that shrink before it: fewer, larger tiles may finish later alone and sooner
-        # beside it (at 128 tiles on 132 SMs the shrink's programs delay some tiles by
-        # their whole length)
-        def behind(cfg: dict) -> None:
-            shrink(shrink_cfg)
-            main(cfg)
-
-        main_cfg = _gemm.choose_config("linear", x2, n, k, behind, f"{extra}:pair", loop)
-    shrink(shrink_cfg)
+    shrink(_shrink_config(x2, a_stacked, ids, rank, pair, shrink_extra, shrink_loop))
     main(main_cfg)
 
 
