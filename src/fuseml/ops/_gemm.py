@@ -35,10 +35,11 @@ LoRA modes (constexpr LORA):
      which start first and wait on nothing, and the grid is no larger than the SM count,
      so the GEMM's wait always ends. Where every SM has tiles, the GEMM
      keeps as few programs as finish its tiles in the same rounds and the shrink takes
-     the SMs left. (H100, NOTES.md: against the overlapped pair, 0.3-0.5 us less at 1
-     row, within noise at 64-1024 rows; at 4096 rows, rank 16, the cost of fuseml's plain
-     GEMM where expand in stream order took 10% more; at rank 64 too slow. The tuner
-     picks per shape.)
+     the SMs left; where free SMs outnumber row tiles, K is split over them (float32
+     parts the tiles sum in order). (H100, NOTES.md: against the overlapped pair,
+     0.3-0.5 us less at 1 row, within noise at 64-1024 rows; at 4096 and 8192 rows,
+     ranks 16 and 64, within 1-5% of fuseml's plain GEMM where expand in stream order
+     took 8-12% more. The tuner picks per shape.)
 Multi-adapter: A and B of every adapter are stacked along R (R = adapters x rank), and
 each row keeps only the columns of its own adapter (id -1: none), scaled per adapter.
 Exact, since the other columns are multiplied by zero. A mixed batch's shrink may
