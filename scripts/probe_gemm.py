@@ -9,6 +9,7 @@
     PYTHONPATH=src python scripts/probe_gemm.py overlap M,K,rank ...   (PROBE_MAIN, PROBE_SHRINK[_ONLY])
     PYTHONPATH=src python scripts/probe_gemm.py shrink M,K,rank[,adapters] ...
     PYTHONPATH=src python scripts/probe_gemm.py profile M,K,rank ...   (PROBE_MAIN; for ncu)
+    PYTHONPATH=src python scripts/probe_gemm.py eager M,rank ...
 
 For each shape (default 4096,4096,4096 and 4096,4096,11008; bf16, bias + GELU-tanh):
 cuBLAS (F.linear + gelu, and cuBLASLt's fused epilogue), then every large-tile candidate
@@ -23,6 +24,7 @@ shape. `shrink`: LoRA's shrink launch alone per candidate, and the expand mode's
 launch alone (xs given). `kernels`: the names of the kernels cuBLAS runs (torch.profiler). `overlap`: LoRA's
 expand mode in parts (plain GEMM, main launch alone, shrink alone, the overlapped pair).
 `profile`: a few plain / joint / overlapped launches under NVTX ranges, for a profiler.
+`eager`: LoRA per eager call (host time included) in each mode an eager call could take.
 """
 
 from __future__ import annotations
@@ -539,7 +541,71 @@ def shrink_sweep(m: int, k: int, r: int, adapters: int = 0) -> None:
     time_all(results, out, ref, show)
 
 
+def eager_sweep(m: int, r: int, k: int = 4096, n: int = 4096, calls: int = 200) -> None:
+    """Per eager call (host time included): ``calls`` back-to-back calls of the fused LoRA
+    layer (bias, relu; weights fixed) timed by events around them, per LoRA mode the
+    eager path could take (in-loop and the joint launch: one launch each; the overlapped
+    pair: two), against the merged weight's F.linear + relu and fuseml's plain linear.
+    Each mode is tuned by a first call (not timed)."""
+    import fuseml
+    from fuseml.ops import lora as lora_mod
+
+    x = torch.randn(m, k, device="cuda", dtype=DT)
+    w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=DT)
+    a = torch.randn(r, k, device="cuda", dtype=DT) / k**0.5
+    bb = torch.randn(n, r, device="cuda", dtype=DT) / r**0.5
+    mw = w + 2.0 * (bb @ a)
+    ref = lora_mod.lora_linear_ref(x, w, b, a, bb, 2.0, "relu")
+
+    def fused():
+        return fuseml.ops.lora_linear(x, w, b, a, bb, 2.0, "relu")
+
+    def forced(mode):  # the eager call takes `mode` (capturing() is what keeps it in-loop)
+        def run():
+            saved = lora_mod.capturing, lora_mod._tuned_mode
+            lora_mod.capturing = lambda t: True
+            lora_mod._tuned_mode = lambda *a_, **k_: mode
+            try:
+                return fused()
+            finally:
+                lora_mod.capturing, lora_mod._tuned_mode = saved
+
+        return run
+
+    arms = {
+        "merged weight, F.linear + relu": lambda: torch.relu(F.linear(x, mw, b)),
+        "fuseml.ops.linear, no adapter": lambda: fuseml.ops.linear(x, mw, b, "relu"),
+        "fused, as eager calls run now": fused,
+        "fused, in-loop (forced)": forced(_gemm.LORA_IN_LOOP),
+        "fused, joint (forced)": forced(_gemm.LORA_JOINT),
+        "fused, expand + PDL (forced)": forced(_gemm.LORA_EXPAND),
+    }
+    print(f"== eager calls, LoRA M={m} K={k} N={n} rank {r}, bf16, relu, {calls} calls")
+    for name, fn in arms.items():
+        try:
+            got = fn()
+            torch.cuda.synchronize()
+            err = f" err={rel_err(got, ref):.1e}" if name.startswith("fused") else ""
+            for _ in range(10):
+                fn()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            print(f"  {name:36s} {start.elapsed_time(end) * 1e3 / calls:8.1f} us/call{err}")
+        except Exception as e:
+            print(f"  {name:36s} failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["eager"]:
+        for a in sys.argv[2:]:
+            eager_sweep(*(int(v) for v in a.split(",")))
+        return
     if sys.argv[1:2] == ["shrink"]:
         for a in sys.argv[2:]:
             shrink_sweep(*(int(v) for v in a.split(",")))
