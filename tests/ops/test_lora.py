@@ -510,14 +510,16 @@ def test_lora_joint_mode_one_launch(device, backend, adapters, sms, m, lora_mode
     w, b, a, bb = _layer(k, 72, 8, torch.bfloat16, device, adapters=adapters)
     x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
     ids = None if adapters is None else torch.randint(-1, adapters, (m,), device=device)
-    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "gelu", adapter_ids=ids, backend=backend)
+    # per-adapter scales where the shrink writes K in parts (each part scaled, then summed)
+    s = [0.5, -1.0, 2.0] if adapters and m == 40 else 0.5
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, s, "gelu", adapter_ids=ids, backend=backend)
     assert used == [_gemm.LORA_JOINT]
     if device == "cpu":  # 300 rows, 3 tiles: one program each and 2 shrink programs, or
         # 2 + 1; 40 rows, 1 tile: 1 + 2 shrink programs (K in 2 parts), or 2 + 1
         assert grids == [
             {(300, None): (5,), (300, 3): (3,), (40, None): (3,), (40, 3): (3,)}[m, sms]
         ]
-    assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "gelu", ids), torch.bfloat16)
+    assert_close_verbose(out, _ref64(x, w, b, a, bb, s, "gelu", ids), torch.bfloat16)
 
 
 def _shrink_ref(x, a, scale, ids, rank, dtype):
