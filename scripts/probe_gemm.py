@@ -456,7 +456,7 @@ def profile_target(m: int, k: int, r: int) -> None:
     def joint(x, a, w, bb, b):
         _gemm.launch_linear(
             out, x, w, b, None, 1.0, 1, cfg, lora=_gemm.LORA_JOINT, lora_a=a, lora_b=bb,
-            xa=xs, lora_scale=2.0, rank=r, tma=True,
+            lora_scale=2.0, rank=r, tma=True,
         )  # fmt: skip
 
     def pair(x, a, w, bb, b):

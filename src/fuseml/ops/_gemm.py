@@ -804,8 +804,9 @@ def _launch_tma(
     """One launch of the TMA kernel. lora: None, or (mode, lora_a, lora_b, xa, ids,
     scales, lora_scale, rank, r_block) with mode LORA_IN_LOOP (lora_a read through its own
     descriptor), LORA_PRECOMPUTED (xa = x @ A^T given), LORA_SHRINK (weight is A),
-    LORA_EXPAND (xa is xs, read with lora_b through descriptors) or LORA_JOINT (xa: the xs
-    buffer its first programs fill; lora_a through a descriptor). pdl (LoRA only): the
+    LORA_EXPAND (xa is xs, read with lora_b through descriptors) or LORA_JOINT (xa unused:
+    its first programs fill an xs buffer made here, whose shape depends on the K split;
+    lora_a through a descriptor). pdl (LoRA only): the
     kernel's PDL flag, and for LORA_EXPAND with pdl the launch may start early. flatten,
     warp_spec: the kernels' FLATTEN / WARP_SPEC (for probes; flatten None: where a
     program has more than one tile; see ``_tma_body``).
@@ -833,8 +834,8 @@ def _launch_tma(
         free_sms = programs + 2 if sms is None else sms
         if tiles >= free_sms:
             programs = min(cdiv(tiles, cdiv(tiles, free_sms)), free_sms - 1)
-        n_shrink = min(cdiv(m, bm), free_sms - programs)
-        free = free_sms - programs
+        row_tiles = cdiv(m, bm)
+        n_shrink = min(row_tiles, free_sms - programs)
     if flatten is None:
         # One tile a program: nothing to flatten, and the epilogue's loads go before the
         # main loop (see _tma_body)
@@ -868,7 +869,7 @@ def _launch_tma(
         # fewer than JOINT_SHRINK_STAGES of them fit (a 128 x 256 x 64 tile with 3 stages
         # holds one 512-byte step of a 128-row tile at rank 64: each step waited for its
         # load)
-        sync = torch.zeros(cdiv(m, bm), dtype=torch.int32, device=x.device)
+        sync = torch.zeros(row_tiles, dtype=torch.int32, device=x.device)
         es = x.element_size()
         budget = config["num_stages"] * (bm + bn) * bk * es
         shrink_k = max(16, min(512 // es, next_pow2(k)))
@@ -877,12 +878,13 @@ def _launch_tma(
         shrink_stages = max(1, min(8, budget // ((bm + r_pad) * shrink_k * es)))
         # More free SMs than row tiles (decode-like rows: 1 row tile, 4 free SMs on an
         # H100): K split over them, so that no one SM streams a whole row tile of x and A
-        split = max(1, min(JOINT_SPLIT, free // cdiv(m, bm), cdiv(k, shrink_k)))
+        split = max(1, min(JOINT_SPLIT, (free_sms - programs) // row_tiles, cdiv(k, shrink_k)))
         n_shrink *= split
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, shrink_k])
         b_desc = TensorDescriptor.from_tensor(x, [bm, shrink_k])
-        if split > 1:  # float32 parts (see _joint_shrink)
-            xa = torch.empty((split, m, r), dtype=torch.float32, device=x.device)
+        # xs, or its float32 parts where K is split (see _joint_shrink)
+        shape, dtype = ((split, m, r), torch.float32) if split > 1 else ((m, r), x.dtype)
+        xa = torch.empty(shape, dtype=dtype, device=x.device)
     elif mode == LORA_EXPAND:
         a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
         b_desc = TensorDescriptor.from_tensor(lora_b, [bn, r_block])

@@ -218,9 +218,10 @@ def _run_mode(
             if not (_gemm.tma_eligible(a_stacked) and (loop == _gemm.LOOP_TUNED or forced)):
                 loop = _gemm.LOOP_PTR
     elif mode == _gemm.LORA_JOINT:
-        # One launch: its first programs write xs on the SMs the GEMM's tiles leave free,
-        # the tiles wait for them after their K loop (the TMA kernel only)
-        xa = torch.empty((x2.shape[0], r), dtype=x2.dtype, device=x2.device)
+        # One launch: its first programs write xs (into a buffer the launcher makes) on the
+        # SMs the GEMM's tiles leave free, the tiles wait for them after their K loop (the
+        # TMA kernel only)
+        pass
     elif mode == _gemm.LORA_EXPAND:
         # xs = scaled, masked x @ A^T in x's dtype from a first launch, then more K steps of
         # the main kernel (on the TMA kernel B and xs through descriptors). With pdl the
