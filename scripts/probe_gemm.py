@@ -203,6 +203,16 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
 
             return run
 
+        def zeroed(run):  # the joint launch's counters zeroed by a memset per call
+            def zeroed_run():
+                os.environ["FUSEML_JOINT_FLAGS"] = "zeros"
+                try:
+                    return run()
+                finally:
+                    os.environ.pop("FUSEML_JOINT_FLAGS")
+
+            return zeroed_run
+
         arms = {
             "merged weight, cuBLAS (+ relu)": each(
                 lambda x, w, b, a, bb, mw: torch.relu(F.linear(x, mw, b))
@@ -213,6 +223,7 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
             "fused (default: tuned mode)": fused,
             "fused, expand + PDL": variant(mode=_gemm.LORA_EXPAND),
             "fused, joint (one launch)": variant(mode=_gemm.LORA_JOINT),
+            "fused, joint, flags zeroed per call": zeroed(variant(mode=_gemm.LORA_JOINT)),
             "fused, expand in stream order": variant(patch=no_overlap, mode=_gemm.LORA_EXPAND),
             "fused, FUSEML_PDL=0 (in-loop)": variant(env="0"),
         }

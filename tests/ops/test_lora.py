@@ -387,7 +387,7 @@ def test_lora_ranks_of_one_pad_each_tuned_before_capture_gpu(fresh_tuning):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m", [1, 64, 256, 1024, 2048])
-@pytest.mark.parametrize("adapters", [None, 4])
+@pytest.mark.parametrize("adapters", [None, 4, 16])
 def test_lora_cuda_graph_gpu(m, adapters, fresh_tuning):
     """Captured into a CUDA graph after an eager warm-up (which tunes), as serving does: on
     Hopper the capture takes the tuned mode (the overlapped shrink / expand launches where
@@ -415,6 +415,60 @@ def test_lora_cuda_graph_gpu(m, adapters, fresh_tuning):
         graph.replay()
         torch.cuda.synchronize()
         assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_lora_joint_flags_per_stream_and_capture_gpu(monkeypatch):
+    """The joint launch's counters (zeroed once, put back to zero by each launch): eager
+    calls on one stream share one slice of the device's slab, and each launch captured
+    into a CUDA graph has its own; two graphs replayed in turn, between eager calls, match
+    the reference, and every slice is zero after each of them."""
+    from fuseml.ops import _gemm
+
+    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_JOINT)
+    taken = []
+    take = _gemm.joint_flags
+    monkeypatch.setattr(
+        _gemm, "joint_flags", lambda t, count: taken.append(take(t, count)) or taken[-1]
+    )
+    dtype = torch.bfloat16
+    layers = []
+    for m, adapters in ((1100, None), (2100, 3)):  # past IN_LOOP_MAX_M: eager calls go joint
+        w, b, a, bb = _layer(512, 384, 16, dtype, "cuda", adapters=adapters)
+        x = torch.randn(m, 512, dtype=dtype, device="cuda")
+        ids = None if adapters is None else torch.randint(-1, adapters, (m,), device="cuda")
+        layers.append((x, w, b, a, bb, ids))
+
+    def call(i):
+        x, w, b, a, bb, ids = layers[i]
+        return fuseml.ops.lora_linear(
+            x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, check_ids=False, backend="triton"
+        )
+
+    def check(i, out):
+        torch.cuda.synchronize()
+        x, w, b, a, bb, ids = layers[i]
+        assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), dtype)
+        assert not any(t.any() for t in taken)
+
+    for i in (0, 1):
+        check(i, call(i))
+    eager = {t.data_ptr() for t in taken}
+    assert len(taken) == 2 and len(eager) == 1, "eager calls on one stream share counters"
+    graphs, outs = [], []
+    for i in (0, 1):
+        graphs.append(torch.cuda.CUDAGraph())
+        with torch.cuda.graph(graphs[-1]):
+            outs.append(call(i))
+    captured = [t.data_ptr() for t in taken[2:]]
+    assert len(captured) == 2, captured
+    assert len(set(captured)) == 2 and not eager & set(captured), (eager, captured)
+    for i in (0, 1, 0, 1):
+        layers[i][0].copy_(torch.randn_like(layers[i][0]))
+        graphs[i].replay()
+        check(i, outs[i])
+        check(1 - i, call(1 - i))
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
@@ -512,6 +566,13 @@ def test_lora_joint_mode_one_launch(device, backend, adapters, sms, m, lora_mode
     ids = None if adapters is None else torch.randint(-1, adapters, (m,), device=device)
     # per-adapter scales where the shrink writes K in parts (each part scaled, then summed)
     s = [0.5, -1.0, 2.0] if adapters and m == 40 else 0.5
+    flags = []  # one set of counters for both calls (a GPU stream's slice of the slab)
+    take = _gemm.joint_flags
+    monkeypatch.setattr(
+        _gemm,
+        "joint_flags",
+        lambda t, count: flags[0] if flags else flags.append(take(t, count)) or flags[0],
+    )
     out = fuseml.ops.lora_linear(x, w, b, a, bb, s, "gelu", adapter_ids=ids, backend=backend)
     assert used == [_gemm.LORA_JOINT]
     if device == "cpu":  # 300 rows, 3 tiles: one program each and 2 shrink programs, or
@@ -520,6 +581,12 @@ def test_lora_joint_mode_one_launch(device, backend, adapters, sms, m, lora_mode
             {(300, None): (5,), (300, 3): (3,), (40, None): (3,), (40, 3): (3,)}[m, sms]
         ]
     assert_close_verbose(out, _ref64(x, w, b, a, bb, s, "gelu", ids), torch.bfloat16)
+    # The launch leaves its counters at zero, so the next one can wait on them again
+    assert not flags[0].any(), flags[0]
+    x.copy_(torch.randn_like(x))
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, s, "gelu", adapter_ids=ids, backend=backend)
+    assert_close_verbose(out, _ref64(x, w, b, a, bb, s, "gelu", ids), torch.bfloat16)
+    assert not flags[0].any(), flags[0]
 
 
 def _shrink_ref(x, a, scale, ids, rank, dtype):
