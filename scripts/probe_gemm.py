@@ -205,11 +205,11 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
 
         def zeroed(run):  # the joint launch's counters zeroed by a memset per call
             def zeroed_run():
-                os.environ["FUSEML_COUNTERS"] = "zeros"
+                os.environ["FUSEML_JOINT_FLAGS"] = "zeros"
                 try:
                     return run()
                 finally:
-                    os.environ.pop("FUSEML_COUNTERS")
+                    os.environ.pop("FUSEML_JOINT_FLAGS")
 
             return zeroed_run
 

@@ -419,7 +419,7 @@ def test_lora_cuda_graph_gpu(m, adapters, fresh_tuning):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_lora_reset_counters_per_stream_and_capture_gpu(monkeypatch):
+def test_lora_joint_flags_per_stream_and_capture_gpu(monkeypatch):
     """The joint launch's counters (zeroed once, put back to zero by each launch): eager
     calls on one stream share one slice of the device's slab, and each launch captured
     into a CUDA graph has its own; two graphs replayed in turn, between eager calls, match
@@ -428,9 +428,9 @@ def test_lora_reset_counters_per_stream_and_capture_gpu(monkeypatch):
 
     monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_JOINT)
     taken = []
-    take = _gemm.reset_counters
+    take = _gemm.joint_flags
     monkeypatch.setattr(
-        _gemm, "reset_counters", lambda t, count: taken.append(take(t, count)) or taken[-1]
+        _gemm, "joint_flags", lambda t, count: taken.append(take(t, count)) or taken[-1]
     )
     dtype = torch.bfloat16
     layers = []
@@ -567,10 +567,10 @@ def test_lora_joint_mode_one_launch(device, backend, adapters, sms, m, lora_mode
     # per-adapter scales where the shrink writes K in parts (each part scaled, then summed)
     s = [0.5, -1.0, 2.0] if adapters and m == 40 else 0.5
     flags = []  # one set of counters for both calls (a GPU stream's slice of the slab)
-    take = _gemm.reset_counters
+    take = _gemm.joint_flags
     monkeypatch.setattr(
         _gemm,
-        "reset_counters",
+        "joint_flags",
         lambda t, count: flags[0] if flags else flags.append(take(t, count)) or flags[0],
     )
     out = fuseml.ops.lora_linear(x, w, b, a, bb, s, "gelu", adapter_ids=ids, backend=backend)
@@ -624,50 +624,10 @@ def test_shrink_segments(device, backend, m, k, rank, adapters):
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
-@pytest.mark.parametrize(
-    ("m", "k", "rank", "adapters"), [(300, 200, 8, 5), (37, 1000, 16, 3), (5, 4096, 16, None)]
-)
-def test_shrink_split(device, backend, m, k, rank, adapters, monkeypatch):
-    """The K-split shrink (programs per tile each a part of K, the last to arrive summing
-    the parts in order): every candidate, and parts that leave the last one short or
-    empty, match the float64 reference of the masked product, single and mixed batches
-    (ids -1, and an id past the adapters); xs starts as NaN; a second call on the same
-    counters gives the same bits, and leaves them at zero."""
-    from fuseml.ops import _gemm
-
-    dtype = torch.bfloat16
-    r = rank * (adapters or 1)
-    x = torch.randn(m, k, dtype=dtype, device=device)
-    a = torch.randn(r, k, dtype=dtype, device=device) / k**0.5
-    if adapters is None:
-        ids = None
-        ref = (_up(x) @ _up(a).t() * 0.5).to(dtype)
-    else:
-        ids = torch.randint(-1, adapters + 1, (m,), device=device)
-        ref = _shrink_ref(x, a, 0.5, ids, rank, dtype)
-    counters = [_gemm.reset_counters(x, 1024)]  # one set for every launch (a stream's)
-    monkeypatch.setattr(_gemm, "reset_counters", lambda t, count: counters[0][:count])
-    configs = _gemm.split_configs(m, r)
-    # 7 parts of K = 1000 in 128-wide steps: 6 of 256 (2 steps) and a last one of 0
-    configs.append({**configs[0], "SPLIT": 7, "BLOCK_M": 16, "BLOCK_R": 16})
-    for cfg in configs:
-        outs = []
-        for _ in range(2):
-            xs = torch.full((m, r), float("nan"), dtype=dtype, device=device)
-            _gemm.launch_shrink_split(xs, x, a, ids, None, 0.5, rank, cfg)
-            outs.append(xs)
-        assert_close_verbose(outs[0], ref, dtype)
-        assert torch.equal(outs[0], outs[1]), cfg
-        assert not counters[0].any(), (cfg, counters[0])
-
-
-@pytest.mark.parametrize(("device", "backend"), TARGETS)
-@pytest.mark.parametrize("kind", ["SEGMENTS", "SPLITK"])
-def test_lora_with_segmented_or_split_shrink(device, backend, kind, monkeypatch):
-    """Layers whose shrink the tuner gave to the segmented or the K-split kernel (forced
-    here), in the overlapped expand mode and in stream order: match the reference. The
-    segmented configs are candidates for mixed batches of several adapters only, the
-    split ones up to IN_LOOP_MAX_M rows."""
+def test_lora_with_segmented_shrink(device, backend, monkeypatch):
+    """Mixed batches whose shrink the tuner gave to the segmented kernel (forced here), in
+    the overlapped expand mode and in stream order: match the reference; the segmented
+    configs are candidates for mixed batches of several adapters only."""
     from fuseml.ops import _gemm
 
     monkeypatch.setenv("FUSEML_GEMM", "tma")  # the expand mode's TMA kernel, also past
@@ -680,10 +640,9 @@ def test_lora_with_segmented_or_split_shrink(device, backend, kind, monkeypatch)
 
     def forced(op, x, n, k, run, extra, loop, **kw):
         if extra.startswith("shrink"):
-            mine = [c for c in kw.get("more", []) if c.get(kind)]
-            offered.append(bool(mine))
-            if mine:
-                return mine[0]
+            offered.append(kw.get("more", []))
+            if kw.get("more"):
+                return kw["more"][0]
         return choose(op, x, n, k, run, extra, loop, **kw)
 
     monkeypatch.setattr(_gemm, "choose_config", forced)
@@ -696,8 +655,7 @@ def test_lora_with_segmented_or_split_shrink(device, backend, kind, monkeypatch)
                 x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend=backend
             )
             assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), torch.bfloat16)
-    want = [False, True, False, True] if kind == "SEGMENTS" else [True, True, False, False]
-    assert offered == want
+    assert [bool(o) for o in offered] == [False, True, False, True]
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS[:1])  # the interpreter: which key

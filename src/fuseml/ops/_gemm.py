@@ -32,7 +32,7 @@ LoRA modes (constexpr LORA):
      on SMs the GEMM's tiles leave free, setting a flag per row tile of xs stored; the
      others run the GEMM tiles and, after the K loop, wait for their row tile's flag
      before adding xs @ B^T (as mode 4); the last tile to read a row tile's flag puts it
-     back to zero, so no memset precedes the launch (``reset_counters``: 1.1-1.3 us a call
+     back to zero, so no memset precedes the launch (``joint_flags``: 1.1-1.3 us a call
      in a CUDA graph at 64-512 rows, H100). The shrink's programs are the grid's lowest,
      which start first and wait on nothing, and the grid is no larger than the SM count,
      so the GEMM's wait always ends. Where every SM has tiles, the GEMM
@@ -513,68 +513,6 @@ def _shrink_segment_kernel(
 
 
 @triton.jit
-def _shrink_split_kernel(
-    x_ptr, a_ptr, xs_ptr, part_ptr, count_ptr, ids_ptr, scale_ptr,  # see launch_shrink_split
-    M, K, stride_xm, stride_xk, stride_ar, lora_scale,
-    MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """LoRA's shrink (as LORA 3: xs = x @ A^T, scaled and masked per adapter, in xs's
-    dtype) with K split over SPLIT programs per (BLOCK_M rows, BLOCK_R stacked columns)
-    tile: few rows leave the plain shrink a handful of programs streaming all of A (16
-    adapters x rank 16: 2 MiB) beside the expand launch's W. Each program stores its
-    float32 part (part_ptr: SPLIT x M x R) and counts itself in (count_ptr, one counter
-    per tile, zero at launch); the last to arrive sums the parts in order (deterministic),
-    scales, stores xs and puts the counter back to zero (see reset_counters)."""
-    if PDL:  # the overlapped expand launch may start now (it waits for xs)
-        tl.extra.cuda.gdc_launch_dependents()
-    tile = tl.program_id(0) // SPLIT
-    part = tl.program_id(0) % SPLIT
-    n_r: tl.constexpr = (R + BLOCK_R - 1) // BLOCK_R
-    rows = (tile // n_r) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = (tile % n_r) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < M
-    col_ok = cols < R
-    k_part = tl.cdiv(tl.cdiv(K, SPLIT), BLOCK_K) * BLOCK_K
-    k_lo = part * k_part
-    k_hi = tl.minimum(K, k_lo + k_part)
-    ks = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + (rows % M).to(tl.int64)[:, None] * stride_xm + (k_lo + ks)[None, :] * stride_xk
-    a_ptrs = (
-        a_ptr + (cols % R)[None, :] * stride_ar + (k_lo + ks)[:, None]
-    )  # A^T (BLOCK_K, BLOCK_R)
-    acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        k_ok = ks < k_hi - k0
-        xt = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-        at = tl.load(a_ptrs, mask=k_ok[:, None], other=0.0)
-        acc = mma(xt, at, acc, PRECISION, UPCAST)
-        x_ptrs += BLOCK_K * stride_xk
-        a_ptrs += BLOCK_K
-    mask = row_ok[:, None] & col_ok[None, :]
-    offs = rows.to(tl.int64)[:, None] * R + cols[None, :]
-    last = True
-    if SPLIT > 1:
-        tl.store(part_ptr + part.to(tl.int64) * M * R + offs, acc, mask=mask)
-        tl.debug_barrier()  # every thread's part stored before the one release
-        last = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
-        if last:
-            acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-            for p in tl.static_range(SPLIT):
-                acc += tl.load(
-                    part_ptr + p * M * R + offs, mask=mask, other=0.0, cache_modifier=".cg"
-                )
-            tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
-    if last:
-        acc = _adapter_scale(
-            acc, rows, row_ok, cols, col_ok, ids_ptr, scale_ptr, lora_scale,
-            MULTI, PER_ADAPTER_SCALE, RANK,
-        )  # fmt: skip
-        tl.store(xs_ptr + offs, acc.to(xs_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _joint_wait(sync_ptr, pid_m, n_tiles_m, n_tiles_n, SPLIT: tl.constexpr):
     """LORA 5's tiles: wait until the shrink has posted all SPLIT parts of row tile pid_m
     of xs (acquire).
@@ -583,7 +521,7 @@ def _joint_wait(sync_ptr, pid_m, n_tiles_m, n_tiles_n, SPLIT: tl.constexpr):
     itself in (sync_ptr + n_tiles_m + pid_m) once past the wait, and the last one puts
     both counters back to zero. Every reader has passed the wait by then, and every
     shrink add has landed, so a buffer zeroed once serves every later launch on its
-    stream (see reset_counters)."""
+    stream (see joint_flags)."""
     done = tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu")
     while done < SPLIT:
         done = tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu")
@@ -929,12 +867,12 @@ def _launch_tma(
     if mode == LORA_IN_LOOP:
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, bk])
     if joint:
-        # Two counters per row tile, zero (see reset_counters). The shrink's loop reads x
+        # Two counters per row tile, zero (see joint_flags). The shrink's loop reads x
         # and A in K steps of up to 512 bytes, in the GEMM's buffers: shorter steps where
         # fewer than JOINT_SHRINK_STAGES of them fit (a 128 x 256 x 64 tile with 3 stages
         # holds one 512-byte step of a 128-row tile at rank 64: each step waited for its
         # load)
-        sync = reset_counters(x, 2 * row_tiles)
+        sync = joint_flags(x, 2 * row_tiles)
         es = x.element_size()
         budget = config["num_stages"] * (bm + bn) * bk * es
         shrink_k = max(16, min(512 // es, next_pow2(k)))
@@ -975,17 +913,16 @@ def _launch_tma(
     _lora_tma_launches((programs + n_shrink,), key, aligned16(*ptrs, *more), args, options)
 
 
-class _CounterSlab:
-    """Zeroed int32 counters for kernels that put theirs back to zero before they exit
-    (the joint launch's flags, _joint_wait; the split shrink's, _shrink_split_kernel),
-    handed out in slices of one device's slab (COUNTER_SLAB counters, zeroed once, never
-    freed). A slice serves every later launch that cannot run beside it: one slice per
-    stream for eager calls (stream order), and a slice of its own for each launch
-    captured into a CUDA graph (a graph never runs beside itself, but may beside other
-    graphs and other streams). Without a slice (the slab is spent, or the device's first
-    such launch is being captured, where no slab may be allocated) the counters are
-    zeroed by the call itself, as a memset (a node in a graph): the same result, a
-    launch more."""
+class _FlagSlab:
+    """Zeroed int32 counters for the joint launch's flags, handed out in slices of one
+    device's slab (JOINT_FLAG_SLAB counters, zeroed once, never freed). The kernel puts
+    its counters back to zero before it exits (_joint_wait), so a slice serves every later
+    launch that cannot run beside it: one slice per stream for eager calls (stream
+    order), and a slice of its own for each launch captured into a CUDA graph (a graph
+    never runs beside itself, but may beside other graphs and other streams). Without
+    a slice (the slab is spent, or the device's first joint launch is being captured,
+    where no slab may be allocated) the counters are zeroed by the call itself, as a
+    memset (a node in a graph): the same result, a launch more."""
 
     def __init__(self) -> None:
         self.slabs: dict[int, list] = {}  # device -> [slab, next free counter]
@@ -1004,7 +941,7 @@ class _CounterSlab:
         if entry is None:
             if capturing:
                 return None
-            entry = [torch.zeros(COUNTER_SLAB, dtype=torch.int32, device=x.device), 0]
+            entry = [torch.zeros(JOINT_FLAG_SLAB, dtype=torch.int32, device=x.device), 0]
             self.slabs[device] = entry
         slab, used = entry
         size = count if capturing else max(count, 256)
@@ -1012,8 +949,8 @@ class _CounterSlab:
             if not self.spent:
                 self.spent = True
                 log.info(
-                    "fuseml: the counter slab (%d counters) is spent; further LoRA launches "
-                    "zero their counters per call", COUNTER_SLAB,
+                    "fuseml: the joint LoRA launch's flag slab (%d counters) is spent; "
+                    "further launches zero their flags per call", JOINT_FLAG_SLAB,
                 )  # fmt: skip
             return None
         entry[1] = used + size
@@ -1023,16 +960,15 @@ class _CounterSlab:
         return piece
 
 
-COUNTER_SLAB = 1 << 18  # counters per device (1 MiB)
-_counter_slab = _CounterSlab()
+JOINT_FLAG_SLAB = 1 << 18  # counters per device (1 MiB)
+_flag_slab = _FlagSlab()
 
 
-def reset_counters(x: torch.Tensor, count: int) -> torch.Tensor:
-    """``count`` zeroed int32 counters for one launch on x's device and current stream of
-    a kernel that leaves them at zero (see _CounterSlab). FUSEML_COUNTERS=zeros: a fresh
-    zeroed buffer per call (probes)."""
-    if x.is_cuda and os.environ.get("FUSEML_COUNTERS", "slab") != "zeros":
-        piece = _counter_slab.take(x, count)
+def joint_flags(x: torch.Tensor, count: int) -> torch.Tensor:
+    """``count`` zeroed int32 counters for a joint launch on x's device and current stream
+    (see _FlagSlab). FUSEML_JOINT_FLAGS=zeros: a fresh zeroed buffer per call (probes)."""
+    if x.is_cuda and os.environ.get("FUSEML_JOINT_FLAGS", "slab") != "zeros":
+        piece = _flag_slab.take(x, count)
         if piece is not None:
             return piece
     return torch.zeros(count, dtype=torch.int32, device=x.device)
@@ -1194,58 +1130,6 @@ def launch_shrink_segments(
         BLOCK_K=config["BLOCK_K"], PDL=pdl and not upcast,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )  # fmt: skip
-
-
-def launch_shrink_split(
-    xs: torch.Tensor, x: torch.Tensor, a_stacked: torch.Tensor, ids: torch.Tensor | None,
-    scales: torch.Tensor | None, lora_scale: float, rank: int, config: dict, *,
-    traced: bool = False, pdl: bool = False,
-) -> None:  # fmt: skip
-    """LoRA's shrink into xs (M, R) with K split over config["SPLIT"] programs per tile
-    (``_shrink_split_kernel``; configs from ``split_configs``). x (M, K), a_stacked (R, K)
-    with unit K stride, ids (M,) or None."""
-    if launches_skipped():
-        return
-    m, k = x.shape
-    r = a_stacked.shape[0]
-    if m == 0:
-        return
-    bm, br, bk = config["BLOCK_M"], config["BLOCK_R"], config["BLOCK_K"]
-    split = max(1, min(config["SPLIT"], cdiv(k, bk)))
-    tiles = cdiv(m, bm) * cdiv(r, br)
-    parts = xs
-    counts = xs
-    if split > 1:
-        parts = torch.empty((split, m, r), dtype=torch.float32, device=x.device)
-        counts = (
-            torch.zeros(tiles, dtype=torch.int32, device=x.device) if traced
-            else reset_counters(x, tiles)
-        )  # fmt: skip
-    upcast = triton_interpreting()
-    wrap = torch.library.wrap_triton if traced else (lambda kernel: kernel)
-    grid_launch(wrap(_shrink_split_kernel), (tiles * split,))(
-        x, a_stacked, xs, parts, counts, xs if ids is None else ids,
-        xs if scales is None else scales,
-        m, k, x.stride(0), x.stride(1), a_stacked.stride(0), float(lora_scale),
-        MULTI=ids is not None, R=r, RANK=max(rank, 1), PER_ADAPTER_SCALE=scales is not None,
-        PRECISION=dot_precision(x.dtype), UPCAST=upcast, BLOCK_M=bm, BLOCK_R=br, BLOCK_K=bk,
-        SPLIT=split, PDL=pdl and not upcast,
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
-    )  # fmt: skip
-
-
-def split_configs(m: int, r: int) -> list[dict]:
-    """``launch_shrink_split``'s candidates for a shrink of m rows into r stacked columns:
-    row blocks as tall as the rows (16 to 64), column blocks up to 64, K in 128-wide steps
-    over 8 to 32 programs a tile (16 rows x 16 adapters x rank 16: 4 tiles, 32-128
-    programs, each 4-16 KiB of x and 16-64 KiB of A)."""
-    bm = min(64, max(16, next_pow2(m)))
-    br = min(64, max(16, next_pow2(r)))
-    return [
-        {"BLOCK_M": bm, "BLOCK_R": br, "BLOCK_K": 128, "SPLIT": split, "num_warps": 4,
-         "num_stages": 3, "SPLITK": True}
-        for split in (8, 16, 32)
-    ]  # fmt: skip
 
 
 # ------------------------------------------------------------------------ configs

@@ -345,11 +345,6 @@ def _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, pdl):
                 xs, x2, a_stacked, ids, scales, scaling, rank, cfg, traced=traced, pdl=pdl
             )
             return
-        if cfg.get("SPLITK"):
-            _gemm.launch_shrink_split(
-                xs, x2, a_stacked, ids, scales, scaling, rank, cfg, traced=traced, pdl=pdl
-            )
-            return
         _gemm.launch_linear(
             xs, x2, a_stacked, None, None, 1.0, 0, cfg,
             lora=_gemm.LORA_SHRINK, ids=ids, scales=scales, lora_scale=scaling, rank=rank,
@@ -360,14 +355,11 @@ def _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, pdl):
 
 
 def _shrink_config(x2, a_stacked, ids, rank, run, extra: str, loop: int) -> dict:
-    """The shrink's tuned config: the GEMM's candidates, for a mixed batch of several
-    adapters the segmented shrink's (``_gemm.launch_shrink_segments``), and up to
-    IN_LOOP_MAX_M rows the K-split shrink's (``_gemm.launch_shrink_split``)."""
-    m, k = x2.shape
+    """The shrink's tuned config: the GEMM's candidates, and for a mixed batch of several
+    adapters the segmented shrink's (``_gemm.launch_shrink_segments``)."""
+    k = x2.shape[1]
     r = a_stacked.shape[0]
-    more = list(_gemm.SEGMENT_CONFIGS) if ids is not None and r > rank else []
-    if isinstance(m, int) and m <= IN_LOOP_MAX_M and a_stacked.stride(1) == 1:
-        more += _gemm.split_configs(m, r)
+    more = _gemm.SEGMENT_CONFIGS if ids is not None and r > rank else []
     return _gemm.choose_config("linear", x2, r, k, run, extra, loop, more=more)
 
 
