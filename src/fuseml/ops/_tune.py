@@ -256,7 +256,17 @@ def choose(
     if cfg is not None:
         return cfg
     if compiling_only():  # a candidate of an enclosing tuning being compiled: no timing
-        return lookup(device, key()) or default
+        found = lookup(device, key())
+        if found is None and run is not None and can_time:
+            # This problem's candidates join the enclosing compile pass (a tuning of
+            # tunings, LoRA's modes: one parallel batch instead of one per problem, timed
+            # one after another), and the enclosing launch goes on with the default
+            for cfg in candidates():
+                try:
+                    run(cfg)
+                except Exception as err:  # reported again (or not) when timed
+                    log.debug("fuseml: compiling config %s failed: %s", cfg, err)
+        return found or default
     if not can_time and device.type != "cuda":  # no table to read: the default, every time
         _memo[memo_key] = default
         return default
