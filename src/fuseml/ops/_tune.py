@@ -183,8 +183,10 @@ def compile_candidates(candidates: list[dict], run: Callable[[dict], object]) ->
     number of candidates submitted (0 where this Triton has no async compile mode or
     threads are off). Errors are left to the timing pass, which skips a failing config.
     """
-    threads = min(_compile_threads(), len(candidates))
-    if threads <= 1 or triton_interpreting():
+    # (not capped by the candidates: nested tuning problems add theirs, see ``choose``;
+    # the pool starts threads only as work arrives)
+    threads = _compile_threads()
+    if threads <= 1 or not candidates or triton_interpreting():
         return 0
     ac = _async_compile_module()
     if ac is None:  # an older Triton: candidates compile as they are timed
