@@ -265,24 +265,11 @@ def test_compile_candidates_runs_each_config_compile_only(tmp_path, monkeypatch)
         nested = _tune.choose(("n",), torch.device("cpu"), lambda: "n", lambda: [{"B": 1}],
                               None, {"B": 0}, can_time=True)  # fmt: skip
         assert nested == {"B": 0}
-        # one with a launch of its own: its candidates are compiled in the same pass (a
-        # tuning of tunings, as LoRA's modes), and the launch goes on with the default
-        inner = _tune.choose(
-            ("i",), torch.device("cpu"), lambda: "i", lambda: [{"C": 7}, {"C": 8}], None,
-            {"C": 0}, can_time=True, run=lambda c: grid_launch(Kernel(), (c["C"],))(3),
-        )  # fmt: skip
-        assert inner == {"C": 0}
         grid_launch(Kernel(), (cfg["B"],))(1, 2, BLOCK=cfg["B"])
 
     monkeypatch.setenv("FUSEML_COMPILE_THREADS", "4")
     assert _tune.compile_candidates([{"B": 1}, {"B": 2}], run) == 2
-    inner_seen = [((3,), (7,), {}), ((3,), (8,), {})]
-    assert seen == [
-        *inner_seen,
-        ((1, 2), (1,), {"BLOCK": 1}),
-        *inner_seen,
-        ((1, 2), (2,), {"BLOCK": 2}),
-    ]
+    assert seen == [((1, 2), (1,), {"BLOCK": 1}), ((1, 2), (2,), {"BLOCK": 2})]
     assert not compiling_only() and _tune._memo == {}
     monkeypatch.setenv("FUSEML_COMPILE_THREADS", "0")
     assert _tune.compile_candidates([{"B": 1}, {"B": 2}], run) == 0

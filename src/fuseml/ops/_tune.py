@@ -183,10 +183,8 @@ def compile_candidates(candidates: list[dict], run: Callable[[dict], object]) ->
     number of candidates submitted (0 where this Triton has no async compile mode or
     threads are off). Errors are left to the timing pass, which skips a failing config.
     """
-    # (not capped by the candidates: nested tuning problems add theirs, see ``choose``;
-    # the pool starts threads only as work arrives)
-    threads = _compile_threads()
-    if threads <= 1 or not candidates or triton_interpreting():
+    threads = min(_compile_threads(), len(candidates))
+    if threads <= 1 or triton_interpreting():
         return 0
     ac = _async_compile_module()
     if ac is None:  # an older Triton: candidates compile as they are timed
@@ -258,17 +256,7 @@ def choose(
     if cfg is not None:
         return cfg
     if compiling_only():  # a candidate of an enclosing tuning being compiled: no timing
-        found = lookup(device, key())
-        if found is None and run is not None and can_time:
-            # This problem's candidates join the enclosing compile pass (a tuning of
-            # tunings, LoRA's modes: one parallel batch instead of one per problem, timed
-            # one after another), and the enclosing launch goes on with the default
-            for cfg in candidates():
-                try:
-                    run(cfg)
-                except Exception as err:  # reported again (or not) when timed
-                    log.debug("fuseml: compiling config %s failed: %s", cfg, err)
-        return found or default
+        return lookup(device, key()) or default
     if not can_time and device.type != "cuda":  # no table to read: the default, every time
         _memo[memo_key] = default
         return default

@@ -187,12 +187,8 @@ def _tuned_mode(args: tuple, loop: int, default: int, overlap: bool = True) -> i
             found.append({"LORA": _gemm.LORA_JOINT})
         return found
 
-    def run(cfg: dict) -> None:  # (compiles each mode's launches, and their candidates)
-        _run_mode(cfg["LORA"], loop, overlap, *args)
-
     cfg = _tune.choose(
         memo_key, x2.device, text_key, modes, bench, {"LORA": default}, can_time=True,
-        run=run,
     )  # fmt: skip
     return cfg["LORA"]
 
