@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable
 
 import torch
@@ -928,8 +929,13 @@ class _FlagSlab:
         self.slabs: dict[int, list] = {}  # device -> [slab, next free counter]
         self.streams: dict[tuple[int, int], torch.Tensor] = {}  # (device, stream) -> slice
         self.spent = False
+        self.lock = threading.Lock()  # threads launching on streams of their own
 
     def take(self, x: torch.Tensor, count: int) -> torch.Tensor | None:
+        with self.lock:
+            return self._take(x, count)
+
+    def _take(self, x: torch.Tensor, count: int) -> torch.Tensor | None:
         device = x.get_device()
         capturing = torch.cuda.is_current_stream_capturing()
         key = (device, torch.cuda.current_stream(x.device).cuda_stream)
