@@ -417,6 +417,49 @@ def test_lora_cuda_graph_gpu(m, adapters, fresh_tuning):
         assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), dtype)
 
 
+def test_joint_flag_slab_slices(monkeypatch, caplog):
+    """The joint launch's flag slab, on the host (the GPU test runs it for real): eager
+    calls on one stream share a slice (a larger count takes a new one), another stream
+    has its own, each captured launch takes a fresh slice and leaves the streams' alone;
+    a capture before any eager call, and a spent slab, give None (the call zeroes its
+    own counters), the latter said once."""
+    import logging
+
+    from fuseml.ops import _gemm
+
+    state = {"capturing": False, "stream": 1}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state["capturing"])
+    monkeypatch.setattr(
+        torch.cuda, "current_stream",
+        lambda device=None: type("S", (), {"cuda_stream": state["stream"]})(),
+    )  # fmt: skip
+    monkeypatch.setattr(_gemm, "JOINT_FLAG_SLAB", 1024)
+    slab = _gemm._FlagSlab()
+    x = torch.empty(1)
+    state["capturing"] = True
+    assert slab.take(x, 8) is None  # no slab may be allocated inside a capture
+    state["capturing"] = False
+    first = slab.take(x, 8)
+    assert first.numel() == 256 and not first.any()
+    assert slab.take(x, 100).data_ptr() == first.data_ptr()  # same stream, fits
+    bigger = slab.take(x, 300)
+    assert bigger.numel() == 300 and bigger.data_ptr() != first.data_ptr()
+    assert slab.take(x, 8).data_ptr() == bigger.data_ptr()
+    state["stream"] = 2
+    other = slab.take(x, 8)
+    assert other.data_ptr() not in (first.data_ptr(), bigger.data_ptr())
+    state["capturing"] = True
+    captured = [slab.take(x, 4) for _ in range(3)]
+    assert len({t.data_ptr() for t in captured}) == 3 and all(t.numel() == 4 for t in captured)
+    state["capturing"] = False
+    assert slab.take(x, 8).data_ptr() == other.data_ptr()  # captures left it alone
+    # 256 + 300 + 256 + 12 of 1024 used: a capture of 300 no longer fits
+    state["capturing"] = True
+    with caplog.at_level(logging.INFO, logger="fuseml"):
+        assert slab.take(x, 300) is None and slab.take(x, 300) is None
+    assert sum("spent" in r.getMessage() for r in caplog.records) == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_lora_joint_flags_per_stream_and_capture_gpu(monkeypatch):
