@@ -10,6 +10,7 @@
     PYTHONPATH=src python scripts/probe_gemm.py shrink M,K,rank[,adapters] ...
     PYTHONPATH=src python scripts/probe_gemm.py profile M,K,rank ...   (PROBE_MAIN; for ncu)
     PYTHONPATH=src python scripts/probe_gemm.py eager M,rank ...
+    PYTHONPATH=src python scripts/probe_gemm.py timeline M,adapters,rank ...
 
 For each shape (default 4096,4096,4096 and 4096,4096,11008; bf16, bias + GELU-tanh):
 cuBLAS (F.linear + gelu, and cuBLASLt's fused epilogue), then every large-tile candidate
@@ -25,6 +26,7 @@ launch alone (xs given). `kernels`: the names of the kernels cuBLAS runs (torch.
 expand mode in parts (plain GEMM, main launch alone, shrink alone, the overlapped pair).
 `profile`: a few plain / joint / overlapped launches under NVTX ranges, for a profiler.
 `eager`: LoRA per eager call (host time included) in each mode an eager call could take.
+`timeline`: kernel start / end times of the tuned layer in a CUDA-graph replay.
 """
 
 from __future__ import annotations
@@ -612,7 +614,63 @@ def eager_sweep(m: int, r: int, k: int = 4096, n: int = 4096, calls: int = 200) 
             print(f"  {name:36s} failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}")
 
 
+def timeline(m: int, adapters: int, r: int, k: int = 4096, n: int = 4096) -> None:
+    """Kernel start / end times of the tuned fused LoRA layer inside a CUDA-graph replay
+    (torch.profiler's CUDA activity, which CUPTI records per graph node), 3 replays, us from
+    each replay's first kernel: does the overlapped pair's main launch start while the
+    shrink runs, and when does the shrink end? ``adapters`` 0: a single adapter of rank r;
+    else a mixed batch of that many adapters of rank r (random ids). Eager first call tunes."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    import fuseml
+
+    x = torch.randn(m, k, device="cuda", dtype=DT)
+    w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=DT)
+    lead = (adapters,) if adapters else ()
+    a = torch.randn(*lead, r, k, device="cuda", dtype=DT) / k**0.5
+    bb = torch.randn(*lead, n, r, device="cuda", dtype=DT) / r**0.5
+    ids = torch.randint(0, adapters, (m,), device="cuda") if adapters else None
+
+    def call():
+        return fuseml.ops.lora_linear(x, w, b, a, bb, 2.0, "relu", adapter_ids=ids, check_ids=False)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()  # tunes
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for _ in range(20):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA
+    )
+    print(f"== timeline M={m} adapters {adapters or 1} rank {r} K={k} N={n} (graph replay)")
+    t0 = last_end = None
+    for start, end, name in kernels:
+        if last_end is None or start - last_end > 20:  # a new replay
+            t0 = start
+            print("  --")
+        print(f"  {start - t0:7.1f} .. {end - t0:7.1f} us  ({end - start:6.1f})  {name[:70]}")
+        last_end = end if last_end is None else max(last_end, end)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["timeline"]:
+        for a in sys.argv[2:]:
+            timeline(*(int(v) for v in a.split(",")))
+        return
     if sys.argv[1:2] == ["eager"]:
         for a in sys.argv[2:]:
             eager_sweep(*(int(v) for v in a.split(",")))
