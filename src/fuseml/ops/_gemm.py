@@ -973,7 +973,8 @@ _flag_slab = _FlagSlab()
 def joint_flags(x: torch.Tensor, count: int) -> torch.Tensor:
     """``count`` zeroed int32 counters for a joint launch on x's device and current stream
     (see _FlagSlab). FUSEML_JOINT_FLAGS=zeros: a fresh zeroed buffer per call (probes)."""
-    if x.is_cuda and os.environ.get("FUSEML_JOINT_FLAGS", "slab") != "zeros":
+    # (fake tensors, torch.compile tracing: nothing to keep in the slab)
+    if x.is_cuda and not is_fake(x) and os.environ.get("FUSEML_JOINT_FLAGS", "slab") != "zeros":
         piece = _flag_slab.take(x, count)
         if piece is not None:
             return piece
