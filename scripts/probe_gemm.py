@@ -2,7 +2,7 @@
 """GPU sweep of the GEMM main loop on large shapes (tuning work, not the benchmark).
 
     PYTHONPATH=src python scripts/probe_gemm.py [M,K,N ...]
-    PYTHONPATH=src python scripts/probe_gemm.py lora [M:adapters:rank ...]
+    PYTHONPATH=src python scripts/probe_gemm.py lora [M:adapters:rank ...]   (PROBE_CAPS=124,..)
     PYTHONPATH=src python scripts/probe_gemm.py small
     PYTHONPATH=src python scripts/probe_gemm.py cands M,K,N ...   (PROBE_EXTRA=bm-bn-bk-w-s[-t],..)
     PYTHONPATH=src python scripts/probe_gemm.py kernels M,K,N ...
@@ -135,7 +135,9 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
     shrink), the expand mode with the overlap switched off (launches in stream order), and
     FUSEML_PDL=0 (in-loop up to IN_LOOP_MAX_M rows). First call of each arm tunes; the
     configs it chose are listed. ``shapes``: "M:adapters:rank,..." (adapters 0: single);
-    PROBE_ARMS: a regex of the arms to run beside the merged weight's."""
+    PROBE_ARMS: a regex of the arms to run beside the merged weight's; PROBE_CAPS: the
+    overlapped pair again with every persistent grid capped at each of these (does the
+    main launch wait for SMs its shrink holds?)."""
     import fuseml
     from fuseml.ops import _tune
     from fuseml.ops import lora as lora_mod
@@ -215,6 +217,18 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
 
             return zeroed_run
 
+        def capped(cap):  # the overlapped pair with every persistent grid at most `cap`
+            def run():
+                saved = _gemm.persistent_programs
+                _gemm.persistent_programs = lambda t: cap
+                try:
+                    return variant(mode=_gemm.LORA_EXPAND)()
+                finally:
+                    _gemm.persistent_programs = saved
+
+            return run
+
+        caps = [int(v) for v in os.environ.get("PROBE_CAPS", "").split(",") if v]
         arms = {
             "merged weight, cuBLAS (+ relu)": each(
                 lambda x, w, b, a, bb, mw: torch.relu(F.linear(x, mw, b))
@@ -224,6 +238,7 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
             ),
             "fused (default: tuned mode)": fused,
             "fused, expand + PDL": variant(mode=_gemm.LORA_EXPAND),
+            **{f"fused, expand + PDL, grids <= {c}": capped(c) for c in caps},
             "fused, joint (one launch)": variant(mode=_gemm.LORA_JOINT),
             "fused, joint, flags zeroed per call": zeroed(variant(mode=_gemm.LORA_JOINT)),
             "fused, expand in stream order": variant(patch=no_overlap, mode=_gemm.LORA_EXPAND),
