@@ -129,6 +129,18 @@ def sweep(m: int, k: int, n: int) -> None:
         print(f"  best: {tag} {us:.1f} us ({best / us:.2f}x of best cuBLAS)")
 
 
+def lora_inputs(m: int, k: int, n: int, r: int, adapters: int = 0) -> tuple:
+    """(x, W, bias, A, B) of a bf16 LoRA layer; ``adapters`` > 0: A and B stacked over that
+    many adapters of rank r (peft layouts, a leading adapter dim)."""
+    x = torch.randn(m, k, device="cuda", dtype=DT)
+    w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=DT)
+    lead = (adapters,) if adapters else ()
+    a = torch.randn(*lead, r, k, device="cuda", dtype=DT) / k**0.5
+    bb = torch.randn(*lead, n, r, device="cuda", dtype=DT) / r**0.5
+    return x, w, b, a, bb
+
+
 def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
     """LoRA against the merged weight and fuseml's own plain linear of the same shape, per
     mode: the default (with PDL on Hopper: the expand mode, its main launch overlapping the
@@ -157,12 +169,7 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
     for m, adapters, r in todo:
         sets = []
         for _ in range(nsets):
-            x = torch.randn(m, k, device="cuda", dtype=DT)
-            w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
-            b = torch.randn(n, device="cuda", dtype=DT)
-            lead = (adapters,) if adapters else ()
-            a = torch.randn(*lead, r, k, device="cuda", dtype=DT) / k**0.5
-            bb = torch.randn(*lead, n, r, device="cuda", dtype=DT) / r**0.5
+            x, w, b, a, bb = lora_inputs(m, k, n, r, adapters)
             merged_w = w + 2.0 * (bb @ a) if not adapters else w
             sets.append((x, w, b, a, bb, merged_w))
         ids = torch.randint(0, adapters, (m,), device="cuda") if adapters else None
@@ -640,12 +647,7 @@ def timeline(m: int, adapters: int, r: int, k: int = 4096, n: int = 4096) -> Non
 
     import fuseml
 
-    x = torch.randn(m, k, device="cuda", dtype=DT)
-    w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
-    b = torch.randn(n, device="cuda", dtype=DT)
-    lead = (adapters,) if adapters else ()
-    a = torch.randn(*lead, r, k, device="cuda", dtype=DT) / k**0.5
-    bb = torch.randn(*lead, n, r, device="cuda", dtype=DT) / r**0.5
+    x, w, b, a, bb = lora_inputs(m, k, n, r, adapters)
     ids = torch.randint(0, adapters, (m,), device="cuda") if adapters else None
 
     def call():
