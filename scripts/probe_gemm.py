@@ -585,11 +585,7 @@ def eager_sweep(m: int, r: int, k: int = 4096, n: int = 4096, calls: int = 200) 
     import fuseml
     from fuseml.ops import lora as lora_mod
 
-    x = torch.randn(m, k, device="cuda", dtype=DT)
-    w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
-    b = torch.randn(n, device="cuda", dtype=DT)
-    a = torch.randn(r, k, device="cuda", dtype=DT) / k**0.5
-    bb = torch.randn(n, r, device="cuda", dtype=DT) / r**0.5
+    x, w, b, a, bb = lora_inputs(m, k, n, r)
     mw = w + 2.0 * (bb @ a)
     ref = lora_mod.lora_linear_ref(x, w, b, a, bb, 2.0, "relu")
 
@@ -683,33 +679,25 @@ def timeline(m: int, adapters: int, r: int, k: int = 4096, n: int = 4096) -> Non
         last_end = end if last_end is None else max(last_end, end)
 
 
+# Subcommands run once per "a,b,..." argument, with those integers as arguments
+PER_SHAPE = {
+    "timeline": timeline,
+    "eager": eager_sweep,
+    "shrink": shrink_sweep,
+    "profile": profile_target,
+    "overlap": overlap_sweep,
+    "cands": candidate_sweep,
+}
+
+
 def main() -> None:
-    if sys.argv[1:2] == ["timeline"]:
+    run = PER_SHAPE.get(sys.argv[1]) if sys.argv[1:] else None
+    if run is not None:
         for a in sys.argv[2:]:
-            timeline(*(int(v) for v in a.split(",")))
-        return
-    if sys.argv[1:2] == ["eager"]:
-        for a in sys.argv[2:]:
-            eager_sweep(*(int(v) for v in a.split(",")))
-        return
-    if sys.argv[1:2] == ["shrink"]:
-        for a in sys.argv[2:]:
-            shrink_sweep(*(int(v) for v in a.split(",")))
-        return
-    if sys.argv[1:2] == ["profile"]:
-        for a in sys.argv[2:]:
-            profile_target(*(int(v) for v in a.split(",")))
-        return
-    if sys.argv[1:2] == ["overlap"]:
-        for a in sys.argv[2:]:
-            overlap_sweep(*(int(v) for v in a.split(",")))
+            run(*(int(v) for v in a.split(",")))
         return
     if sys.argv[1:2] == ["kernels"]:
         cublas_kernels([tuple(int(v) for v in a.split(",")) for a in sys.argv[2:]])
-        return
-    if sys.argv[1:2] == ["cands"]:
-        for a in sys.argv[2:]:
-            candidate_sweep(*(int(v) for v in a.split(",")))
         return
     if sys.argv[1:2] == ["lora"]:
         lora_sweep(shapes=",".join(sys.argv[2:]))
