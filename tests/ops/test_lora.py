@@ -458,6 +458,9 @@ def test_joint_flag_slab_slices(monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="fuseml"):
         assert slab.take(x, 300) is None and slab.take(x, 300) is None
     assert sum("spent" in r.getMessage() for r in caplog.records) == 1
+    monkeypatch.setenv("FUSEML_JOINT_FLAGS", "memset")  # the probes' switch: named values only
+    with pytest.raises(ValueError, match="FUSEML_JOINT_FLAGS must be 'slab' or 'zeros'"):
+        _gemm.joint_flags(x, 8)
 
 
 @pytest.mark.gpu

@@ -973,8 +973,11 @@ _flag_slab = _FlagSlab()
 def joint_flags(x: torch.Tensor, count: int) -> torch.Tensor:
     """``count`` zeroed int32 counters for a joint launch on x's device and current stream
     (see _FlagSlab). FUSEML_JOINT_FLAGS=zeros: a fresh zeroed buffer per call (probes)."""
+    flag = os.environ.get("FUSEML_JOINT_FLAGS", "slab")
+    if flag not in ("slab", "zeros"):
+        raise ValueError(f"FUSEML_JOINT_FLAGS must be 'slab' or 'zeros', got {flag!r}")
     # (fake tensors, torch.compile tracing: nothing to keep in the slab)
-    if x.is_cuda and not is_fake(x) and os.environ.get("FUSEML_JOINT_FLAGS", "slab") != "zeros":
+    if x.is_cuda and not is_fake(x) and flag == "slab":
         piece = _flag_slab.take(x, count)
         if piece is not None:
             return piece
