@@ -1,3 +1,4 @@
+import contextlib
 import json
 import re
 
@@ -23,6 +24,18 @@ def _inputs(m, k, n, dtype, device, residual=True, lead=()):
     b = torch.randn(n, dtype=dtype, device=device)
     r = torch.randn(*lead, m, n, dtype=dtype, device=device) if residual else None
     return x, w, b, r
+
+
+@contextlib.contextmanager
+def _tf32(allow: bool):
+    """torch's TF32 matmul flag set for the block (monkeypatch cannot restore it: the
+    flag is not an attribute of its module object)."""
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
 
 
 def _ref64(x, w, b, act, r=None, alpha=1.0):
@@ -76,14 +89,46 @@ def test_linear_empty(device, backend):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("tf32", [False, True])
-def test_linear_fp32_follows_torch_tf32_flag(tf32, monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
-    x, w, b, _ = _inputs(300, 512, 256, torch.float32, "cuda", residual=False)
-    out = fuseml.ops.linear(x, w, b, "relu", backend="triton")
-    err = rel_err(out, _ref64(x, w, b, "relu"))
+@pytest.mark.parametrize("fp32_dot", _gemm.FP32_DOTS)
+@pytest.mark.parametrize(("m", "k", "n"), [(300, 512, 256), (4096, 1024, 1024), (64, 13, 512)])
+def test_linear_fp32_follows_torch_tf32_flag(tf32, fp32_dot, m, k, n, monkeypatch):
+    """TF32 only where torch allows it; otherwise fp32 accuracy through either dot
+    (FUSEML_FP32_DOT): within twice cuBLAS's own fp32 error against float64. 4096 rows
+    take the TMA kernel with tf32x3, the pointer kernel with ieee."""
+    monkeypatch.setenv("FUSEML_FP32_DOT", fp32_dot)
+    x, w, b, _ = _inputs(m, k, n, torch.float32, "cuda", residual=False)
+    ref = _ref64(x, w, b, "relu")
+    with _tf32(tf32):
+        out = fuseml.ops.linear(x, w, b, "relu", backend="triton")
+        cublas = rel_err(linear_ref(x, w, b, "relu"), ref)
+    err = rel_err(out, ref)
     assert err <= tolerance(torch.float32, tf32=tf32)
-    if not tf32:
-        assert err <= 1e-5  # an IEEE fp32 dot, not tf32
+    if not tf32:  # an fp32-accurate dot, not tf32 (whose error here is about 2e-4)
+        assert err <= max(2 * cublas, 1e-7), (err, cublas)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fp32_dot", _gemm.FP32_DOTS)
+@pytest.mark.parametrize("m", [64, 4096])
+def test_linear_fp32_dot_keeps_inf_and_nan(fp32_dot, m, monkeypatch):
+    """tf32x3 splits each value into a TF32 part and a remainder (inf - inf is NaN): an
+    inf or NaN input must still give what cuBLAS gives, and nowhere else."""
+    monkeypatch.setenv("FUSEML_FP32_DOT", fp32_dot)
+    x, w, _, _ = _inputs(m, 256, 128, torch.float32, "cuda", residual=False)
+    w = w.abs()  # one inf in a row gives +-inf in every column, not inf - inf
+    x[1, 3] = float("inf")
+    x[2, 5] = float("-inf")
+    x[3, 7] = float("nan")
+    w[9, 11] = float("inf")
+    with _tf32(False):
+        out = fuseml.ops.linear(x, w, backend="triton")
+        ref = torch.nn.functional.linear(x, w)
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert torch.equal(out.isinf(), ref.isinf())
+    both = ref.isinf()
+    assert torch.equal(out[both], ref[both])
+    assert_close_verbose(out[ref.isfinite()], ref[ref.isfinite()].double(), torch.float32)
 
 
 @pytest.mark.gpu
@@ -520,6 +565,40 @@ def test_gemm_path_choice(monkeypatch):
     monkeypatch.setenv("FUSEML_GEMM", "wgmma")
     with pytest.raises(ValueError, match="FUSEML_GEMM"):
         _gemm.gemm_loop(x, w, False)
+    monkeypatch.setenv("FUSEML_GEMM", "auto")
+    monkeypatch.setenv("FUSEML_FP32_DOT", "ieee")  # FMA dots: never the TMA kernel
+    with _tf32(False):
+        assert _gemm.gemm_loop(x, w, False) == _gemm.LOOP_PTR
+        assert _gemm.gemm_loop(x[:1], w, False) == _gemm.LOOP_PTR
+        assert _gemm.gemm_loop(x.bfloat16(), w.bfloat16(), False) == _gemm.LOOP_TMA
+    with _tf32(True):  # TF32 allowed: no FMA dot
+        assert _gemm.gemm_loop(x, w, False) == _gemm.LOOP_TMA
+
+
+def test_fp32_dot_choice(monkeypatch):
+    """float32 without TF32 takes FUSEML_FP32_DOT (tf32x3 unless set); with TF32 allowed,
+    or 16-bit inputs, the dot is tf32 (ignored for 16-bit); other values are an error."""
+    monkeypatch.delenv("FUSEML_FP32_DOT", raising=False)
+    with _tf32(False):
+        assert _gemm.dot_precision(torch.float32) == "tf32x3"
+        assert _gemm.dot_precision(torch.bfloat16) == "tf32"
+        monkeypatch.setenv("FUSEML_FP32_DOT", "ieee")
+        assert _gemm.dot_precision(torch.float32) == "ieee"
+        monkeypatch.setenv("FUSEML_FP32_DOT", "fp64")
+        with pytest.raises(ValueError, match="FUSEML_FP32_DOT"):
+            _gemm.dot_precision(torch.float32)
+    with _tf32(True):
+        assert _gemm.dot_precision(torch.float32) == "tf32"
+
+
+@pytest.mark.parametrize("fp32_dot", _gemm.FP32_DOTS)
+def test_linear_fp32_dots_interpreted(fp32_dot, monkeypatch):
+    """Both fp32 dots build and run (the interpreter computes fp32 either way)."""
+    monkeypatch.setenv("FUSEML_FP32_DOT", fp32_dot)
+    x, w, b, r = _inputs(37, 45, 70, torch.float32, "cpu")
+    with _tf32(False):
+        out = fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend="triton")
+    assert_close_verbose(out, _ref64(x, w, b, "gelu", r, 0.5), torch.float32)
 
 
 def test_tuned_loop_adds_tma_candidates_up_to_tma_tuned_max_m():

@@ -1,3 +1,4 @@
+import gc
 import re
 
 import pytest
@@ -106,6 +107,29 @@ def test_lora_multi_rows_without_adapter_get_the_base_layer(device, backend):
     ids = torch.full((7,), -1, device=device, dtype=torch.int32)
     out = fuseml.ops.lora_linear(x, w, b, a, bb, 1.0, adapter_ids=ids, backend=backend)
     assert_close_verbose(out, fuseml.ops.linear_ref(_up(x), _up(w), _up(b)))
+
+
+def test_stacked_b_is_kept_per_tensor_and_version():
+    """The multi-adapter B's stacked copy is made once per tensor and version; an
+    in-place write, a new tensor, autograd or inference tensors each get a fresh one."""
+    a, b = torch.randn(3, 4, 5), torch.randn(3, 8, 4)
+    want = b.permute(1, 0, 2).reshape(8, 12)
+    first = lora_mod.stack_adapters(a, b)[1]
+    assert torch.equal(first, want)
+    assert lora_mod.stack_adapters(a, b)[1] is first
+    b.mul_(2.0)  # bumps the version
+    second = lora_mod.stack_adapters(a, b)[1]
+    assert second is not first and torch.equal(second, want * 2.0)
+    assert lora_mod.stack_adapters(a, b.clone())[1] is not second  # another tensor
+    held = len(lora_mod._KEPT)
+    del b, first, second
+    gc.collect()
+    assert len(lora_mod._KEPT) < held  # freed tensors leave nothing behind
+    g = torch.randn(3, 8, 4, requires_grad=True)
+    assert lora_mod.stack_adapters(a, g)[1].requires_grad  # not a kept, detached copy
+    with torch.inference_mode():
+        inf = torch.randn(3, 8, 4)
+        assert lora_mod.stack_adapters(a, inf)[1] is not lora_mod.stack_adapters(a, inf)[1]
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)

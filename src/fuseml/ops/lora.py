@@ -15,10 +15,12 @@ serves a mixed batch; the adapters are stacked along r so each row keeps its own
 from __future__ import annotations
 
 import numbers
+import weakref
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
 
 from fuseml.ops import _elementwise as ew
 from fuseml.ops import _gemm
@@ -396,9 +398,46 @@ def stack_adapters(
     if lora_a.dim() == 2:
         return lora_a.contiguous(), lora_b.contiguous(), lora_a.shape[0]
     n, r, k = lora_a.shape
-    a = lora_a.reshape(n * r, k).contiguous()
-    b = lora_b.permute(1, 0, 2).reshape(lora_b.shape[1], n * r).contiguous()
+    a = lora_a.reshape(n * r, k).contiguous()  # a view when lora_a is contiguous
+    b = _kept(lora_b, lambda t: t.permute(1, 0, 2).reshape(t.shape[1], n * r).contiguous())
     return a, b, r
+
+
+# id(tensor) -> (weak reference, version, derived tensor): B's stacked copy, kept between
+# calls of the functional op while the tensor lives and is not written to.
+_KEPT: dict[int, tuple] = {}
+
+
+def _kept(t: torch.Tensor, derive) -> torch.Tensor:
+    """``derive(t)``, computed once per tensor and version where that is safe.
+
+    A multi-adapter B (adapters, out, r) is stacked into (out, adapters * r) by a copy:
+    4 us of a 19 us layer at 16 rows with 16 adapters of rank 16 (H100, CUDA graph). The
+    copy is kept for the next call with the same tensor object at the same version (an
+    in-place write bumps it). Not kept where it could go stale or break autograd: under
+    torch.compile (tracing, fake tensors), inference tensors (no version counter), a graph
+    capture (its allocations belong to the graph's pool), or a B that needs a gradient.
+    """
+    if (
+        torch.compiler.is_compiling()
+        or is_fake(t)
+        or t.is_inference()
+        or (t.requires_grad and torch.is_grad_enabled())
+        or (t.is_cuda and torch.cuda.is_current_stream_capturing())
+    ):
+        return derive(t)
+    key = id(t)
+    hit = _KEPT.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    out = derive(t).detach()
+
+    def forget(ref, key=key):  # t was freed; a newer tensor may own its id by now
+        if _KEPT.get(key, (None,))[0] is ref:
+            del _KEPT[key]
+
+    _KEPT[key] = (weakref.ref(t, forget), t._version, out)
+    return out
 
 
 def check_adapter_ids_tensor(op: str, x: torch.Tensor, adapter_ids) -> None:
