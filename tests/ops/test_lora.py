@@ -101,6 +101,23 @@ def test_lora_multi_adapter(device, backend, dtype, scaling, lora_mode):
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize(("m", "adapters"), [(40, 3), (300, 5)])
+def test_lora_multi_adapter_b_read_as_given(device, backend, m, adapters, lora_mode):
+    """A contiguous (adapters, out, r) B with r a power of two >= 16 is read in place, no
+    stacking copy: each adapter's columns at its own offset (pointer loads), or through
+    the (adapters * out, r) view a step per adapter (the TMA kernel). out = 72 is not a
+    multiple of the column tiles, so a tile's last rows reach into the next adapter's B."""
+    w, b, a, bb = _layer(64, 72, 16, torch.bfloat16, device, adapters=adapters)
+    assert lora_mod.stack_adapters(a, bb)[1] is bb
+    x = torch.randn(m, 64, dtype=torch.bfloat16, device=device)
+    ids = torch.randint(-1, adapters, (m,), device=device)
+    ids[: adapters + 1] = torch.arange(-1, adapters)
+    s = [0.5 * (i + 1) for i in range(adapters)]
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, s, "relu", adapter_ids=ids, backend=backend)
+    assert_close_verbose(out, _ref64(x, w, b, a, bb, s, "relu", ids), torch.bfloat16)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
 def test_lora_multi_rows_without_adapter_get_the_base_layer(device, backend):
     w, b, a, bb = _layer(16, 12, 4, torch.float32, device, adapters=2)
     x = torch.randn(7, 16, device=device)

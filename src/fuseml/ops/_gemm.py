@@ -140,11 +140,19 @@ def _adapter_scale(
 
 
 @triton.jit
-def _bt_chunk(b_ptr, cols, N, stride_bn, rr, R: tl.constexpr):
+def _bt_chunk(
+    b_ptr, cols, N, stride_bn, rr, R: tl.constexpr, RANK: tl.constexpr, B3D: tl.constexpr
+):
     """The B^T chunk (len(rr), len(cols)) of stacked B (N, R): zeros past R; columns past
-    N read a valid (wrapped) column, which the store drops."""
+    N read a valid (wrapped) column, which the store drops. B3D: B as the caller gave it,
+    (adapters, N, RANK) contiguous (stride_bn = RANK): stacked column c is column c % RANK
+    of adapter c // RANK."""
+    if B3D:
+        roff = (rr // RANK).to(tl.int64) * N * RANK + rr % RANK
+    else:
+        roff = rr
     return tl.load(
-        b_ptr + (cols % N)[None, :] * stride_bn + rr[:, None], mask=(rr < R)[:, None],
+        b_ptr + (cols % N)[None, :] * stride_bn + roff[:, None], mask=(rr < R)[:, None],
         other=0.0,
     )  # fmt: skip
 
@@ -172,6 +180,7 @@ def _epilogue(
     bias_v=0.0, res_v=0.0,  # the bias (BLOCK_N,) / residual tile, when loaded earlier
     BIAS_LOADED: tl.constexpr = False, RES_LOADED: tl.constexpr = False,
     b_v=0.0, B_LOADED: tl.constexpr = False,  # LORA 1: the B^T chunk (R_BLOCK, BLOCK_N)
+    B3D: tl.constexpr = False,  # B as (adapters, N, RANK), see _bt_chunk
 ):  # fmt: skip
     """out = act(acc [+ (s * xa) @ B^T] + bias + alpha * residual), stored once. Shared
     by every GEMM kernel, so the epilogue cannot drift between them."""
@@ -198,7 +207,7 @@ def _epilogue(
             if B_LOADED:
                 bt = b_v
             else:
-                bt = _bt_chunk(b_ptr, cols, N, stride_bn, rr, R)
+                bt = _bt_chunk(b_ptr, cols, N, stride_bn, rr, R, RANK, B3D)
             # The rank-R term is rounded to the input dtype, as the unmerged chain rounds it.
             acc = mma(t.to(bt.dtype), bt, acc, PRECISION, UPCAST)
 
@@ -267,6 +276,7 @@ def _gemm_body(
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K masks in the main loop
     PDL: tl.constexpr = False,  # programmatic dependent launch (LORA 3 / 4, see pdl_available)
     ONE_STEP: tl.constexpr = False,  # K <= BLOCK_K (LORA 0 only): see below
+    B3D: tl.constexpr = False,  # B as (adapters, N, RANK), see _bt_chunk
 ):
     if LORA == 3 and PDL:  # shrink: let the expand launch start now (it waits for xs)
         tl.extra.cuda.gdc_launch_dependents()
@@ -300,7 +310,7 @@ def _gemm_body(
     if HAS_BIAS and (ONE_STEP or PREFETCH):
         bias_v = tl.load(bias_ptr + cols, mask=cols < N, other=0.0)
     if B_EARLY:
-        b_v = _bt_chunk(b_ptr, cols, N, stride_bn, rs, R)
+        b_v = _bt_chunk(b_ptr, cols, N, stride_bn, rs, R, RANK, B3D)
         if LORA == 4 and not PDL:
             s_v = _xs_tile(xa_ptr, rows, M, rs, R)
     if ONE_STEP:
@@ -347,7 +357,7 @@ def _gemm_body(
             if B_EARLY:
                 bt = b_v
             else:
-                bt = _bt_chunk(b_ptr, cols, N, stride_bn, rr, R)
+                bt = _bt_chunk(b_ptr, cols, N, stride_bn, rr, R, RANK, B3D)
             acc = mma(st, bt, acc, PRECISION, UPCAST)
 
     _epilogue(
@@ -355,7 +365,7 @@ def _gemm_body(
         stride_rm, stride_om, stride_bn, alpha, lora_scale, xa,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
         PRECISION, UPCAST, bias_v, res_v, ONE_STEP or PREFETCH,
-        ONE_STEP and BLOCK_M * BLOCK_N <= 64 * 64, b_v, B_EARLY and LORA == 1,
+        ONE_STEP and BLOCK_M * BLOCK_N <= 64 * 64, b_v, B_EARLY and LORA == 1, B3D,
     )  # fmt: skip
 
 
@@ -391,7 +401,7 @@ def _lora_kernel(
     R_PAD: tl.constexpr, R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, B3D: tl.constexpr,
 ):  # fmt: skip
     """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand): every argument of
     _gemm_body."""
@@ -402,6 +412,7 @@ def _lora_kernel(
         stride_ar, stride_bn, alpha, lora_scale,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK,
         PER_ADAPTER_SCALE, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PDL,
+        False, B3D,
     )  # fmt: skip
 
 
@@ -574,6 +585,8 @@ def _tma_body(
     FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr, PDL: tl.constexpr,
     SHRINK_K: tl.constexpr = 16, SHRINK_STAGES: tl.constexpr = 1,  # LORA 5, see _joint_shrink
     SHRINK_SPLIT: tl.constexpr = 1,
+    B3D: tl.constexpr = False,  # B as (adapters, N, RANK): see _bt_chunk; LORA 4's b_desc
+    # is then over its (adapters * N, RANK) view, with R_BLOCK <= RANK
 ):  # fmt: skip
     """Hopper+ (see gemm_loop): a persistent grid (one program per SM, tiles in grouped
     order) whose tiles are loaded by the tensor-memory accelerator (TMA), which zero-fills
@@ -631,7 +644,7 @@ def _tma_body(
         if B_EARLY:  # the B^T chunk (R_PAD, BLOCK_N); LORA 4 without PDL: xs too
             cn = off_n + tl.arange(0, BLOCK_N)
             rs = tl.arange(0, R_PAD)
-            b_v = _bt_chunk(b_ptr, cn, N, stride_bn, rs, R)
+            b_v = _bt_chunk(b_ptr, cn, N, stride_bn, rs, R, RANK, B3D)
             if LORA == 4 and not PDL:  # (LORA 5: xs only after the wait)
                 s_v = _xs_tile(xa_ptr, off_m + tl.arange(0, BLOCK_M), M, rs, R)
         for k0 in range(0, K, BLOCK_K):
@@ -650,7 +663,7 @@ def _tma_body(
                 bt_t = b_v
             else:
                 cn = off_n + tl.arange(0, BLOCK_N)
-                bt_t = _bt_chunk(b_ptr, cn, N, stride_bn, tl.arange(0, R_PAD), R)
+                bt_t = _bt_chunk(b_ptr, cn, N, stride_bn, tl.arange(0, R_PAD), R, RANK, B3D)
             acc = mma(st, bt_t, acc, PRECISION, UPCAST)
         if LORA == 4:
             if PDL:
@@ -658,7 +671,10 @@ def _tma_body(
             if R_PAD > R_BLOCK:  # several steps: one set of buffers, not one per step
                 for r0 in tl.range(0, R_PAD, R_BLOCK, num_stages=3):
                     st = a_desc.load([off_m, r0])
-                    bt = b_desc.load([off_n, r0])
+                    if B3D:  # adapter r0 // RANK's rows of the (adapters * N, RANK) view
+                        bt = b_desc.load([(r0 // RANK) * N + off_n, r0 % RANK])
+                    else:
+                        bt = b_desc.load([off_n, r0])
                     acc = mma(st, bt.T, acc, PRECISION, UPCAST)
             else:
                 if B_EARLY:
@@ -677,7 +693,7 @@ def _tma_body(
             scale_ptr, stride_rm, stride_om, stride_bn, alpha, lora_scale, xa,
             HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK,
             PER_ADAPTER_SCALE, PRECISION, UPCAST, bias_v, 0.0, EARLY, False,
-            b_v, B_EARLY and LORA == 1,
+            b_v, B_EARLY and LORA == 1, B3D,
         )  # fmt: skip
 
 
@@ -713,7 +729,7 @@ def _lora_tma_kernel(
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False, PDL: tl.constexpr = False,
     SHRINK_K: tl.constexpr = 16, SHRINK_STAGES: tl.constexpr = 1,
-    SHRINK_SPLIT: tl.constexpr = 1,
+    SHRINK_SPLIT: tl.constexpr = 1, B3D: tl.constexpr = False,
 ):  # fmt: skip
     """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand, 5 joint) through
     _tma_body."""
@@ -722,7 +738,7 @@ def _lora_tma_kernel(
         sync_ptr, M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale, n_shrink,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
         PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN,
-        WARP_SPEC, PDL, SHRINK_K, SHRINK_STAGES, SHRINK_SPLIT,
+        WARP_SPEC, PDL, SHRINK_K, SHRINK_STAGES, SHRINK_SPLIT, B3D,
     )  # fmt: skip
 
 
@@ -863,7 +879,8 @@ def _launch_tma(
         _linear_tma_launches((programs,), key, aligned16(*ptrs), args, options)
         return
     mode, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block = lora
-    r = 1 if lora_b is None else lora_b.shape[1]
+    r = 1 if lora_b is None else lora_cols(lora_b)
+    b3d = lora_b is not None and lora_b.dim() == 3
     r_pad = max(16, next_pow2(r))
     a_desc = b_desc = x_desc
     sync, shrink_k, shrink_stages, split = out, 16, 1, 1
@@ -893,23 +910,25 @@ def _launch_tma(
         xa = torch.empty(shape, dtype=dtype, device=x.device)
     elif mode == LORA_EXPAND:
         a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
-        b_desc = TensorDescriptor.from_tensor(lora_b, [bn, r_block])
+        b2 = lora_b.reshape(-1, lora_b.shape[-1]) if b3d else lora_b  # (adapters * N, rank)
+        b_desc = TensorDescriptor.from_tensor(b2, [bn, r_block])
     if pdl and mode == LORA_EXPAND:
         options["launch_pdl"] = True
     more = (
         out if lora_b is None else lora_b, out if xa is None else xa,
         out if ids is None else ids, out if scales is None else scales, sync,
     )  # fmt: skip
-    ints += (0 if lora_b is None else lora_b.stride(0),)
+    ints += (0 if lora_b is None else lora_b.stride(-2),)
     consts = (
         mode, ids is not None, r, max(rank, 1), r_pad, r_block, scales is not None,
     )  # fmt: skip
     args = (
         x_desc, w_desc, a_desc, b_desc, *ptrs, *more, *ints, float(alpha), float(lora_scale),
         n_shrink, *common[:3], *consts, *common[3:], bool(pdl), shrink_k, shrink_stages, split,
+        b3d,
     )  # fmt: skip
     key = (
-        x.dtype, out.dtype, common, consts, bool(pdl), shrink_k, shrink_stages, split,
+        x.dtype, out.dtype, common, consts, bool(pdl), shrink_k, shrink_stages, split, b3d,
         tuple(options.items()),
         tuple(t.dtype for t in more), *map(int_spec, ints), int_spec(n_shrink),
     )  # fmt: skip
@@ -1016,6 +1035,14 @@ def fp32_dot() -> str:
     return mode
 
 
+def lora_cols(lora_b: torch.Tensor) -> int:
+    """R, the stacked LoRA columns of B: (N, R) stacked, or (adapters, N, rank) as given
+    (contiguous, rank a power of two >= 16: see fuseml.ops.lora.stack_adapters)."""
+    if lora_b.dim() == 2:
+        return lora_b.shape[1]
+    return lora_b.shape[0] * lora_b.shape[2]
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """The dot's input precision: TF32 for fp32 inputs only when torch's own matmul flag
     allows it (as F.linear does), else fp32 accuracy (``fp32_dot``); 16-bit inputs ignore it."""
@@ -1060,9 +1087,12 @@ def launch_linear(
     n = weight.shape[0]
     if m == 0 or n == 0:
         return
-    r = 0 if lora == LORA_NONE else 1 if lora_b is None else lora_b.shape[1]
+    r = 0 if lora == LORA_NONE else 1 if lora_b is None else lora_cols(lora_b)
     r_pad = max(16, next_pow2(max(r, 1)))
     r_block = r_pad if lora == LORA_IN_LOOP else min(r_pad, 64)
+    b3d = lora_b is not None and lora_b.dim() == 3
+    if b3d and lora != LORA_IN_LOOP:  # the expand mode's descriptor steps through a 3-D
+        r_block = min(r_block, rank)  # B one adapter (or part of one) at a time
     grid = (cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"]),)
     even_k = k % config["BLOCK_K"] == 0
     precision = dot_precision(x.dtype)
@@ -1118,13 +1148,13 @@ def launch_linear(
         m, n, k,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
         0 if residual is None else residual.stride(0), out.stride(0),
-        0 if lora_a is None else lora_a.stride(0), 0 if lora_b is None else lora_b.stride(0),
+        0 if lora_a is None else lora_a.stride(0), 0 if lora_b is None else lora_b.stride(-2),
         float(alpha), float(lora_scale),
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACTIVATION=activation,
         LORA=lora, MULTI=ids is not None, R=r, RANK=max(rank, 1), R_PAD=r_pad, R_BLOCK=r_block,
         PER_ADAPTER_SCALE=scales is not None, PRECISION=precision, UPCAST=upcast,
         BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
-        GROUP_M=config["GROUP_M"], EVEN_K=even_k,
+        GROUP_M=config["GROUP_M"], EVEN_K=even_k, B3D=b3d,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **variant,
     )  # fmt: skip
 

@@ -98,7 +98,8 @@ def lora_rows(
 ) -> torch.Tensor:
     """The fused layer for validated inputs in stacked form.
 
-    a_stacked (R, in) and b_stacked (out, R), R = adapters x rank, contiguous; scales
+    a_stacked (R, in) and b_stacked (out, R) or (adapters, out, rank), R = adapters x rank,
+    contiguous (see ``stack_adapters``); scales
     (adapters,) float32 or None (then ``scaling`` for all); adapter_ids (M,) or None.
     """
     k = x.shape[-1]
@@ -319,7 +320,10 @@ def _overlapped_expand(
 
 
 def _expand_tma(r: int, b_stacked: torch.Tensor) -> bool:
-    """Can the TMA kernel's expand mode read B and xs (R columns) through descriptors?"""
+    """Can the TMA kernel's expand mode read B and xs (R columns) through descriptors?
+    (A 3-D B is read through its (adapters * out, rank) view.)"""
+    if b_stacked.dim() == 3:
+        b_stacked = b_stacked.reshape(-1, b_stacked.shape[-1])
     return r % 8 == 0 and _gemm.tma_eligible(b_stacked)
 
 
@@ -390,17 +394,25 @@ def _lora_linear_op(
 def stack_adapters(
     lora_a: torch.Tensor, lora_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """peft layouts -> the kernel's stacked form: A (R, in), B (out, R), and the rank.
+    """peft layouts -> the kernel's stacked form: A (R, in), B (out, R) or (n, out, r), and
+    the rank.
 
     Single: A (r, in), B (out, r). Multi: A (n, r, in), B (n, out, r) -> R = n * r, adapter
-    a owning columns [a*r, (a+1)*r). Modules call this once and keep the result.
+    a owning columns [a*r, (a+1)*r). A multi-adapter B is read as given (no copy) where it
+    is contiguous and r is a power of two >= 16 (the kernels' per-adapter steps); else it
+    is stacked into (out, R) by a copy, kept between eager calls (``_kept``).
     """
     if lora_a.dim() == 2:
         return lora_a.contiguous(), lora_b.contiguous(), lora_a.shape[0]
     n, r, k = lora_a.shape
     a = lora_a.reshape(n * r, k).contiguous()  # a view when lora_a is contiguous
+    if B3D_MIN_RANK <= r == next_pow2(r) and lora_b.is_contiguous():
+        return a, lora_b, r
     b = _kept(lora_b, lambda t: t.permute(1, 0, 2).reshape(t.shape[1], n * r).contiguous())
     return a, b, r
+
+
+B3D_MIN_RANK = 16  # tl.dot's shortest K: the TMA kernel steps through a 3-D B by adapter
 
 
 # id(tensor) -> (weak reference, version, derived tensor): B's stacked copy, kept between
