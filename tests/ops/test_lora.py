@@ -109,6 +109,7 @@ def test_lora_multi_adapter_b_read_as_given(device, backend, m, adapters, lora_m
     multiple of the column tiles, so a tile's last rows reach into the next adapter's B."""
     w, b, a, bb = _layer(64, 72, 16, torch.bfloat16, device, adapters=adapters)
     assert lora_mod.stack_adapters(a, bb)[1] is bb
+    assert lora_mod.stack_adapters(a, bb, in_place=False)[1].shape == (72, 16 * adapters)
     x = torch.randn(m, 64, dtype=torch.bfloat16, device=device)
     ids = torch.randint(-1, adapters, (m,), device=device)
     ids[: adapters + 1] = torch.arange(-1, adapters)

@@ -369,7 +369,7 @@ class LoRALinear(nn.Module):
                 check_same(_OWNER, "weight", w, f"lora_A[{n!r}]", self.lora_A[n].weight)
                 check_same(_OWNER, "weight", w, f"lora_B[{n!r}]", self.lora_B[n].weight)
             a3, b3 = self._padded(names)
-            a_s, b_s, rank = stack_adapters(a3, b3)
+            a_s, b_s, rank = stack_adapters(a3, b3, in_place=False)  # kept: see there
             scales = torch.tensor(
                 [self.scaling[n] for n in names], dtype=torch.float32, device=w.device
             )

@@ -392,21 +392,26 @@ def _lora_linear_op(
 
 # ---------------------------------------------------------------------------- public
 def stack_adapters(
-    lora_a: torch.Tensor, lora_b: torch.Tensor
+    lora_a: torch.Tensor, lora_b: torch.Tensor, *, in_place: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """peft layouts -> the kernel's stacked form: A (R, in), B (out, R) or (n, out, r), and
     the rank.
 
     Single: A (r, in), B (out, r). Multi: A (n, r, in), B (n, out, r) -> R = n * r, adapter
-    a owning columns [a*r, (a+1)*r). A multi-adapter B is read as given (no copy) where it
-    is contiguous and r is a power of two >= 16 (the kernels' per-adapter steps); else it
-    is stacked into (out, R) by a copy, kept between eager calls (``_kept``).
+    a owning columns [a*r, (a+1)*r). With ``in_place`` a multi-adapter B is read as given
+    (no copy) where it is contiguous and r is a power of two >= 16; else it is stacked
+    into (out, R) by a copy, kept between eager calls (``_kept``). The stacked copy makes
+    the faster kernels (H100, 16 adapters x rank 16, 4096 x 4096: the main launch 13.6 vs
+    15.5 us at 16 rows, 29.9 vs 33.3 at 256: its B steps go 64 columns at a time instead
+    of one adapter's 16), the copy itself 4 us a call: modules, which keep their stacked
+    form, pass ``in_place=False``; the functional op reads B in place (a CUDA graph of it
+    then holds no copy).
     """
     if lora_a.dim() == 2:
         return lora_a.contiguous(), lora_b.contiguous(), lora_a.shape[0]
     n, r, k = lora_a.shape
     a = lora_a.reshape(n * r, k).contiguous()  # a view when lora_a is contiguous
-    if B3D_MIN_RANK <= r == next_pow2(r) and lora_b.is_contiguous():
+    if in_place and B3D_MIN_RANK <= r == next_pow2(r) and lora_b.is_contiguous():
         return a, lora_b, r
     b = _kept(lora_b, lambda t: t.permute(1, 0, 2).reshape(t.shape[1], n * r).contiguous())
     return a, b, r
