@@ -119,6 +119,25 @@ def test_lora_multi_adapter_b_read_as_given(device, backend, m, adapters, lora_m
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_lora_functional_reads_b_in_place_up_to_b3d_max_m(device, backend, monkeypatch):
+    """Up to B3D_MAX_M rows the functional op hands the kernels B as given; above, the
+    stacked copy (same result)."""
+    w, b, a, bb = _layer(64, 72, 16, torch.bfloat16, device, adapters=3)
+    seen = []
+    run = lora_mod.lora_stacked
+    monkeypatch.setattr(
+        lora_mod, "lora_stacked", lambda *args: seen.append(args[4].dim()) or run(*args)
+    )
+    monkeypatch.setattr(lora_mod, "B3D_MAX_M", 20)
+    for m in (20, 21):
+        x = torch.randn(m, 64, dtype=torch.bfloat16, device=device)
+        ids = torch.randint(-1, 3, (m,), device=device)
+        out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, adapter_ids=ids, backend=backend)
+        assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, None, ids), torch.bfloat16)
+    assert seen == [3, 2]
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
 def test_lora_multi_rows_without_adapter_get_the_base_layer(device, backend):
     w, b, a, bb = _layer(16, 12, 4, torch.float32, device, adapters=2)
     x = torch.randn(7, 16, device=device)
