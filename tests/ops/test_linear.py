@@ -1,4 +1,5 @@
 import contextlib
+import importlib
 import json
 import re
 
@@ -6,10 +7,11 @@ import pytest
 import torch
 
 import fuseml
-from fuseml.ops import ACTIVATIONS, _gemm, _tune, linear_ref
+from fuseml.ops import ACTIVATIONS, _gemm, _tune, _utils, linear_ref
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, rel_err, tolerance
 
 TARGETS = fused_targets(cuda_twin=False)
+linear_mod = importlib.import_module("fuseml.ops.linear")  # (fuseml.ops.linear: the function)
 # (M, K, N): DLRM-like (K=13), odd sizes, K and N not multiples of 16, one row, tiny.
 SHAPES = [(1, 13, 40), (3, 33, 17), (37, 45, 70), (64, 16, 16), (130, 24, 9)]
 
@@ -721,3 +723,45 @@ def test_linear_tma_direct_launch_matches_the_ordinary_launch_gpu(monkeypatch):
             assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
             assert_close_verbose(outs[2], _ref64(x, w, bias, "relu", r, 0.5), out_dtype)
     assert len(launches.compiled) >= 4
+
+
+def test_pad_k_rule():
+    """K padded to a multiple of 16 between 64 and PAD_K_MAX, from PAD_K_MIN_M rows."""
+    m = linear_mod.PAD_K_MIN_M
+    assert linear_mod.pad_k_rule(m, 367) == 368
+    assert linear_mod.pad_k_rule(m, 65) == 80
+    assert linear_mod.pad_k_rule(m - 1, 367) == 367  # few rows: the pad costs more
+    assert linear_mod.pad_k_rule(m, 368) == 368
+    assert linear_mod.pad_k_rule(m, 13) == 13  # one K step (the DLRM's 13 -> 512)
+    assert linear_mod.pad_k_rule(m, linear_mod.PAD_K_MAX + 1) == linear_mod.PAD_K_MAX + 1
+    assert linear_mod.pad_k_rule("s0", 367) == 367  # a symbolic M (torch.compile)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_linear_padded_k(device, backend, monkeypatch):
+    """The padded-K path (forced here on any device): x and W zero-padded, the same result;
+    W's padded copy is made once per weight and version."""
+    monkeypatch.setattr(linear_mod, "padded_k", lambda x2, k, traced: linear_mod.pad_k_rule(40, k))
+    x, w, b, r = _inputs(40, 100, 24, torch.float32, device, lead=(2,))
+    x = x[..., :99]  # strided rows, K = 99 -> 112
+    w = w[:, :99].contiguous()
+    out = fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
+    assert_close_verbose(out, _ref64(x, w, b, "gelu", r, 0.5), torch.float32)
+    held = dict(_utils._KEPT)
+    fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
+    assert dict(_utils._KEPT) == held  # the padded W was reused
+    w.mul_(2.0)  # a new version: padded again
+    out = fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
+    assert_close_verbose(out, _ref64(x, w, b, "gelu", r, 0.5), torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [16, 600, 4096])
+def test_linear_padded_k_gpu(dtype, m):
+    """The DLRM's 367 -> 512 layer takes the padded path on a GPU and matches the reference."""
+    assert linear_mod.pad_k_rule(m, 367) == 368
+    x, w, b, r = _inputs(m, 367, 512, dtype, "cuda")
+    out = fuseml.ops.linear(x, w, b, "relu", r, 0.5, backend="triton")
+    assert_close_verbose(out, _ref64(x, w, b, "relu", r, 0.5), dtype)

@@ -6,8 +6,8 @@ import torch
 import triton
 
 import fuseml
+from fuseml.ops import _utils, lora_linear_ref
 from fuseml.ops import lora as lora_mod
-from fuseml.ops import lora_linear_ref
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets
 
 TARGETS = fused_targets(cuda_twin=False)
@@ -158,10 +158,10 @@ def test_stacked_b_is_kept_per_tensor_and_version():
     second = lora_mod.stack_adapters(a, b)[1]
     assert second is not first and torch.equal(second, want * 2.0)
     assert lora_mod.stack_adapters(a, b.clone())[1] is not second  # another tensor
-    held = len(lora_mod._KEPT)
+    held = len(_utils._KEPT)
     del b, first, second
     gc.collect()
-    assert len(lora_mod._KEPT) < held  # freed tensors leave nothing behind
+    assert len(_utils._KEPT) < held  # freed tensors leave nothing behind
     g = torch.randn(3, 8, 4, requires_grad=True)
     assert lora_mod.stack_adapters(a, g)[1].requires_grad  # not a kept, detached copy
     with torch.inference_mode():

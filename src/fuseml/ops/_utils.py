@@ -6,8 +6,10 @@ import contextlib
 import functools
 import os
 import threading
+import weakref
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from fuseml.runtime import FLOAT_DTYPES, triton_interpreting
@@ -289,3 +291,40 @@ def fused_op(name: str, *, mutates_args=()):
         return op
 
     return register
+
+
+# (id(tensor), tag) -> (weak reference, version, derived tensor): a copy derived from a
+# tensor (a multi-adapter B stacked, a weight padded), kept between calls while the tensor
+# lives and is not written to.
+_KEPT: dict[tuple[int, str], tuple] = {}
+
+
+def kept_derived(t: torch.Tensor, tag: str, derive) -> torch.Tensor:
+    """``derive(t)``, computed once per tensor, tag and version where that is safe.
+
+    The copy is kept for the next call with the same tensor object at the same version (an
+    in-place write bumps it). Not kept where it could go stale or break autograd: under
+    torch.compile (tracing, fake tensors), inference tensors (no version counter), a graph
+    capture (its allocations belong to the graph's pool, and a graph replayed after an
+    in-place write must see it), or a tensor that needs a gradient.
+    """
+    if (
+        torch.compiler.is_compiling()
+        or is_fake(t)
+        or t.is_inference()
+        or (t.requires_grad and torch.is_grad_enabled())
+        or (t.is_cuda and torch.cuda.is_current_stream_capturing())
+    ):
+        return derive(t)
+    key = (id(t), tag)
+    hit = _KEPT.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    out = derive(t).detach()
+
+    def forget(ref, key=key):  # t was freed; a newer tensor may own its id by now
+        if _KEPT.get(key, (None,))[0] is ref:
+            del _KEPT[key]
+
+    _KEPT[key] = (weakref.ref(t, forget), t._version, out)
+    return out

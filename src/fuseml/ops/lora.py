@@ -15,12 +15,10 @@ serves a mixed batch; the adapters are stacked along r so each row keeps its own
 from __future__ import annotations
 
 import numbers
-import weakref
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import is_fake
 
 from fuseml.ops import _elementwise as ew
 from fuseml.ops import _gemm
@@ -29,6 +27,7 @@ from fuseml.ops._utils import (
     check_tensor,
     compiled,
     fused_op,
+    kept_derived,
     needs_dispatch,
     next_pow2,
 )
@@ -400,7 +399,7 @@ def stack_adapters(
     Single: A (r, in), B (out, r). Multi: A (n, r, in), B (n, out, r) -> R = n * r, adapter
     a owning columns [a*r, (a+1)*r). With ``in_place`` a multi-adapter B is read as given
     (no copy) where it is contiguous and r is a power of two >= 16; else it is stacked
-    into (out, R) by a copy, kept between eager calls (``_kept``). The stacked copy makes
+    into (out, R) by a copy, kept between eager calls (``kept_derived``). The stacked copy makes
     the faster kernels (H100, 16 adapters x rank 16, 4096 x 4096: the main launch 13.6 vs
     15.5 us at 16 rows, 29.9 vs 33.3 at 256: its B steps go 64 columns at a time instead
     of one adapter's 16), the copy itself 4 us a call: modules, which keep their stacked
@@ -413,7 +412,10 @@ def stack_adapters(
     a = lora_a.reshape(n * r, k).contiguous()  # a view when lora_a is contiguous
     if in_place and B3D_MIN_RANK <= r == next_pow2(r) and lora_b.is_contiguous():
         return a, lora_b, r
-    b = _kept(lora_b, lambda t: t.permute(1, 0, 2).reshape(t.shape[1], n * r).contiguous())
+    # 4 us of a 19 us layer at 16 rows with 16 adapters of rank 16 (H100, CUDA graph)
+    b = kept_derived(
+        lora_b, "stacked", lambda t: t.permute(1, 0, 2).reshape(t.shape[1], n * r).contiguous()
+    )
     return a, b, r
 
 
@@ -423,43 +425,6 @@ B3D_MIN_RANK = 16  # tl.dot's shortest K: the TMA kernel steps through a 3-D B b
 # 21.6 vs 23.8 us at 16 rows, 66.5 vs 67.5 at 1024, 255.4 vs 244.2 at 4096; 4 adapters
 # 237.4 vs 219.9 at 4096)
 B3D_MAX_M = 1024
-
-
-# id(tensor) -> (weak reference, version, derived tensor): B's stacked copy, kept between
-# calls of the functional op while the tensor lives and is not written to.
-_KEPT: dict[int, tuple] = {}
-
-
-def _kept(t: torch.Tensor, derive) -> torch.Tensor:
-    """``derive(t)``, computed once per tensor and version where that is safe.
-
-    A multi-adapter B (adapters, out, r) is stacked into (out, adapters * r) by a copy:
-    4 us of a 19 us layer at 16 rows with 16 adapters of rank 16 (H100, CUDA graph). The
-    copy is kept for the next call with the same tensor object at the same version (an
-    in-place write bumps it). Not kept where it could go stale or break autograd: under
-    torch.compile (tracing, fake tensors), inference tensors (no version counter), a graph
-    capture (its allocations belong to the graph's pool), or a B that needs a gradient.
-    """
-    if (
-        torch.compiler.is_compiling()
-        or is_fake(t)
-        or t.is_inference()
-        or (t.requires_grad and torch.is_grad_enabled())
-        or (t.is_cuda and torch.cuda.is_current_stream_capturing())
-    ):
-        return derive(t)
-    key = id(t)
-    hit = _KEPT.get(key)
-    if hit is not None and hit[0]() is t and hit[1] == t._version:
-        return hit[2]
-    out = derive(t).detach()
-
-    def forget(ref, key=key):  # t was freed; a newer tensor may own its id by now
-        if _KEPT.get(key, (None,))[0] is ref:
-            del _KEPT[key]
-
-    _KEPT[key] = (weakref.ref(t, forget), t._version, out)
-    return out
 
 
 def check_adapter_ids_tensor(op: str, x: torch.Tensor, adapter_ids) -> None:
