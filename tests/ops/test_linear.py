@@ -758,10 +758,22 @@ def test_linear_padded_k(device, backend, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [16, 600, 4096])
+@pytest.mark.parametrize("m", [64, 600, 4096])
 def test_linear_padded_k_gpu(dtype, m):
-    """The DLRM's 367 -> 512 layer takes the padded path on a GPU and matches the reference."""
-    assert linear_mod.pad_k_rule(m, 367) == 368
+    """The DLRM's 367 -> 512 layer (padded from 512 rows) matches the reference, also
+    replayed from a CUDA graph after an in-place update of W (padded inside the graph)."""
+    assert linear_mod.pad_k_rule(m, 367) == (368 if m >= 512 else 367)
     x, w, b, r = _inputs(m, 367, 512, dtype, "cuda")
     out = fuseml.ops.linear(x, w, b, "relu", r, 0.5, backend="triton")
+    assert_close_verbose(out, _ref64(x, w, b, "relu", r, 0.5), dtype)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fuseml.ops.linear(x, w, b, "relu", r, 0.5, backend="triton")  # tunes the graph's path
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fuseml.ops.linear(x, w, b, "relu", r, 0.5, backend="triton")
+    w.mul_(-1.0)
+    graph.replay()
     assert_close_verbose(out, _ref64(x, w, b, "relu", r, 0.5), dtype)

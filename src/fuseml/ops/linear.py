@@ -50,13 +50,17 @@ def linear_ref(
 
 # ------------------------------------------------------------------------ launcher
 # A K whose rows are not 16-byte aligned leaves the GEMM unaligned, masked loads (and no
-# TMA): from PAD_K_MIN_M rows, for K between 64 (one step: see _gemm's ONE_STEP) and
-# PAD_K_MAX, x is zero-padded per call and W once (kept per tensor and version) to a
-# multiple of 16. H100, bf16, CUDA graph, us: the DLRM's 367 -> 512 at M = 1 / 16 / 64 /
-# 512 / 4096 / 65536 took 4.9 / 6.7 / 12.0 / 18.2 / 19.1 / 288.7 as is, 5.6 / 6.6 / 6.3 /
-# 7.9 / 13.1 / 139.1 padded (the pad alone 2.5 - 80.9; cuBLASLt 2.7 / 4.7 / 7.7 / 12.5 /
-# 27.9 / 256.3). At 1000 -> 1000 padding lost (4096 rows: 29.4 against 21.4 as is).
-PAD_K_MIN_M = 16
+# TMA): for K between 64 (one step: see _gemm's ONE_STEP) and PAD_K_MAX, from PAD_K_MIN_M
+# rows, x is zero-padded per call to a multiple of 16, and W once per tensor and version
+# (inside a CUDA graph capture W is padded by the graph itself: a kept copy would not see
+# in-place updates made after the capture). H100, bf16, 367 -> 512 (the DLRM's), CUDA
+# graph, us at M = 1 / 16 / 64 / 512 / 4096 / 65536: as is 4.9 / 6.7 / 12.0 / 18.2 /
+# 19.1 / 288.7; x padded per call with W padded beforehand (an eager call's case) 5.6 /
+# 6.6 / 6.3 / 7.9 / 13.1 / 139.1; both padded inside the graph 6.4 / 13.1 / 12.9 / 14.5 /
+# 20.2 / 142.9; cuBLASLt 2.7 / 4.7 / 7.7 / 12.5 / 27.9 / 256.3. One threshold for eager
+# and captured calls, so that a graph captured after an eager warm-up finds its K tuned.
+# At 1000 -> 1000, 4096 rows, padding lost (29.4 against 21.4 as is).
+PAD_K_MIN_M = 512
 PAD_K_MAX = 512
 PAD_K_TO = 16  # elements: row strides divisible by 16 (Triton's alignment specialization)
 
