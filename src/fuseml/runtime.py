@@ -6,6 +6,7 @@ initialises CUDA or compiles anything.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import logging
@@ -22,6 +23,18 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 _INTERPRETING: list = []  # read once: kernels are bound to the mode when they are defined
+
+
+@contextlib.contextmanager
+def tf32_matmuls(allow: bool):
+    """torch's TF32 matmul flag (``torch.backends.cuda.matmul.allow_tf32``) set for the
+    block and restored after it."""
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
 
 
 def triton_interpreting() -> bool:

@@ -1,4 +1,3 @@
-import contextlib
 import importlib
 import json
 import re
@@ -8,6 +7,7 @@ import torch
 
 import fuseml
 from fuseml.ops import ACTIVATIONS, _gemm, _tune, _utils, linear_ref
+from fuseml.runtime import tf32_matmuls
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, rel_err, tolerance
 
 TARGETS = fused_targets(cuda_twin=False)
@@ -26,18 +26,6 @@ def _inputs(m, k, n, dtype, device, residual=True, lead=()):
     b = torch.randn(n, dtype=dtype, device=device)
     r = torch.randn(*lead, m, n, dtype=dtype, device=device) if residual else None
     return x, w, b, r
-
-
-@contextlib.contextmanager
-def _tf32(allow: bool):
-    """torch's TF32 matmul flag set for the block (monkeypatch cannot restore it: the
-    flag is not an attribute of its module object)."""
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = allow
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
 
 
 def _ref64(x, w, b, act, r=None, alpha=1.0):
@@ -100,7 +88,7 @@ def test_linear_fp32_follows_torch_tf32_flag(tf32, fp32_dot, m, k, n, monkeypatc
     monkeypatch.setenv("FUSEML_FP32_DOT", fp32_dot)
     x, w, b, _ = _inputs(m, k, n, torch.float32, "cuda", residual=False)
     ref = _ref64(x, w, b, "relu")
-    with _tf32(tf32):
+    with tf32_matmuls(tf32):
         out = fuseml.ops.linear(x, w, b, "relu", backend="triton")
         cublas = rel_err(linear_ref(x, w, b, "relu"), ref)
     err = rel_err(out, ref)
@@ -123,7 +111,7 @@ def test_linear_fp32_dot_keeps_inf_and_nan(fp32_dot, m, monkeypatch):
     x[2, 5] = float("-inf")
     x[3, 7] = float("nan")
     w[9, 11] = float("inf")
-    with _tf32(False):
+    with tf32_matmuls(False):
         out = fuseml.ops.linear(x, w, backend="triton")
         ref = torch.nn.functional.linear(x, w)
     assert torch.equal(out.isnan(), ref.isnan())
@@ -569,11 +557,11 @@ def test_gemm_path_choice(monkeypatch):
         _gemm.gemm_loop(x, w, False)
     monkeypatch.setenv("FUSEML_GEMM", "auto")
     monkeypatch.setenv("FUSEML_FP32_DOT", "ieee")  # FMA dots: never the TMA kernel
-    with _tf32(False):
+    with tf32_matmuls(False):
         assert _gemm.gemm_loop(x, w, False) == _gemm.LOOP_PTR
         assert _gemm.gemm_loop(x[:1], w, False) == _gemm.LOOP_PTR
         assert _gemm.gemm_loop(x.bfloat16(), w.bfloat16(), False) == _gemm.LOOP_TMA
-    with _tf32(True):  # TF32 allowed: no FMA dot
+    with tf32_matmuls(True):  # TF32 allowed: no FMA dot
         assert _gemm.gemm_loop(x, w, False) == _gemm.LOOP_TMA
 
 
@@ -581,7 +569,7 @@ def test_fp32_dot_choice(monkeypatch):
     """float32 without TF32 takes FUSEML_FP32_DOT (tf32x3 unless set); with TF32 allowed,
     or 16-bit inputs, the dot is tf32 (ignored for 16-bit); other values are an error."""
     monkeypatch.delenv("FUSEML_FP32_DOT", raising=False)
-    with _tf32(False):
+    with tf32_matmuls(False):
         assert _gemm.dot_precision(torch.float32) == "tf32x3"
         assert _gemm.dot_precision(torch.bfloat16) == "tf32"
         monkeypatch.setenv("FUSEML_FP32_DOT", "ieee")
@@ -589,7 +577,7 @@ def test_fp32_dot_choice(monkeypatch):
         monkeypatch.setenv("FUSEML_FP32_DOT", "fp64")
         with pytest.raises(ValueError, match="FUSEML_FP32_DOT"):
             _gemm.dot_precision(torch.float32)
-    with _tf32(True):
+    with tf32_matmuls(True):
         assert _gemm.dot_precision(torch.float32) == "tf32"
 
 
@@ -598,7 +586,7 @@ def test_linear_fp32_dots_interpreted(fp32_dot, monkeypatch):
     """Both fp32 dots build and run (the interpreter computes fp32 either way)."""
     monkeypatch.setenv("FUSEML_FP32_DOT", fp32_dot)
     x, w, b, r = _inputs(37, 45, 70, torch.float32, "cpu")
-    with _tf32(False):
+    with tf32_matmuls(False):
         out = fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend="triton")
     assert_close_verbose(out, _ref64(x, w, b, "gelu", r, 0.5), torch.float32)
 

@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import torch
 
+from fuseml.runtime import tf32_matmuls
+
 # A case whose fastest plausible time (H100-class rates below) is under this many
 # microseconds is launch-bound: it also gets CUDA-graph rows, which the tables use.
 LAUNCH_BOUND_US = 50.0
@@ -32,12 +34,8 @@ def no_tf32(fn: Callable) -> Callable:
     """
 
     def call(*args):
-        prev = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        try:
+        with tf32_matmuls(False):
             return fn(*args)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = prev
 
     return call
 

@@ -18,13 +18,12 @@ Every case is also timed as CUDA-graph replays (rows with mode "graph": eager + 
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 import fuseml
 from fuseml.bench.harness import Case
 from fuseml.models.bench_cases import dlrm_inference_cases
+from fuseml.runtime import tf32_matmuls
 
 MAX_CARDINALITY = 1_000_000
 BATCHES_FULL = [1, 64, 256, 4096, 32768, 65536]
@@ -37,19 +36,9 @@ PRECISIONS = {  # name -> (dtype, allow_tf32)
 }
 
 
-@contextlib.contextmanager
-def _tf32(allow: bool):
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = allow
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
-
-
 def _with_tf32(fn, allow: bool):
     def call():
-        with _tf32(allow):
+        with tf32_matmuls(allow):
             return fn()
 
     return call
