@@ -236,7 +236,8 @@ def linear(
 
     x: (..., in) float32/float16/bfloat16; weight: (out, in) as in nn.Linear; bias: (out,)
     or None; residual: (..., out) or None; activation: None or one of ACTIVATIONS.
-    float32 uses TF32 only where ``torch.backends.cuda.matmul.allow_tf32`` allows it.
+    float32 uses TF32 only where ``torch.backends.cuda.matmul.allow_tf32`` allows it, else
+    fp32-accurate dots (see ``fuseml.ops._gemm.fp32_dot``).
     backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton.
     The first call of a new (M bucket, N, K) on a GPU tunes the tile (a few seconds) and
     stores the result on disk (see ``fuseml.ops._tune``).
