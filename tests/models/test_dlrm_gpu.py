@@ -9,6 +9,7 @@ from rich.console import Console
 from test_dlrm import CARDS, _config, _one_hot, reference_dlrm  # same folder (rootdir import)
 
 from fuseml.models import DLRM
+from fuseml.runtime import tf32_matmuls
 from fuseml.testing import assert_close_verbose, requires_cuda
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
@@ -16,10 +17,8 @@ pytestmark = [pytest.mark.gpu, requires_cuda]
 
 @pytest.fixture(autouse=True)
 def _no_tf32():
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = prev
+    with tf32_matmuls(False):
+        yield
 
 
 @pytest.mark.parametrize(("interaction", "self_interaction"), [("dot", False), ("dot", True), ("cat", False)])  # fmt: skip

@@ -45,12 +45,8 @@ def measure_ceilings(*, quick: bool = False) -> dict:
     ):
         a = torch.randn(n, n, device="cuda", dtype=dtype)
         b = torch.randn(n, n, device="cuda", dtype=dtype)
-        prev = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        try:
+        with runtime.tf32_matmuls(tf32):
             ms, _, _ = bench_ms(lambda a=a, b=b: a @ b, settings)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = prev
         result[key] = round(flops / (ms * 1e-3) / 1e12, 1)
         del a, b
     torch.cuda.empty_cache()
