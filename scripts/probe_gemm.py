@@ -679,6 +679,52 @@ def timeline(m: int, adapters: int, r: int, k: int = 4096, n: int = 4096) -> Non
         last_end = end if last_end is None else max(last_end, end)
 
 
+def sustained(m: int, k: int, n: int, calls: int = 60) -> None:
+    """Short against sustained timing of one large layer (bias + GELU-tanh, bf16): cuBLASLt's
+    fused epilogue and fuseml's tuned linear, each timed as the tuner times (a 3 ms graph
+    replay), then over ``calls`` back-to-back calls with events around each (as the suite's
+    events rows), first five against the last half. Run with nvidia-smi sampling clocks and
+    power beside it to see whether a long kernel runs at lower clocks than a short timing
+    finds."""
+    import fuseml
+
+    x = torch.randn(m, k, device="cuda", dtype=DT)
+    w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=DT)
+    arms = {
+        "cublaslt": lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True),
+        "fuseml": lambda: fuseml.ops.linear(x, w, b, "gelu_tanh", backend="triton"),
+    }
+    flop = 2.0 * m * n * k
+    print(f"== sustained M={m} K={k} N={n} bf16, bias + gelu_tanh", flush=True)
+    for name, fn in (*arms.items(), *arms.items()):
+        fn()
+        torch.cuda.synchronize()
+        short = triton.testing.do_bench_cudagraph(fn, rep=3) * 1e3
+        ev = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(calls)
+        ]
+        for start, end in ev:
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        us = [s.elapsed_time(e) * 1e3 for s, e in ev]
+        first = sorted(us[:5])[2]
+        last = sorted(us[calls // 2 :])[len(us[calls // 2 :]) // 2]
+        print(
+            f"  {name:10s} short {short:9.1f} us ({flop / short / 1e6:5.0f} TFLOP/s)  "
+            f"sustained first5 {first:9.1f}  last half {last:9.1f} us "
+            f"({flop / last / 1e6:5.0f} TFLOP/s)",
+            flush=True,
+        )
+    from fuseml.ops import _tune
+
+    for key, cfg in _tune._memo.items():
+        print(f"  tuned: {key[0]} {key[3:6]} -> {cfg}")
+
+
 # Subcommands run once per "a,b,..." argument, with those integers as arguments
 PER_SHAPE = {
     "timeline": timeline,
@@ -687,6 +733,7 @@ PER_SHAPE = {
     "profile": profile_target,
     "overlap": overlap_sweep,
     "cands": candidate_sweep,
+    "sustained": sustained,
 }
 
 

@@ -209,7 +209,9 @@ def test_linear_bad_input(kwargs, exc, words):
 def test_candidates_are_pruned_to_the_problem():
     for m, n, k in [(1, 16, 13), (3, 4096, 4096), (65536, 64, 16), (4096, 11008, 4096)]:
         cands = _gemm.candidates(m, n, k, torch.bfloat16)
-        bound = len(_gemm._LARGE) + len(_gemm._SKINNY_N) + len(_gemm._SHORT_K)
+        bound = (
+            len(_gemm._LARGE) + len(_gemm._FEW_TILES) + len(_gemm._SKINNY_N) + len(_gemm._SHORT_K)
+        )
         assert cands and len(cands) <= bound
         for c in cands:
             smem = c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * 2

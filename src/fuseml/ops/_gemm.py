@@ -1252,6 +1252,14 @@ _SHORT_K = [  # (BLOCK_M, BLOCK_N, warps, stages) for many rows and a K of one s
     # 5.4 us against cuBLASLt's 4.3)
     (64, 32, 4, 2), (64, 64, 4, 2), (32, 64, 4, 2), (128, 32, 4, 2),
 ]  # fmt: skip
+_FEW_TILES = [  # 65+ rows where 128 x 128 tiles would not fill one wave (FEW_TILES_WAVE
+    # programs): 64 x 64 tiles, 4x the programs. H100, 1024 -> 1024 at 512 rows, bias +
+    # GELU-tanh, weights rotating over 8 sets (scripts/probe_gemm.py cands): TMA 64 x 64 x
+    # 128 / 4 stages 5.4 us, 64 x 64 x 64 / 6 stages 6.3, against 7.6 for the best tile
+    # before (128 x 64) and cuBLAS's 7.3 (F.linear + GELU); 32 programs of 128 x 128: 9.4
+    _cfg(64, 64, 128, 4, 4), _cfg(64, 64, 64, 4, 6), _cfg(64, 64, 64, 4, 4),
+]  # fmt: skip
+FEW_TILES_WAVE = 132  # an H100 SXM's SM count: the candidate list is device-independent
 SMEM_LIMIT = 232448  # bytes of shared memory a block may use on Hopper (the largest)
 
 
@@ -1268,6 +1276,8 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR)
             base += [dict(_cfg(mb, bn, bk, w, s), TMA=True) for bn, bk, w, s in _SMALL_TMA]
     else:
         base = list(_LARGE)
+        if cdiv(mb, 128) * cdiv(n, 128) < FEW_TILES_WAVE:
+            base += _FEW_TILES
         if cap_n <= 256:
             base += [_cfg(bm, min(cap_n, 64), bk, w, s) for bm, bk, w, s in _SKINNY_N]
         if cap_k <= 64:
