@@ -155,28 +155,38 @@ def test_softmax_long_row_paths(device, backend, log, dtype, path, monkeypatch):
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("balanced", [False, True])
 def test_softmax_split_chunk_shares(device, backend, log, balanced, monkeypatch):
-    # 530 columns in chunks of at most 128: 5 programs a row, with 112 columns each
-    # (balanced) or 128 and the last 18 (not); aligned, unaligned and lined-up views.
+    # 530 columns in chunks of at most 128: 5 programs a row with 128 columns and the last
+    # 18 (not balanced); balanced, 5 x 112 would use 88% of each program's 128 columns,
+    # so it takes half the block: 9 programs of 64 (all used). Aligned, unaligned and
+    # lined-up views.
     if backend == "cuda":
         pytest.skip("the split kernel's column shares are the Triton kernel's")
     _long_row_path(monkeypatch, "split", 128)
     monkeypatch.setattr(sm, "SPLIT_BALANCED", balanced)
     big = 8 * torch.randn(4, 540, dtype=torch.bfloat16, device=device)
     for x in (big[:, :530].contiguous(), big[:, 3:533], big[:, 8:538]):
-        assert sm._split_config(x) == (128, 5)
+        assert sm._split_config(x) == ((64, 9) if balanced else (128, 5))
         assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), torch.bfloat16)
 
 
 def test_split_config_limits():
     x = torch.empty(2, 1)
     block = sm.SPLIT_BLOCK
-    for n_cols, config in ((block, None), (block + 1, (block, 2)), (4 * block, (block, 4))):
+    # (block + 1: two chunks of 4112 use half their columns, three of 2736 two thirds of
+    # half the block)
+    limits = ((block, None), (block + 1, (block // 2, 3)), (4 * block, (block, 4)))
+    for n_cols, config in limits:
         assert sm._split_config(x.expand(2, n_cols)) == config
     # Longer rows take longer chunks, up to SPLIT_MAX_BLOCK columns; past that, the online
     # kernel
     most = sm.SPLIT_MAX_BLOCK * sm.SPLIT_MAX_CHUNKS
     assert sm._split_config(x.expand(2, most)) == (sm.SPLIT_MAX_BLOCK, sm.SPLIT_MAX_CHUNKS)
     assert sm._split_config(x.expand(2, most + 1)) is None
+    # Half the block where its chunks fill their columns better (50257: 13 x 3872 of 4096
+    # against 7 x 7184 of 8192), not where both fill them (65536)
+    assert sm.SPLIT_BLOCK == 8192
+    assert sm._split_config(x.expand(2, 50257)) == (4096, 13)
+    assert sm._split_config(x.expand(2, 65536)) == (8192, 8)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)

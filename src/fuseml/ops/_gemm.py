@@ -587,6 +587,8 @@ def _tma_body(
     SHRINK_SPLIT: tl.constexpr = 1,
     B3D: tl.constexpr = False,  # B as (adapters, N, RANK): see _bt_chunk; LORA 4's b_desc
     # is then over its (adapters * N, RANK) view, with R_BLOCK <= RANK
+    EXPAND_STAGES: tl.constexpr = 3,  # LORA 4 with R_PAD > R_BLOCK: buffers of its xs @ B^T
+    # loop (see expand_stages)
 ):  # fmt: skip
     """Hopper+ (see gemm_loop): a persistent grid (one program per SM, tiles in grouped
     order) whose tiles are loaded by the tensor-memory accelerator (TMA), which zero-fills
@@ -669,7 +671,7 @@ def _tma_body(
             if PDL:
                 tl.extra.cuda.gdc_wait()
             if R_PAD > R_BLOCK:  # several steps: one set of buffers, not one per step
-                for r0 in tl.range(0, R_PAD, R_BLOCK, num_stages=3):
+                for r0 in tl.range(0, R_PAD, R_BLOCK, num_stages=EXPAND_STAGES):
                     st = a_desc.load([off_m, r0])
                     if B3D:  # adapter r0 // RANK's rows of the (adapters * N, RANK) view
                         bt = b_desc.load([(r0 // RANK) * N + off_n, r0 % RANK])
@@ -729,7 +731,7 @@ def _lora_tma_kernel(
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False, PDL: tl.constexpr = False,
     SHRINK_K: tl.constexpr = 16, SHRINK_STAGES: tl.constexpr = 1,
-    SHRINK_SPLIT: tl.constexpr = 1, B3D: tl.constexpr = False,
+    SHRINK_SPLIT: tl.constexpr = 1, B3D: tl.constexpr = False, EXPAND_STAGES: tl.constexpr = 3,
 ):  # fmt: skip
     """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand, 5 joint) through
     _tma_body."""
@@ -738,7 +740,7 @@ def _lora_tma_kernel(
         sync_ptr, M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale, n_shrink,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
         PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN,
-        WARP_SPEC, PDL, SHRINK_K, SHRINK_STAGES, SHRINK_SPLIT, B3D,
+        WARP_SPEC, PDL, SHRINK_K, SHRINK_STAGES, SHRINK_SPLIT, B3D, EXPAND_STAGES,
     )  # fmt: skip
 
 
@@ -912,6 +914,7 @@ def _launch_tma(
         a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
         b2 = lora_b.reshape(-1, lora_b.shape[-1]) if b3d else lora_b  # (adapters * N, rank)
         b_desc = TensorDescriptor.from_tensor(b2, [bn, r_block])
+    expand = expand_stages(config, r_pad, r_block, x.element_size()) if mode == LORA_EXPAND else 3
     if pdl and mode == LORA_EXPAND:
         options["launch_pdl"] = True
     more = (
@@ -925,14 +928,39 @@ def _launch_tma(
     args = (
         x_desc, w_desc, a_desc, b_desc, *ptrs, *more, *ints, float(alpha), float(lora_scale),
         n_shrink, *common[:3], *consts, *common[3:], bool(pdl), shrink_k, shrink_stages, split,
-        b3d,
+        b3d, expand,
     )  # fmt: skip
     key = (
-        x.dtype, out.dtype, common, consts, bool(pdl), shrink_k, shrink_stages, split, b3d,
+        x.dtype, out.dtype, common, consts, bool(pdl), shrink_k, shrink_stages, split, b3d, expand,
         tuple(options.items()),
         tuple(t.dtype for t in more), *map(int_spec, ints), int_spec(n_shrink),
     )  # fmt: skip
     _lora_tma_launches((programs + n_shrink,), key, aligned16(*ptrs, *more), args, options)
+
+
+def expand_stages_max() -> int:
+    """FUSEML_EXPAND_STAGES_MAX (default 8): the most buffers of the expand mode's xs @ B^T
+    loop (for probes)."""
+    value = os.environ.get("FUSEML_EXPAND_STAGES_MAX", "8")
+    if not value.isdigit() or int(value) < 2:
+        raise ValueError(f"FUSEML_EXPAND_STAGES_MAX must be an integer >= 2, got {value!r}")
+    return int(value)
+
+
+def expand_stages(config: dict, r_pad: int, r_block: int, elem_size: int) -> int:
+    """Buffers of the expand mode's xs @ B^T loop (R_PAD / R_BLOCK steps of R_BLOCK
+    stacked columns): as many steps in flight as fit beside the main loop's buffers, up to
+    expand_stages_max(). Each step is one small MMA on two TMA tiles, so with few buffers
+    the loop waits on each load in turn: 16 adapters read in place (16 steps of 16
+    columns) added ~11 us to a 256-row tile of 4096 x 4096 with 3 buffers (H100,
+    scripts/probe_gemm.py timeline; NOTES.md)."""
+    steps = r_pad // r_block
+    if steps <= 1:
+        return 3
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    main = config["num_stages"] * (bm + bn) * bk * elem_size
+    fit = (SMEM_LIMIT - main) // ((bm + bn) * r_block * elem_size)
+    return max(2, min(steps, expand_stages_max(), fit))
 
 
 class _FlagSlab:

@@ -502,6 +502,13 @@ SPLIT_COLS_PER_WARP = 1024
 # Evict-first loads / stores (each element is used once) were 6% slower at 50257 and 65536
 # (H100, a4487fc); not an option any more.
 SPLIT_BALANCED = True  # equal chunks per row (scripts/probe_softmax.py compares both)
+# Half the block (and warps) where its chunks fill their programs' columns by more than
+# this much better: masked-off columns hold registers and occupancy but move no bytes.
+# H100, bf16, 4096 rows (95ca12a, probe_softmax.py, balanced chunks): 50257 columns as 13
+# programs of 4096 (3872 used, 95%) 347.7 us against 7 of 8192 (7184, 88%) 350.5; where
+# both fill their columns (65536, 262144) 8192 stays ahead: 436.5 / 1787.1 us against
+# 444.7 / 1835.3.
+SPLIT_HALF_GAIN = 0.05
 # Tried and taken out: a persistent grid of resident programs taking (row, chunk) items in
 # turn and loading the next before the wait (scripts/probe_softmax_pipelined.py's scheme,
 # in this kernel with 4096-column items, H100, 621f360): 50256 columns 333.6 us against
@@ -517,11 +524,25 @@ def _split_config(x2: torch.Tensor) -> tuple[int, int] | None:
     if SPLIT_MAX_CHUNKS < 2:  # off
         return None
     block = max(SPLIT_BLOCK, min(SPLIT_MAX_BLOCK, next_pow2(cdiv(n_cols, SPLIT_MAX_CHUNKS))))
-    chunks = cdiv(n_cols, block)
     limit = SPLIT_MAX_CHUNKS
     if x2.is_cuda:
         limit = min(limit, sm_count(x2.get_device()) // 2)
+    half = block // 2
+    if (
+        SPLIT_BALANCED
+        and block == SPLIT_BLOCK
+        and cdiv(n_cols, half) <= limit
+        and _lanes_used(n_cols, half) > _lanes_used(n_cols, block) + SPLIT_HALF_GAIN
+    ):
+        block = half  # same columns a warp, so half the warps
+    chunks = cdiv(n_cols, block)
     return (block, chunks) if 1 < chunks <= limit else None
+
+
+def _lanes_used(n_cols: int, block: int) -> float:
+    """The fraction of a program's BLOCK_N columns that hold the row (balanced chunks)."""
+    chunks = cdiv(n_cols, block)
+    return cdiv(cdiv(n_cols, chunks), 16) * 16 / block
 
 
 def _launch_split(
