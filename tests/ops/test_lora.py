@@ -799,9 +799,10 @@ def test_joint_past_in_loop_rows_takes_the_expand_tile(device, backend, lora_mod
 @pytest.mark.parametrize(("device", "backend"), TARGETS[:1])  # the interpreter: the order
 # of choices and launches is the point here (the GPU tests time and run the real pairs)
 def test_overlapped_shrink_is_tuned_with_the_main_launch(device, backend, monkeypatch):
-    """The overlapped expand mode chooses the main launch's tile first, then times each
-    shrink tile with that main launch behind it (the pair as it runs), under a key of its
-    own that names N; the call then runs the shrink and the main launch once each."""
+    """The overlapped expand mode chooses the main launch's tile first, timing each behind
+    the shrink's default tile (under a key of its own), then times each shrink tile with
+    that main launch behind it (the pair as it runs), under a key of its own that names
+    N; the call then runs the shrink and the main launch once each."""
     from fuseml.ops import _gemm
 
     monkeypatch.delenv("FUSEML_GEMM", raising=False)
@@ -830,7 +831,8 @@ def test_overlapped_shrink_is_tuned_with_the_main_launch(device, backend, monkey
     out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend=backend)
     assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5), torch.float32)
     (main_key, main_runs), (shrink_key, pair_runs) = chosen
-    assert main_key.startswith(f"lora{_gemm.LORA_EXPAND}") and main_runs == [_gemm.LORA_EXPAND]
+    assert main_key.startswith(f"lora{_gemm.LORA_EXPAND}") and main_key.endswith("pair")
+    assert main_runs == [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND]
     assert shrink_key.startswith("shrinkpdl") and ":n40" in shrink_key
     assert pair_runs == [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND]
     assert launched[-2:] == [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND]  # the call itself

@@ -288,11 +288,15 @@ def _overlapped_expand(
 ) -> None:  # fmt: skip
     """The expand mode's two launches overlapped (programmatic dependent launch): the
     shrink writes xs while the main launch streams W, which waits for xs only before its
-    last K steps. The main launch's tile is tuned alone; the shrink's tile with the main
-    launch behind it, as they run: the shrink's programs hold SMs the main launch's
-    programs then wait for, so the fastest shrink alone is not the fastest pair (H100,
-    4096 x 4096, 1024 rows, rank 16: 16 programs of 64 rows 8.8 us alone, 61.4 us with the
-    main launch; 4 programs of 256 rows 22.0 us alone, 52.0 with it; NOTES.md)."""
+    last K steps. Both tiles are tuned as the pair runs: the shrink's programs hold SMs
+    that the main launch's programs then wait for, so neither the fastest shrink alone
+    nor the fastest main launch alone makes the fastest pair. Shrink tiles (H100, 4096 x
+    4096, 1024 rows, rank 16): 16 programs of 64 rows 8.8 us alone, 61.4 us with the main
+    launch; 4 programs of 256 rows 22.0 us alone, 52.0 with it. Main tiles (256 rows, 16
+    adapters): the one tuned alone (64 x 128 x 128, 4 stages: 192 KiB of shared memory,
+    no room for a shrink program beside it) started its last tiles only when the shrink
+    ended, ~6 us into a 28 us launch (NOTES.md). So the main tile is timed behind the
+    shrink's default tile, then the shrink's tile behind the chosen main one."""
     m, k = x2.shape
     n = weight.shape[0]
     r = a_stacked.shape[0]
@@ -301,10 +305,16 @@ def _overlapped_expand(
         _gemm.LORA_EXPAND, loop, True, out, x2, weight, b, a_stacked, b_stacked, xs, ids,
         scales, scaling, rank, code, traced,
     )  # fmt: skip
-    main_cfg = _gemm.choose_config("linear", x2, n, k, main, extra, loop)
     shrink, shrink_loop = _shrink_launch(
         xs, x2, a_stacked, rank, scaling, scales, ids, traced, True
     )
+    shrink_first = _gemm.default_config(m, r, k, x2.dtype)
+
+    def main_pair(cfg: dict) -> None:
+        shrink(shrink_first)
+        main(cfg)
+
+    main_cfg = _gemm.choose_config("linear", x2, n, k, main_pair, extra + "pair", loop)
 
     def pair(cfg: dict) -> None:
         shrink(cfg)
