@@ -798,11 +798,13 @@ def test_joint_past_in_loop_rows_takes_the_expand_tile(device, backend, lora_mod
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS[:1])  # the interpreter: the order
 # of choices and launches is the point here (the GPU tests time and run the real pairs)
-def test_overlapped_shrink_is_tuned_with_the_main_launch(device, backend, monkeypatch):
-    """The overlapped expand mode chooses the main launch's tile first, timing each behind
-    the shrink's default tile (under a key of its own), then times each shrink tile with
-    that main launch behind it (the pair as it runs), under a key of its own that names
-    N; the call then runs the shrink and the main launch once each."""
+@pytest.mark.parametrize("adapters", [None, 3])
+def test_overlapped_shrink_is_tuned_with_the_main_launch(device, backend, adapters, monkeypatch):
+    """The overlapped expand mode chooses the main launch's tile alone first, then times
+    each shrink tile with that main launch behind it (the pair as it runs, under a key of
+    its own that names N), then, for a mixed batch of several adapters, the main tile
+    again behind that shrink (a key of its own); the call then runs the shrink and the
+    main launch once each."""
     from fuseml.ops import _gemm
 
     monkeypatch.delenv("FUSEML_GEMM", raising=False)
@@ -826,15 +828,16 @@ def test_overlapped_shrink_is_tuned_with_the_main_launch(device, backend, monkey
         return cfg
 
     monkeypatch.setattr(_gemm, "choose_config", spy)
-    w, b, a, bb = _layer(64, 40, 8, torch.float32, device)
+    w, b, a, bb = _layer(64, 40, 8, torch.float32, device, adapters)
     x = torch.randn(3, 64, device=device)
-    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend=backend)
-    assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5), torch.float32)
-    (main_key, main_runs), (shrink_key, pair_runs) = chosen
-    assert main_key.startswith(f"lora{_gemm.LORA_EXPAND}") and main_key.endswith("pair")
-    assert main_runs == [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND]
+    ids = None if adapters is None else torch.tensor([2, -1, 0], device=device)
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, adapter_ids=ids, backend=backend)
+    assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, ids=ids), torch.float32)
+    (main_key, main_runs), (shrink_key, pair_runs), *again = chosen
+    assert main_key.startswith(f"lora{_gemm.LORA_EXPAND}") and main_runs == [_gemm.LORA_EXPAND]
     assert shrink_key.startswith("shrinkpdl") and ":n40" in shrink_key
     assert pair_runs == [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND]
+    assert again == ([] if adapters is None else [(main_key + "pair", pair_runs)])
     assert launched[-2:] == [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND]  # the call itself
 
 
