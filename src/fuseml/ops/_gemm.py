@@ -951,9 +951,10 @@ def expand_stages(config: dict, r_pad: int, r_block: int, elem_size: int) -> int
     """Buffers of the expand mode's xs @ B^T loop (R_PAD / R_BLOCK steps of R_BLOCK
     stacked columns): as many steps in flight as fit beside the main loop's buffers, up to
     expand_stages_max(). Each step is one small MMA on two TMA tiles, so with few buffers
-    the loop waits on each load in turn: 16 adapters read in place (16 steps of 16
-    columns) added ~11 us to a 256-row tile of 4096 x 4096 with 3 buffers (H100,
-    scripts/probe_gemm.py timeline; NOTES.md)."""
+    the loop waits on each load in turn. 16 adapters read in place (16 steps of 16
+    columns), 4096 x 4096 at 256 rows: the main launch 30.0 us with 3 buffers, 28.0 with
+    up to 8 (H100, scripts/probe_gemm.py timeline; one adapter's whole layer: 18.8; the
+    rest is the wait for the shrink, NOTES.md)."""
     steps = r_pad // r_block
     if steps <= 1:
         return 3

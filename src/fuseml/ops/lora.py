@@ -293,16 +293,15 @@ def _overlapped_expand(
     nor the fastest main launch alone makes the fastest pair. Shrink tiles (H100, 4096 x
     4096, 1024 rows, rank 16): 16 programs of 64 rows 8.8 us alone, 61.4 us with the main
     launch; 4 programs of 256 rows 22.0 us alone, 52.0 with it. Main tiles (256 rows, 16
-    adapters): the one tuned alone (64 x 128 x 128, 4 stages: 192 KiB of shared memory,
-    no room for a shrink program beside it) started its last tiles only when the shrink
-    ended, ~6 us into a 28 us launch (NOTES.md). So the tiles are chosen in three
-    rounds: the main tile alone, the shrink's tile behind it, and, for mixed batches of
-    several adapters (whose shrink is as wide as all their ranks together), the main tile
-    again behind that shrink. The pair of the first two rounds is among the third's
-    candidates, so it can only keep or better it; timing the main tile behind the shrink's
-    untuned default instead chose a tile that made 16 adapters at 1024 rows 14% slower.
-    A single adapter's shrink (one rank wide) skips the third round and its first-call
-    time (~2-3 s)."""
+    adapters): the one tuned alone (64 x 128 x 128, 4 stages: 192 KiB of shared memory)
+    leaves no room for a shrink program beside it on an SM (NOTES.md). So the tiles are
+    chosen in three rounds: the main tile alone, the shrink's tile behind it, and, for
+    mixed batches of several adapters (whose shrink is as wide as all their ranks
+    together), the main tile again behind that shrink. The pair of the first two rounds
+    is among the third's candidates, so it can only keep or better it; timing the main
+    tile behind the shrink's untuned default instead chose a tile that made 16 adapters
+    at 1024 rows 14% slower. A single adapter's shrink (one rank wide) skips the third
+    round (0.2-0.3 s of timing on a first call: its candidates are compiled already)."""
     m, k = x2.shape
     n = weight.shape[0]
     r = a_stacked.shape[0]
