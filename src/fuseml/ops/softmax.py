@@ -539,10 +539,15 @@ def _split_config(x2: torch.Tensor) -> tuple[int, int] | None:
     return (block, chunks) if 1 < chunks <= limit else None
 
 
+def _balanced_chunk(n_cols: int, chunks: int) -> int:
+    """Columns each of a row's ``chunks`` programs takes when they share it evenly, rounded
+    up to 16 so that chunk starts keep 16-byte alignment."""
+    return cdiv(cdiv(n_cols, chunks), 16) * 16
+
+
 def _lanes_used(n_cols: int, block: int) -> float:
     """The fraction of a program's BLOCK_N columns that hold the row (balanced chunks)."""
-    chunks = cdiv(n_cols, block)
-    return cdiv(cdiv(n_cols, chunks), 16) * 16 / block
+    return _balanced_chunk(n_cols, cdiv(n_cols, block)) / block
 
 
 def _launch_split(
@@ -555,7 +560,7 @@ def _launch_split(
     # the last one (50257 = 6 x 8192 + 1105: one program in seven nearly idle). CHUNK is a
     # constexpr, so each long-row width compiles its own kernel: as a runtime argument
     # the kernel took 58 registers instead of 48 (4 blocks per SM, not 5; offline, sm_90).
-    chunk_cols = min(block, cdiv(cdiv(n_cols, chunks), 16) * 16) if SPLIT_BALANCED else block
+    chunk_cols = min(block, _balanced_chunk(n_cols, chunks)) if SPLIT_BALANCED else block
     vec = 16 // x2.element_size()
     aligned = (x2.stride(0) - out2.stride(0)) % vec == 0  # rows of x and out line up
     stats = torch.empty((n_rows, chunks, 2), dtype=torch.float32, device=x2.device)
