@@ -214,8 +214,8 @@ def test_flat_launch_index_width(monkeypatch):
 
     launches = []
 
-    def record(grid, key, aligned, args, options):  # FLAT and WIDE: the last two arguments
-        launches.append(args[-2:])
+    def record(grid, key, aligned, args, options):  # FLAT, WIDE: the last arguments but one
+        launches.append(args[-3:-1])
 
     monkeypatch.setattr(ew, "_bias_act_launches", record)
     x = torch.randn(4, 8)
@@ -225,6 +225,31 @@ def test_flat_launch_index_width(monkeypatch):
         ew._launch(x, x, x, None, 1.0, 0, "triton", False, None, 1, n_cols, 0, 0, 0)
     ew._launch(x, x, None, x[0], 1.0, 0, "triton", False, None, 4, 8, 8, 0, 8)
     assert launches == [(True, False), (True, False), (True, True), (False, False)]
+
+
+def test_two_axis_grid_and_its_one_axis_fallback(monkeypatch):
+    # 2-D launches put (column blocks, row blocks) on two grid axes; row blocks past the
+    # second axis's limit go on one axis (the tile found by division). Both give the
+    # reference: the limit is lowered here so that a small tensor takes the fallback.
+    from fuseml.ops import _elementwise as ew
+
+    assert ew._config(4096, 4096, 2)["grid"] == (2, 4096)
+    assert ew._config(200_000, 4096, 4)["grid"] == (200_000 * 4,)  # 200,000 row blocks
+    assert ew._config(1, 4096, 2)["grid"] == (4,)  # flat
+    x = torch.randn(37, 300)
+    b = torch.randn(300)
+    r = torch.randn(37, 300)
+    want = bias_act_ref(x.double(), b.double(), r.double(), 0.5, "gelu")
+    for limit in (65535, 2):
+        monkeypatch.setattr(ew, "GRID_Y_MAX", limit)
+        ew._cached_config.cache_clear()
+        ew._direct_plan.cache_clear()
+        grid = ew.launch_config(37, 300, 4)["grid"]
+        assert len(grid) == (2 if limit == 65535 else 1)
+        got = fuseml.ops.bias_act(x, b, r, alpha=0.5, activation="gelu", backend="triton")
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    ew._cached_config.cache_clear()
+    ew._direct_plan.cache_clear()
 
 
 @pytest.mark.gpu

@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <limits>
 #include <optional>
+#include <string>
 
 namespace fuseml {
 namespace {
@@ -278,9 +279,18 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
     const int tx = static_cast<int>(threadIdx.x) & (tile_cols - 1);
     const int ty = static_cast<int>(threadIdx.x) >> a.tile_shift;
     const int rows_per_step = kThreads >> a.tile_shift;
-    const unsigned col_tiles = static_cast<unsigned>(a.col_tiles);  // launch() checked the range
-    const unsigned row_block = blockIdx.x / col_tiles;
-    const unsigned ct = blockIdx.x - row_block * col_tiles;
+    // A grid of (column tiles, row blocks) where the row blocks fit gridDim.y (launch()):
+    // the tile without dividing the block index (a software divide ahead of the first
+    // load); else one axis over (row block, column tile), divided.
+    unsigned row_block, ct;
+    if (gridDim.y > 1) {
+      row_block = blockIdx.y;
+      ct = blockIdx.x;
+    } else {
+      const unsigned col_tiles = static_cast<unsigned>(a.col_tiles);  // launch() checked it
+      row_block = blockIdx.x / col_tiles;
+      ct = blockIdx.x - row_block * col_tiles;
+    }
     const int64_t item = static_cast<int64_t>(ct) * tile_cols + tx;
     if (item >= a.items) return;  // no barriers below: an idle thread may leave
     const int64_t row0 = static_cast<int64_t>(row_block) * rows_per_step * U + ty;
@@ -335,8 +345,17 @@ int forced_rows() {
   return rows;
 }
 
+// FUSEML_EW_GRID=1d: 2-D launches on one grid axis always (probes), read once per process.
+bool one_axis_grid() {
+  static const bool one = [] {
+    const char* v = std::getenv("FUSEML_EW_GRID");
+    return v != nullptr && std::string(v) == "1d";
+  }();
+  return one;
+}
+
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT, int U>
-void launch_kernel(const Args<typename Tr::Storage>& a, unsigned blocks, int threads,
+void launch_kernel(const Args<typename Tr::Storage>& a, dim3 blocks, int threads,
                    const Launch& l) {
   bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT, U><<<blocks, threads, 0, l.stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -373,7 +392,13 @@ void launch(Args<typename Tr::Storage> a, const Launch& l) {
     TORCH_CHECK(blocks(rows) <= std::numeric_limits<int>::max(),
                 "bias_act_cuda_out: too many elements (", a.rows, " x ", a.items * VEC,
                 ") for one launch");
-    const auto grid = static_cast<unsigned>(blocks(rows));
+    // (column tiles, row blocks) on two axes where gridDim.y takes the row blocks; the
+    // kernel tells the two layouts apart by gridDim.y.
+    const int64_t row_blocks = blocks(rows) / a.col_tiles;
+    const bool two_axes = row_blocks > 1 && row_blocks <= 65535 && !one_axis_grid();
+    const dim3 grid = two_axes ? dim3(static_cast<unsigned>(a.col_tiles),
+                                      static_cast<unsigned>(row_blocks))
+                               : dim3(static_cast<unsigned>(blocks(rows)));
     if (rows == 1) {
       launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, false, 1>(a, grid, kThreads, l);
     } else if (rows == 2) {
