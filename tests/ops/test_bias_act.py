@@ -207,9 +207,9 @@ def test_bias_act_bad_input():
 
 
 def test_flat_launch_index_width(monkeypatch):
-    # The flat path indexes in int32 unless the last program's offsets could pass it: the
-    # launch flags (FLAT, WIDE) recorded from a stand-in kernel for packed fp32 tensors of
-    # a small and of (pretended) near-2^31-element sizes; a 2-D launch (a bias) never FLAT.
+    # Launches index in int32 unless the last program's offsets could pass it: the launch
+    # flags (FLAT, WIDE) recorded from a stand-in kernel for packed fp32 tensors of a small
+    # and of (pretended) near-2^31-element sizes; a 2-D launch (a bias) is never FLAT.
     from fuseml.ops import _elementwise as ew
 
     launches = []
@@ -224,7 +224,15 @@ def test_flat_launch_index_width(monkeypatch):
     for n_cols in (32, last, last + 1):
         ew._launch(x, x, x, None, 1.0, 0, "triton", False, None, 1, n_cols, 0, 0, 0)
     ew._launch(x, x, None, x[0], 1.0, 0, "triton", False, None, 4, 8, 8, 0, 8)
-    assert launches == [(True, False), (True, False), (True, True), (False, False)]
+    # 2-D: int32 while the last row block's offsets fit (pretended 2^19 x 4096: they do
+    # not; 2^19 x 4095 rows of stride 4096 with a residual of stride 4095 neither)
+    ew._launch(x, x, None, x[0], 1.0, 0, "triton", False, None, 2**19, 4096, 4096, 0, 4096)
+    ew._launch(x, x, x, x[0], 1.0, 0, "triton", False, None, 2**19, 4095, 4095, 4096, 4095)
+    ew._launch(x, x, None, x[0], 1.0, 0, "triton", False, None, 2**18, 4096, 4096, 0, 4096)
+    assert launches == [
+        (True, False), (True, False), (True, True), (False, False),
+        (False, True), (False, True), (False, False),
+    ]  # fmt: skip
 
 
 def test_two_axis_grid_and_its_one_axis_fallback(monkeypatch):

@@ -334,6 +334,7 @@ struct Launch {
 };
 
 constexpr int64_t kMinBlocksPerSm = 4;  // 2-D: 32 warps per SM before more rows a thread
+constexpr int64_t kTwoRowsMinElems = int64_t{1} << 26;  // 16-bit: see launch()
 
 // FUSEML_EW_CUDA_ROWS=1|2|4 fixes the rows a thread of a 2-D launch takes (capped at
 // kUnroll): a tuning knob for scripts/probe_elementwise.py, read once per process.
@@ -383,8 +384,15 @@ void launch(Args<typename Tr::Storage> a, const Launch& l) {
     const auto blocks = [&](int rows) {
       return (a.rows + rows_per_step * rows - 1) / (rows_per_step * rows) * a.col_tiles;
     };
-    int rows = kMax;
+    // 16-bit tensors under kTwoRowsMinElems elements take one row a thread: H100, graph
+    // replay, inputs rotating (scripts/probe_elementwise.py --twin-rows, NOTES.md), bias +
+    // GELU bf16 4096 x 4096 24.6 us at one row against 25.2 at two, 65536 x 512 46.7
+    // against 47.0; at 65536 x 4096 two rows stay ahead (354.0 against 367.9).
+    const bool small16 = sizeof(typename Tr::Storage) == 2 &&
+                         a.rows * a.items * VEC < kTwoRowsMinElems;
+    int rows = small16 ? 1 : kMax;
     if (forced_rows() > 0) {
+      rows = kMax;
       while (rows > 1 && rows > forced_rows()) rows /= 2;
     } else {
       while (rows > 1 && blocks(rows) < kMinBlocksPerSm * l.sm_count) rows /= 2;

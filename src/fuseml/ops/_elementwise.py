@@ -159,11 +159,16 @@ def _activation_grad(h, ACTIVATION: tl.constexpr, FAST: tl.constexpr):
 
 # ------------------------------------------------------------------------------ kernels
 @triton.jit
-def _tile(n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID2D: tl.constexpr):
-    """Row and column offsets (int64) and the bounds mask of this program's tile. GRID2D:
-    the grid is (column blocks, row blocks), so the tile needs no division of the program
-    id (a software divide of ~25 instructions ahead of the first load); else one axis in
-    row-major tile order."""
+def _tile(
+    n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID2D: tl.constexpr,
+    WIDE: tl.constexpr,
+):  # fmt: skip
+    """Row and column offsets and the bounds mask of this program's tile. GRID2D: the grid
+    is (column blocks, row blocks), so the tile needs no division of the program id (a
+    software divide of ~25 instructions ahead of the first load); else one axis in
+    row-major tile order. WIDE: int64 offsets (element offsets past int32), else int32
+    (fewer instructions ahead of the first load: a tensor of one wave of programs is
+    about one program's latency long)."""
     if GRID2D:
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
@@ -172,8 +177,11 @@ def _tile(n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID2D: 
         n_col_blocks = tl.cdiv(n_cols, BLOCK_N)
         pid_m = pid // n_col_blocks
         pid_n = pid - pid_m * n_col_blocks
-    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if WIDE:
+        pid_m = pid_m.to(tl.int64)
+        pid_n = pid_n.to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
     return rows, cols, mask
 
@@ -217,7 +225,7 @@ def _bias_act_kernel(
     VEC: tl.constexpr,  # elements in 16 bytes where n_cols and the row strides are
     # multiples of it (the launcher checks), else 1
     FLAT: tl.constexpr = False,  # one packed run of n_cols elements (n_rows == 1)
-    WIDE: tl.constexpr = False,  # FLAT offsets past int32 (int64 index arithmetic)
+    WIDE: tl.constexpr = True,  # offsets past int32: int64 index arithmetic (launcher)
     GRID2D: tl.constexpr = False,  # 2-D path: a (column blocks, row blocks) grid (_tile)
 ):
     if VEC > 1:
@@ -245,7 +253,7 @@ def _bias_act_kernel(
         out = _activation(h, ACTIVATION, FAST)
         tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        rows, cols, mask = _tile(n_rows, n_cols, BLOCK_M, BLOCK_N, GRID2D)
+        rows, cols, mask = _tile(n_rows, n_cols, BLOCK_M, BLOCK_N, GRID2D, WIDE)
         h = _load_pre(
             x_ptr, y_ptr, bias_ptr, rows, cols, mask, n_cols, stride_xm, stride_ym, alpha,
             HAS_Y, HAS_BIAS,
@@ -279,7 +287,7 @@ def _bias_act_backward_kernel(
 ):
     # Recomputes h instead of saving it: one extra read of x (and y) but no forward store
     # of an fp32 pre-activation, which is the better trade for inference-first kernels.
-    rows, cols, mask = _tile(n_rows, n_cols, BLOCK_M, BLOCK_N, GRID2D)
+    rows, cols, mask = _tile(n_rows, n_cols, BLOCK_M, BLOCK_N, GRID2D, True)
     h = _load_pre(
         x_ptr, y_ptr, bias_ptr, rows, cols, mask, n_cols, stride_xm, stride_ym, alpha,
         HAS_Y, HAS_BIAS,
@@ -439,7 +447,15 @@ def _plan(
     cfg = config or launch_config(n_rows, n_cols, elem_size)
     grid = cfg.get("grid") or (cdiv(n_rows, cfg["BLOCK_M"]) * cdiv(n_cols, cfg["BLOCK_N"]),)
     flat = n_rows == 1 and not has_bias and cfg["BLOCK_M"] == 1
-    wide = flat and not (type(n_cols) is int and n_cols <= _INT32_MAX - cfg["BLOCK_N"])
+    wide = True  # int64 offsets unless the sizes are known to stay within int32
+    sizes = (n_rows, n_cols, stride_x, stride_y, stride_out)
+    if all(type(v) is int for v in sizes):  # (symbolic sizes would be guarded on)
+        if flat:  # the last program's offsets reach n_cols + BLOCK_N
+            span = n_cols + cfg["BLOCK_N"]
+        else:  # its rows reach the last row block's end, its columns n_cols + BLOCK_N
+            rows_end = cdiv(n_rows, cfg["BLOCK_M"]) * cfg["BLOCK_M"]
+            span = rows_end * max(sizes[1:]) + n_cols + cfg["BLOCK_N"]
+        wide = span > _INT32_MAX
     consts = (
         has_y, has_bias, activation, cfg["BLOCK_M"], cfg["BLOCK_N"], fast,
         vec_width(elem_size, n_cols, stride_x, stride_y, stride_out), flat, wide,
