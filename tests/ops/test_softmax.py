@@ -116,17 +116,21 @@ def test_softmax_strided_inputs(device, backend):
 
 def _long_row_path(monkeypatch, path: str, block: int) -> None:
     """Send rows longer than ``block`` columns down one of the long-row kernels: "split"
-    (chunks of ``block`` columns over several programs), "online" (the two-pass kernel, one
-    program per row) or "online-persistent" (the same, fewer programs than rows)."""
+    (chunks of ``block`` columns over several programs, on a (chunks, rows) grid; "split-1d"
+    the same on one grid axis, as for more rows than the second axis takes), "online" (the
+    two-pass kernel, one program per row) or "online-persistent" (the same, fewer programs
+    than rows)."""
     monkeypatch.setattr(sm, "MAX_ONCHIP_COLS", block)
     monkeypatch.setattr(sm, "SPLIT_BLOCK", block)
     monkeypatch.setattr(sm, "ONLINE_BLOCK", block)
-    if path != "split":
+    if path == "split-1d":
+        monkeypatch.setattr(sm, "SPLIT_GRID_Y_MAX", 0)
+    elif path != "split":
         monkeypatch.setattr(sm, "SPLIT_MAX_CHUNKS", 0)
     monkeypatch.setattr(sm, "ONLINE_PER_SM", int(path == "online-persistent"))
 
 
-LONG_PATHS = ["split", "online", "online-persistent"]
+LONG_PATHS = ["split", "split-1d", "online", "online-persistent"]
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
@@ -143,7 +147,7 @@ def test_softmax_long_row_paths(device, backend, log, dtype, path, monkeypatch):
     # An odd width (rows start at every alignment: each row's aligned body, head and tail),
     # and a view whose rows are not lined up with the output's (one element at a time).
     for x in (big[:, :1037].contiguous(), big[:, 3:1040]):
-        if path == "split":
+        if path.startswith("split"):
             assert sm._split_config(x) == (128, 9)
         assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
     # one row, and a batched (3-D) input
@@ -227,7 +231,7 @@ def test_softmax_long_rows_on_gpu(backend, n_cols, path, monkeypatch):
     big = 10 * torch.randn(rows, n_cols + 3, device="cuda", dtype=torch.bfloat16)
     # contiguous, and a view with unaligned rows (the split kernel's one-element path)
     for x in (big[:, :n_cols].contiguous(), big[:, 3:]):
-        if path == "split":
+        if path.startswith("split"):
             assert sm._split_config(x) is not None
         out = fuseml.ops.softmax(x, backend=backend)
         assert_close_verbose(out, _ref(x, -1, False), torch.bfloat16)

@@ -14,6 +14,8 @@ Math in float32 whatever the storage dtype; the output has the input's dtype.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -179,6 +181,8 @@ def _softmax_split_kernel(
     PHASE: tl.constexpr,  # 0: whole op, the row's programs wait for each other; 1 / 2:
     # statistics / output only, as two launches (the interpreter runs programs one by one)
     FAST: tl.constexpr,
+    GRID2D: tl.constexpr = False,  # the grid is (chunks, rows): no division of the
+    # program id ahead of the first load (blocks still start in row-major order)
 ):
     # Long rows split over `chunks` programs, each holding its chunk in registers: one read
     # and one write per element, however long the row. A program reduces its chunk to
@@ -192,9 +196,13 @@ def _softmax_split_kernel(
     # at a time; so the chunks tile the row from its first 16-byte boundary ("lead"
     # elements in) in whole 16-byte groups, and the last chunk also takes the unaligned
     # head and tail (fewer than VEC elements each) as a small separate piece.
-    pid = tl.program_id(0)
-    row = tl.cast(pid // chunks, tl.int64)
-    chunk = pid % chunks
+    if GRID2D:
+        row = tl.cast(tl.program_id(1), tl.int64)
+        chunk = tl.program_id(0)
+    else:
+        pid = tl.program_id(0)
+        row = tl.cast(pid // chunks, tl.int64)
+        chunk = pid % chunks
     x_off = row * stride_xm
     o_off = row * stride_om
     x_row = x_ptr + x_off
@@ -509,6 +517,9 @@ SPLIT_BALANCED = True  # equal chunks per row (scripts/probe_softmax.py compares
 # both fill their columns (65536, 262144) 8192 stays ahead: 436.5 / 1787.1 us against
 # 444.7 / 1835.3.
 SPLIT_HALF_GAIN = 0.05
+# The grid's second axis limit: more rows go on one axis (FUSEML_SOFTMAX_GRID=1d: always,
+# for probes; read at import)
+SPLIT_GRID_Y_MAX = 65535 if os.environ.get("FUSEML_SOFTMAX_GRID", "2d") != "1d" else 0
 # Tried and taken out: a persistent grid of resident programs taking (row, chunk) items in
 # turn and loading the next before the wait (scripts/probe_softmax_pipelined.py's scheme,
 # in this kernel with 4096-column items, H100, 621f360): 50256 columns 333.6 us against
@@ -568,12 +579,17 @@ def _launch_split(
     kernel = torch.library.wrap_triton(_softmax_split_kernel) if traced else _softmax_split_kernel
     # The interpreter runs one program after another, so a program cannot wait for the
     # next: there the statistics and the output are two launches.
+    # (chunks, rows) on two grid axes where the rows fit the second (65535): blocks start
+    # in the same order as on one axis, and a program finds its row and chunk without a
+    # division (see the elementwise kernel's 2-D tiles)
+    grid2d = type(n_rows) is int and n_rows <= SPLIT_GRID_Y_MAX
+    grid = (chunks, n_rows) if grid2d else (n_rows * chunks,)
     for phase in (1, 2) if triton_interpreting() else (0,):
-        kernel[(n_rows * chunks,)](
+        kernel[grid](
             x2, out2, stats, count, n_cols, x2.stride(0), out2.stride(0), chunks,
             LOG=log, BLOCK_N=block, CHUNK=chunk_cols, BLOCK_G=next_pow2(chunks),
             VEC=vec if aligned else 1,
-            PHASE=phase, FAST=fast_math(x2),
+            PHASE=phase, FAST=fast_math(x2), GRID2D=grid2d,
             num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)),
         )  # fmt: skip
 
