@@ -210,8 +210,9 @@ def test_candidates_are_pruned_to_the_problem():
     for m, n, k in [(1, 16, 13), (3, 4096, 4096), (65536, 64, 16), (4096, 11008, 4096)]:
         cands = _gemm.candidates(m, n, k, torch.bfloat16)
         bound = (
-            len(_gemm._LARGE) + len(_gemm._FEW_TILES) + len(_gemm._SKINNY_N) + len(_gemm._SHORT_K)
-        )
+            len(_gemm._LARGE) + len(_gemm._FEW_TILES) + len(_gemm._SKINNY_N)
+            + len(_gemm._NARROW_N) + len(_gemm._SHORT_K)
+        )  # fmt: skip
         assert cands and len(cands) <= bound
         for c in cands:
             smem = c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * 2
@@ -454,7 +455,7 @@ def test_first_gpu_call_tunes_and_writes_the_cache(fresh_tuning):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize(("m", "k", "n"), [(3, 200, 300), (1000, 367, 520)])
+@pytest.mark.parametrize(("m", "k", "n"), [(3, 200, 300), (1000, 367, 520), (1000, 256, 60)])
 @pytest.mark.parametrize("lora", ["none", "in_loop", "precomputed"])
 def test_every_candidate_config_is_correct(dtype, m, k, n, lora):
     """Tuning may pick any candidate: each one must compute the same thing."""
@@ -519,6 +520,7 @@ def test_linear_tma_kernel(device, backend, dtype, monkeypatch):
         (300, 512, 1000),
         (200, 1024, 1000),
         (1, 1024, 64),
+        (4096, 256, 64),  # many rows, 64 columns: the 32-column tiles (_NARROW_N) too
         (16, 4096, 4096),
         (64, 4096, 4096),
     ],

@@ -1275,6 +1275,14 @@ _SKINNY_N = [  # (BLOCK_M, BLOCK_K, warps, stages) for many rows and N <= 256 (L
     # fuseml.ops.lora._overlapped_expand) must leave the SMs to it (1024 rows: 4 programs)
     (256, 64, 8, 4), (256, 128, 8, 3),
 ]  # fmt: skip
+_NARROW_N = [  # (BLOCK_M, BLOCK_K, warps, stages) with 32-column tiles, for many rows and
+    # 33-64 output columns (the DLRM's 256 -> 64): 64-row tiles of all 64 columns make
+    # one program per 64 rows, 64 of them at 4096 rows on 132 SMs. H100, 256 -> 64 at 4096
+    # rows, bias + GELU-tanh, 45 weight sets rotating past the L2 (scripts/probe_gemm.py
+    # cands, NOTES.md): TMA 64 x 32 x 128 / 3 stages 3.8 us, 64 x 32 x 256 / 2 stages 3.9,
+    # against 4.1 for the best 64-column tile (cuBLAS F.linear + GELU 5.9)
+    (64, 128, 4, 3), (64, 256, 4, 2),
+]  # fmt: skip
 _SHORT_K = [  # (BLOCK_M, BLOCK_N, warps, stages) for many rows and a K of one step (the
     # DLRM's 13 -> 512, 64 -> 16): the kernel is about one round trip to memory long, so
     # more, smaller tiles (H100, 13 -> 512 at 512 rows: 64 x 128 tiles, 32 programs, took
@@ -1309,6 +1317,8 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR)
             base += _FEW_TILES
         if cap_n <= 256:
             base += [_cfg(bm, min(cap_n, 64), bk, w, s) for bm, bk, w, s in _SKINNY_N]
+        if cap_n == 64:
+            base += [_cfg(bm, 32, bk, w, s) for bm, bk, w, s in _NARROW_N]
         if cap_k <= 64:
             base += [_cfg(bm, bn, cap_k, w, s) for bm, bn, w, s in _SHORT_K]
         if loop == LOOP_TUNED and mb <= TMA_TUNED_MAX_M:
