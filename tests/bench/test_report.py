@@ -126,6 +126,47 @@ def test_run_cases_times_and_checks_on_gpu():
     assert all(r["p50_ms"] > 0 for r in rows if "p50_ms" in r)
 
 
+def test_heavy_arms_are_timed_in_turns():
+    """bench_turns_ms: every arm gets a slice of each round, the first arm of round r is arm
+    r (mod arms), slices hold rep_ms / rounds of calls (at least 2), and the quantiles are
+    taken over all of an arm's calls."""
+    from fuseml.bench import harness
+
+    order = []
+
+    def timer(fn, calls):
+        order.append((fn(), calls))
+        return [float(fn())] * calls
+
+    fns = {"eager": lambda: 1, "cublaslt": lambda: 2, "triton": lambda: 3}
+    per_call = {"eager": 4.0, "cublaslt": 2.0, "triton": 50.0}
+    settings = Settings(rep_ms=100.0)
+    out = harness.bench_turns_ms(fns, per_call, settings, timer, rounds=4)
+    firsts = [order[i][0] for i in range(0, len(order), 3)]
+    assert firsts == [1, 2, 3, 1]  # the order rotates
+    assert sorted({(arm, n) for arm, n in order}) == [(1, 6), (2, 12), (3, 2)]
+    assert out["cublaslt"] == (2.0, 2.0, 2.0, 2.0)
+    assert harness.quantiles_ms([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx((3.0, 1.8, 4.2, 4.96))
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_run_cases_in_turns_on_gpu(monkeypatch):
+    from fuseml.bench import harness
+
+    monkeypatch.setattr(harness, "TURNS_MIN_MS", 0.0)  # every case counts as heavy
+    case = Case(
+        suite="t", name="neg", params={"numel": 1 << 16},
+        make_inputs=lambda: (torch.randn(1 << 16, device="cuda"),),
+        arms={"eager": torch.neg, "other": lambda x: -x}, bytes=8 << 16,
+    )  # fmt: skip
+    rows = run_cases([case], ceilings={"copy_gbps": 1000.0}, settings=Settings.for_mode(True))
+    assert {r["arm"] for r in rows} == {"eager", "other"}
+    for r in rows:
+        assert r["turns"] == harness.TURNS_ROUNDS and r["mode"] == "events"
+        assert 0 < r["p20_ms"] <= r["p50_ms"] <= r["p80_ms"] <= r["p99_ms"]
+
+
 def test_fusion_side_by_side_names_its_sources(tmp_path):
     """The README's fusion table: GELU and softmax rows of one GPU, five arms, and the
     run, commit and date each suite's rows come from."""

@@ -14,6 +14,11 @@ A suite yields :class:`Case` objects: a way to make one input set, the arms to c
   there use the graph rows (report.py, summary.py).
 * Every arm's first call (compilation) happens before any arm is timed, and each arm is
   timed after a 50 ms spin-up so that GPU clocks are not still low from an idle compile.
+* Heavy cases (a call of TURNS_MIN_MS or more) time their arms in turns: TURNS_ROUNDS
+  rounds, each giving every arm an equal slice of the timing, the order rotating, so that
+  a board that slows under sustained load (an H100 at its power cap runs its clocks from
+  1980 down to ~1100 MHz under a large GEMM) weighs on every arm alike instead of on the
+  arms timed last. Such rows carry ``turns`` (the rounds).
 * For the smallest cases, host overhead per call (dispatch + launch, no GPU wait).
 * Each arm's output is compared with the first arm's (the reference) with the project's
   tolerance table; a mismatch is recorded in the row and reported, never hidden.
@@ -159,6 +164,55 @@ def bench_graph_ms(
     return p50 / n, p20 / n, p80 / n
 
 
+# Heavy cases: arms timed in turns (see the module docstring). 2 ms: the large GEMMs
+# (4096 -> 4096 / 11008 at 65536 rows: 3-10 ms a call) and large model batches; every
+# kernel of the elementwise and softmax suites takes less.
+TURNS_MIN_MS = 2.0
+TURNS_ROUNDS = 5
+
+
+def event_times_ms(fn: Callable[[], object], calls: int, flush: torch.Tensor) -> list[float]:
+    """GPU ms of each of ``calls`` calls of ``fn`` (CUDA events), the L2 flushed (a write
+    of ``flush``) before each, as do_bench times; one untimed call first."""
+    fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    for start, end in zip(starts, ends, strict=True):
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
+
+
+def quantiles_ms(samples: list[float]) -> tuple[float, float, float, float]:
+    """(p50, p20, p80, p99) of ``samples``, interpolated as do_bench's quantiles are."""
+    t = torch.tensor(samples, dtype=torch.float64)
+    q = torch.tensor([0.5, 0.2, 0.8, 0.99], dtype=torch.float64)
+    return tuple(float(v) for v in torch.quantile(t, q))
+
+
+def bench_turns_ms(
+    fns: dict[str, Callable[[], object]],
+    per_call_ms: dict[str, float],
+    settings: Settings,
+    timer: Callable[[Callable[[], object], int], list[float]],
+    rounds: int = TURNS_ROUNDS,
+) -> dict[str, tuple[float, float, float, float]]:
+    """(p50, p20, p80, p99) ms per call of each arm, timed in turns: ``rounds`` rounds,
+    each timing every arm for rep_ms / rounds (at least 2 calls, from ``per_call_ms``),
+    round r starting at arm r (mod arms). ``timer(fn, calls)``: the calls' times in ms."""
+    names = list(fns)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        start = r % len(names)
+        for name in names[start:] + names[:start]:
+            calls = max(2, int(settings.rep_ms / rounds / max(per_call_ms[name], 1e-3)))
+            samples[name].extend(timer(fns[name], calls))
+    return {name: quantiles_ms(v) for name, v in samples.items()}
+
+
 def host_overhead_us(fn: Callable, inputs: tuple, iters: int) -> float:
     """Host time per call in microseconds: what dispatch and launch cost the CPU.
 
@@ -238,8 +292,9 @@ def _row(case: Case, arm: str, meta: dict, ceilings: dict, **fields) -> dict:
     return row
 
 
-def spin_up(fn: Callable, inputs: tuple, ms: float = 50.0) -> None:
-    """Keep the GPU busy for ``ms`` so its clocks are up before timing.
+def spin_up(fn: Callable, inputs: tuple, ms: float = 50.0) -> float:
+    """Keep the GPU busy for ``ms`` so its clocks are up before timing; returns the GPU ms
+    of one call (timed first).
 
     A compilation (seconds of an idle GPU) lets the clocks drop; do_bench's short warm-up
     does not always bring them back, which once made the arm timed right after a compile
@@ -254,6 +309,7 @@ def spin_up(fn: Callable, inputs: tuple, ms: float = 50.0) -> None:
     for _ in range(min(10_000, int(ms / per_call) + 1)):
         fn(*inputs)
     torch.cuda.synchronize()
+    return per_call
 
 
 def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
@@ -290,11 +346,31 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
         del out
     del reference
     rows = []
+    # One call of each arm after its first; heavy cases are timed in turns (see
+    # TURNS_MIN_MS), the rest one arm after the other.
+    per_call = {arm: spin_up(fn, sets[0], ms=0.0) for arm, fn in arms.items()}
+    turns = None
+    if len(arms) > 1 and max(per_call.values()) >= TURNS_MIN_MS:
+        for fn in arms.values():
+            spin_up(fn, sets[0])
+        flush = torch.empty(2 * max(l2, 1 << 20), dtype=torch.uint8, device="cuda")
+        cycles = {arm: itertools.cycle(sets) for arm in arms}
+        calls = {
+            arm: (lambda fn=fn, cycle=cycles[arm]: fn(*next(cycle))) for arm, fn in arms.items()
+        }
+        turns = bench_turns_ms(
+            calls, per_call, settings, lambda fn, n: event_times_ms(fn, n, flush)
+        )
+        del flush
     for arm, fn in arms.items():
         fields = fields_by_arm[arm]
-        spin_up(fn, sets[0])
-        cycle = itertools.cycle(sets)
-        p50, p20, p80, p99 = bench_ms_p99(lambda fn=fn, cycle=cycle: fn(*next(cycle)), settings)
+        if turns is not None:
+            p50, p20, p80, p99 = turns[arm]
+            fields["turns"] = TURNS_ROUNDS
+        else:
+            spin_up(fn, sets[0])
+            cycle = itertools.cycle(sets)
+            p50, p20, p80, p99 = bench_ms_p99(lambda fn=fn, cycle=cycle: fn(*next(cycle)), settings)
         fields.update(mode="events", p50_ms=p50, p20_ms=p20, p80_ms=p80, p99_ms=p99)
         if case.overhead:
             fields["host_us"] = round(host_overhead_us(fn, sets[0], settings.overhead_iters), 2)
