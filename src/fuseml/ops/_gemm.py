@@ -82,6 +82,10 @@ LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND, LORA_JOINT 
 # the loop instead of following it. FUSEML_GEMM_PREFETCH=0 issues them after the loop
 # (probes; read at import).
 PREFETCH = tl.constexpr(os.environ.get("FUSEML_GEMM_PREFETCH", "1") != "0")
+# Tile coordinates without the grouped order's divisions where the output is one tile wide
+# or tall (see _tile_coords). FUSEML_GEMM_TILE_SHORTCUT=0 keeps the divisions (probes;
+# read at import).
+TILE_SHORTCUT = tl.constexpr(os.environ.get("FUSEML_GEMM_TILE_SHORTCUT", "1") != "0")
 # LORA 5: the fewest K steps of the joint shrink's loop that fit the GEMM's buffers (see
 # _launch_tma; FUSEML_JOINT_SHRINK_STAGES, for probes)
 JOINT_SHRINK_STAGES = int(os.environ.get("FUSEML_JOINT_SHRINK_STAGES", "3"))
@@ -238,7 +242,7 @@ def _tile_coords(tile, n_tiles_m, n_tiles_n, GROUP_M: tl.constexpr, SHORTCUT: tl
     order is the plain one, so the tile number is used as it is. The grouped order's
     runtime divisions (about 25 instructions each, three in a row) sit ahead of the first
     load, and a skinny layer's kernel is about one round trip to memory long."""
-    if SHORTCUT:
+    if SHORTCUT and TILE_SHORTCUT:
         if n_tiles_n == 1:
             pid_m = tile
             pid_n = tile * 0
