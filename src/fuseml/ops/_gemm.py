@@ -148,7 +148,7 @@ def _bt_chunk(
     b_ptr, cols, N, stride_bn, rr, R: tl.constexpr, RANK: tl.constexpr, B3D: tl.constexpr
 ):
     """The B^T chunk (len(rr), len(cols)) of stacked B (N, R): zeros past R; columns past
-    N read a valid (wrapped) column, which the store drops. B3D: B as the caller gave it,
+    N read the last valid column, which the store drops. B3D: B as the caller gave it,
     (adapters, N, RANK) contiguous (stride_bn = RANK): stacked column c is column c % RANK
     of adapter c // RANK."""
     if B3D:
@@ -156,7 +156,8 @@ def _bt_chunk(
     else:
         roff = rr
     return tl.load(
-        b_ptr + (cols % N)[None, :] * stride_bn + roff[:, None], mask=(rr < R)[:, None],
+        b_ptr + tl.minimum(cols, N - 1)[None, :] * stride_bn + roff[:, None],
+        mask=(rr < R)[:, None],
         other=0.0,
     )  # fmt: skip
 
@@ -322,10 +323,12 @@ def _gemm_body(
     rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
-    # Out-of-range rows / columns read a valid row (wrapped) instead of being masked, so
-    # the main loop's loads carry no row or column mask; the store drops them.
-    x_ptrs = x_ptr + (rows % M)[:, None] * stride_xm + ks[None, :] * stride_xk
-    w_ptrs = w_ptr + (cols % N)[None, :] * stride_wn + ks[:, None] * stride_wk  # W^T (K, N)
+    # Out-of-range rows / columns read the last valid row / column instead of being
+    # masked, so the main loop's loads carry no row or column mask; the store drops them.
+    # (Clamped, not wrapped as `rows % M`: a 64-bit remainder is a software routine of
+    # dozens of instructions per index, all ahead of the first load.)
+    x_ptrs = x_ptr + tl.minimum(rows, M - 1)[:, None] * stride_xm + ks[None, :] * stride_xk
+    w_ptrs = w_ptr + tl.minimum(cols, N - 1)[None, :] * stride_wn + ks[:, None] * stride_wk
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     rs = tl.arange(0, R_PAD)
     xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)  # LORA 1: x @ A^T, else unused
