@@ -641,8 +641,8 @@ def _tma_body(
     B_EARLY: tl.constexpr = (EARLY and (LORA == 1 or LORA == 4 or LORA == 5)) and (R_PAD == R_BLOCK)
     # The tile's coordinates without the grouped order's divisions where the output is one
     # tile wide or tall (see _tile_coords); not where the tile loop is flattened into the K
-    # loop, whose pipelining was measured without a branch in it
-    SHORTCUT: tl.constexpr = not FLATTEN
+    # loop or warp-specialized (probes), whose pipelining was measured without a branch
+    SHORTCUT: tl.constexpr = not (FLATTEN or WARP_SPEC)
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
