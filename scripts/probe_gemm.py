@@ -726,8 +726,6 @@ def sustained(m: int, k: int, n: int, calls: int = 60) -> None:
             f"({flop / last / 1e6:5.0f} TFLOP/s)",
             flush=True,
         )
-    from fuseml.ops import _tune
-
     for key, cfg in _tune._memo.items():
         print(f"  tuned: {key[0]} {key[3:6]} -> {cfg}")
 

@@ -124,7 +124,7 @@ def _long_row_path(monkeypatch, path: str, block: int) -> None:
     monkeypatch.setattr(sm, "SPLIT_BLOCK", block)
     monkeypatch.setattr(sm, "ONLINE_BLOCK", block)
     if path == "split-1d":
-        monkeypatch.setattr(sm, "SPLIT_GRID_Y_MAX", 0)
+        monkeypatch.setattr(sm, "SPLIT_GRID_2D", False)
     elif path != "split":
         monkeypatch.setattr(sm, "SPLIT_MAX_CHUNKS", 0)
     monkeypatch.setattr(sm, "ONLINE_PER_SM", int(path == "online-persistent"))

@@ -25,6 +25,7 @@ import triton.language as tl
 from fuseml import _cuda_ext
 from fuseml.ops._math import LOG2E, _exp2, _rcp
 from fuseml.ops._utils import (
+    GRID_Y_MAX,
     CompiledLaunches,
     aligned16,
     as_rows,
@@ -316,7 +317,6 @@ def _bias_act_backward_kernel(
 # more row blocks than the grid's second axis takes (65535) go on one axis.
 # FUSEML_EW_GRID=1d: one axis always (probes; read at import).
 GRID_2D = os.environ.get("FUSEML_EW_GRID", "2d") != "1d"
-GRID_Y_MAX = 65535
 TILE_BYTES = 2048  # flat path: one 16-byte vector for each of NUM_WARPS * 32 threads
 NUM_WARPS = 4
 TILE_BYTES_2D = 4096

@@ -134,6 +134,11 @@ def vec_width(elem_size: int, n_cols, *strides) -> int:
     return vec if ok else 1
 
 
+# The most blocks a CUDA grid takes along its second (and third) axis; kernels that put
+# rows there fall back to one axis past it.
+GRID_Y_MAX = 65535
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) in plain Python: triton.cdiv is a JIT function, whose Python call costs
     microseconds on every launch (it also works on SymInts under torch.compile)."""

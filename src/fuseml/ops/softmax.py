@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import is_fake
 from fuseml import _cuda_ext
 from fuseml.ops._math import LOG2E, _exp2, _rcp
 from fuseml.ops._utils import (
+    GRID_Y_MAX,
     CompiledLaunches,
     aligned16,
     cdiv,
@@ -517,9 +518,9 @@ SPLIT_BALANCED = True  # equal chunks per row (scripts/probe_softmax.py compares
 # both fill their columns (65536, 262144) 8192 stays ahead: 436.5 / 1787.1 us against
 # 444.7 / 1835.3.
 SPLIT_HALF_GAIN = 0.05
-# The grid's second axis limit: more rows go on one axis (FUSEML_SOFTMAX_GRID=1d: always,
-# for probes; read at import)
-SPLIT_GRID_Y_MAX = 65535 if os.environ.get("FUSEML_SOFTMAX_GRID", "2d") != "1d" else 0
+# (chunks, rows) on two grid axes where the rows fit the second (GRID_Y_MAX), else one
+# axis (FUSEML_SOFTMAX_GRID=1d: always, for probes; read at import)
+SPLIT_GRID_2D = os.environ.get("FUSEML_SOFTMAX_GRID", "2d") != "1d"
 # Tried and taken out: a persistent grid of resident programs taking (row, chunk) items in
 # turn and loading the next before the wait (scripts/probe_softmax_pipelined.py's scheme,
 # in this kernel with 4096-column items, H100, 621f360): 50256 columns 333.6 us against
@@ -582,7 +583,7 @@ def _launch_split(
     # (chunks, rows) on two grid axes where the rows fit the second (65535): blocks start
     # in the same order as on one axis, and a program finds its row and chunk without a
     # division (see the elementwise kernel's 2-D tiles)
-    grid2d = type(n_rows) is int and n_rows <= SPLIT_GRID_Y_MAX
+    grid2d = SPLIT_GRID_2D and type(n_rows) is int and n_rows <= GRID_Y_MAX
     grid = (chunks, n_rows) if grid2d else (n_rows * chunks,)
     for phase in (1, 2) if triton_interpreting() else (0,):
         kernel[grid](
