@@ -61,6 +61,26 @@ def test_write_results_merge_replaces_remeasured_rows(tmp_path):
     assert report.load_results(path)["rows"] == again
 
 
+def test_results_of_a_case_subset_say_so(tmp_path):
+    from fuseml.bench import readme
+
+    doc = _doc()
+    subset = {**doc["meta"], "cases": "^add/"}
+    report.write_results("elementwise", doc["rows"], doc["ceilings"], subset, tmp_path)
+    assert "only the cases matching `^add/`" in readme.suite_markdown("elementwise", tmp_path)
+    # another subset merged in: both filters named
+    more = {**doc["meta"], "cases": "^gelu/"}
+    path = report.write_results("elementwise", doc["rows"], doc["ceilings"], more, tmp_path,
+                                merge=True)  # fmt: skip
+    assert report.load_results(path)["meta"]["cases"] == "^add/|^gelu/"
+    # a whole-suite file topped up with a subset stays a whole-suite file
+    report.write_results("elementwise", doc["rows"], doc["ceilings"], doc["meta"], tmp_path)
+    path = report.write_results("elementwise", doc["rows"], doc["ceilings"], subset, tmp_path,
+                                merge=True)  # fmt: skip
+    assert "cases" not in report.load_results(path)["meta"]
+    assert "only the cases" not in readme.suite_markdown("elementwise", tmp_path)
+
+
 def test_markdown_table_and_readme_update(tmp_path):
     from fuseml.bench.suites import elementwise
 

@@ -69,6 +69,8 @@ def run_suite(
             raise ValueError(f"--cases {cases!r} matches no case of suite {name}")
     root = Path(out_root) if out_root else report.RESULTS_DIR
     meta = run_metadata() | {"run": "quick" if quick else "full", "complete": False}
+    if cases:
+        meta["cases"] = cases  # a subset of the suite (merged into a whole file, dropped)
     rows: list[dict] = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console

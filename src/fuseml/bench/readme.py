@@ -16,6 +16,8 @@ def suite_markdown(suite: str, root: Path) -> str | None:
     for path in files:
         doc = report.load_results(path)
         partial = ", cut short: not every case ran" if doc["meta"].get("complete") is False else ""
+        if doc["meta"].get("cases"):
+            partial += f"; only the cases matching `{doc['meta']['cases']}`"
         parts.append(f"**{doc['meta']['gpu']}** ({doc['meta']['run']} run{partial})\n")
         # README: one table spec, or a list of them (a titled table each, when it has rows).
         specs = SUITES[suite].README

@@ -43,6 +43,11 @@ def write_results(
         rows = kept + list(rows)
         if old["meta"].get("run") != meta.get("run"):
             meta = {**meta, "run": "mixed"}
+        if "cases" in meta and "cases" not in old["meta"]:
+            # merged into a file of the whole suite: the file is no longer a subset
+            meta = {k: v for k, v in meta.items() if k != "cases"}
+        elif "cases" in meta and old["meta"]["cases"] != meta["cases"]:
+            meta = {**meta, "cases": f"{old['meta']['cases']}|{meta['cases']}"}
     doc = {
         "format": FORMAT_VERSION,
         "suite": suite,
