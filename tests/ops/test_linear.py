@@ -213,7 +213,7 @@ def test_candidates_are_pruned_to_the_problem():
             len(_gemm._LARGE) + len(_gemm._FEW_TILES) + len(_gemm._SKINNY_N)
             + len(_gemm._NARROW_N) + len(_gemm._SHORT_K)
         )  # fmt: skip
-        assert cands and len(cands) <= bound
+        assert cands and len(cands) <= max(bound, 2 * len(_gemm._SMALL))
         for c in cands:
             smem = c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * 2
             assert smem <= _gemm.SMEM_LIMIT, c
@@ -222,6 +222,10 @@ def test_candidates_are_pruned_to_the_problem():
             assert 16 <= c["BLOCK_K"] <= max(16, 1 << (k - 1).bit_length())
     fp32 = _gemm.candidates(4096, 4096, 4096, torch.float32)
     assert max(c["BLOCK_K"] for c in fp32) == 32  # half the 16-bit K step
+    # a narrow output at 17-64 rows also gets 16-row tiles (more programs); a wide one not
+    assert {c["BLOCK_M"] for c in _gemm.candidates(64, 64, 256, torch.bfloat16)} == {16, 64}
+    assert {c["BLOCK_M"] for c in _gemm.candidates(64, 4096, 4096, torch.bfloat16)} == {64}
+    assert {c["BLOCK_M"] for c in _gemm.candidates(16, 64, 256, torch.bfloat16)} == {16}
 
 
 def test_m_bucket():
@@ -455,7 +459,9 @@ def test_first_gpu_call_tunes_and_writes_the_cache(fresh_tuning):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize(("m", "k", "n"), [(3, 200, 300), (1000, 367, 520), (1000, 256, 60)])
+@pytest.mark.parametrize(
+    ("m", "k", "n"), [(3, 200, 300), (1000, 367, 520), (1000, 256, 60), (50, 256, 64)]
+)
 @pytest.mark.parametrize("lora", ["none", "in_loop", "precomputed"])
 def test_every_candidate_config_is_correct(dtype, m, k, n, lora):
     """Tuning may pick any candidate: each one must compute the same thing."""

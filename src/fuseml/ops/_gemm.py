@@ -1330,6 +1330,7 @@ _FEW_TILES = [  # 65+ rows where 128 x 128 tiles would not fill one wave (FEW_TI
     # before (128 x 64) and cuBLAS's 7.3 (F.linear + GELU); 32 programs of 128 x 128: 9.4
     _cfg(64, 64, 128, 4, 4), _cfg(64, 64, 64, 4, 6), _cfg(64, 64, 64, 4, 4),
 ]  # fmt: skip
+SHORT_ROWS_MAX_N = 512  # outputs up to this wide also get 16-row tiles at 17-64 rows
 FEW_TILES_WAVE = 132  # an H100 SXM's SM count: the candidate list is device-independent
 SMEM_LIMIT = 232448  # bytes of shared memory a block may use on Hopper (the largest)
 
@@ -1343,6 +1344,10 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR)
     cap_k = max(16, next_pow2(k))
     if mb <= 64:
         base = [_cfg(mb, bn, bk, w, s) for bn, bk, w, s in _SMALL]
+        if mb > 16 and n <= SHORT_ROWS_MAX_N:
+            # A narrow output at 17-64 rows: tiles of all the rows make N / BLOCK_N
+            # programs (256 -> 64 at 64 rows: 1-4), so also 16-row tiles (4x more)
+            base += [_cfg(16, bn, bk, w, s) for bn, bk, w, s in _SMALL]
         if loop == LOOP_TUNED:
             base += [dict(_cfg(mb, bn, bk, w, s), TMA=True) for bn, bk, w, s in _SMALL_TMA]
     else:
