@@ -213,7 +213,7 @@ def test_candidates_are_pruned_to_the_problem():
             len(_gemm._LARGE) + len(_gemm._FEW_TILES) + len(_gemm._SKINNY_N)
             + len(_gemm._NARROW_N) + len(_gemm._SHORT_K)
         )  # fmt: skip
-        assert cands and len(cands) <= max(bound, 2 * len(_gemm._SMALL))
+        assert cands and len(cands) <= bound
         for c in cands:
             smem = c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * 2
             assert smem <= _gemm.SMEM_LIMIT, c

@@ -1343,11 +1343,10 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR)
     cap_n = max(16, next_pow2(n))
     cap_k = max(16, next_pow2(k))
     if mb <= 64:
-        base = [_cfg(mb, bn, bk, w, s) for bn, bk, w, s in _SMALL]
-        if mb > 16 and n <= SHORT_ROWS_MAX_N:
-            # A narrow output at 17-64 rows: tiles of all the rows make N / BLOCK_N
-            # programs (256 -> 64 at 64 rows: 1-4), so also 16-row tiles (4x more)
-            base += [_cfg(16, bn, bk, w, s) for bn, bk, w, s in _SMALL]
+        # A narrow output at 17-64 rows: tiles of all the rows make N / BLOCK_N programs
+        # (256 -> 64 at 64 rows: 1-4), so also 16-row tiles (4x more)
+        rows = (mb, 16) if mb > 16 and n <= SHORT_ROWS_MAX_N else (mb,)
+        base = [_cfg(bm, bn, bk, w, s) for bm in rows for bn, bk, w, s in _SMALL]
         if loop == LOOP_TUNED:
             base += [dict(_cfg(mb, bn, bk, w, s), TMA=True) for bn, bk, w, s in _SMALL_TMA]
     else:
