@@ -209,10 +209,24 @@ def test_rows_config_grid_kind():
     # one program per row up to 16384 columns, the persistent grid from 32768 (the sweep
     # in ops/softmax.py)
     for n_cols in (128, 1000, 1024, 4096, 16384):
-        assert not sm._rows_config(n_cols)["PERSISTENT"]
+        assert not sm._rows_config(n_cols, 2)["PERSISTENT"]
     for n_cols in (16385, 32768):
-        cfg = sm._rows_config(n_cols)
+        cfg = sm._rows_config(n_cols, 2)
         assert cfg["PERSISTENT"] and cfg["NUM_STAGES"] == sm.PERSISTENT_STAGES
+
+
+@pytest.mark.parametrize("elem_size", [2, 4])
+def test_rows_config_short_rows_one_vector_a_thread(elem_size):
+    # rows under 1024 columns: 4 warps whose threads each hold one 16-byte vector of the tile
+    for n_cols in (3, 100, 128, 200, 512, 1000):
+        cfg = sm._rows_config(n_cols, elem_size)
+        tile_bytes = cfg["ROWS"] * cfg["BLOCK_N"] * elem_size
+        if n_cols <= 512:
+            assert cfg["num_warps"] == 4 and cfg["NUM_STAGES"] == 1
+            assert tile_bytes == min(sm.SHORT_TILE_BYTES, sm.MAX_ROWS * cfg["BLOCK_N"] * elem_size)
+        else:
+            assert cfg["ROWS"] == 1  # from 1024 columns (a block), one row a program
+    assert sm._rows_config(128, 2)["ROWS"] == 8 and sm._rows_config(128, 4)["ROWS"] == 4
 
 
 @pytest.mark.gpu

@@ -333,12 +333,29 @@ def _softmax_strided_kernel(
 MAX_ONCHIP_COLS = 32768
 
 
-# Short rows: ROWS_TILE elements per step (H100, bf16, M = 4096, a sweep in NOTES.md:
-# one row per step took 19.6 us at N = 128 and 25.0 us at N = 512, torch.softmax 6.1 and
-# 10.3; 16 rows x 128 took 5.6 us, 8 rows x 512 8.4 us. From N = 1024 one row per step
-# was fastest: 10.8 us vs 11.3 for the best multi-row tile, 16.8 vs 18.3 at 2048).
-ROWS_TILE = 4096
+# Short rows (under 1024 columns): ROWS rows a program, so that each of its 4 warps' threads
+# holds one 16-byte vector of the tile (SHORT_TILE_BYTES of the row tile a program: 8 x 128
+# bf16, 4 x 128 fp32, ..., 1 x 512 fp32), as the flat elementwise path does. H100, CUDA-graph
+# replay with inputs rotating past the L2, M = 4096 (scripts/probe_launch_bound.py rules,
+# 6a125d9; us, against 4 KiB tiles, the rule before them, the CUDA twin's warp per row and
+# torch.softmax):
+#
+#   N, dtype        2 KiB tiles   4 KiB tiles (before)   CUDA twin   torch
+#   128 bf16           2.87          3.20                  3.01       3.86
+#   256 bf16           3.59          4.45                  3.64       4.62
+#   512 bf16           4.82          5.56                  4.93       7.09
+#   128 fp32           3.48          3.96                  3.64       3.96
+#   256 fp32           4.78          5.50                  5.03       5.13
+#   512 fp32           6.94          7.73 (6.74 as 2 x 512)  7.22       7.54
+#
+# (An older events-timed sweep put 16 rows x 128 at 5.6 us against 19.6 for one row a
+# program.) From 1024 columns one row a program.
+SHORT_TILE_BYTES = 2048
 MAX_ROWS = 16
+# Stages: a program of the non-persistent grid takes one row block, so the row loop runs
+# once and software pipelining only adds code: one stage up to 2048 columns (same probe:
+# fp32 2048 23.7 us against 24.8 with 4 stages, bf16 1000 6.78 against 6.88, fp32 1000
+# 11.20 against 11.44); from 4096 columns 2 stages stayed 0.4-0.6% ahead of one.
 # Grid: one program per ROWS rows below PERSISTENT_MIN_BLOCK columns, the occupancy-sized
 # persistent grid (rows looped inside each program, the next row's load pipelined through
 # shared memory, PERSISTENT_STAGES deep) from there. H100, bf16, rows chosen so that each
@@ -358,16 +375,18 @@ PERSISTENT_MIN_BLOCK = 32768
 PERSISTENT_STAGES = 3
 
 
-def _rows_config(n_cols: int) -> dict:
+def _rows_config(n_cols: int, elem_size: int) -> dict:
     """Tile / num_warps / stages / grid kind for the on-chip kernel: ~16 fp32 values per
-    thread or fewer; rows shorter than 1024 go ROWS at a time."""
+    thread or fewer; rows shorter than 1024 go ROWS at a time (SHORT_TILE_BYTES)."""
     block = next_pow2(n_cols)
-    rows = 1 if block >= 1024 else min(MAX_ROWS, ROWS_TILE // block)
-    warps = 4 if rows > 1 else max(1, min(16, block // 512))
-    if block >= 8192:
-        warps = max(warps, 8)
+    if block < 1024:
+        rows = max(1, min(MAX_ROWS, SHORT_TILE_BYTES // (block * elem_size)))
+        warps = 4
+    else:
+        rows = 1
+        warps = min(16, block // 512)
     persistent = block >= PERSISTENT_MIN_BLOCK
-    stages = PERSISTENT_STAGES if persistent else 4 if rows == 1 and block <= 2048 else 2
+    stages = PERSISTENT_STAGES if persistent else 1 if block <= 2048 else 2
     return {
         "ROWS": rows, "BLOCK_N": block, "num_warps": warps, "NUM_STAGES": stages,
         "PERSISTENT": persistent,
@@ -441,7 +460,7 @@ _ROWS_PLANS: dict[tuple, tuple] = {}
 def _rows_plan(x2: torch.Tensor, out2: torch.Tensor, log: bool) -> tuple[int, tuple, int]:
     """(programs, the on-chip kernel's constexprs in order, num_warps) for x2 -> out2."""
     n_rows, n_cols = x2.shape
-    cfg = _rows_config(n_cols)
+    cfg = _rows_config(n_cols, x2.element_size())
     programs = _persistent_programs(x2, out2, cfg, log) if cfg["PERSISTENT"] else None
     blocks = cdiv(n_rows, cfg["ROWS"])
     grid = blocks if programs is None else min(blocks, programs)

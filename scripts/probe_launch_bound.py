@@ -1,0 +1,191 @@
+"""GPU sweep of launch configs at the launch-bound sizes where a suite row trails a peer:
+flat add at 1M elements (elementwise suite) and short softmax rows at 4096 x 128 / 1000 /
+1024 (softmax suite), timed as the suites time them: CUDA-graph replay (the suite's
+graph_calls per graph), inputs rotating past twice the L2, median of do_bench.
+
+    PYTHONPATH=src python scripts/probe_launch_bound.py [add] [softmax] [rules]
+
+Each line: the arm or config, us per call, and the output's relative error against the
+first arm's. Several rounds interleave the arms (PROBE_ROUNDS, default 3), so a drift of
+the board weighs on all alike; the table shows each arm's median over the rounds.
+PROBE_ADD="elements:warps,..." and PROBE_ROWS="rows:warps,..." pick the Triton configs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import statistics
+import sys
+
+import torch
+
+import fuseml
+from fuseml.bench.harness import Settings, bench_graph_ms
+from fuseml.ops import _elementwise as ew
+from fuseml.ops._utils import cdiv, fast_math
+from fuseml.testing import rel_err
+
+sm = importlib.import_module("fuseml.ops.softmax")  # the module, not the op
+SETTINGS = Settings.for_mode(quick=True)
+ROUNDS = int(os.environ.get("PROBE_ROUNDS", "3"))
+
+
+def env_pairs(name: str, default: str) -> list[tuple[int, int]]:
+    return [tuple(int(v) for v in t.split(":")) for t in os.environ.get(name, default).split(",")]
+
+
+def rotated(make, nbytes: int) -> list[tuple]:
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    n = min(64, math.ceil(2 * l2 / nbytes) + 1)
+    return [make() for _ in range(n)]
+
+
+def table(title: str, arms: dict, sets: list[tuple]) -> None:
+    ref = None
+    errs = {}
+    for name, fn in arms.items():
+        out = fn(*sets[0]).float()
+        ref = out if ref is None else ref
+        errs[name] = rel_err(out, ref)
+    times = {name: [] for name in arms}
+    for _ in range(ROUNDS):
+        for name, fn in arms.items():
+            times[name].append(bench_graph_ms(fn, sets, SETTINGS)[0] * 1e3)
+    print(f"== {title}")
+    best = min(statistics.median(v) for v in times.values())
+    for name, v in times.items():
+        med = statistics.median(v)
+        spread = f"{min(v):.2f}-{max(v):.2f}"
+        print(f"  {name:28s} {med:7.2f} us ({spread}) {best / med:5.2f}x  err={errs[name]:.1e}")
+
+
+def add_sweep(dtype: torch.dtype, numel: int = 1_000_000) -> None:
+    es = torch.empty((), dtype=dtype).element_size()
+    sets = rotated(
+        lambda: (
+            torch.randn(numel, device="cuda", dtype=dtype),
+            torch.randn(numel, device="cuda", dtype=dtype),
+        ),
+        3 * numel * es,
+    )
+    compiled = torch.compile(lambda a, b: a + b, dynamic=False)
+    arms = {
+        "torch.add": lambda a, b: a + b,
+        "compile": compiled,
+        "fuseml triton (library)": lambda a, b: fuseml.ops.add(a, b, backend="triton"),
+        "fuseml cuda": lambda a, b: fuseml.ops.add(a, b, backend="cuda"),
+    }
+    for elems, warps in env_pairs("PROBE_ADD", "512:4,1024:4,2048:4,1024:8,2048:8,4096:8,256:2"):
+        cfg = {"BLOCK_M": 1, "BLOCK_N": elems, "num_warps": warps, "grid": (cdiv(numel, elems),)}
+
+        def run(a, b, cfg=cfg):
+            out = torch.empty_like(a)
+            return ew.bias_act_into(out, a, b, None, 1.0, 0, config=cfg)
+
+        arms[f"triton {elems} el / {warps} w"] = run
+    table(f"add {str(dtype)[6:]} {numel}", arms, sets)
+
+
+def softmax_sweep(n: int, log: bool, rows_default: str) -> None:
+    m = 4096
+    sets = rotated(lambda: (3 * torch.randn(m, n, device="cuda", dtype=torch.bfloat16),), 4 * m * n)
+    ref = torch.log_softmax if log else torch.softmax
+    fused = fuseml.ops.log_softmax if log else fuseml.ops.softmax
+    compiled = torch.compile(lambda x: ref(x, -1), dynamic=False)
+    arms = {
+        "torch": lambda x: ref(x, -1),
+        "compile": compiled,
+        "fuseml triton (library)": lambda x: fused(x, -1, backend="triton"),
+        "fuseml cuda": lambda x: fused(x, -1, backend="cuda"),
+        "copy": lambda x: torch.empty_like(x).copy_(x),
+    }
+    block = 1 << (n - 1).bit_length()
+    vec = sm._rows_vec(sets[0][0], sets[0][0])
+    for rows, warps in env_pairs("PROBE_ROWS", rows_default):
+        for stages in (1, 2):
+
+            def run(x, rows=rows, warps=warps, stages=stages):
+                out = torch.empty_like(x)
+                sm._softmax_rows_kernel[(cdiv(m, rows),)](
+                    x, out, m, n, x.stride(0), out.stride(0),
+                    LOG=log, ROWS=rows, BLOCK_N=block, NUM_STAGES=stages, FAST=fast_math(x),
+                    VEC=vec, num_warps=warps,
+                )  # fmt: skip
+                return out
+
+            arms[f"triton {rows} rows / {warps} w / {stages} st"] = run
+    table(f"{'log_' if log else ''}softmax bf16 {m} x {n}", arms, sets)
+
+
+def rows_rule(n: int, dtype: torch.dtype, log: bool = False) -> None:
+    """The library's on-chip config against candidate rules at one width: short rows as
+    one 16-byte vector a thread (2 KiB of the row tile a program, 4 warps), two vectors
+    (4 KiB), and one pipelining stage where each program takes one row block."""
+    m = 4096
+    es = torch.empty((), dtype=dtype).element_size()
+    sets = rotated(lambda: (3 * torch.randn(m, n, device="cuda", dtype=dtype),), 2 * m * n * es)
+    fused = fuseml.ops.log_softmax if log else fuseml.ops.softmax
+    base = sm._rows_config
+
+    def with_config(rule):
+        def run(x):
+            sm._rows_config = rule
+            sm._ROWS_PLANS.clear()
+            try:
+                return fused(x, -1, backend="triton")
+            finally:
+                sm._rows_config = base
+                sm._ROWS_PLANS.clear()
+
+        return run
+
+    def short(tile_bytes: int, stages: int | None):
+        def rule(cols, es):
+            cfg = dict(base(cols, es))
+            if cfg["BLOCK_N"] < 1024:
+                cfg["ROWS"] = max(1, tile_bytes // (cfg["BLOCK_N"] * es))
+                cfg["num_warps"] = 4
+            if stages and not cfg["PERSISTENT"]:
+                cfg["NUM_STAGES"] = stages
+            return cfg
+
+        return rule
+
+    arms = {
+        "torch": lambda x: (torch.log_softmax if log else torch.softmax)(x, -1),
+        "fuseml cuda": lambda x: fused(x, -1, backend="cuda"),
+        "library": lambda x: fused(x, -1, backend="triton"),
+        "stages 1": with_config(short(0, 1)),
+        "2 KiB short tiles": with_config(short(2048, None)),
+        "2 KiB short tiles, stages 1": with_config(short(2048, 1)),
+        "4 KiB short tiles, stages 1": with_config(short(4096, 1)),
+        "copy": lambda x: torch.empty_like(x).copy_(x),
+    }
+    table(f"{'log_' if log else ''}softmax {str(dtype)[6:]} {m} x {n} (rules)", arms, sets)
+
+
+def main() -> None:
+    what = sys.argv[1:] or ["add", "softmax"]
+    if "rules" in what:
+        widths = [
+            int(v) for v in os.environ.get("PROBE_N", "128,256,512,1000,2048,4096").split(",")
+        ]
+        for dtype in (torch.bfloat16, torch.float32):
+            for n in widths:
+                rows_rule(n, dtype)
+        rows_rule(1024, torch.bfloat16, log=True)
+    if "add" in what:
+        add_sweep(torch.float32)
+        add_sweep(torch.bfloat16)
+    if "softmax" in what:
+        softmax_sweep(
+            128, False, os.environ.get("PROBE_ROWS", "16:4,8:4,8:2,4:1,4:2,32:4,32:8,16:2")
+        )
+        softmax_sweep(1000, False, "1:4,1:2,1:8,2:4,2:8")
+        softmax_sweep(1024, True, "1:4,1:2,1:8,2:4,2:8")
+
+
+if __name__ == "__main__":
+    main()
