@@ -102,29 +102,23 @@ def _width(n: int, m: int) -> None:
     if os.environ.get("PROBE_SPLIT") == "none":
         return
     names = ("MAX_ONCHIP_COLS", "SPLIT_BLOCK", "SPLIT_MAX_BLOCK", "SPLIT_COLS_PER_WARP")
-    saved = {name: getattr(sm, name) for name in (*names, "SPLIT_BALANCED", "SPLIT_KEEP_EXP")}
+    saved = {name: getattr(sm, name) for name in (*names, "SPLIT_BALANCED")}
     try:
         # The split-row kernel: PROBE_SPLIT="block:cols_per_warp,..." (columns a program)
         sm.MAX_ONCHIP_COLS = 1024
         sweep = env_sweep("PROBE_SPLIT") or [
             (2048, 512), (2048, 1024), (4096, 512), (4096, 1024), (8192, 1024), (16384, 1024)
         ]  # fmt: skip
-        # balanced: equal chunks per row (PROBE_BALANCED="0,1"); keep: softmax keeps the
-        # statistics phase's exp through the wait (PROBE_KEEP="1,0": both, in turn)
-        balance = [bool(int(v)) for v in os.environ.get("PROBE_BALANCED", "0,1").split(",")]
-        keeps = [bool(int(v)) for v in os.environ.get("PROBE_KEEP", "1").split(",")]
-        for (block, per_warp), balanced in itertools.product(sweep, balance):
+        # balanced: equal chunks per row
+        for (block, per_warp), balanced in itertools.product(sweep, (False, True)):
             sm.SPLIT_BLOCK, sm.SPLIT_COLS_PER_WARP = block, per_warp
             sm.SPLIT_MAX_BLOCK = max(block, saved["SPLIT_MAX_BLOCK"])
             sm.SPLIT_BALANCED = balanced
             if not sm._split_config(x):
                 continue
-            for keep in keeps:
-                sm.SPLIT_KEEP_EXP = keep
-                err = rel_err(fused(), ref)
-                name = f"split block={block} warps={block // per_warp} balanced={int(balanced)}"
-                name += f" keep_exp={int(keep)}"
-                show(f"{name} ({sm._split_config(x)})", us_of(fused), err)
+            err = rel_err(fused(), ref)
+            name = f"split block={block} warps={block // per_warp} balanced={int(balanced)}"
+            show(f"{name} ({sm._split_config(x)})", us_of(fused), err)
     finally:
         for name, value in saved.items():
             setattr(sm, name, value)

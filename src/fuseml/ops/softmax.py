@@ -184,7 +184,6 @@ def _softmax_split_kernel(
     FAST: tl.constexpr,
     GRID2D: tl.constexpr = False,  # the grid is (chunks, rows): no division of the
     # program id ahead of the first load (blocks still start in row-major order)
-    KEEP_EXP: tl.constexpr = True,  # softmax: keep exp(x - chunk max) through the wait
 ):
     # Long rows split over `chunks` programs, each holding its chunk in registers: one read
     # and one write per element, however long the row. A program reduces its chunk to
@@ -225,15 +224,13 @@ def _softmax_split_kernel(
     edge_ok = (tl.where(e < VEC, e < lead, True) & (edge < n_cols)) & (chunk == chunks - 1)
     x_edge = tl.load(x_row + edge, mask=edge_ok, other=-float("inf")).to(tl.float32)
     stats_row = stats_ptr + row * (2 * chunks)
-    m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
-    shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf chunk: sum 0, not NaN
-    # tl.exp here, not _exp2: with the one-instruction exp2 in this phase ptxas gives
-    # the kernel 64 registers instead of 48 (4 blocks of 8 warps per SM, not 5;
-    # triton 3.9, sm_90, offline); in the output phase it costs none.
-    e = tl.exp(x - shift)
-    e_edge = tl.exp(x_edge - shift)
     if PHASE != 2:
-        s = tl.sum(e, axis=0) + tl.sum(e_edge, axis=0)
+        m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
+        shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf chunk: sum 0, not NaN
+        # tl.exp here, not _exp2: with the one-instruction exp2 in this phase ptxas gives
+        # the kernel 64 registers instead of 48 (4 blocks of 8 warps per SM, not 5;
+        # triton 3.9, sm_90, offline); in the output phase it costs none.
+        s = tl.sum(tl.exp(x - shift), axis=0) + tl.sum(tl.exp(x_edge - shift), axis=0)
         tl.store(stats_row + 2 * chunk, m)
         tl.store(stats_row + 2 * chunk + 1, s)
         if PHASE == 0:
@@ -245,23 +242,16 @@ def _softmax_split_kernel(
                 posted = tl.atomic_add(count_ptr + row, 0, sem="acquire")
     if PHASE != 1:
         m_row, total = row_stats(stats_row, chunks, BLOCK_G, FAST)
+        z = x - m_row  # NaN for an all -inf row, as torch
+        z_edge = x_edge - m_row
         if LOG:
             log_total = tl.log(total)
-            y = (x - m_row) - log_total  # NaN for an all -inf row, as torch
-            y_edge = (x_edge - m_row) - log_total
-        elif KEEP_EXP:
-            # exp(x - m_row) / total = e * exp(shift - m_row) / total: the chunk's exp
-            # from the statistics phase, rescaled once, instead of a second exp per
-            # element after the wait. An all -inf chunk scales by 0, not by exp(0 - m_row)
-            # (which overflows for a row max below -88); an all -inf row gets 0 * 1/0 =
-            # NaN, and a NaN or +inf anywhere in the row a NaN total, as torch gives.
-            scale = tl.where(m == -float("inf"), 0.0, tl.exp(m - m_row)) * _rcp(total, FAST)
-            y = e * scale
-            y_edge = e_edge * scale
+            y = z - log_total
+            y_edge = z_edge - log_total
         else:
             inv_total = _rcp(total, FAST)
-            y = _exp2((x - m_row) * LOG2E, FAST) * inv_total
-            y_edge = _exp2((x_edge - m_row) * LOG2E, FAST) * inv_total
+            y = _exp2(z * LOG2E, FAST) * inv_total
+            y_edge = _exp2(z_edge * LOG2E, FAST) * inv_total
         tl.store(out_body + rel, y.to(out_ptr.dtype.element_ty), mask=mask)
         tl.store(out_row + edge, y_edge.to(out_ptr.dtype.element_ty), mask=edge_ok)
 
@@ -550,7 +540,6 @@ SPLIT_HALF_GAIN = 0.05
 # (chunks, rows) on two grid axes where the rows fit the second (GRID_Y_MAX), else one
 # axis (FUSEML_SOFTMAX_GRID=1d: always, for probes; read at import)
 SPLIT_GRID_2D = os.environ.get("FUSEML_SOFTMAX_GRID", "2d") != "1d"
-SPLIT_KEEP_EXP = True
 # Tried and taken out: a persistent grid of resident programs taking (row, chunk) items in
 # turn and loading the next before the wait (scripts/probe_softmax_pipelined.py's scheme,
 # in this kernel with 4096-column items, H100, 621f360): 50256 columns 333.6 us against
@@ -620,7 +609,7 @@ def _launch_split(
             x2, out2, stats, count, n_cols, x2.stride(0), out2.stride(0), chunks,
             LOG=log, BLOCK_N=block, CHUNK=chunk_cols, BLOCK_G=next_pow2(chunks),
             VEC=vec if aligned else 1,
-            PHASE=phase, FAST=fast_math(x2), GRID2D=grid2d, KEEP_EXP=SPLIT_KEEP_EXP,
+            PHASE=phase, FAST=fast_math(x2), GRID2D=grid2d,
             num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)),
         )  # fmt: skip
 
