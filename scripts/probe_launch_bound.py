@@ -14,6 +14,7 @@ PROBE_ADD="elements:warps,..." and PROBE_ROWS="rows:warps,..." pick the Triton c
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
 import os
 import statistics
@@ -164,6 +165,33 @@ def rows_rule(n: int, dtype: torch.dtype, log: bool = False) -> None:
         "copy": lambda x: torch.empty_like(x).copy_(x),
     }
     table(f"{'log_' if log else ''}softmax {str(dtype)[6:]} {m} x {n} (rules)", arms, sets)
+
+
+def persistent_sweep(n: int, per_sm: list[int], warps: int, stages: list[int]) -> None:
+    """The on-chip kernel on a persistent grid of per_sm programs an SM, each looping over
+    rows with the next row's load pipelined (NUM_STAGES) behind the current row's math."""
+    m = 4096
+    sets = rotated(lambda: (3 * torch.randn(m, n, device="cuda", dtype=torch.bfloat16),), 4 * m * n)
+    n_sm = torch.cuda.get_device_properties(0).multi_processor_count
+    block = 1 << (n - 1).bit_length()
+    vec = sm._rows_vec(sets[0][0], sets[0][0])
+    arms = {
+        "fuseml triton (library)": lambda x: fuseml.ops.softmax(x, -1, backend="triton"),
+        "copy": lambda x: torch.empty_like(x).copy_(x),
+    }
+    for k, st in itertools.product(per_sm, stages):
+
+        def run(x, k=k, st=st):
+            out = torch.empty_like(x)
+            sm._softmax_rows_kernel[(min(m, k * n_sm),)](
+                x, out, m, n, x.stride(0), out.stride(0),
+                LOG=False, ROWS=1, BLOCK_N=block, NUM_STAGES=st, FAST=fast_math(x), VEC=vec,
+                num_warps=warps,
+            )  # fmt: skip
+            return out
+
+        arms[f"persistent {k}/SM, {warps} w, {st} st"] = run
+    table(f"softmax bf16 {m} x {n} (persistent grids)", arms, sets)
 
 
 def main() -> None:

@@ -195,6 +195,17 @@ def test_split_config_limits():
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("log", [False, True])
+def test_softmax_fp32_rows_up_to_1024(device, backend, log):
+    # fp32 rows of 513-1024 columns: the CUDA twin's two-warp block kernel (one warp below
+    # 513); rows that start off a 16-byte boundary (a view 1 column in) take its lead path
+    big = 4 * torch.randn(6, 1030, device=device)
+    for n in (512, 513, 1000, 1003, 1024):
+        for x in (big[:, :n].contiguous(), big[:, 1 : n + 1]):
+            assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), torch.float32)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("log", [False, True])
 def test_softmax_rows_vec_views(device, backend, log):
     # 1000 columns: the on-chip kernel takes 16-byte accesses where the width and both row
     # strides are whole vectors (row stride 1008), one element at a time where not (1003).
