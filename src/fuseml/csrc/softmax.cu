@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -794,6 +795,17 @@ struct Problem {
   const at::Tensor* like;  // x: device and stream of the SPLIT kernel's scratch
 };
 
+// FUSEML_SOFTMAX_CUDA_FP32_1024=warp: fp32 rows of 513-1024 columns on the warp kernel (one
+// warp a row, 32 values a lane) instead of two-warp blocks; a probe knob (A/B within one
+// build), read once per process.
+bool fp32_1024_on_warps() {
+  static const bool warp = [] {
+    const char* v = std::getenv("FUSEML_SOFTMAX_CUDA_FP32_1024");
+    return v != nullptr && std::strcmp(v, "warp") == 0;
+  }();
+  return warp;
+}
+
 template <class Tr, bool LOG>
 void launch_softmax(const Problem& p, const Launch& l) {
   using S = typename Tr::Storage;
@@ -820,7 +832,9 @@ void launch_softmax(const Problem& p, const Launch& l) {
       // fp32 rows of 513-1024 columns: two warps a row, 16 values a lane, as the Triton
       // kernel takes them, not one warp with 32 (H100, graph replay, 4096 x 1000: the warp
       // kernel 12.8 us against Triton's 10.8, 1.18x).
-      if (next_pow2(span) == 1024) return launch_block<Tr, LOG, 64, 16>(a, l);
+      if (next_pow2(span) == 1024 && !fp32_1024_on_warps()) {
+        return launch_block<Tr, LOG, 64, 16>(a, l);
+      }
     }
     switch (std::max<int64_t>(next_pow2(span), V)) {
       case 4: return launch_warp_span<Tr, LOG, 4>(a, l);
