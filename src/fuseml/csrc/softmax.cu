@@ -119,18 +119,6 @@ __device__ __forceinline__ float exp_approx(float z) {
   return y;
 }
 
-// softmax's last step. float32 output: a true division, as torch does. 16-bit output: the
-// reciprocal's <= 1 ulp of float error rarely survives the rounding, and it saves ~8
-// instructions per element where the instruction budget is tightest (4 bytes moved each).
-template <class Tr>
-__device__ __forceinline__ float normalize(float e, float sum, float inv_sum) {
-  if constexpr (std::is_same<typename Tr::Storage, float>::value) {
-    return e / sum;
-  } else {
-    return e * inv_sum;
-  }
-}
-
 // ---------------------------------------------------------------------- memory access
 // VEC elements moved by one load/store instruction (LDG/STG.128 when VEC * sizeof(S) == 16).
 template <typename S, int VEC>
@@ -443,9 +431,12 @@ __device__ __forceinline__ void row_in_registers(const typename Tr::Storage* xro
     v[i] = LOG ? z : e;
   }
   sum = red.all_sum(sum);
+  // softmax: one reciprocal a row, then a multiply an element (the Triton kernels' way; a
+  // float32 division an element, as torch does, is ~8 more instructions, and kept the fp32
+  // softmax 1.4x slower than log_softmax at 4096 x 600 on an H100: 10.96 against 7.83 us)
   const float post = LOG ? logf(sum) : 1.f / sum;
   store_part<Tr, ELEMS, kPackStride>(orow, c_first, n, v, [&](float t) {
-    return LOG ? t - post : normalize<Tr>(t, sum, post);
+    return LOG ? t - post : t * post;
   });
 }
 
@@ -583,7 +574,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           const float z = Tr::to_float(raw[u].v[j]) - row_max;
-          o.v[j] = Tr::from_float(LOG ? z - post : normalize<Tr>(exp_approx(z), total, post));
+          o.v[j] = Tr::from_float(LOG ? z - post : exp_approx(z) * post);
         }
         store_pack<Tr, V, true>(orow, c_step + u * col_stride, n, o);
       }
