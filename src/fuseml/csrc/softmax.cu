@@ -11,10 +11,12 @@
 // itself (every kernel reads a whole row before it writes any of it).
 //
 // Kernels, picked on the host per call from the row's "span" (below):
-//   * WARP   (span <= 1024): a group of LANES lanes (a warp, or 1/2 ... 1/32 of one for short
-//            rows) owns a row, which stays in registers; max and sum are shuffle reductions.
+//   * WARP   (span <= 1024; fp32 <= 512): a group of LANES lanes (a warp, or 1/2 ... 1/32 of
+//            one for short rows) owns a row, which stays in registers; max and sum are
+//            shuffle reductions.
 //   * BLOCK  (span <= 32768): a block owns a row, which stays in registers (16 or 32 values
-//            per thread); block reductions through shuffles and 32 floats of shared memory.
+//            per thread; fp32 rows of 513-1024 on two-warp blocks); block reductions through
+//            shuffles and 32 floats of shared memory.
 //   * SPLIT  (longer rows, up to 64 blocks of 8192 or 16384 columns): a row split over
 //            consecutive blocks, each holding its chunk in registers; a block reduces its
 //            chunk to (max, sum), posts the pair to a scratch buffer, waits until every
