@@ -356,6 +356,8 @@ MAX_ROWS = 16
 # once and software pipelining only adds code: one stage up to 2048 columns (same probe:
 # fp32 2048 23.7 us against 24.8 with 4 stages, bf16 1000 6.78 against 6.88, fp32 1000
 # 11.20 against 11.44); from 4096 columns 2 stages stayed 0.4-0.6% ahead of one.
+ONE_STAGE_MAX_BLOCK = 2048
+
 # Grid: one program per ROWS rows below PERSISTENT_MIN_BLOCK columns, the occupancy-sized
 # persistent grid (rows looped inside each program, the next row's load pipelined through
 # shared memory, PERSISTENT_STAGES deep) from there. H100, bf16, rows chosen so that each
@@ -386,7 +388,7 @@ def _rows_config(n_cols: int, elem_size: int) -> dict:
         rows = 1
         warps = min(16, block // 512)
     persistent = block >= PERSISTENT_MIN_BLOCK
-    stages = PERSISTENT_STAGES if persistent else 1 if block <= 2048 else 2
+    stages = PERSISTENT_STAGES if persistent else 1 if block <= ONE_STAGE_MAX_BLOCK else 2
     return {
         "ROWS": rows, "BLOCK_N": block, "num_warps": warps, "NUM_STAGES": stages,
         "PERSISTENT": persistent,
