@@ -89,6 +89,24 @@ def add_sweep(dtype: torch.dtype, numel: int = 1_000_000) -> None:
     table(f"add {str(dtype)[6:]} {numel}", arms, sets)
 
 
+def rows_kernel(log: bool, rows: int, warps: int, stages: int, programs):
+    """A call of the on-chip softmax kernel on (M, N) x with a given config, bypassing the
+    library's choice; programs(M) gives the grid (a program each ROWS rows, or fewer: the
+    kernel's programs then loop over the row blocks)."""
+
+    def run(x):
+        m, n = x.shape
+        out = torch.empty_like(x)
+        sm._softmax_rows_kernel[(programs(m),)](
+            x, out, m, n, x.stride(0), out.stride(0),
+            LOG=log, ROWS=rows, BLOCK_N=1 << (n - 1).bit_length(), NUM_STAGES=stages,
+            FAST=fast_math(x), VEC=sm._rows_vec(x, out), num_warps=warps,
+        )  # fmt: skip
+        return out
+
+    return run
+
+
 def softmax_sweep(n: int, log: bool, rows_default: str) -> None:
     m = 4096
     sets = rotated(lambda: (3 * torch.randn(m, n, device="cuda", dtype=torch.bfloat16),), 4 * m * n)
@@ -102,21 +120,11 @@ def softmax_sweep(n: int, log: bool, rows_default: str) -> None:
         "fuseml cuda": lambda x: fused(x, -1, backend="cuda"),
         "copy": lambda x: torch.empty_like(x).copy_(x),
     }
-    block = 1 << (n - 1).bit_length()
-    vec = sm._rows_vec(sets[0][0], sets[0][0])
     for rows, warps in env_pairs("PROBE_ROWS", rows_default):
         for stages in (1, 2):
-
-            def run(x, rows=rows, warps=warps, stages=stages):
-                out = torch.empty_like(x)
-                sm._softmax_rows_kernel[(cdiv(m, rows),)](
-                    x, out, m, n, x.stride(0), out.stride(0),
-                    LOG=log, ROWS=rows, BLOCK_N=block, NUM_STAGES=stages, FAST=fast_math(x),
-                    VEC=vec, num_warps=warps,
-                )  # fmt: skip
-                return out
-
-            arms[f"triton {rows} rows / {warps} w / {stages} st"] = run
+            arms[f"triton {rows} rows / {warps} w / {stages} st"] = rows_kernel(
+                log, rows, warps, stages, lambda m_, rows=rows: cdiv(m_, rows)
+            )
     table(f"{'log_' if log else ''}softmax bf16 {m} x {n}", arms, sets)
 
 
@@ -173,24 +181,14 @@ def persistent_sweep(n: int, per_sm: list[int], warps: int, stages: list[int]) -
     m = 4096
     sets = rotated(lambda: (3 * torch.randn(m, n, device="cuda", dtype=torch.bfloat16),), 4 * m * n)
     n_sm = torch.cuda.get_device_properties(0).multi_processor_count
-    block = 1 << (n - 1).bit_length()
-    vec = sm._rows_vec(sets[0][0], sets[0][0])
     arms = {
         "fuseml triton (library)": lambda x: fuseml.ops.softmax(x, -1, backend="triton"),
         "copy": lambda x: torch.empty_like(x).copy_(x),
     }
     for k, st in itertools.product(per_sm, stages):
-
-        def run(x, k=k, st=st):
-            out = torch.empty_like(x)
-            sm._softmax_rows_kernel[(min(m, k * n_sm),)](
-                x, out, m, n, x.stride(0), out.stride(0),
-                LOG=False, ROWS=1, BLOCK_N=block, NUM_STAGES=st, FAST=fast_math(x), VEC=vec,
-                num_warps=warps,
-            )  # fmt: skip
-            return out
-
-        arms[f"persistent {k}/SM, {warps} w, {st} st"] = run
+        arms[f"persistent {k}/SM, {warps} w, {st} st"] = rows_kernel(
+            False, 1, warps, st, lambda m_, k=k: min(m_, k * n_sm)
+        )
     table(f"softmax bf16 {m} x {n} (persistent grids)", arms, sets)
 
 
