@@ -50,7 +50,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <type_traits>
 
 namespace fuseml {
 namespace {
