@@ -106,7 +106,9 @@ struct alignas(sizeof(S) * VEC) Pack {
 // copied from it) was left to the compiler, which on the 2-D path split every 16-byte pack
 // into four 4-byte stores (st.global.v2.u16 / .f32 x 4 in the PTX, STG.E x 4 in the SASS;
 // nvcc 13, sm_90, every dtype) while the loads stayed LDG.E.128. Here the pack goes out as
-// four 32-bit words through __stwb (st.global.wb.v4.u32: the default write-back policy).
+// four 32-bit words in one st.global.v4.b32 (inline PTX): a weak store, STG.E.128 in the
+// SASS. __stwb (st.global.wb) gave STG.E.128.STRONG.SM instead, a store ordered at SM scope,
+// which plain C++ stores and Triton's never are (nvcc 13, sm_90).
 template <class P>
 __device__ __forceinline__ void store_pack(void* dst, const P& r) {
   if constexpr (sizeof(P) == 16) {
@@ -120,7 +122,10 @@ __device__ __forceinline__ void store_pack(void* dst, const P& r) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) w[i] = __float_as_uint(r.v[i]);
     }
-    __stwb(reinterpret_cast<uint4*>(dst), make_uint4(w[0], w[1], w[2], w[3]));
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+                 :
+                 : "l"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
   } else {
     *reinterpret_cast<P*>(dst) = r;
   }

@@ -192,9 +192,27 @@ __device__ __forceinline__ void load_if(unsigned short& w, const void* p, bool p
   }
 }
 
-// Stores through the cache-operator intrinsics (inline PTX) too: a plain copy of the Pack
-// (or of a uint4) was split by the compiler into per-element stores for every pack but the
-// first. .wb is the default; STREAM: .cs, as above.
+// Weak stores of one word in inline PTX (STG.E.U16 / STG.E / STG.E.128 in the SASS). __stwb
+// (st.global.wb) compiles to a STRONG.SM store, ordered at SM scope, which neither a plain
+// C++ store nor Triton's stores are (nvcc 13, sm_90).
+template <typename W>
+__device__ __forceinline__ void store_weak(W* p, const W& w) {
+  if constexpr (sizeof(W) == 2) {
+    asm volatile("st.global.b16 [%0], %1;" : : "l"(p), "h"(w) : "memory");
+  } else if constexpr (sizeof(W) == 4) {
+    asm volatile("st.global.b32 [%0], %1;" : : "l"(p), "r"(w) : "memory");
+  } else {
+    static_assert(sizeof(W) == 16, "no weak store of this word's size");
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+                 :
+                 : "l"(p), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w)
+                 : "memory");
+  }
+}
+
+// Stores in inline PTX too: a plain copy of the Pack (or of a uint4) was split by the
+// compiler into per-element stores for every pack but the first. STREAM: .cs (__stcs,
+// evict-first, a weak STG.E.EF), as above.
 template <bool STREAM, typename P>
 __device__ __forceinline__ void store_vec(P* p, const P& v) {
   using W = typename WordOf<sizeof(P)>::type;
@@ -204,7 +222,7 @@ __device__ __forceinline__ void store_vec(P* p, const P& v) {
   if constexpr (STREAM) {
     __stcs(reinterpret_cast<W*>(p), w);
   } else {
-    __stwb(reinterpret_cast<W*>(p), w);
+    store_weak(reinterpret_cast<W*>(p), w);
   }
 }
 
