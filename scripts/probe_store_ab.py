@@ -56,9 +56,11 @@ def bias_act_arms(activation: str, with_bias: bool, with_y: bool) -> dict:
     def twin(ns):
         op = getattr(torch.ops, ns).bias_act_cuda_out
 
-        def run(x, y, b):
+        def run(x, y, b):  # the op takes 2-D views: (1, numel) for a flat tensor
             out = torch.empty_like(x)
-            op(x, y if with_y else None, b if with_bias else None, 1.0, code, out)
+            two_d = (lambda t: t.view(1, -1)) if x.dim() == 1 else (lambda t: t)
+            op(two_d(x), two_d(y) if with_y else None, b if with_bias else None, 1.0, code,
+               two_d(out))  # fmt: skip
             return out
 
         return run
