@@ -151,8 +151,8 @@ def rows_rule(n: int, dtype: torch.dtype, log: bool = False) -> None:
         return run
 
     def short(tile_bytes: int, stages: int | None):
-        def rule(cols, es):
-            cfg = dict(base(cols, es))
+        def rule(cols, es, smem=None):
+            cfg = dict(base(cols, es, smem))
             if cfg["BLOCK_N"] < 1024:
                 cfg["ROWS"] = max(1, tile_bytes // (cfg["BLOCK_N"] * es))
                 cfg["num_warps"] = 4

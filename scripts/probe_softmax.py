@@ -79,8 +79,8 @@ def _width(n: int, m: int) -> None:
         try:
             for warps, stages, per_sm in sweep:
 
-                def config(cols, es, warps=warps, stages=stages, per_sm=per_sm):
-                    cfg = dict(base(cols, es), num_warps=warps)
+                def config(cols, es, smem=None, warps=warps, stages=stages, per_sm=per_sm):
+                    cfg = dict(base(cols, es, smem), num_warps=warps)
                     if stages:
                         cfg["NUM_STAGES"] = stages
                     if per_sm != -2:

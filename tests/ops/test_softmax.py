@@ -226,6 +226,38 @@ def test_rows_config_grid_kind():
         assert cfg["PERSISTENT"] and cfg["NUM_STAGES"] == sm.PERSISTENT_STAGES
 
 
+def test_rows_config_stages_fit_shared_memory():
+    # NUM_STAGES - 1 row tiles in flight must fit the device's shared memory per block: on an
+    # H100 / H200 (232448 bytes opt-in) 32768 bf16 columns keep 3 stages, fp32 gets 2
+    h100 = 232448
+    assert sm._rows_config(32768, 2, h100)["NUM_STAGES"] == sm.PERSISTENT_STAGES == 3
+    assert sm._rows_config(32768, 4, h100)["NUM_STAGES"] == 2
+    for elem_size in (2, 4):
+        for n_cols in (100, 1000, 4096, 16384, 32768):
+            for smem in (48 * 1024, 99 * 1024, 164 * 1024, h100):
+                cfg = sm._rows_config(n_cols, elem_size, smem)
+                tile = cfg["ROWS"] * cfg["BLOCK_N"] * elem_size
+                assert cfg["NUM_STAGES"] >= 1
+                assert cfg["NUM_STAGES"] == 1 or (cfg["NUM_STAGES"] - 1) * tile + 64 <= smem
+                unlimited = sm._rows_config(n_cols, elem_size)
+                assert cfg["NUM_STAGES"] <= unlimited["NUM_STAGES"]
+                assert {**cfg, "NUM_STAGES": 0} == {**unlimited, "NUM_STAGES": 0}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n_cols", [8192, 16384, 32768, 32769, 65536, 262144])
+def test_softmax_wide_rows_every_dtype_on_gpu(backend, dtype, n_cols):
+    # the on-chip kernel's widest tiles in 4-byte and 2-byte dtypes (its pipelined loop
+    # keeps whole row tiles in shared memory), and the long-row kernels past it
+    rows = 300 if n_cols <= 32768 else 40
+    x = 8 * torch.randn(rows, n_cols, device="cuda", dtype=dtype)
+    for log in (False, True):
+        assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
+
+
 @pytest.mark.parametrize("elem_size", [2, 4])
 def test_rows_config_short_rows_one_vector_a_thread(elem_size):
     # rows under 1024 columns: 4 warps whose threads each hold one 16-byte vector of the tile

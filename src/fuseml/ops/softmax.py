@@ -376,10 +376,19 @@ ONE_STAGE_MAX_BLOCK = 2048
 PERSISTENT_MIN_BLOCK = 32768
 PERSISTENT_STAGES = 3
 
+# Shared memory: the pipelined row loop keeps NUM_STAGES - 1 row tiles (ROWS x BLOCK_N
+# elements each) in flight in shared memory, beside 64 bytes of Triton's own scratch
+# (compiled for sm_90: 3 stages of 32768 bf16 columns take 131136 bytes). Stages are capped
+# so that the tiles fit the device's shared memory per block less SMEM_RESERVE: float32
+# rows of 32768 columns (128 KiB a tile) take 2 stages on an H100 / H200 (227 KiB a block),
+# where 3 would need 256 KiB and fail to launch.
+SMEM_RESERVE = 1024
 
-def _rows_config(n_cols: int, elem_size: int) -> dict:
+
+def _rows_config(n_cols: int, elem_size: int, smem_bytes: int | None = None) -> dict:
     """Tile / num_warps / stages / grid kind for the on-chip kernel: ~16 fp32 values per
-    thread or fewer; rows shorter than 1024 go ROWS at a time (SHORT_TILE_BYTES)."""
+    thread or fewer; rows shorter than 1024 go ROWS at a time (SHORT_TILE_BYTES).
+    ``smem_bytes``: the device's shared memory per block (None: no limit, the interpreter)."""
     block = next_pow2(n_cols)
     if block < 1024:
         rows = max(1, min(MAX_ROWS, SHORT_TILE_BYTES // (block * elem_size)))
@@ -389,10 +398,27 @@ def _rows_config(n_cols: int, elem_size: int) -> dict:
         warps = min(16, block // 512)
     persistent = block >= PERSISTENT_MIN_BLOCK
     stages = PERSISTENT_STAGES if persistent else 1 if block <= ONE_STAGE_MAX_BLOCK else 2
+    if smem_bytes is not None:
+        in_flight = (smem_bytes - SMEM_RESERVE) // (rows * block * elem_size)
+        stages = max(1, min(stages, 1 + in_flight))
     return {
         "ROWS": rows, "BLOCK_N": block, "num_warps": warps, "NUM_STAGES": stages,
         "PERSISTENT": persistent,
     }  # fmt: skip
+
+
+_SMEM: dict[int, int] = {}
+
+
+def _smem_per_block(t: torch.Tensor) -> int | None:
+    """Shared memory a block of ``t``'s device may use (opt-in limit), None off CUDA."""
+    device = t.get_device()
+    if device < 0 or not t.is_cuda:
+        return None
+    if device not in _SMEM:
+        props = torch.cuda.get_device_properties(device)
+        _SMEM[device] = getattr(props, "shared_memory_per_block_optin", 48 * 1024)
+    return _SMEM[device]
 
 
 _PROGRAMS: dict[tuple, int] = {}
@@ -462,7 +488,7 @@ _ROWS_PLANS: dict[tuple, tuple] = {}
 def _rows_plan(x2: torch.Tensor, out2: torch.Tensor, log: bool) -> tuple[int, tuple, int]:
     """(programs, the on-chip kernel's constexprs in order, num_warps) for x2 -> out2."""
     n_rows, n_cols = x2.shape
-    cfg = _rows_config(n_cols, x2.element_size())
+    cfg = _rows_config(n_cols, x2.element_size(), _smem_per_block(x2))
     programs = _persistent_programs(x2, out2, cfg, log) if cfg["PERSISTENT"] else None
     blocks = cdiv(n_rows, cfg["ROWS"])
     grid = blocks if programs is None else min(blocks, programs)
