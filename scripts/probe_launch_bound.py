@@ -3,7 +3,7 @@ flat add at 1M elements (elementwise suite) and short softmax rows at 4096 x 128
 1024 (softmax suite), timed as the suites time them: CUDA-graph replay (the suite's
 graph_calls per graph), inputs rotating past twice the L2, median of do_bench.
 
-    PYTHONPATH=src python scripts/probe_launch_bound.py [add] [softmax] [rules]
+    PYTHONPATH=src python scripts/probe_launch_bound.py [add] [softmax] [fp32] [rules]
 
 Each line: the arm or config, us per call, and the output's relative error against the
 first arm's. Several rounds interleave the arms (PROBE_ROUNDS, default 3), so a drift of
@@ -107,9 +107,10 @@ def rows_kernel(log: bool, rows: int, warps: int, stages: int, programs):
     return run
 
 
-def softmax_sweep(n: int, log: bool, rows_default: str) -> None:
+def softmax_sweep(n: int, log: bool, rows_default: str, dtype=torch.bfloat16) -> None:
     m = 4096
-    sets = rotated(lambda: (3 * torch.randn(m, n, device="cuda", dtype=torch.bfloat16),), 4 * m * n)
+    es = torch.empty((), dtype=dtype).element_size()
+    sets = rotated(lambda: (3 * torch.randn(m, n, device="cuda", dtype=dtype),), 2 * m * n * es)
     ref = torch.log_softmax if log else torch.softmax
     fused = fuseml.ops.log_softmax if log else fuseml.ops.softmax
     compiled = torch.compile(lambda x: ref(x, -1), dynamic=False)
@@ -121,11 +122,11 @@ def softmax_sweep(n: int, log: bool, rows_default: str) -> None:
         "copy": lambda x: torch.empty_like(x).copy_(x),
     }
     for rows, warps in env_pairs("PROBE_ROWS", rows_default):
-        for stages in (1, 2):
+        for stages in map(int, os.environ.get("PROBE_STAGES", "1,2").split(",")):
             arms[f"triton {rows} rows / {warps} w / {stages} st"] = rows_kernel(
                 log, rows, warps, stages, lambda m_, rows=rows: cdiv(m_, rows)
             )
-    table(f"{'log_' if log else ''}softmax bf16 {m} x {n}", arms, sets)
+    table(f"{'log_' if log else ''}softmax {str(dtype)[6:]} {m} x {n}", arms, sets)
 
 
 def rows_rule(n: int, dtype: torch.dtype, log: bool = False) -> None:
@@ -205,6 +206,9 @@ def main() -> None:
     if "add" in what:
         add_sweep(torch.float32)
         add_sweep(torch.bfloat16)
+    if "fp32" in what:  # the on-chip kernel's warps / rows a program for float32 rows
+        for n in map(int, os.environ.get("PROBE_N", "512,1000,1024,2048").split(",")):
+            softmax_sweep(n, False, "1:1,1:2,1:4,1:8,2:4,2:8", torch.float32)
     if "softmax" in what:
         softmax_sweep(
             128, False, os.environ.get("PROBE_ROWS", "16:4,8:4,8:2,4:1,4:2,32:4,32:8,16:2")
