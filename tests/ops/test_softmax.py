@@ -226,6 +226,15 @@ def test_rows_config_grid_kind():
         assert cfg["PERSISTENT"] and cfg["NUM_STAGES"] == sm.PERSISTENT_STAGES
 
 
+def test_rows_config_warps_from_1024_columns():
+    # one warp per 512 columns up to 16; float32 rows at least FP32_MIN_WARPS (the sweep in
+    # ops/softmax.py)
+    for n_cols, bf16, fp32 in ((1000, 2, 4), (1024, 2, 4), (2048, 4, 4), (4096, 8, 8),
+                               (16384, 16, 16), (32768, 16, 16)):  # fmt: skip
+        assert sm._rows_config(n_cols, 2)["num_warps"] == bf16
+        assert sm._rows_config(n_cols, 4)["num_warps"] == fp32
+
+
 def test_rows_config_stages_fit_shared_memory():
     # NUM_STAGES - 1 row tiles in flight must fit the device's shared memory per block: on an
     # H100 / H200 (232448 bytes opt-in) 32768 bf16 columns keep 3 stages, fp32 gets 2

@@ -376,6 +376,15 @@ ONE_STAGE_MAX_BLOCK = 2048
 PERSISTENT_MIN_BLOCK = 32768
 PERSISTENT_STAGES = 3
 
+# Warps from 1024 columns: one per 512 columns (16 values a thread), up to 16; float32
+# rows take at least FP32_MIN_WARPS. H100, graph replay, inputs rotating, M = 4096
+# (scripts/probe_launch_bound.py fp32, 52a6be2; us, warps of a one-row program):
+#
+#   float32 N     1 warp   2 warps   4 warps   8 warps   torch.compile
+#   1024          11.48    11.51     11.17     11.56     11.31
+#   2048          23.31    23.06     22.89     23.68     25.86
+FP32_MIN_WARPS = 4
+
 # Shared memory: the pipelined row loop keeps NUM_STAGES - 1 row tiles (ROWS x BLOCK_N
 # elements each) in flight in shared memory, beside 64 bytes of Triton's own scratch
 # (compiled for sm_90: 3 stages of 32768 bf16 columns take 131136 bytes). Stages are capped
@@ -396,6 +405,8 @@ def _rows_config(n_cols: int, elem_size: int, smem_bytes: int | None = None) -> 
     else:
         rows = 1
         warps = min(16, block // 512)
+        if elem_size == 4:
+            warps = max(warps, FP32_MIN_WARPS)
     persistent = block >= PERSISTENT_MIN_BLOCK
     stages = PERSISTENT_STAGES if persistent else 1 if block <= ONE_STAGE_MAX_BLOCK else 2
     if smem_bytes is not None:
