@@ -3,7 +3,7 @@ flat add at 1M elements (elementwise suite) and short softmax rows at 4096 x 128
 1024 (softmax suite), timed as the suites time them: CUDA-graph replay (the suite's
 graph_calls per graph), inputs rotating past twice the L2, median of do_bench.
 
-    PYTHONPATH=src python scripts/probe_launch_bound.py [add] [softmax] [fp32] [rules]
+    PYTHONPATH=src python scripts/probe_launch_bound.py [add] [softmax] [fp32] [wide] [rules]
 
 Each line: the arm or config, us per call, and the output's relative error against the
 first arm's. Several rounds interleave the arms (PROBE_ROUNDS, default 3), so a drift of
@@ -193,6 +193,37 @@ def persistent_sweep(n: int, per_sm: list[int], warps: int, stages: list[int]) -
     table(f"softmax bf16 {m} x {n} (persistent grids)", arms, sets)
 
 
+def wide_rows(n: int, log: bool, dtype=torch.float32) -> None:
+    """The on-chip kernel (the library's path up to MAX_ONCHIP_COLS) against the online
+    two-pass kernel (statistics in one read, the output from a second, L2-warm read) at
+    one width, several columns a step / warps."""
+    m = 4096
+    es = torch.empty((), dtype=dtype).element_size()
+    sets = rotated(lambda: (3 * torch.randn(m, n, device="cuda", dtype=dtype),), 2 * m * n * es)
+    ref = torch.log_softmax if log else torch.softmax
+    fused = fuseml.ops.log_softmax if log else fuseml.ops.softmax
+    compiled = torch.compile(lambda x: ref(x, -1), dynamic=False)
+    arms = {
+        "fuseml triton (library)": lambda x: fused(x, -1, backend="triton"),
+        "compile": compiled,
+        "copy": lambda x: torch.empty_like(x).copy_(x),
+    }
+    for block, warps in env_pairs("PROBE_ONLINE", "2048:4,4096:8,8192:8,8192:16,16384:16"):
+
+        def run(x, block=block, warps=warps):
+            saved = sm.ONLINE_BLOCK, sm.ONLINE_WARPS
+            sm.ONLINE_BLOCK, sm.ONLINE_WARPS = block, warps
+            try:
+                out = torch.empty_like(x)
+                sm._launch_online(x, out, log, False)
+                return out
+            finally:
+                sm.ONLINE_BLOCK, sm.ONLINE_WARPS = saved
+
+        arms[f"online {block} cols / {warps} w"] = run
+    table(f"{'log_' if log else ''}softmax {str(dtype)[6:]} {m} x {n}", arms, sets)
+
+
 def main() -> None:
     what = sys.argv[1:] or ["add", "softmax"]
     if "rules" in what:
@@ -206,6 +237,10 @@ def main() -> None:
     if "add" in what:
         add_sweep(torch.float32)
         add_sweep(torch.bfloat16)
+    if "wide" in what:  # float32 rows where torch.compile's looped reduction is close
+        for n in map(int, os.environ.get("PROBE_N", "8192,16384,32768").split(",")):
+            for log in (False, True):
+                wide_rows(n, log)
     if "fp32" in what:  # the on-chip kernel's warps / rows a program for float32 rows
         for n in map(int, os.environ.get("PROBE_N", "512,1000,1024,2048").split(",")):
             softmax_sweep(n, False, "1:1,1:2,1:4,1:8,2:4,2:8", torch.float32)
