@@ -243,7 +243,8 @@ def main() -> None:
                 wide_rows(n, log)
     if "fp32" in what:  # the on-chip kernel's warps / rows a program for float32 rows
         for n in map(int, os.environ.get("PROBE_N", "512,1000,1024,2048").split(",")):
-            softmax_sweep(n, False, "1:1,1:2,1:4,1:8,2:4,2:8", torch.float32)
+            log = os.environ.get("PROBE_LOG", "0") == "1"
+            softmax_sweep(n, log, "1:1,1:2,1:4,1:8,2:4,2:8", torch.float32)
     if "softmax" in what:
         softmax_sweep(
             128, False, os.environ.get("PROBE_ROWS", "16:4,8:4,8:2,4:1,4:2,32:4,32:8,16:2")
