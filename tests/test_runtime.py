@@ -76,3 +76,16 @@ def test_cuda_launch_sites_load_the_extension_first(monkeypatch):
     with pytest.raises(ValueError, match="log_softmax: backend='cuda' is unavailable here"):
         torch.ops.fuseml.log_softmax(x, -1, "cuda")
     assert builds == [1]
+
+
+def test_cuda_build_warns_about_a_leftover_lock_file(tmp_path, caplog):
+    # torch waits silently while its build lock exists; a process killed mid-build leaves
+    # it behind, so the next build names the file before it waits
+    from fuseml import _cuda_ext
+
+    assert not _cuda_ext._warn_if_locked(str(tmp_path))
+    assert not _cuda_ext._warn_if_locked(None)
+    (tmp_path / "lock").write_text("")
+    with caplog.at_level("WARNING", logger="fuseml"):
+        assert _cuda_ext._warn_if_locked(str(tmp_path))
+    assert str(tmp_path / "lock") in caplog.text and "delete that file" in caplog.text

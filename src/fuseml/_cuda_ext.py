@@ -136,6 +136,7 @@ def _build() -> tuple[bool, str]:
             ext_dir = os.path.abspath(os.path.expanduser(ext_dir))
             os.makedirs(ext_dir, exist_ok=True)
             kwargs["build_directory"] = ext_dir
+        _warn_if_locked(ext_dir or _default_build_dir())
         start = time.perf_counter()
         # An arch flag in extra_cuda_cflags also stops torch from adding its own
         # (TORCH_CUDA_ARCH_LIST or every visible device's arch).
@@ -157,6 +158,36 @@ def _build() -> tuple[bool, str]:
         return False, reason
     log.debug("loaded %s in %.1f s", EXT_NAME, _build_seconds)
     return True, "ok"
+
+
+def _default_build_dir() -> str | None:
+    """torch's build folder for the extension (TORCH_EXTENSIONS_DIR or its cache), if known."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return _get_build_directory(EXT_NAME, verbose=False)
+    except Exception:  # a private helper: its absence only costs the warning below
+        return None
+
+
+def _warn_if_locked(build_dir: str | None) -> bool:
+    """Warn when the build folder holds torch's build lock before this process builds.
+
+    torch waits, silently and for as long as the file exists, for whoever holds it to
+    finish: a process killed while it built the extension leaves the file behind, and every
+    later first call of a CUDA op then hangs. True if the lock file is there.
+    """
+    if build_dir is None:
+        return False
+    lock = os.path.join(build_dir, "lock")
+    if not os.path.exists(lock):
+        return False
+    log.warning(
+        "%s exists: another process is building the CUDA extension, or one was killed while "
+        "building it. Waiting for it to go; if no build is running, delete that file.",
+        lock,
+    )
+    return True
 
 
 def _register_fake() -> None:
