@@ -146,6 +146,32 @@ def test_run_cases_times_and_checks_on_gpu():
     assert all(r["p50_ms"] > 0 for r in rows if "p50_ms" in r)
 
 
+def test_an_arm_that_raises_is_a_failed_row_not_an_aborted_run():
+    # e.g. a kernel that asks for more shared memory than the device has: the run goes on
+    # and the table says "failed" for that arm
+    from fuseml.bench import harness
+
+    def out_of_resources(x):
+        raise RuntimeError("out of resource: shared memory, Required: 262208\nmore detail")
+
+    def keyerror(x):
+        raise KeyError("cfg")
+
+    case = Case(
+        suite="t", name="t/1", params={"numel": 2}, make_inputs=lambda: (torch.zeros(2),),
+        arms={"triton": out_of_resources, "cuda": keyerror}, check=False,
+    )  # fmt: skip
+    rows = harness._run_case(case, {"copy_gbps": 1.0}, Settings.for_mode(True), None, {}, 0)
+    assert [(r["arm"], r["mode"], r["error"]) for r in rows] == [
+        ("triton", "events", "RuntimeError: out of resource: shared memory, Required: 262208"),
+        ("cuda", "events", "KeyError: 'cfg'"),
+    ]
+    assert all("p50_ms" not in r for r in rows)
+    assert report._cell(rows[0], {}) == "failed"
+    doc = {"suite": "t", "meta": {"gpu": "Test GPU"}, "rows": rows}
+    assert "  failed arms: 2" in summarize(doc)
+
+
 def test_heavy_arms_are_timed_in_turns():
     """bench_turns_ms: every arm gets a slice of each round, the first arm of round r is arm
     r (mod arms), slices hold rep_ms / rounds of calls (at least 2), and the quantiles are

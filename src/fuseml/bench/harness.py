@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import itertools
+import logging
 import math
 import os
 import subprocess
@@ -45,6 +46,8 @@ import torch
 
 from fuseml import runtime
 from fuseml.testing import rel_err, tolerance
+
+log = logging.getLogger("fuseml")
 
 
 @dataclass
@@ -257,6 +260,12 @@ def run_cases(
     return rows
 
 
+def _first_line(exc: BaseException) -> str:
+    """The exception's type and the first non-empty line of its message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def _row(case: Case, arm: str, meta: dict, ceilings: dict, **fields) -> dict:
     row = {"suite": case.suite, "case": case.name, "arm": arm, **case.params}
     p50 = fields.get("p50_ms")
@@ -329,10 +338,16 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
     # First calls of every arm before any timing: compilations, extension builds and
     # autotuning happen here, and the output is checked against the reference arm.
     fields_by_arm: dict[str, dict] = {}
+    failed: dict[str, str] = {}
     for arm, fn in arms.items():
         t0 = time.perf_counter()
-        out = fn(*sets[0])
-        torch.cuda.synchronize()
+        try:
+            out = fn(*sets[0])
+            torch.cuda.synchronize()
+        except Exception as exc:  # recorded as a failed row; the other arms still run
+            failed[arm] = _first_line(exc)
+            log.warning("%s: arm %s failed: %s", case.name, arm, failed[arm])
+            continue
         first_call_s = time.perf_counter() - t0
         fields: dict = {}
         if arm in case.compile_arms:
@@ -345,7 +360,12 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
         fields_by_arm[arm] = fields
         del out
     del reference
-    rows = []
+    rows = [
+        _row(case, arm, meta, ceilings, mode="events", error=why) for arm, why in failed.items()
+    ]
+    arms = {arm: fn for arm, fn in arms.items() if arm not in failed}
+    if not arms:
+        return rows
     # One call of each arm after its first; heavy cases are timed in turns (see
     # TURNS_MIN_MS), the rest one arm after the other.
     per_call = {arm: spin_up(fn, sets[0], ms=0.0) for arm, fn in arms.items()}

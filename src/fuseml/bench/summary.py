@@ -21,6 +21,10 @@ def summarize(doc: dict) -> list[str]:
     lines = [f"{doc['suite']} on {doc['meta']['gpu']}: {len(doc['rows'])} rows"]
     bad = [r for r in doc["rows"] if r.get("matches_ref") is False]
     lines.append(f"  output mismatches vs reference: {len(bad)}")
+    failed = [r for r in doc["rows"] if r.get("error") and r.get("mode") != "wall"]
+    if failed:  # (the tuning suite's failed first calls are counted per arm below)
+        lines.append(f"  failed arms: {len(failed)}")
+        lines.extend(f"    {r['case']} {r['arm']}: {r['error']}" for r in failed)
     by_case = defaultdict(dict)
     for r in timed:
         by_case[r["case"]][r["arm"]] = r
