@@ -43,6 +43,20 @@ def rotated(make, nbytes: int) -> list[tuple]:
     return [make() for _ in range(n)]
 
 
+def row_sets(n: int, dtype: torch.dtype = torch.bfloat16, m: int = 4096) -> list[tuple]:
+    """Softmax inputs of (m, n) rows, enough sets to rotate past twice the L2 (x read and
+    an output written each call)."""
+    es = torch.empty((), dtype=dtype).element_size()
+    return rotated(lambda: (3 * torch.randn(m, n, device="cuda", dtype=dtype),), 2 * m * n * es)
+
+
+def softmax_ops(log: bool) -> tuple:
+    """(torch's op, fuseml's op, torch.compile of torch's op along the last dim)."""
+    ref = torch.log_softmax if log else torch.softmax
+    fused = fuseml.ops.log_softmax if log else fuseml.ops.softmax
+    return ref, fused, torch.compile(lambda x: ref(x, -1), dynamic=False)
+
+
 def table(title: str, arms: dict, sets: list[tuple]) -> None:
     ref = None
     errs = {}
@@ -109,11 +123,8 @@ def rows_kernel(log: bool, rows: int, warps: int, stages: int, programs):
 
 def softmax_sweep(n: int, log: bool, rows_default: str, dtype=torch.bfloat16) -> None:
     m = 4096
-    es = torch.empty((), dtype=dtype).element_size()
-    sets = rotated(lambda: (3 * torch.randn(m, n, device="cuda", dtype=dtype),), 2 * m * n * es)
-    ref = torch.log_softmax if log else torch.softmax
-    fused = fuseml.ops.log_softmax if log else fuseml.ops.softmax
-    compiled = torch.compile(lambda x: ref(x, -1), dynamic=False)
+    sets = row_sets(n, dtype, m)
+    ref, fused, compiled = softmax_ops(log)
     arms = {
         "torch": lambda x: ref(x, -1),
         "compile": compiled,
@@ -134,8 +145,7 @@ def rows_rule(n: int, dtype: torch.dtype, log: bool = False) -> None:
     one 16-byte vector a thread (2 KiB of the row tile a program, 4 warps), two vectors
     (4 KiB), and one pipelining stage where each program takes one row block."""
     m = 4096
-    es = torch.empty((), dtype=dtype).element_size()
-    sets = rotated(lambda: (3 * torch.randn(m, n, device="cuda", dtype=dtype),), 2 * m * n * es)
+    sets = row_sets(n, dtype, m)
     fused = fuseml.ops.log_softmax if log else fuseml.ops.softmax
     base = sm._rows_config
 
@@ -180,7 +190,7 @@ def persistent_sweep(n: int, per_sm: list[int], warps: int, stages: list[int]) -
     """The on-chip kernel on a persistent grid of per_sm programs an SM, each looping over
     rows with the next row's load pipelined (NUM_STAGES) behind the current row's math."""
     m = 4096
-    sets = rotated(lambda: (3 * torch.randn(m, n, device="cuda", dtype=torch.bfloat16),), 4 * m * n)
+    sets = row_sets(n, torch.bfloat16, m)
     n_sm = torch.cuda.get_device_properties(0).multi_processor_count
     arms = {
         "fuseml triton (library)": lambda x: fuseml.ops.softmax(x, -1, backend="triton"),
@@ -198,11 +208,8 @@ def wide_rows(n: int, log: bool, dtype=torch.float32) -> None:
     two-pass kernel (statistics in one read, the output from a second, L2-warm read) at
     one width, several columns a step / warps."""
     m = 4096
-    es = torch.empty((), dtype=dtype).element_size()
-    sets = rotated(lambda: (3 * torch.randn(m, n, device="cuda", dtype=dtype),), 2 * m * n * es)
-    ref = torch.log_softmax if log else torch.softmax
-    fused = fuseml.ops.log_softmax if log else fuseml.ops.softmax
-    compiled = torch.compile(lambda x: ref(x, -1), dynamic=False)
+    sets = row_sets(n, dtype, m)
+    _, fused, compiled = softmax_ops(log)
     arms = {
         "fuseml triton (library)": lambda x: fused(x, -1, backend="triton"),
         "compile": compiled,

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from probe_launch_bound import rotated, table
+from probe_launch_bound import rotated, row_sets, table
 from torch.utils import cpp_extension
 
 import fuseml
@@ -101,8 +101,7 @@ def elementwise(shape: tuple[int, ...], dtype, activation: str, with_bias: bool,
 
 
 def softmax(n: int, dtype, m: int = 4096) -> None:
-    es = torch.empty((), dtype=dtype).element_size()
-    sets = rotated(lambda: (3 * torch.randn(m, n, device="cuda", dtype=dtype),), 2 * m * n * es)
+    sets = row_sets(n, dtype, m)
 
     def twin(ns):
         op = getattr(torch.ops, ns).softmax_cuda_out
