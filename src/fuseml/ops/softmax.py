@@ -423,9 +423,9 @@ _SMEM: dict[int, int] = {}
 
 def _smem_per_block(t: torch.Tensor) -> int | None:
     """Shared memory a block of ``t``'s device may use (opt-in limit), None off CUDA."""
-    device = t.get_device()
-    if device < 0 or not t.is_cuda:
+    if not t.is_cuda:
         return None
+    device = t.get_device()
     if device not in _SMEM:
         props = torch.cuda.get_device_properties(device)
         _SMEM[device] = getattr(props, "shared_memory_per_block_optin", 48 * 1024)
