@@ -3,12 +3,13 @@ flat add at 1M elements (elementwise suite) and short softmax rows at 4096 x 128
 1024 (softmax suite), timed as the suites time them: CUDA-graph replay (the suite's
 graph_calls per graph), inputs rotating past twice the L2, median of do_bench.
 
-    PYTHONPATH=src python scripts/probe_launch_bound.py [add] [softmax] [fp32] [wide] [rules]
+    PYTHONPATH=src python scripts/probe_launch_bound.py [add] [softmax] [fp32] [wide] [rules] [inductor]
 
 Each line: the arm or config, us per call, and the output's relative error against the
 first arm's. Several rounds interleave the arms (PROBE_ROUNDS, default 3), so a drift of
 the board weighs on all alike; the table shows each arm's median over the rounds.
-PROBE_ADD="elements:warps,..." and PROBE_ROWS="rows:warps,..." pick the Triton configs.
+PROBE_ADD="elements:warps,..." and PROBE_ROWS="rows:warps,..." pick the Triton configs;
+PROBE_CUDA=0 leaves out the softmax sweeps' CUDA-twin arm (no extension build).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from fuseml.testing import rel_err
 sm = importlib.import_module("fuseml.ops.softmax")  # the module, not the op
 SETTINGS = Settings.for_mode(quick=True)
 ROUNDS = int(os.environ.get("PROBE_ROUNDS", "3"))
+CUDA_ARMS = os.environ.get("PROBE_CUDA", "1") == "1"  # 0: no CUDA-twin arms (no ext build)
 
 
 def env_pairs(name: str, default: str) -> list[tuple[int, int]]:
@@ -132,6 +134,8 @@ def softmax_sweep(n: int, log: bool, rows_default: str, dtype=torch.bfloat16) ->
         "fuseml cuda": lambda x: fused(x, -1, backend="cuda"),
         "copy": lambda x: torch.empty_like(x).copy_(x),
     }
+    if not CUDA_ARMS:
+        del arms["fuseml cuda"]
     for rows, warps in env_pairs("PROBE_ROWS", rows_default):
         for stages in map(int, os.environ.get("PROBE_STAGES", "1,2").split(",")):
             arms[f"triton {rows} rows / {warps} w / {stages} st"] = rows_kernel(
@@ -203,11 +207,31 @@ def persistent_sweep(n: int, per_sm: list[int], warps: int, stages: list[int]) -
     table(f"softmax bf16 {m} x {n} (persistent grids)", arms, sets)
 
 
-def wide_rows(n: int, log: bool, dtype=torch.float32) -> None:
+def online_arm(log: bool, block: int, warps: int, stages: int = 1, per_sm: int = 0):
+    """A call of the library's online (two-read) kernel with a given config."""
+    names = ("ONLINE_BLOCK", "ONLINE_WARPS", "ONLINE_STAGES", "ONLINE_PER_SM")
+
+    def run(x):
+        saved = [getattr(sm, k) for k in names]
+        for k, v in zip(names, (block, warps, stages, per_sm)):
+            setattr(sm, k, v)
+        try:
+            out = torch.empty_like(x)
+            sm._launch_online(x, out, log, False)
+            return out
+        finally:
+            for k, v in zip(names, saved):
+                setattr(sm, k, v)
+
+    return run
+
+
+def wide_rows(n: int, log: bool, dtype=torch.float32, m: int = 4096) -> None:
     """The on-chip kernel (the library's path up to MAX_ONCHIP_COLS) against the online
     two-pass kernel (statistics in one read, the output from a second, L2-warm read) at
-    one width, several columns a step / warps."""
-    m = 4096
+    one width: PROBE_ONLINE="columns:warps[:stages[:programs an SM]],..." (programs an SM
+    0: one program a row), and the on-chip kernel on one program a row
+    (PROBE_ONCHIP="warps:stages,...")."""
     sets = row_sets(n, dtype, m)
     _, fused, compiled = softmax_ops(log)
     arms = {
@@ -215,20 +239,48 @@ def wide_rows(n: int, log: bool, dtype=torch.float32) -> None:
         "compile": compiled,
         "copy": lambda x: torch.empty_like(x).copy_(x),
     }
-    for block, warps in env_pairs("PROBE_ONLINE", "2048:4,4096:8,8192:8,8192:16,16384:16"):
-
-        def run(x, block=block, warps=warps):
-            saved = sm.ONLINE_BLOCK, sm.ONLINE_WARPS
-            sm.ONLINE_BLOCK, sm.ONLINE_WARPS = block, warps
-            try:
-                out = torch.empty_like(x)
-                sm._launch_online(x, out, log, False)
-                return out
-            finally:
-                sm.ONLINE_BLOCK, sm.ONLINE_WARPS = saved
-
-        arms[f"online {block} cols / {warps} w"] = run
+    for cfg in os.environ.get("PROBE_ONLINE", "2048:4,4096:8,8192:8,8192:16,16384:16").split(","):
+        if cfg:
+            v = [int(t) for t in cfg.split(":")]
+            arms[f"online {':'.join(map(str, v))}"] = online_arm(log, *v)
+    for cfg in os.environ.get("PROBE_ONCHIP", "").split(","):
+        if cfg:
+            warps, stages = (int(t) for t in cfg.split(":"))
+            arms[f"on-chip, a program a row, {warps} w / {stages} st"] = rows_kernel(
+                log, 1, warps, stages, lambda m_: m_
+            )
     table(f"{'log_' if log else ''}softmax {str(dtype)[6:]} {m} x {n}", arms, sets)
+
+
+def inductor_code(n: int, log: bool, dtype=torch.float32) -> None:
+    """torch.compile's generated code for (log_)softmax over (4096, n): written to
+    $PROBE_OUT (if set), its kernels' configuration lines printed."""
+    from torch._inductor.utils import run_and_get_code
+
+    x = torch.randn(4096, n, device="cuda", dtype=dtype)
+    _, _, compiled = softmax_ops(log)
+    _, codes = run_and_get_code(compiled, x)
+    name = f"inductor_{'log_' if log else ''}softmax_{str(dtype)[6:]}_{n}.py"
+    out = os.environ.get("PROBE_OUT")
+    if out:
+        with open(os.path.join(out, name), "w") as f:
+            f.write("\n\n".join(codes))
+    print(f"== {name}")
+    keys = (
+        "@triton_heuristics",
+        "def triton_",
+        "num_warps",
+        "R0_BLOCK",
+        "RBLOCK",
+        "XBLOCK",
+        "triton_meta",
+        ".run(",
+        "for r0_offset",
+        "for roffset",
+    )
+    for line in "\n".join(codes).splitlines():
+        if any(k in line for k in keys):
+            print("  " + line.strip()[:200])
 
 
 def main() -> None:
@@ -245,9 +297,15 @@ def main() -> None:
         add_sweep(torch.float32)
         add_sweep(torch.bfloat16)
     if "wide" in what:  # float32 rows where torch.compile's looped reduction is close
+        logs = [bool(int(v)) for v in os.environ.get("PROBE_LOG", "0,1").split(",")]
         for n in map(int, os.environ.get("PROBE_N", "8192,16384,32768").split(",")):
+            for m in map(int, os.environ.get("PROBE_M", "4096").split(",")):
+                for log in logs:
+                    wide_rows(n, log, m=m)
+    if "inductor" in what:
+        for n in map(int, os.environ.get("PROBE_N", "8192,32768").split(",")):
             for log in (False, True):
-                wide_rows(n, log)
+                inductor_code(n, log)
     if "fp32" in what:  # the on-chip kernel's warps / rows a program for float32 rows
         for n in map(int, os.environ.get("PROBE_N", "512,1000,1024,2048").split(",")):
             log = os.environ.get("PROBE_LOG", "0") == "1"

@@ -111,6 +111,7 @@ def _softmax_online_kernel(
     LOG: tl.constexpr,
     BLOCK_N: tl.constexpr,  # columns per step
     FAST: tl.constexpr,
+    NUM_STAGES: tl.constexpr = 1,  # software pipelining depth of both column loops
 ):
     # Rows too long for registers. Pass 1 keeps a running max m and sum s of the row, one
     # chunk at a time (online softmax: s <- s * exp(m_old - m_new) + sum(exp(x - m_new)),
@@ -124,7 +125,7 @@ def _softmax_online_kernel(
         x_row = x_ptr + row64 * stride_xm
         m = tl.full([], -float("inf"), tl.float32)
         s = tl.full([], 0.0, tl.float32)
-        for start in range(0, n_cols, BLOCK_N):
+        for start in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
             offs = start + cols
             x = tl.load(x_row + offs, mask=offs < n_cols, other=-float("inf")).to(tl.float32)
             m_new = tl.maximum(m, tl.max(x, axis=0))
@@ -138,7 +139,7 @@ def _softmax_online_kernel(
         log_total = tl.log(s)
         inv_total = _rcp(s, FAST)
         out_row = out_ptr + row64 * stride_om
-        for start in range(0, n_cols, BLOCK_N):
+        for start in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
             offs = start + cols
             mask = offs < n_cols
             x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
@@ -528,6 +529,7 @@ def _rows_vec(x2: torch.Tensor, out2: torch.Tensor) -> int:
 ONLINE_BLOCK = 16384
 ONLINE_WARPS = 16
 ONLINE_PER_SM = 0
+ONLINE_STAGES = 1
 
 
 def _online_block(n_cols: int) -> int:
@@ -544,7 +546,8 @@ def _launch_online(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool
     kernel = torch.library.wrap_triton(_softmax_online_kernel) if traced else _softmax_online_kernel
     kernel[(grid,)](
         x2, out2, n_rows, n_cols, x2.stride(0), out2.stride(0),
-        LOG=log, BLOCK_N=_online_block(n_cols), FAST=fast_math(x2), num_warps=ONLINE_WARPS,
+        LOG=log, BLOCK_N=_online_block(n_cols), FAST=fast_math(x2), NUM_STAGES=ONLINE_STAGES,
+        num_warps=ONLINE_WARPS,
     )  # fmt: skip
 
 
