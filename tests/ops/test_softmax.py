@@ -240,7 +240,10 @@ def test_rows_config_stages_fit_shared_memory():
     # H100 / H200 (232448 bytes opt-in) 32768 bf16 columns keep 3 stages, fp32 gets 2
     h100 = 232448
     assert sm._rows_config(32768, 2, h100)["NUM_STAGES"] == sm.PERSISTENT_STAGES == 3
-    assert sm._rows_config(32768, 4, h100)["NUM_STAGES"] == 2
+    # fp32 would get 2: one program per row with one stage instead of the persistent grid
+    fp32 = sm._rows_config(32768, 4, h100)
+    assert fp32["NUM_STAGES"] == 1 and not fp32["PERSISTENT"]
+    assert sm._rows_config(32768, 4)["PERSISTENT"]  # no limit (the interpreter)
     for elem_size in (2, 4):
         for n_cols in (100, 1000, 4096, 16384, 32768):
             for smem in (48 * 1024, 99 * 1024, 164 * 1024, h100):
@@ -250,7 +253,11 @@ def test_rows_config_stages_fit_shared_memory():
                 assert cfg["NUM_STAGES"] == 1 or (cfg["NUM_STAGES"] - 1) * tile + 64 <= smem
                 unlimited = sm._rows_config(n_cols, elem_size)
                 assert cfg["NUM_STAGES"] <= unlimited["NUM_STAGES"]
-                assert {**cfg, "NUM_STAGES": 0} == {**unlimited, "NUM_STAGES": 0}
+                if cfg["PERSISTENT"] != unlimited["PERSISTENT"]:  # capped below its stages
+                    assert unlimited["NUM_STAGES"] == sm.PERSISTENT_STAGES
+                    assert cfg["NUM_STAGES"] == 1 and not cfg["PERSISTENT"]
+                same = ("ROWS", "BLOCK_N", "num_warps")
+                assert all(cfg[k] == unlimited[k] for k in same)
 
 
 @pytest.mark.gpu
@@ -269,13 +276,18 @@ def test_softmax_wide_rows_every_dtype_on_gpu(backend, dtype, n_cols):
 
 @pytest.mark.parametrize("elem_size", [2, 4])
 def test_rows_config_short_rows_one_vector_a_thread(elem_size):
-    # rows under 1024 columns: 4 warps whose threads each hold one 16-byte vector of the tile
+    # rows under 1024 columns: 4 warps whose threads each hold one 16-byte vector of the
+    # tile, except a tile of one row (float32 512): one warp, 2 stages
     for n_cols in (3, 100, 128, 200, 512, 1000):
         cfg = sm._rows_config(n_cols, elem_size)
         tile_bytes = cfg["ROWS"] * cfg["BLOCK_N"] * elem_size
         if n_cols <= 512:
-            assert cfg["num_warps"] == 4 and cfg["NUM_STAGES"] == 1
             assert tile_bytes == min(sm.SHORT_TILE_BYTES, sm.MAX_ROWS * cfg["BLOCK_N"] * elem_size)
+            if cfg["ROWS"] > 1:
+                assert cfg["num_warps"] == 4 and cfg["NUM_STAGES"] == 1
+            else:
+                assert (n_cols, elem_size) == (512, 4)
+                assert cfg["num_warps"] == sm.ONE_ROW_SHORT_WARPS and cfg["NUM_STAGES"] == 2
         else:
             assert cfg["ROWS"] == 1  # from 1024 columns (a block), one row a program
     assert sm._rows_config(128, 2)["ROWS"] == 8 and sm._rows_config(128, 4)["ROWS"] == 4

@@ -351,8 +351,16 @@ MAX_ONCHIP_COLS = 32768
 #
 # (An older events-timed sweep put 16 rows x 128 at 5.6 us against 19.6 for one row a
 # program.) From 1024 columns one row a program.
+#
+# A tile of one row under 1024 columns (float32 512) goes to ONE_ROW_SHORT_WARPS warps,
+# four vectors a thread, its reductions inside the warp (the CUDA twin's warp per row),
+# with 2 stages. Same probe, float32 512 (fp32, PROBE_LOG=1, 4fea208; us, rows / warps /
+# stages): log_softmax 1 / 1 / 2 6.61, 1 / 1 / 1 6.73, 1 / 2 / 2 6.68, 1 / 4 / 1 (the rule
+# before) 6.96, 2 / 4 / 1 6.75; torch 6.80, torch.compile 6.92. Softmax (52a6be2): one
+# warp 6.64 against 6.96.
 SHORT_TILE_BYTES = 2048
 MAX_ROWS = 16
+ONE_ROW_SHORT_WARPS = 1
 # Stages: a program of the non-persistent grid takes one row block, so the row loop runs
 # once and software pipelining only adds code: one stage up to 2048 columns (same probe:
 # fp32 2048 23.7 us against 24.8 with 4 stages, bf16 1000 6.78 against 6.88, fp32 1000
@@ -374,6 +382,13 @@ ONE_STAGE_MAX_BLOCK = 2048
 # (1000 and 2048 columns, 8192, and log_softmax at 1024 and 32768 alike: one program per
 # row 2-5% faster up to 16384 columns; at 32768 the 3-stage persistent grid 4% faster,
 # 4 stages level with 3, 32 warps 196.0.)
+#
+# The persistent grid needs its PERSISTENT_STAGES: where shared memory caps the stages
+# below that (float32 at 32768 columns: 2 on an H100 / H200) one program per row with one
+# stage is faster. H100, log_softmax float32 4096 x 32768 (probe_launch_bound.py wide,
+# 4fea208; us): persistent 2 stages 385.1, one program a row 1 stage 363.4, 2 stages 364.2,
+# 32 warps 364.8; torch.compile 371.1. (At 4092 rows, 31 a program for every SM: 383.4
+# and 363.1, so not the 4 rows a 32nd round takes.)
 PERSISTENT_MIN_BLOCK = 32768
 PERSISTENT_STAGES = 3
 
@@ -390,8 +405,9 @@ FP32_MIN_WARPS = 4
 # elements each) in flight in shared memory, beside 64 bytes of Triton's own scratch
 # (compiled for sm_90: 3 stages of 32768 bf16 columns take 131136 bytes). Stages are capped
 # so that the tiles fit the device's shared memory per block less SMEM_RESERVE: float32
-# rows of 32768 columns (128 KiB a tile) take 2 stages on an H100 / H200 (227 KiB a block),
-# where 3 would need 256 KiB and fail to launch.
+# rows of 32768 columns (128 KiB a tile) would get 2 on an H100 / H200 (227 KiB a block),
+# where 3 would need 256 KiB and fail to launch, and so take one program per row instead
+# of the persistent grid (above).
 SMEM_RESERVE = 1024
 
 
@@ -402,7 +418,7 @@ def _rows_config(n_cols: int, elem_size: int, smem_bytes: int | None = None) -> 
     block = next_pow2(n_cols)
     if block < 1024:
         rows = max(1, min(MAX_ROWS, SHORT_TILE_BYTES // (block * elem_size)))
-        warps = 4
+        warps = 4 if rows > 1 else ONE_ROW_SHORT_WARPS
     else:
         rows = 1
         warps = min(16, block // 512)
@@ -410,9 +426,13 @@ def _rows_config(n_cols: int, elem_size: int, smem_bytes: int | None = None) -> 
             warps = max(warps, FP32_MIN_WARPS)
     persistent = block >= PERSISTENT_MIN_BLOCK
     stages = PERSISTENT_STAGES if persistent else 1 if block <= ONE_STAGE_MAX_BLOCK else 2
+    if block < 1024 and rows == 1:
+        stages = 2
     if smem_bytes is not None:
         in_flight = (smem_bytes - SMEM_RESERVE) // (rows * block * elem_size)
         stages = max(1, min(stages, 1 + in_flight))
+    if persistent and stages < PERSISTENT_STAGES:
+        persistent, stages = False, 1
     return {
         "ROWS": rows, "BLOCK_N": block, "num_warps": warps, "NUM_STAGES": stages,
         "PERSISTENT": persistent,
