@@ -22,6 +22,8 @@ import statistics
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 import fuseml
 from fuseml.bench.harness import Settings, bench_graph_ms
@@ -226,12 +228,60 @@ def online_arm(log: bool, block: int, warps: int, stages: int = 1, per_sm: int =
     return run
 
 
+@triton.jit
+def lane_online_kernel(x_ptr, out_ptr, n_cols, stride_xm, stride_om, LOG: tl.constexpr,
+                       BLOCK: tl.constexpr, EVICT1: tl.constexpr, EVICT2: tl.constexpr):  # fmt: skip
+    """A program a row, two reads: a running max and sum per lane over the row (no
+    reduction across the program until the end, so no barrier a step; torch.compile's
+    looped-reduction form), then the output from a second read, optionally with eviction
+    hints (EVICT1 / EVICT2: "" or "evict_last" / "evict_first")."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    x_row = x_ptr + row * stride_xm
+    m = tl.full([BLOCK], -float("inf"), tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        x = tl.load(x_row + offs, mask=offs < n_cols, other=-float("inf"), eviction_policy=EVICT1)
+        x = x.to(tl.float32)
+        m_new = tl.maximum(m, x)
+        shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+        s = s * tl.exp(m - shift) + tl.exp(x - shift)
+        m = m_new
+    m_row = tl.max(m, axis=0)
+    shift = tl.where(m_row == -float("inf"), 0.0, m_row)
+    total = tl.sum(s * tl.exp(m - shift), axis=0)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        ok = offs < n_cols
+        x = tl.load(x_row + offs, mask=ok, other=0.0, eviction_policy=EVICT2).to(tl.float32)
+        if LOG:
+            y = x - m_row - tl.log(total)
+        else:
+            y = tl.exp(x - m_row) / total
+        tl.store(out_ptr + row * stride_om + offs, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def lane_online_arm(log: bool, block: int, warps: int, hints: bool):
+    def run(x):
+        out = torch.empty_like(x)
+        ev1, ev2 = ("evict_last", "evict_first") if hints else ("", "")
+        lane_online_kernel[(x.shape[0],)](
+            x, out, x.shape[1], x.stride(0), out.stride(0),
+            LOG=log, BLOCK=block, EVICT1=ev1, EVICT2=ev2, num_warps=warps,
+        )  # fmt: skip
+        return out
+
+    return run
+
+
 def wide_rows(n: int, log: bool, dtype=torch.float32, m: int = 4096) -> None:
     """The on-chip kernel (the library's path up to MAX_ONCHIP_COLS) against the online
     two-pass kernel (statistics in one read, the output from a second, L2-warm read) at
     one width: PROBE_ONLINE="columns:warps[:stages[:programs an SM]],..." (programs an SM
-    0: one program a row), and the on-chip kernel on one program a row
-    (PROBE_ONCHIP="warps:stages,...")."""
+    0: one program a row), and the on-chip kernel (PROBE_ONCHIP="warps:stages[:rows a
+    program[:programs an SM]],...": by default one row a program, a program per row),
+    and lane_online_kernel (PROBE_LANES="columns:warps:hints,...")."""
     sets = row_sets(n, dtype, m)
     _, fused, compiled = softmax_ops(log)
     arms = {
@@ -243,11 +293,22 @@ def wide_rows(n: int, log: bool, dtype=torch.float32, m: int = 4096) -> None:
         if cfg:
             v = [int(t) for t in cfg.split(":")]
             arms[f"online {':'.join(map(str, v))}"] = online_arm(log, *v)
+    for cfg in os.environ.get("PROBE_LANES", "").split(","):
+        if cfg:
+            block, warps, hints = (int(t) for t in cfg.split(":"))
+            name = f"lane online {block} / {warps} w{', hints' if hints else ''}"
+            arms[name] = lane_online_arm(log, block, warps, bool(hints))
+    n_sm = torch.cuda.get_device_properties(0).multi_processor_count
     for cfg in os.environ.get("PROBE_ONCHIP", "").split(","):
         if cfg:
-            warps, stages = (int(t) for t in cfg.split(":"))
-            arms[f"on-chip, a program a row, {warps} w / {stages} st"] = rows_kernel(
-                log, 1, warps, stages, lambda m_: m_
+            warps, stages, rows, per_sm = ([int(t) for t in cfg.split(":")] + [1, 0])[:4]
+
+            def programs(m_, rows=rows, per_sm=per_sm):
+                return min(cdiv(m_, rows), per_sm * n_sm) if per_sm else cdiv(m_, rows)
+
+            grid = f"{per_sm}/SM" if per_sm else "a program"
+            arms[f"on-chip {rows} rows, {grid}, {warps} w / {stages} st"] = rows_kernel(
+                log, rows, warps, stages, programs
             )
     table(f"{'log_' if log else ''}softmax {str(dtype)[6:]} {m} x {n}", arms, sets)
 
