@@ -3,7 +3,7 @@ flat add at 1M elements (elementwise suite) and short softmax rows at 4096 x 128
 1024 (softmax suite), timed as the suites time them: CUDA-graph replay (the suite's
 graph_calls per graph), inputs rotating past twice the L2, median of do_bench.
 
-    PYTHONPATH=src python scripts/probe_launch_bound.py [add] [softmax] [fp32] [wide] [rules] [inductor]
+    PYTHONPATH=src python scripts/probe_launch_bound.py [add] [softmax] [fp32] [wide] [rules] [inductor] [sweep]
 
 Each line: the arm or config, us per call, and the output's relative error against the
 first arm's. Several rounds interleave the arms (PROBE_ROUNDS, default 3), so a drift of
@@ -371,6 +371,11 @@ def main() -> None:
         for n in map(int, os.environ.get("PROBE_N", "512,1000,1024,2048").split(",")):
             log = os.environ.get("PROBE_LOG", "0") == "1"
             softmax_sweep(n, log, "1:1,1:2,1:4,1:8,2:4,2:8", torch.float32)
+    if "sweep" in what:  # any widths / dtype: PROBE_N, PROBE_DTYPE, PROBE_LOG, PROBE_ROWS
+        dtype = getattr(torch, os.environ.get("PROBE_DTYPE", "bfloat16"))
+        for n in map(int, os.environ.get("PROBE_N", "3000").split(",")):
+            for log in (bool(int(v)) for v in os.environ.get("PROBE_LOG", "0").split(",")):
+                softmax_sweep(n, log, os.environ.get("PROBE_ROWS", "1:4,1:8,2:8"), dtype)
     if "softmax" in what:
         softmax_sweep(
             128, False, os.environ.get("PROBE_ROWS", "16:4,8:4,8:2,4:1,4:2,32:4,32:8,16:2")
