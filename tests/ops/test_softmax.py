@@ -221,6 +221,10 @@ def test_rows_config_grid_kind():
     # in ops/softmax.py)
     for n_cols in (128, 1000, 1024, 4096, 16384):
         assert not sm._rows_config(n_cols, 2)["PERSISTENT"]
+    # a program takes one row block, so its loop runs once: one stage (from 1024 columns)
+    for n_cols in (1000, 1024, 2048, 3000, 4096, 8192, 16384):
+        for elem_size in (2, 4):
+            assert sm._rows_config(n_cols, elem_size)["NUM_STAGES"] == 1
     for n_cols in (16385, 32768):
         cfg = sm._rows_config(n_cols, 2)
         assert cfg["PERSISTENT"] and cfg["NUM_STAGES"] == sm.PERSISTENT_STAGES

@@ -362,10 +362,19 @@ SHORT_TILE_BYTES = 2048
 MAX_ROWS = 16
 ONE_ROW_SHORT_WARPS = 1
 # Stages: a program of the non-persistent grid takes one row block, so the row loop runs
-# once and software pipelining only adds code: one stage up to 2048 columns (same probe:
-# fp32 2048 23.7 us against 24.8 with 4 stages, bf16 1000 6.78 against 6.88, fp32 1000
-# 11.20 against 11.44); from 4096 columns 2 stages stayed 0.4-0.6% ahead of one.
-ONE_STAGE_MAX_BLOCK = 2048
+# once and software pipelining only adds code: one stage (same probe: fp32 2048 23.7 us
+# against 24.8 with 4 stages, bf16 1000 6.78 against 6.88, fp32 1000 11.20 against
+# 11.44). Up to 41f3aef rows from 4096 columns took 2 stages, 0.4-0.6% ahead of one at
+# 4096 bf16; at widths whose block they fill less it cost far more. H100, graph replay,
+# bf16 (probe_launch_bound.py sweep, 41f3aef; us, warps 1 stage / 2 stages):
+#
+#   N       4 warps         8 warps (the rule)   copy
+#   3000    16.71 / 18.48   17.06 / 18.86        16.05
+#   4096    23.53 / 23.47   23.69 / 23.64        23.48
+#
+# (float32 8192: 91.49 / 91.33 at 8 warps, 91.66 / 91.45 at 16; float32 32768, one
+# program a row: 363.4 / 364.2; on an H200, log_softmax float32 8192, 16 warps: 66.86 /
+# 68.68.) The one-row short tile (above) keeps 2.
 
 # Grid: one program per ROWS rows below PERSISTENT_MIN_BLOCK columns, the occupancy-sized
 # persistent grid (rows looped inside each program, the next row's load pipelined through
@@ -425,9 +434,7 @@ def _rows_config(n_cols: int, elem_size: int, smem_bytes: int | None = None) -> 
         if elem_size == 4:
             warps = max(warps, FP32_MIN_WARPS)
     persistent = block >= PERSISTENT_MIN_BLOCK
-    stages = PERSISTENT_STAGES if persistent else 1 if block <= ONE_STAGE_MAX_BLOCK else 2
-    if block < 1024 and rows == 1:
-        stages = 2
+    stages = PERSISTENT_STAGES if persistent else 2 if block < 1024 and rows == 1 else 1
     if smem_bytes is not None:
         in_flight = (smem_bytes - SMEM_RESERVE) // (rows * block * elem_size)
         stages = max(1, min(stages, 1 + in_flight))
