@@ -221,20 +221,24 @@ def test_rows_config_grid_kind():
     # in ops/softmax.py)
     for n_cols in (128, 1000, 1024, 4096, 16384):
         assert not sm._rows_config(n_cols, 2)["PERSISTENT"]
-    # a program takes one row block, so its loop runs once: one stage (from 1024 columns)
+    # a program takes one row block, so its loop runs once: one stage (from 1024 columns),
+    # but 2 for row tiles of TWO_STAGE_MIN_BYTES (fewer registers: float32 16384)
     for n_cols in (1000, 1024, 2048, 3000, 4096, 8192, 16384):
         for elem_size in (2, 4):
-            assert sm._rows_config(n_cols, elem_size)["NUM_STAGES"] == 1
+            big = n_cols * elem_size >= sm.TWO_STAGE_MIN_BYTES
+            assert sm._rows_config(n_cols, elem_size)["NUM_STAGES"] == (2 if big else 1)
+    assert sm._rows_config(16384, 4)["NUM_STAGES"] == 2
     for n_cols in (16385, 32768):
         cfg = sm._rows_config(n_cols, 2)
         assert cfg["PERSISTENT"] and cfg["NUM_STAGES"] == sm.PERSISTENT_STAGES
 
 
 def test_rows_config_warps_from_1024_columns():
-    # one warp per 512 columns up to 16; float32 rows at least FP32_MIN_WARPS (the sweep in
-    # ops/softmax.py)
-    for n_cols, bf16, fp32 in ((1000, 2, 4), (1024, 2, 4), (2048, 4, 4), (4096, 8, 8),
-                               (16384, 16, 16), (32768, 16, 16)):  # fmt: skip
+    # one warp per 512 columns up to 16, WARPS_4096 for a 4096-wide block; float32 rows at
+    # least FP32_MIN_WARPS (the sweeps in ops/softmax.py)
+    for n_cols, bf16, fp32 in ((1000, 2, 4), (1024, 2, 4), (2048, 4, 4), (3000, 4, 4),
+                               (4096, 4, 4), (8192, 16, 16), (16384, 16, 16),
+                               (32768, 16, 16)):  # fmt: skip
         assert sm._rows_config(n_cols, 2)["num_warps"] == bf16
         assert sm._rows_config(n_cols, 4)["num_warps"] == fp32
 

@@ -374,7 +374,11 @@ ONE_ROW_SHORT_WARPS = 1
 #
 # (float32 8192: 91.49 / 91.33 at 8 warps, 91.66 / 91.45 at 16; float32 32768, one
 # program a row: 363.4 / 364.2; on an H200, log_softmax float32 8192, 16 warps: 66.86 /
-# 68.68.) The one-row short tile (above) keeps 2.
+# 68.68.) The one-row short tile (above) keeps 2, and so do row tiles of TWO_STAGE_MIN_BYTES
+# or more (float32 16384 at 16 warps): with one stage that kernel takes 70 registers a
+# thread, with two 60 (offline, triton 3.9, sm_90), so one program an SM fits instead of
+# two; H200, 41f3aef / 724fedb: 151.6 us against 132.3 (8 warps, one stage: 132.9).
+TWO_STAGE_MIN_BYTES = 64 * 1024
 
 # Grid: one program per ROWS rows below PERSISTENT_MIN_BLOCK columns, the occupancy-sized
 # persistent grid (rows looped inside each program, the next row's load pipelined through
@@ -408,7 +412,15 @@ PERSISTENT_STAGES = 3
 #   float32 N     1 warp   2 warps   4 warps   8 warps   torch.compile
 #   1024          11.48    11.51     11.17     11.56     11.31
 #   2048          23.31    23.06     22.89     23.68     25.86
+#
+# Rows of a 4096-wide block (2049-4096 columns) take WARPS_4096 = 4 (32 values a thread):
+# H100, graph replay, one stage (probe_launch_bound.py sweep, 41f3aef; us, 4 / 8 warps):
+# bf16 3000 16.71 / 17.06, bf16 4096 23.53 / 23.69; H200 (724fedb): log_softmax bf16 3000
+# 13.71 / 15.07, float32 3000 25.57 / 25.82. At other widths the sweep found 4 warps no
+# better (H200, bf16, 4 / 8 / 16 warps: 8192 34.43 / 34.70 / 34.56, 16384 78.54 / 70.11 /
+# 70.38; 2048, 2 / 4 warps: 9.57 / 9.58).
 FP32_MIN_WARPS = 4
+WARPS_4096 = 4
 
 # Shared memory: the pipelined row loop keeps NUM_STAGES - 1 row tiles (ROWS x BLOCK_N
 # elements each) in flight in shared memory, beside 64 bytes of Triton's own scratch
@@ -422,7 +434,7 @@ SMEM_RESERVE = 1024
 
 def _rows_config(n_cols: int, elem_size: int, smem_bytes: int | None = None) -> dict:
     """Tile / num_warps / stages / grid kind for the on-chip kernel: ~16 fp32 values per
-    thread or fewer; rows shorter than 1024 go ROWS at a time (SHORT_TILE_BYTES).
+    thread (32 for a 4096-wide block); rows shorter than 1024 go ROWS at a time (SHORT_TILE_BYTES).
     ``smem_bytes``: the device's shared memory per block (None: no limit, the interpreter)."""
     block = next_pow2(n_cols)
     if block < 1024:
@@ -430,11 +442,16 @@ def _rows_config(n_cols: int, elem_size: int, smem_bytes: int | None = None) -> 
         warps = 4 if rows > 1 else ONE_ROW_SHORT_WARPS
     else:
         rows = 1
-        warps = min(16, block // 512)
+        warps = WARPS_4096 if block == 4096 else min(16, block // 512)
         if elem_size == 4:
             warps = max(warps, FP32_MIN_WARPS)
     persistent = block >= PERSISTENT_MIN_BLOCK
-    stages = PERSISTENT_STAGES if persistent else 2 if block < 1024 and rows == 1 else 1
+    if persistent:
+        stages = PERSISTENT_STAGES
+    elif (block < 1024 and rows == 1) or block * elem_size >= TWO_STAGE_MIN_BYTES:
+        stages = 2
+    else:
+        stages = 1
     if smem_bytes is not None:
         in_flight = (smem_bytes - SMEM_RESERVE) // (rows * block * elem_size)
         stages = max(1, min(stages, 1 + in_flight))
