@@ -860,10 +860,12 @@ void launch_softmax(const Problem& p, const Launch& l) {
     }
   } else if (span <= kMaxBlockSpan) {
     // <= 32 values per thread; 16 up to 8192 columns, where small blocks keep several rows
-    // per SM in flight; 512 x 32 rather than 1024 x 16 at 16384 for two blocks per SM.
+    // per SM in flight, but 32 on four warps for a 4096-wide span, as the Triton kernel
+    // takes it (WARPS_4096 in ops/softmax.py: bf16 4096 x 3000 on 8 warps trailed 4 by
+    // 2-10%); 512 x 32 rather than 1024 x 16 at 16384 for two blocks per SM.
     switch (next_pow2(span)) {
       case 2048: return launch_block<Tr, LOG, 128, 16>(a, l);
-      case 4096: return launch_block<Tr, LOG, 256, 16>(a, l);
+      case 4096: return launch_block<Tr, LOG, 128, 32>(a, l);
       case 8192: return launch_block<Tr, LOG, 512, 16>(a, l);
       case 16384: return launch_block<Tr, LOG, 512, 32>(a, l);
       case 32768: return launch_block<Tr, LOG, 1024, 32>(a, l);
