@@ -301,7 +301,8 @@ def wide_rows(n: int, log: bool, dtype=torch.float32, m: int = 4096) -> None:
     n_sm = torch.cuda.get_device_properties(0).multi_processor_count
     for cfg in os.environ.get("PROBE_ONCHIP", "").split(","):
         if cfg:
-            warps, stages, rows, per_sm = ([int(t) for t in cfg.split(":")] + [1, 0])[:4]
+            given = [int(t) for t in cfg.split(":")]
+            warps, stages, rows, per_sm = given + [2, 3, 1, 0][len(given) :]
 
             def programs(m_, rows=rows, per_sm=per_sm):
                 return min(cdiv(m_, rows), per_sm * n_sm) if per_sm else cdiv(m_, rows)
