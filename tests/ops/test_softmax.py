@@ -245,7 +245,7 @@ def test_rows_config_warps_from_1024_columns():
 
 def test_rows_config_stages_fit_shared_memory():
     # NUM_STAGES - 1 row tiles in flight must fit the device's shared memory per block: on an
-    # H100 / H200 (232448 bytes opt-in) 32768 bf16 columns keep 3 stages, fp32 gets 2
+    # H100 / H200 (232448 bytes opt-in) 32768 bf16 columns keep 3 stages, fp32 would get 2
     h100 = 232448
     assert sm._rows_config(32768, 2, h100)["NUM_STAGES"] == sm.PERSISTENT_STAGES == 3
     # fp32 would get 2: one program per row with one stage instead of the persistent grid

@@ -435,7 +435,8 @@ SMEM_RESERVE = 1024
 def _rows_config(n_cols: int, elem_size: int, smem_bytes: int | None = None) -> dict:
     """Tile / num_warps / stages / grid kind for the on-chip kernel: ~16 fp32 values per
     thread (32 for a 4096-wide block); rows shorter than 1024 go ROWS at a time
-    (SHORT_TILE_BYTES). ``smem_bytes``: the device's shared memory per block (None: no limit, the interpreter)."""
+    (SHORT_TILE_BYTES). ``smem_bytes``: the device's shared memory per block (None: no
+    limit, the interpreter)."""
     block = next_pow2(n_cols)
     if block < 1024:
         rows = max(1, min(MAX_ROWS, SHORT_TILE_BYTES // (block * elem_size)))
