@@ -229,52 +229,40 @@ struct Args {
   float alpha;
 };
 
-// FLAT: this thread's U vectors (items blockIdx.x * U * kFlatThreads + j * kFlatThreads +
-// threadIdx.x, j < U), those in range; all loaded before any is stored.
-template <class Tr, int ACT, int VEC, bool HAS_Y, int U, typename I>
-__device__ __forceinline__ void flat_items(const Args<typename Tr::Storage>& a) {
+// FLAT: this thread's vector (item blockIdx.x * kFlatThreads + threadIdx.x), if in range.
+template <class Tr, int ACT, int VEC, bool HAS_Y, typename I>
+__device__ __forceinline__ void flat_item(const Args<typename Tr::Storage>& a) {
   using S = typename Tr::Storage;
   using P = Pack<S, VEC>;
-  const I first = static_cast<I>(blockIdx.x) * static_cast<I>(U * kFlatThreads) +
-                  static_cast<I>(threadIdx.x);
-  P xv[U];
-  P yv[U];  // not zero-filled (two instructions an element for 16-bit packs): read only if HAS_Y
+  const I v = static_cast<I>(blockIdx.x) * static_cast<I>(kFlatThreads) +
+              static_cast<I>(threadIdx.x);
+  if (v >= static_cast<I>(a.items)) return;
+  const P xv = *reinterpret_cast<const P*>(a.x + static_cast<int64_t>(v) * VEC);
+  P yv;  // not zero-filled (two instructions an element for 16-bit packs): read only if HAS_Y
+  if constexpr (HAS_Y) yv = *reinterpret_cast<const P*>(a.y + static_cast<int64_t>(v) * VEC);
+  P r;
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const I v = first + static_cast<I>(u * kFlatThreads);
-    if (v < static_cast<I>(a.items)) {
-      xv[u] = *reinterpret_cast<const P*>(a.x + static_cast<int64_t>(v) * VEC);
-      if constexpr (HAS_Y) yv[u] = *reinterpret_cast<const P*>(a.y + static_cast<int64_t>(v) * VEC);
-    }
+  for (int j = 0; j < VEC; ++j) {
+    r.v[j] = fused<Tr, ACT, HAS_Y, false>(xv.v[j], HAS_Y ? yv.v[j] : S(), S(), a.alpha);
   }
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const I v = first + static_cast<I>(u * kFlatThreads);
-    if (v >= static_cast<I>(a.items)) break;
-    P r;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      r.v[j] = fused<Tr, ACT, HAS_Y, false>(xv[u].v[j], HAS_Y ? yv[u].v[j] : S(), S(), a.alpha);
-    }
-    store_pack(a.out + static_cast<int64_t>(v) * VEC, r);
-  }
+  store_pack(a.out + static_cast<int64_t>(v) * VEC, r);
 }
 
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT, int U>
 __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename Tr::Storage> a) {
   static_assert(!(FLAT && HAS_BIAS), "a bias needs the column, i.e. the 2-D path");
-  static_assert(U >= 1, "U: vectors (FLAT) or rows (2-D) per thread");
+  static_assert(U >= 1 && (!FLAT || U == 1), "U: rows per thread, 2-D only");
   using S = typename Tr::Storage;
   using P = Pack<S, VEC>;
 
   if constexpr (FLAT) {
-    // One pass, U vectors a thread; launch() sizes the grid to cover every item. The
-    // index arithmetic is 32-bit wherever the tensor allows (a.wide == 0): the loads then
-    // wait on a handful of instructions.
+    // One pass, a vector a thread; launch() sizes the grid to cover every item. The index
+    // arithmetic is 32-bit wherever the tensor allows (a.wide == 0): the loads then wait
+    // on a handful of instructions.
     if (a.wide) {
-      flat_items<Tr, ACT, VEC, HAS_Y, U, int64_t>(a);
+      flat_item<Tr, ACT, VEC, HAS_Y, int64_t>(a);
     } else {
-      flat_items<Tr, ACT, VEC, HAS_Y, U, int32_t>(a);
+      flat_item<Tr, ACT, VEC, HAS_Y, int32_t>(a);
     }
     if constexpr (VEC > 1) {
       // Fewer than VEC elements past the last whole vector: the first threads of block 0.
@@ -313,7 +301,7 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
     const int64_t row0 = static_cast<int64_t>(row_block) * rows_per_step * U + ty;
     const int64_t col = item * VEC;
     // The bias is N elements, reread by every row: it stays in L1/L2.
-    // Packs are not zero-filled (as in flat_items): each is read only where it was loaded.
+    // Packs are not zero-filled (as in flat_item): each is read only where it was loaded.
     P bv;
     if constexpr (HAS_BIAS) bv = *reinterpret_cast<const P*>(a.bias + col);
     P xv[U];
@@ -363,16 +351,6 @@ int forced_rows() {
   return rows;
 }
 
-// FUSEML_EW_CUDA_FLAT_VECS=1|2 fixes the vectors a thread of a FLAT launch takes (probes),
-// read once per process; 0 or unset: the rule in launch().
-int forced_flat_vecs() {
-  static const int vecs = [] {
-    const char* v = std::getenv("FUSEML_EW_CUDA_FLAT_VECS");
-    return v == nullptr ? 0 : std::atoi(v);
-  }();
-  return vecs;
-}
-
 // FUSEML_EW_GRID=1d: 2-D launches on one grid axis always (probes), read once per process.
 bool one_axis_grid() {
   static const bool one = [] {
@@ -395,21 +373,14 @@ void launch_kernel(const Args<typename Tr::Storage>& a, dim3 blocks, int threads
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
 void launch(Args<typename Tr::Storage> a, const Launch& l) {
   if constexpr (FLAT) {
-    const int vecs = forced_flat_vecs() == 2 ? 2 : 1;
-    const int64_t per_block = kFlatThreads * vecs;
     // At least one block (a call may be all tail: items == 0, tail > 0).
-    const int64_t blocks = std::max<int64_t>(1, (a.items + per_block - 1) / per_block);
+    const int64_t blocks = std::max<int64_t>(1, (a.items + kFlatThreads - 1) / kFlatThreads);
     TORCH_CHECK(blocks <= std::numeric_limits<int>::max(),
                 "bias_act_cuda_out: too many elements (", a.items * VEC, ") for one launch");
-    // 32-bit item indices reach blocks * per_block (the last block's idle threads too).
-    a.wide = blocks * per_block > std::numeric_limits<int32_t>::max();
-    if (vecs == 2) {
-      launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, true, 2>(a, static_cast<unsigned>(blocks),
-                                                            kFlatThreads, l);
-    } else {
-      launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, true, 1>(a, static_cast<unsigned>(blocks),
-                                                            kFlatThreads, l);
-    }
+    // 32-bit item indices reach blocks * kFlatThreads (the last block's idle threads too).
+    a.wide = blocks * kFlatThreads > std::numeric_limits<int32_t>::max();
+    launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, true, 1>(a, static_cast<unsigned>(blocks),
+                                                          kFlatThreads, l);
   } else {
     // Up to kUnroll rows a thread, fewer where that would leave under kMinBlocksPerSm
     // blocks per SM (4096 x 512 fp32 at 4 rows are 512 blocks on 132 SMs, 3 or 4 an SM).
