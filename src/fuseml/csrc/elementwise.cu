@@ -37,6 +37,8 @@
 namespace fuseml {
 namespace {
 
+#include "common.cuh"
+
 // Codes shared with ops/_elementwise.py (ACTIVATIONS); the op schema carries them as int.
 enum Activation : int {
   kNone = 0,
@@ -64,68 +66,29 @@ constexpr int kFlatThreads = 128;
 // of 256 threads an SM, so 4096 x 512 ran as 1.3 waves), one built for 1 row takes 22-32.
 template <typename S>
 constexpr int kUnroll = sizeof(S) == 2 ? 2 : 4;
-constexpr int kVecBytes = 16;  // widest single global load/store
 
 // ------------------------------------------------------------------------- dtype traits
-// Half and bf16 travel as raw 16-bit words so that packing them into 16-byte vectors does
-// not depend on the constructors of __half / __nv_bfloat16 (or on torch's
-// __CUDA_NO_HALF_CONVERSIONS__ flags); conversions are the round-to-nearest-even intrinsics.
-struct Fp32 {
-  using Storage = float;
-  static __device__ __forceinline__ float to_float(float v) { return v; }
-  static __device__ __forceinline__ float from_float(float v) { return v; }
-};
+// Fp32 / Fp16 / Bf16, Pack and store_weak: common.cuh.
 
-struct Fp16 {
-  using Storage = unsigned short;
-  static __device__ __forceinline__ float to_float(unsigned short v) {
-    return __half2float(__ushort_as_half(v));
-  }
-  static __device__ __forceinline__ unsigned short from_float(float v) {
-    return __half_as_ushort(__float2half_rn(v));
-  }
-};
-
-struct Bf16 {
-  using Storage = unsigned short;
-  static __device__ __forceinline__ float to_float(unsigned short v) {
-    return __bfloat162float(__ushort_as_bfloat16(v));
-  }
-  static __device__ __forceinline__ unsigned short from_float(float v) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-  }
-};
-
-// VEC elements moved by one load/store instruction (LDG/STG.128 when VEC * sizeof(S) == 16).
-template <typename S, int VEC>
-struct alignas(sizeof(S) * VEC) Pack {
-  S v[VEC];
-};
-
-// Store a pack with one instruction. A plain `*reinterpret_cast<P*>(p) = r` (or a uint4
-// copied from it) was left to the compiler, which on the 2-D path split every 16-byte pack
-// into four 4-byte stores (st.global.v2.u16 / .f32 x 4 in the PTX, STG.E x 4 in the SASS;
-// nvcc 13, sm_90, every dtype) while the loads stayed LDG.E.128. Here the pack goes out as
-// four 32-bit words in one st.global.v4.b32 (inline PTX): a weak store, STG.E.128 in the
-// SASS. __stwb (st.global.wb) gave STG.E.128.STRONG.SM instead, a store ordered at SM scope,
-// which plain C++ stores and Triton's never are (nvcc 13, sm_90).
+// Store a pack with one instruction: its four 32-bit words through store_weak
+// (st.global.v4.b32, STG.E.128 in the SASS). A plain `*reinterpret_cast<P*>(p) = r` (or a
+// uint4 copied from it) was left to the compiler, which on the 2-D path split every 16-byte
+// pack into four 4-byte stores (st.global.v2.u16 / .f32 x 4 in the PTX, STG.E x 4 in the
+// SASS; nvcc 13, sm_90, every dtype) while the loads stayed LDG.E.128.
 template <class P>
 __device__ __forceinline__ void store_pack(void* dst, const P& r) {
   if constexpr (sizeof(P) == 16) {
-    uint32_t w[4];
+    uint4 w;
     if constexpr (sizeof(r.v[0]) == 2) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        w[i] = static_cast<uint32_t>(r.v[2 * i]) | (static_cast<uint32_t>(r.v[2 * i + 1]) << 16);
-      }
+      w.x = static_cast<uint32_t>(r.v[0]) | (static_cast<uint32_t>(r.v[1]) << 16);
+      w.y = static_cast<uint32_t>(r.v[2]) | (static_cast<uint32_t>(r.v[3]) << 16);
+      w.z = static_cast<uint32_t>(r.v[4]) | (static_cast<uint32_t>(r.v[5]) << 16);
+      w.w = static_cast<uint32_t>(r.v[6]) | (static_cast<uint32_t>(r.v[7]) << 16);
     } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) w[i] = __float_as_uint(r.v[i]);
+      w = make_uint4(__float_as_uint(r.v[0]), __float_as_uint(r.v[1]), __float_as_uint(r.v[2]),
+                     __float_as_uint(r.v[3]));
     }
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
-                 :
-                 : "l"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-                 : "memory");
+    store_weak(static_cast<uint4*>(dst), w);
   } else {
     *reinterpret_cast<P*>(dst) = r;
   }

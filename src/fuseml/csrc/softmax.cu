@@ -54,8 +54,9 @@
 namespace fuseml {
 namespace {
 
+#include "common.cuh"
+
 constexpr int kWarp = 32;
-constexpr int kVecBytes = 16;             // widest single global load/store
 constexpr int kMaxThreads = 1024;         // per block
 constexpr int kWarpKernelThreads = 128;   // 4 warps per block, each on its own row(s)
 constexpr int64_t kMaxWarpSpan = 1024;    // 32 values per lane at most
@@ -77,43 +78,6 @@ __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000);
 // not depend on the constructors of __half / __nv_bfloat16 (or on torch's
 // __CUDA_NO_HALF_CONVERSIONS__ flags); conversions are the round-to-nearest-even intrinsics.
 // neg_inf() is -inf in storage: what a column outside the row reads as.
-struct Fp32 {
-  using Storage = float;
-  static __device__ __forceinline__ float to_float(float v) { return v; }
-  static __device__ __forceinline__ float from_float(float v) { return v; }
-  static __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
-};
-
-struct Fp16 {
-  using Storage = unsigned short;
-  static __device__ __forceinline__ float to_float(unsigned short v) {
-    return __half2float(__ushort_as_half(v));
-  }
-  static __device__ __forceinline__ unsigned short from_float(float v) {
-    return __half_as_ushort(__float2half_rn(v));
-  }
-  static __device__ __forceinline__ unsigned short neg_inf() {
-    return static_cast<unsigned short>(0xFC00u);  // sign 1, exponent all ones, mantissa 0
-  }
-};
-
-struct Bf16 {
-  using Storage = unsigned short;
-  static __device__ __forceinline__ float to_float(unsigned short v) {
-    return __bfloat162float(__ushort_as_bfloat16(v));
-  }
-  static __device__ __forceinline__ unsigned short from_float(float v) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-  }
-  static __device__ __forceinline__ unsigned short neg_inf() {
-    return static_cast<unsigned short>(0xFF80u);  // the top half of fp32 -inf
-  }
-};
-
-// exp(z) per element: ex2.approx.ftz (one MUFU instruction, ~2 ulp, subnormal results
-// flush to 0) of z * log2(e), where expf spends ~8 more instructions on range reduction;
-// z = x - max is formed first (exact near the max). The per-row and per-chunk rescaling
-// factors keep expf.
 __device__ __forceinline__ float exp_approx(float z) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(z * 1.4426950408889634f));
@@ -122,11 +86,6 @@ __device__ __forceinline__ float exp_approx(float z) {
 
 // ---------------------------------------------------------------------- memory access
 // VEC elements moved by one load/store instruction (LDG/STG.128 when VEC * sizeof(S) == 16).
-template <typename S, int VEC>
-struct alignas(sizeof(S) * VEC) Pack {
-  S v[VEC];
-};
-
 // An integer word of each pack size: packs move as one word, so that each is one access.
 template <int BYTES>
 struct WordOf;
@@ -189,24 +148,6 @@ __device__ __forceinline__ void load_if(unsigned short& w, const void* p, bool p
     asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q ld.global.ca.u16 %0, [%1];\n\t}"
                  : "+h"(w)
                  : "l"(p), "r"(static_cast<int>(pred)));
-  }
-}
-
-// Weak stores of one word in inline PTX (STG.E.U16 / STG.E / STG.E.128 in the SASS). __stwb
-// (st.global.wb) compiles to a STRONG.SM store, ordered at SM scope, which neither a plain
-// C++ store nor Triton's stores are (nvcc 13, sm_90).
-template <typename W>
-__device__ __forceinline__ void store_weak(W* p, const W& w) {
-  if constexpr (sizeof(W) == 2) {
-    asm volatile("st.global.b16 [%0], %1;" : : "l"(p), "h"(w) : "memory");
-  } else if constexpr (sizeof(W) == 4) {
-    asm volatile("st.global.b32 [%0], %1;" : : "l"(p), "r"(w) : "memory");
-  } else {
-    static_assert(sizeof(W) == 16, "no weak store of this word's size");
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
-                 :
-                 : "l"(p), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w)
-                 : "memory");
   }
 }
 

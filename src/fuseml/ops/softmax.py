@@ -67,6 +67,7 @@ def _softmax_rows_kernel(
     FAST: tl.constexpr,  # one-instruction exp2 / reciprocal (ops/_math.py)
     VEC: tl.constexpr = 1,  # elements in 16 bytes where n_cols and both row strides are
     # multiples of it (the launcher checks; ops/_utils.vec_width), else 1
+    EVICT: tl.constexpr = "",  # the load's eviction policy (probes; the library leaves it)
 ):
     if VEC > 1:
         # 16-byte accesses for widths such as 1000 (see vec_width): (v // VEC) * VEC == v.
@@ -84,7 +85,10 @@ def _softmax_rows_kernel(
         rows = tl.cast(blk, tl.int64) * ROWS + local
         mask = (rows < n_rows)[:, None] & col_ok[None, :]
         x = tl.load(
-            x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=-float("inf")
+            x_ptr + rows[:, None] * stride_xm + cols[None, :],
+            mask=mask,
+            other=-float("inf"),
+            eviction_policy=EVICT,
         ).to(tl.float32)
         z = x - tl.max(x, axis=1)[:, None]  # a row of all -inf gives NaN, as torch does
         e = _exp2(z * LOG2E, FAST)  # z first: x - max is exact near the max
@@ -464,18 +468,12 @@ def _rows_config(n_cols: int, elem_size: int, smem_bytes: int | None = None) -> 
     }  # fmt: skip
 
 
-_SMEM: dict[int, int] = {}
-
-
 def _smem_per_block(t: torch.Tensor) -> int | None:
     """Shared memory a block of ``t``'s device may use (opt-in limit), None off CUDA."""
     if not t.is_cuda:
         return None
-    device = t.get_device()
-    if device not in _SMEM:
-        props = torch.cuda.get_device_properties(device)
-        _SMEM[device] = getattr(props, "shared_memory_per_block_optin", 48 * 1024)
-    return _SMEM[device]
+    props = torch.cuda.get_device_properties(t.get_device())  # cached by torch
+    return getattr(props, "shared_memory_per_block_optin", 48 * 1024)
 
 
 _PROGRAMS: dict[tuple, int] = {}
