@@ -548,7 +548,8 @@ def _rows_plan(x2: torch.Tensor, out2: torch.Tensor, log: bool) -> tuple[int, tu
     blocks = cdiv(n_rows, cfg["ROWS"])
     grid = blocks if programs is None else min(blocks, programs)
     consts = (
-        log, cfg["ROWS"], cfg["BLOCK_N"], cfg["NUM_STAGES"], fast_math(x2), _rows_vec(x2, out2)
+        log, cfg["ROWS"], cfg["BLOCK_N"], cfg["NUM_STAGES"], fast_math(x2), _rows_vec(x2, out2),
+        "",  # EVICT: the default policy
     )  # fmt: skip
     return grid, consts, cfg["num_warps"]
 
