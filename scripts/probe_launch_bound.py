@@ -9,8 +9,7 @@ Each line: the arm or config, us per call, and the output's relative error again
 first arm's. Several rounds interleave the arms (PROBE_ROUNDS, default 3), so a drift of
 the board weighs on all alike; the table shows each arm's median over the rounds.
 PROBE_ADD="elements:warps,..." and PROBE_ROWS="rows:warps,..." pick the Triton configs;
-PROBE_CUDA=0 leaves out the softmax sweeps' CUDA-twin arm (no extension build);
-PROBE_EVICT=",evict_first" times each sweep config with and without that load policy.
+PROBE_CUDA=0 leaves out the softmax sweeps' CUDA-twin arm (no extension build).
 """
 
 from __future__ import annotations
@@ -108,7 +107,7 @@ def add_sweep(dtype: torch.dtype, numel: int = 1_000_000) -> None:
     table(f"add {str(dtype)[6:]} {numel}", arms, sets)
 
 
-def rows_kernel(log: bool, rows: int, warps: int, stages: int, programs, evict: str = ""):
+def rows_kernel(log: bool, rows: int, warps: int, stages: int, programs):
     """A call of the on-chip softmax kernel on (M, N) x with a given config, bypassing the
     library's choice; programs(M) gives the grid (a program each ROWS rows, or fewer: the
     kernel's programs then loop over the row blocks)."""
@@ -119,7 +118,7 @@ def rows_kernel(log: bool, rows: int, warps: int, stages: int, programs, evict: 
         sm._softmax_rows_kernel[(programs(m),)](
             x, out, m, n, x.stride(0), out.stride(0),
             LOG=log, ROWS=rows, BLOCK_N=1 << (n - 1).bit_length(), NUM_STAGES=stages,
-            FAST=fast_math(x), VEC=sm._rows_vec(x, out), EVICT=evict, num_warps=warps,
+            FAST=fast_math(x), VEC=sm._rows_vec(x, out), num_warps=warps,
         )  # fmt: skip
         return out
 
@@ -139,13 +138,11 @@ def softmax_sweep(n: int, log: bool, rows_default: str, dtype=torch.bfloat16) ->
     }
     if not CUDA_ARMS:
         del arms["fuseml cuda"]
-    evicts = os.environ.get("PROBE_EVICT", "").split(",")  # e.g. ",evict_first"
     for rows, warps in env_pairs("PROBE_ROWS", rows_default):
         for stages in map(int, os.environ.get("PROBE_STAGES", "1,2").split(",")):
-            for evict in evicts:
-                arms[f"triton {rows} rows / {warps} w / {stages} st {evict}".rstrip()] = (
-                    rows_kernel(log, rows, warps, stages, lambda m_, r=rows: cdiv(m_, r), evict)
-                )
+            arms[f"triton {rows} rows / {warps} w / {stages} st"] = rows_kernel(
+                log, rows, warps, stages, lambda m_, rows=rows: cdiv(m_, rows)
+            )
     table(f"{'log_' if log else ''}softmax {str(dtype)[6:]} {m} x {n}", arms, sets)
 
 

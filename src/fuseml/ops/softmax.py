@@ -67,7 +67,6 @@ def _softmax_rows_kernel(
     FAST: tl.constexpr,  # one-instruction exp2 / reciprocal (ops/_math.py)
     VEC: tl.constexpr = 1,  # elements in 16 bytes where n_cols and both row strides are
     # multiples of it (the launcher checks; ops/_utils.vec_width), else 1
-    EVICT: tl.constexpr = "",  # the load's eviction policy (probes; the library leaves it)
 ):
     if VEC > 1:
         # 16-byte accesses for widths such as 1000 (see vec_width): (v // VEC) * VEC == v.
@@ -85,10 +84,7 @@ def _softmax_rows_kernel(
         rows = tl.cast(blk, tl.int64) * ROWS + local
         mask = (rows < n_rows)[:, None] & col_ok[None, :]
         x = tl.load(
-            x_ptr + rows[:, None] * stride_xm + cols[None, :],
-            mask=mask,
-            other=-float("inf"),
-            eviction_policy=EVICT,
+            x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=-float("inf")
         ).to(tl.float32)
         z = x - tl.max(x, axis=1)[:, None]  # a row of all -inf gives NaN, as torch does
         e = _exp2(z * LOG2E, FAST)  # z first: x - max is exact near the max
@@ -548,8 +544,7 @@ def _rows_plan(x2: torch.Tensor, out2: torch.Tensor, log: bool) -> tuple[int, tu
     blocks = cdiv(n_rows, cfg["ROWS"])
     grid = blocks if programs is None else min(blocks, programs)
     consts = (
-        log, cfg["ROWS"], cfg["BLOCK_N"], cfg["NUM_STAGES"], fast_math(x2), _rows_vec(x2, out2),
-        "",  # EVICT: the default policy
+        log, cfg["ROWS"], cfg["BLOCK_N"], cfg["NUM_STAGES"], fast_math(x2), _rows_vec(x2, out2)
     )  # fmt: skip
     return grid, consts, cfg["num_warps"]
 
