@@ -4,7 +4,10 @@
 
 Runs the tuning suite's child process twice on fresh temporary caches: cold (fills the
 fuseml tuning cache and Triton's kernel cache), then warm under cProfile, whose top
-entries by cumulative time are printed with the warm first-call time.
+entries by cumulative time are printed with the warm first-call time. Both children also
+log each Triton kernel they specialise (in-memory cache miss: name, signature and
+constexprs) and each one they compile to a cubin (a miss in Triton's disk cache too), so a
+warm call that compiles shows which kernel and specialisation it was.
 """
 
 from __future__ import annotations
@@ -18,12 +21,32 @@ from pathlib import Path
 
 from fuseml.bench.suites.tuning import PROBLEMS
 
+# Installed in each child before fuseml runs: stderr lines "jit miss: ..." and "cubin: ...".
+HOOKS = """
+import sys
+from triton import knobs
+from triton.backends.nvidia.compiler import CUDABackend
+
+def _miss(*args, **kw):
+    print("jit miss:", kw.get("repr"), file=sys.stderr)
+    return None
+
+knobs.runtime.jit_cache_hook = _miss
+_make_cubin = CUDABackend.make_cubin
+
+def _cubin(self, src, metadata, *rest):
+    print("cubin:", metadata.get("name"), file=sys.stderr)
+    return _make_cubin(self, src, metadata, *rest)
+
+CUDABackend.make_cubin = _cubin
+"""
+
 
 def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else "linear 512->256, M 64, relu"
     spec = PROBLEMS[name]
     src = str(Path(__file__).resolve().parents[1] / "src")
-    code = "import sys; from fuseml.bench.suites.tuning import child; child(sys.argv[1])"
+    code = f"import sys; exec({HOOKS!r}); from fuseml.bench.suites.tuning import child; child(sys.argv[1])"
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, FUSEML_CACHE=f"{tmp}/f", TRITON_CACHE_DIR=f"{tmp}/t",
                    FUSEML_AUTOTUNE="1", PYTHONPATH=src)  # fmt: skip
@@ -34,6 +57,10 @@ def main() -> None:
             )  # fmt: skip
             print(f"== {label}: {name}")
             print(proc.stdout.strip())
+            log = [ln for ln in proc.stderr.splitlines() if ln.startswith(("jit miss:", "cubin:"))]
+            print(
+                "\n".join(log if label == "warm" else [ln for ln in log if ln.startswith("cubin:")])
+            )
             if label == "warm" or proc.returncode:
                 print(proc.stderr[-12000:])
 
