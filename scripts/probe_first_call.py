@@ -28,7 +28,7 @@ from triton import knobs
 from triton.backends.nvidia.compiler import CUDABackend
 
 def _miss(*args, **kw):
-    print("jit miss:", kw.get("repr"), file=sys.stderr)
+    print("jit miss:", " | ".join(str(kw.get("repr")).splitlines()), file=sys.stderr)
     return None
 
 knobs.runtime.jit_cache_hook = _miss
