@@ -28,7 +28,10 @@ from triton import knobs
 from triton.backends.nvidia.compiler import CUDABackend
 
 def _miss(*args, **kw):
-    print("jit miss:", " | ".join(str(kw.get("repr")).splitlines()), file=sys.stderr)
+    c = kw.get("compile") or {}
+    keep = ("constants", "configs", "num_warps", "num_stages", "launch_pdl", "key")
+    seen = {k: c[k] for k in keep if k in c}
+    print("jit miss:", kw.get("fn").name if kw.get("fn") else "?", seen, file=sys.stderr)
     return None
 
 knobs.runtime.jit_cache_hook = _miss
