@@ -23,8 +23,24 @@ from fuseml.bench.suites.tuning import PROBLEMS
 
 # Installed in each child before fuseml runs: stderr lines "jit miss: ..." and "cubin: ...".
 HOOKS = """
+import logging
 import sys
 from triton import knobs
+from triton.compiler import CompiledKernel
+
+_fuseml_log = logging.getLogger("fuseml")
+_fuseml_log.setLevel(logging.DEBUG)
+_fuseml_log.addHandler(logging.StreamHandler(sys.stderr))
+_init = CompiledKernel._init_handles
+
+def _init_logged(self):
+    try:
+        return _init(self)
+    except Exception as err:
+        print("load failed:", self.name, type(err).__name__, str(err)[:300], file=sys.stderr)
+        raise
+
+CompiledKernel._init_handles = _init_logged
 from triton.backends.nvidia.compiler import CUDABackend
 
 def _miss(*args, **kw):
@@ -53,14 +69,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, FUSEML_CACHE=f"{tmp}/f", TRITON_CACHE_DIR=f"{tmp}/t",
                    FUSEML_AUTOTUNE="1", PYTHONPATH=src)  # fmt: skip
-        for label, extra in (("cold", {}), ("warm", {"FUSEML_TUNING_PROFILE": "35"})):
+        for label, extra in (("cold", {}), ("warm", {"FUSEML_TUNING_PROFILE": "12"})):
             proc = subprocess.run(
                 [sys.executable, "-c", code, json.dumps(spec)],
                 env={**env, **extra}, capture_output=True, text=True, timeout=300,
             )  # fmt: skip
             print(f"== {label}: {name}")
             print(proc.stdout.strip())
-            log = [ln for ln in proc.stderr.splitlines() if ln.startswith(("jit miss:", "cubin:"))]
+            marks = ("jit miss:", "cubin:", "load failed:", "fuseml")
+            log = [ln for ln in proc.stderr.splitlines() if ln.startswith(marks)]
             print(
                 "\n".join(log if label == "warm" else [ln for ln in log if ln.startswith("cubin:")])
             )
