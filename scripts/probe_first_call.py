@@ -7,7 +7,8 @@ fuseml tuning cache and Triton's kernel cache), then warm under cProfile, whose 
 entries by cumulative time are printed with the warm first-call time. Both children also
 log each Triton kernel they specialise (in-memory cache miss: name, signature and
 constexprs) and each one they compile to a cubin (a miss in Triton's disk cache too), so a
-warm call that compiles shows which kernel and specialisation it was.
+warm call that compiles shows which kernel and specialisation it was; also any compiled
+kernel that fails to load, and fuseml's debug log.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from fuseml.bench.suites.tuning import PROBLEMS
 
-# Installed in each child before fuseml runs: stderr lines "jit miss: ..." and "cubin: ...".
+# Installed in each child before fuseml runs: stderr lines "jit miss: ...", "cubin: ..."
+# and "load failed: ...", and fuseml's debug log.
 HOOKS = """
 import logging
 import sys
@@ -78,9 +80,7 @@ def main() -> None:
             print(proc.stdout.strip())
             marks = ("jit miss:", "cubin:", "load failed:", "fuseml")
             log = [ln for ln in proc.stderr.splitlines() if ln.startswith(marks)]
-            print(
-                "\n".join(log if label == "warm" else [ln for ln in log if ln.startswith("cubin:")])
-            )
+            print("\n".join(log))
             if label == "warm" or proc.returncode:
                 print(proc.stderr[-12000:])
 

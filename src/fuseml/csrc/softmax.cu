@@ -73,11 +73,10 @@ constexpr int kVec = kVecBytes / static_cast<int>(sizeof(S));
 
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
-// ------------------------------------------------------------------------- dtype traits
-// As in elementwise.cu: half and bf16 travel as raw 16-bit words so that 16-byte packing does
-// not depend on the constructors of __half / __nv_bfloat16 (or on torch's
-// __CUDA_NO_HALF_CONVERSIONS__ flags); conversions are the round-to-nearest-even intrinsics.
-// neg_inf() is -inf in storage: what a column outside the row reads as.
+// Fp32 / Fp16 / Bf16 (their neg_inf() is -inf in storage: what a column outside the row
+// reads as), Pack and store_weak: common.cuh.
+
+// e^z as one MUFU instruction (ex2.approx.ftz of z * log2(e)).
 __device__ __forceinline__ float exp_approx(float z) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(z * 1.4426950408889634f));
@@ -85,7 +84,6 @@ __device__ __forceinline__ float exp_approx(float z) {
 }
 
 // ---------------------------------------------------------------------- memory access
-// VEC elements moved by one load/store instruction (LDG/STG.128 when VEC * sizeof(S) == 16).
 // An integer word of each pack size: packs move as one word, so that each is one access.
 template <int BYTES>
 struct WordOf;
