@@ -107,18 +107,14 @@ def test_plain_linear_launch_key_holds_out_dtype(monkeypatch):
     assert len(keys) == 2 and keys[0] != keys[1]
 
 
-@pytest.mark.parametrize("mode", ["in_loop", "expand", "joint", "linear"])
-def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch):
+@pytest.fixture
+def every_argument(monkeypatch):
     """The compiled kernel's launcher takes every parameter positionally, constexprs and
-    defaulted ones included (``CompiledLaunches``): a parameter passed only as a keyword
-    works on the first, ordinary launch and fails on every repeat. Each TMA launch form
-    hands over exactly as many arguments as its kernel has."""
-    import torch
-
-    import fuseml
-    from fuseml.ops import _gemm
-    from fuseml.ops import lora as lora_mod
-
+    defaulted ones included (``CompiledLaunches``): a parameter left to its default, or
+    passed only as a keyword, works on the first, ordinary launch and fails on every repeat
+    (on a GPU: "function takes exactly N arguments"). Checks that each launch through a
+    ``CompiledLaunches`` hands over exactly as many arguments as its kernel has; returns
+    the kernels launched."""
     seen = []
     call = _utils.CompiledLaunches.__call__
 
@@ -128,6 +124,19 @@ def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch):
         return call(self, grid, key, aligned, args, options)
 
     monkeypatch.setattr(_utils.CompiledLaunches, "__call__", checked)
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["in_loop", "expand", "joint", "linear"])
+def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch, every_argument):
+    """Each TMA launch form passes every kernel argument (see ``every_argument``)."""
+    import torch
+
+    import fuseml
+    from fuseml.ops import _gemm
+    from fuseml.ops import lora as lora_mod
+
+    seen = every_argument
     monkeypatch.setenv("FUSEML_GEMM", "tma")
     want = {"in_loop": _gemm.LORA_IN_LOOP, "expand": _gemm.LORA_EXPAND}.get(mode)
     want = _gemm.LORA_JOINT if mode == "joint" else want
@@ -143,3 +152,40 @@ def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch):
     else:
         fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend="triton")
         assert _gemm._lora_tma_kernel in seen
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "add", "bias_act", "linear", "mlp"])
+def test_other_launches_pass_every_kernel_argument(op, every_argument):
+    """The on-chip softmax, elementwise, plain linear and MLP-chain launches pass every
+    kernel argument too (see ``every_argument``)."""
+    import importlib
+
+    import torch
+
+    import fuseml
+    from fuseml.ops import _elementwise, _gemm
+
+    # (the modules, not the ops of the same names that fuseml.ops exports)
+    softmax_mod = importlib.import_module("fuseml.ops.softmax")
+    mlp_mod = importlib.import_module("fuseml.ops.mlp")
+    x = torch.randn(8, 64)
+    w, b = torch.randn(32, 64), torch.randn(32)
+    if op in ("softmax", "log_softmax"):
+        getattr(fuseml.ops, op)(x, backend="triton")
+        kernel = softmax_mod._softmax_rows_kernel
+    elif op == "add":
+        fuseml.ops.add(x, torch.randn(8, 64), backend="triton")
+        kernel = _elementwise._bias_act_kernel
+    elif op == "bias_act":
+        fuseml.ops.bias_act(x, torch.randn(64), activation="gelu", backend="triton")
+        kernel = _elementwise._bias_act_kernel
+    elif op == "linear":
+        fuseml.ops.linear(x, w, b, "relu", backend="triton")
+        kernel = _gemm._linear_kernel
+    else:  # a narrow 16-bit chain: the register-resident chain kernel
+        bf = torch.bfloat16
+        ws = [torch.randn(32, 16, dtype=bf), torch.randn(16, 32, dtype=bf)]
+        bs = [torch.randn(32, dtype=bf), torch.randn(16, dtype=bf)]
+        fuseml.ops.mlp(torch.randn(8, 16, dtype=bf), ws, bs, "relu", backend="triton")
+        kernel = mlp_mod._chain_kernel
+    assert kernel in every_argument
