@@ -170,9 +170,11 @@ def _fake_doc(name: str) -> dict:
     for i, case in enumerate(SUITES[name].cases(quick=True)):
         if case.measure is not None:
             for arm, ms in (("cold", 8000.0), ("tune", 900.0), ("warm", 150.0)):
+                built = 2 if arm == "warm" and i == 0 else 0  # one warm call that compiled
                 rows.append(harness._row(case, arm, META, CEILINGS, mode="wall", p50_ms=ms,
                                          p20_ms=ms, p80_ms=ms, target_ms=tuning.TARGET_MS[arm],
-                                         meets_target=ms < tuning.TARGET_MS[arm]))  # fmt: skip
+                                         meets_target=ms < tuning.TARGET_MS[arm],
+                                         built_entries=built))  # fmt: skip
             continue
         for j, arm in enumerate(case.arms):
             ms = 0.01 * (1 + i) * (1 + 0.1 * j)
@@ -251,6 +253,8 @@ def test_tables_plots_readme_and_summary(name, tmp_path):
             "worst 0.15 s" in warm
             and f"{len(tuning.QUICK)}/{len(tuning.QUICK)} under the 0.2 s target" in warm
         )
+        built = [line for line in lines if "Triton cache entries built" in line]
+        assert built == [f"    {tuning.QUICK[0]}: 2 Triton cache entries built"]
     if name == "linear":
         assert not any("copy bandwidth" in line for line in lines)
 
@@ -276,7 +280,11 @@ def test_tuning_measure_fields(monkeypatch):
         if arm == "tune" and len(calls) > 3:
             raise tuning.ChildFailed("exit 1: boom")
         first = {"cold": 9.0, "tune": 1.0, "warm": 0.1}[arm] * len(calls)
-        return {"first_s": first, "second_s": 0.001, "tuned_entries": int(arm != "warm")}
+        built = {"cold": 7, "tune": 0, "warm": 2 * (len(calls) > 3)}[arm]  # 2nd warm run: 2
+        return {
+            "first_s": first, "second_s": 0.001, "tuned_entries": int(arm != "warm"),
+            "built": built,
+        }  # fmt: skip
 
     monkeypatch.setattr(tuning, "_run_child", fake_child)
     out = tuning.measure(tuning.PROBLEMS[tuning.QUICK[0]], runs=2)
@@ -290,6 +298,18 @@ def test_tuning_measure_fields(monkeypatch):
     assert tune["runs"] == 1 and tune["error"] == "exit 1: boom"
     assert warm["tuned_entries"] == 0 and warm["meets_target"] is (warm["p50_ms"] < 200)
     assert math.isclose(warm["second_call_ms"], 1.0)
+    # Triton cache entries a first call built: the most over the runs
+    assert (cold["built_entries"], warm["built_entries"]) == (7, 2)
+
+
+def test_tuning_child_counts_the_triton_cache_entries(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    assert tuning._triton_entries() == 0
+    (tmp_path / "k1").mkdir()
+    (tmp_path / "k2").mkdir()
+    assert tuning._triton_entries() == 2
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "none"))
+    assert tuning._triton_entries() == 0  # no cache folder yet
 
 
 def test_measure_cases_skip_the_timing_loop():
@@ -318,5 +338,6 @@ def test_tuning_child_runs_in_a_fresh_process(tmp_path):
         return
     got = tuning._run_child(spec, fuseml_dir, triton_dir)
     assert got["first_s"] > 0 and got["second_s"] > 0 and got["tuned_entries"] >= 1
+    assert got["built"] >= 1  # the kernels compiled into the empty Triton cache
     again = tuning._run_child(spec, fuseml_dir, triton_dir)
-    assert again["tuned_entries"] == 0
+    assert again["tuned_entries"] == 0 and again["built"] == 0  # everything on disk

@@ -77,6 +77,12 @@ def summarize(doc: dict) -> list[str]:
                 f"{met}/{len(done)} under the {worst.get('target_ms', 0) / 1e3:g} s target"
                 + (f", {failed} failed" if failed else "")
             )
+            if arm == "warm":  # a warm first call should find every kernel on disk
+                built = [r for r in done if r.get("built_entries")]
+                lines += [
+                    f"    {r['case']}: {r['built_entries']} Triton cache entries built"
+                    for r in built
+                ]
         elif failed:
             lines.append(f"  first call, {arm}: {failed} failed")
     return lines
