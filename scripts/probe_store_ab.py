@@ -28,17 +28,18 @@ WEAK_STORE = re.compile(r'"st\.global\.(b16|b32|v4\.b32) ')
 def build_strong() -> None:
     """Build the copy with write-back (strong) stores as extension fuseml_store_ab."""
     folder = Path(tempfile.mkdtemp(prefix="fuseml_store_ab_"))
-    sources = []
-    for src in _cuda_ext.SOURCES:
-        text = src.read_text()
-        text, stores = WEAK_STORE.subn(r'"st.global.wb.\1 ', text)
-        if stores == 0:
-            raise SystemExit(f"{src.name}: no weak store found to rewrite")
+    # the .cu files and the header they include (common.cuh holds the weak stores)
+    headers = sorted(_cuda_ext.SOURCES[0].parent.glob("*.cuh"))
+    total = 0
+    for src in (*_cuda_ext.SOURCES, *headers):
+        text, stores = WEAK_STORE.subn(r'"st.global.wb.\1 ', src.read_text())
+        total += stores
         text = re.sub(r"\bfuseml\b", "fuseml_ab", text)
         print(f"{src.name}: {stores} store(s) rewritten to st.global.wb")
-        dst = folder / src.name
-        dst.write_text(text)
-        sources.append(str(dst))
+        (folder / src.name).write_text(text)
+    if total == 0:
+        raise SystemExit("no weak store found to rewrite")
+    sources = [str(folder / src.name) for src in _cuda_ext.SOURCES]
     cpp_extension.load(
         name="fuseml_store_ab",
         sources=sources,
