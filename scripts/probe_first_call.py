@@ -22,11 +22,17 @@ from pathlib import Path
 
 from fuseml.bench.suites.tuning import PROBLEMS
 
-# Installed in each child before fuseml runs: stderr lines "jit miss: ...", "cubin: ..."
-# and "load failed: ...", and fuseml's debug log.
+# Installed in each child before fuseml runs: stderr lines "jit miss: ...", "cubin: ...",
+# "load failed: ...", "cache key: ..." (the disk key of each compile, in parts), "fn keys:
+# ..." (at exit) and fuseml's debug log.
 HOOKS = """
+import atexit
+import hashlib
 import logging
 import sys
+import threading
+import traceback
+from pathlib import Path
 from triton import knobs
 from triton.compiler import CompiledKernel
 
@@ -49,7 +55,12 @@ def _miss(*args, **kw):
     c = kw.get("compile") or {}
     keep = ("constants", "configs", "num_warps", "num_stages", "launch_pdl", "key")
     seen = {k: c[k] for k in keep if k in c}
-    print("jit miss:", kw.get("fn").name if kw.get("fn") else "?", seen, file=sys.stderr)
+    name = kw.get("fn").name if kw.get("fn") else "?"
+    print("jit miss:", name, seen, file=sys.stderr)
+    if "lora" in name:  # where the LoRA kernel's specializations come from (fuseml frames)
+        frames = [f for f in traceback.extract_stack() if "fuseml" in f.filename]
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames))
+        print("jit miss at:", threading.current_thread().name, where, file=sys.stderr)
     return None
 
 knobs.runtime.jit_cache_hook = _miss
@@ -60,6 +71,36 @@ def _cubin(self, src, metadata, *rest):
     return _make_cubin(self, src, metadata, *rest)
 
 CUDABackend.make_cubin = _cubin
+import triton.compiler.compiler as _cc
+_get_key = _cc.get_cache_key
+
+def _short(v):
+    return hashlib.sha256(str(v).encode()).hexdigest()[:10]
+
+def _key(src, backend, options, env_vars):
+    # Triton's disk-cache key of each compile, in parts: which part differs between two
+    # processes that compile the same specialization
+    key = _get_key(src, backend, options, env_vars)
+    fn = getattr(src, "fn", None)
+    if fn is not None:
+        parts = {
+            "key": _short(key), "triton": _short(key.split("-")[0]), "fn": fn.cache_key[:10],
+            "attrs": _short(src.attrs), "sig": _short(sorted(src.signature.items())),
+            "consts": _short(sorted(src.constants.items(), key=str)),
+            "options": _short(options.hash()), "env": _short(sorted(env_vars.items())),
+        }
+        print("cache key:", fn.__name__, threading.current_thread().name, parts, file=sys.stderr)
+    return key
+
+_cc.get_cache_key = _key
+
+def _fn_keys():
+    from triton.runtime.jit import JITFunction
+    import fuseml.ops._gemm as g
+    keys = {n: v.cache_key[:10] for n, v in vars(g).items() if isinstance(v, JITFunction)}
+    print("fn keys:", keys, file=sys.stderr)
+
+atexit.register(_fn_keys)
 """
 
 
@@ -78,7 +119,7 @@ def main() -> None:
             )  # fmt: skip
             print(f"== {label}: {name}")
             print(proc.stdout.strip())
-            marks = ("jit miss:", "cubin:", "load failed:", "fuseml")
+            marks = ("jit miss", "cubin:", "load failed:", "fuseml", "cache key:", "fn keys:")
             log = [ln for ln in proc.stderr.splitlines() if ln.startswith(marks)]
             print("\n".join(log))
             if label == "warm" or proc.returncode:
