@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -75,3 +77,45 @@ def test_env_switch_is_validated(monkeypatch):
         _triton_key.install()
     monkeypatch.setenv("FUSEML_TRITON_KEY_CACHE", "0")
     assert _triton_key.install() is False
+
+
+def _kernel_keys_in_a_fresh_process(first: str) -> dict:
+    """In a new process with compiled Triton (no interpreter; no GPU needed to hash):
+    import fuseml.ops, compute the key of ``_gemm.<first>`` before any other is asked
+    for, and return every _gemm function's key plus the order fuseml settled them in."""
+    code = (
+        "import json\n"
+        "import fuseml.ops\n"
+        "import fuseml.ops._gemm as g\n"
+        "from fuseml import _triton_key\n"
+        "from triton.runtime.jit import JITFunction\n"
+        f"g.{first}.cache_key\n"
+        "keys = {n: v.cache_key for n, v in vars(g).items() if isinstance(v, JITFunction)}\n"
+        "print(json.dumps({'keys': keys, 'order': _triton_key.settle_function_keys()}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_kernel_keys_do_not_depend_on_the_first_kernel_hashed():
+    """Up to Triton 3.6 a function's key depended on which kernel a process hashed first
+    (see fuseml._triton_key): the pointer and the TMA GEMM kernels, hashed first in two
+    processes, must give every function the same key there (later Tritons always do).
+    fuseml settles each function after the functions it calls."""
+    a = _kernel_keys_in_a_fresh_process("_lora_kernel")
+    b = _kernel_keys_in_a_fresh_process("_lora_tma_kernel")
+    assert len(a["keys"]) >= 10 and a["keys"] == b["keys"]
+    order = a["order"]
+    assert len(order) == len(set(order))
+    at = {name.rsplit(".", 1)[1]: i for i, name in enumerate(order)}
+    for callee, caller in (
+        ("_tile_coords", "_gemm_body"), ("_gemm_body", "_lora_kernel"),
+        ("_epilogue", "_tma_body"), ("_tma_body", "_lora_tma_kernel"),
+        ("_activation", "_epilogue"),
+    ):  # fmt: skip
+        assert at[callee] < at[caller], (callee, caller)
+    assert set(at) >= set(a["keys"])  # every _gemm function was settled

@@ -14,6 +14,18 @@ size and modification time of every file the hash reads: one ``stat`` each, a fe
 A reinstall or an edit changes the fingerprint and the key is computed again by Triton's
 own function. Triton's own parallel-compile helpers replace ``triton_key`` the same way.
 ``FUSEML_TRITON_KEY_CACHE=0`` leaves Triton's function alone.
+
+The other half of a kernel's disk-cache key is its function key (``JITFunction.cache_key``:
+its source and those of the functions it calls, and the global constexprs they read). Up
+to Triton 3.6 a caller's key takes in a callee's global constexprs only where the callee's
+own key was computed first, so the key of the same kernel depends on which kernel a
+process hashed first: on an H100 host with triton 3.6, ``_lora_tma_kernel``'s key differed
+between a process whose first launch was the TMA kernel and one whose first was the
+pointer kernel (``_gemm_body`` and ``_tma_body`` read ``PREFETCH`` / ``TILE_SHORTCUT``).
+A process then missed every kernel another process had compiled: the warm first call of
+a LoRA layer compiled its kernel again (0.3 s). ``settle_function_keys`` computes every
+fuseml kernel's key once at import, callees before callers, which is the order later
+Tritons' keys do not depend on.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ import hashlib
 import importlib
 import logging
 import os
+import re
 import sys
 import sysconfig
 from pathlib import Path
@@ -118,3 +131,38 @@ def install() -> bool:
         if name.startswith("triton") and getattr(mod, "triton_key", None) is original:
             mod.triton_key = cached_key
     return True
+
+
+def settle_function_keys(prefix: str = "fuseml.") -> list[str]:
+    """Compute the function key of every Triton kernel and helper in the loaded modules
+    named ``prefix*``, each after those of the functions it calls (see the module
+    docstring); returns their qualified names in that order. Keys already computed stay
+    as they are (Triton keeps each), so call this before any launch. Under the interpreter
+    (no compiled functions) it does nothing."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return []
+    found = {}
+    for name, mod in list(sys.modules.items()):
+        if name.startswith(prefix) and mod is not None:
+            for value in vars(mod).values():
+                if isinstance(value, JITFunction):
+                    found.setdefault(id(value), value)
+    order: list[str] = []
+    seen: set[int] = set()
+
+    def settle(fn) -> None:
+        if id(fn) in seen:
+            return
+        seen.add(id(fn))  # (before its callees: a cycle ends here)
+        for word in sorted(set(re.findall(r"[A-Za-z_]\w*", getattr(fn, "src", "") or ""))):
+            callee = fn.__globals__.get(word)
+            if isinstance(callee, JITFunction):
+                settle(callee)
+        _ = fn.cache_key  # computed here, kept by Triton
+        order.append(f"{fn.__module__}.{fn.__name__}")
+
+    for fn in found.values():
+        settle(fn)
+    return order

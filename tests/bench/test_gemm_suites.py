@@ -3,6 +3,7 @@ quick and full mode, their arms compute the reference's function (small shapes, 
 interpreter on CPU), and report / README / summary / plot handle their rows."""
 
 import math
+import subprocess
 
 import pytest
 import torch
@@ -272,10 +273,11 @@ def test_lora_plot_is_time_across_m_per_rank(tmp_path):
 
 # ------------------------------------------------------------------ tuning latency
 def test_tuning_measure_fields(monkeypatch):
-    calls = []
+    calls, pycaches = [], []
 
-    def fake_child(spec, fuseml_cache, triton_cache):
+    def fake_child(spec, fuseml_cache, triton_cache, pycache):
         calls.append((fuseml_cache.rsplit("/", 1)[1], triton_cache.rsplit("/", 1)[1]))
+        pycaches.append(pycache)
         arm = {0: "cold", 1: "tune", 2: "warm"}[(len(calls) - 1) % 3]
         if arm == "tune" and len(calls) > 3:
             raise tuning.ChildFailed("exit 1: boom")
@@ -290,6 +292,8 @@ def test_tuning_measure_fields(monkeypatch):
     out = tuning.measure(tuning.PROBLEMS[tuning.QUICK[0]], runs=2)
     # cold fills folder a and the Triton cache; tune: a new tuning folder; warm: a again.
     assert calls[:3] == [("a", "triton"), ("b", "triton"), ("a", "triton")]
+    # one bytecode folder a run (cold writes, tune and warm read), a new one the next run
+    assert len(set(pycaches[:3])) == 1 and pycaches[3] != pycaches[0]
     cold, tune, warm = out["cold"], out["tune"], out["warm"]
     assert cold["mode"] == "wall" and cold["runs"] == 2
     assert cold["p50_ms"] == pytest.approx((9.0 + 36.0) / 2 * 1e3)
@@ -331,13 +335,35 @@ def test_tuning_cache_entries_counts_every_table(tmp_path):
 def test_tuning_child_runs_in_a_fresh_process(tmp_path):
     """The subprocess finds this fuseml and reports; without a GPU it fails, and says why."""
     spec = {"op": "linear", "m": 16, "k": 32, "n": 48, "act": "relu"}
-    fuseml_dir, triton_dir = str(tmp_path / "a"), str(tmp_path / "triton")
+    dirs = str(tmp_path / "a"), str(tmp_path / "triton"), str(tmp_path / "py")
     if not torch.cuda.is_available():
         with pytest.raises(tuning.ChildFailed, match="exit 1: .*CUDA"):
-            tuning._run_child(spec, fuseml_dir, triton_dir)
+            tuning._run_child(spec, *dirs)
         return
-    got = tuning._run_child(spec, fuseml_dir, triton_dir)
+    got = tuning._run_child(spec, *dirs)
     assert got["first_s"] > 0 and got["second_s"] > 0 and got["tuned_entries"] >= 1
     assert got["built"] >= 1  # the kernels compiled into the empty Triton cache
-    again = tuning._run_child(spec, fuseml_dir, triton_dir)
+    again = tuning._run_child(spec, *dirs)
     assert again["tuned_entries"] == 0 and again["built"] == 0  # everything on disk
+
+
+@pytest.mark.parametrize("forbidden", [True, False])
+def test_tuning_child_bytecode_folder(monkeypatch, tmp_path, forbidden):
+    """Where the environment forbids writing bytecode, the child writes it to the run's
+    folder instead (PYTHONPYCACHEPREFIX); otherwise its environment is left as it is."""
+    seen = {}
+
+    def fake_run(cmd, env, **kw):
+        seen.update(env)
+        return subprocess.CompletedProcess(cmd, 0, tuning._MARK + '{"first_s": 1}', "")
+
+    monkeypatch.setattr(tuning.subprocess, "run", fake_run)
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    if forbidden:
+        monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    else:
+        monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    spec = {"op": "linear", "m": 16, "k": 32, "n": 48, "act": "relu"}
+    assert tuning._run_child(spec, "a", "t", str(tmp_path / "py")) == {"first_s": 1}
+    assert "PYTHONDONTWRITEBYTECODE" not in seen
+    assert seen.get("PYTHONPYCACHEPREFIX") == (str(tmp_path / "py") if forbidden else None)

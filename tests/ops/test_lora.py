@@ -494,7 +494,7 @@ def test_joint_flag_slab_slices(monkeypatch, caplog):
         torch.cuda, "current_stream",
         lambda device=None: type("S", (), {"cuda_stream": state["stream"]})(),
     )  # fmt: skip
-    monkeypatch.setattr(_gemm, "JOINT_FLAG_SLAB", 1024)
+    monkeypatch.setattr(_gemm, "JOINT_FLAG_SLAB", 2048)
     slab = _gemm._FlagSlab()
     x = torch.empty(1)
     state["capturing"] = True
@@ -512,12 +512,20 @@ def test_joint_flag_slab_slices(monkeypatch, caplog):
     state["capturing"] = True
     captured = [slab.take(x, 4) for _ in range(3)]
     assert len({t.data_ptr() for t in captured}) == 3 and all(t.numel() == 4 for t in captured)
+    captured.append(slab.take(x, 5))  # rounded up to 8 counters: the next slice stays aligned
+    assert captured[-1].numel() == 8
     state["capturing"] = False
     assert slab.take(x, 8).data_ptr() == other.data_ptr()  # captures left it alone
-    # 256 + 300 + 256 + 12 of 1024 used: a capture of 300 no longer fits
+    state["stream"] = 3
+    odd = slab.take(x, 257)  # eager slices round up too
+    assert odd.numel() == 260
+    # Every slice 16-byte aligned: a captured launch specializes as the eager ones do
+    slices = [first, bigger, other, odd, *captured]
+    assert all(t.data_ptr() % 16 == 0 for t in slices)
+    # 256 + 300 + 256 + 20 + 260 of 2048 used: a capture of 1000 no longer fits
     state["capturing"] = True
     with caplog.at_level(logging.INFO, logger="fuseml"):
-        assert slab.take(x, 300) is None and slab.take(x, 300) is None
+        assert slab.take(x, 1000) is None and slab.take(x, 1000) is None
     assert sum("spent" in r.getMessage() for r in caplog.records) == 1
     monkeypatch.setenv("FUSEML_JOINT_FLAGS", "memset")  # the probes' switch: named values only
     with pytest.raises(ValueError, match="FUSEML_JOINT_FLAGS must be 'slab' or 'zeros'"):

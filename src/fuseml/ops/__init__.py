@@ -34,3 +34,4 @@ __all__ = [
 ]
 
 _triton_key.install()  # before any kernel launch: see fuseml._triton_key
+_triton_key.settle_function_keys()  # the same kernel keys in every process (ditto)

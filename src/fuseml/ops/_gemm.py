@@ -1034,7 +1034,11 @@ class _FlagSlab:
             entry = [torch.zeros(JOINT_FLAG_SLAB, dtype=torch.int32, device=x.device), 0]
             self.slabs[device] = entry
         slab, used = entry
-        size = count if capturing else max(count, 256)
+        # Slices start 16 bytes apart at least: a captured launch's flags pointer then has
+        # the alignment its eager launches specialize on (a 4-byte offset made tuning's
+        # timed captures compile each joint config again, in series: 6 of them, ~3.5 s of
+        # a cold first call at 1 row, H100)
+        size = cdiv(count, 4) * 4 if capturing else max(cdiv(count, 4) * 4, 256)
         if used + size > slab.numel():
             if not self.spent:
                 self.spent = True
