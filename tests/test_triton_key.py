@@ -119,3 +119,29 @@ def test_kernel_keys_do_not_depend_on_the_first_kernel_hashed():
     ):  # fmt: skip
         assert at[callee] < at[caller], (callee, caller)
     assert set(at) >= set(a["keys"])  # every _gemm function was settled
+
+
+def test_every_fuseml_kernel_is_settled_on_import():
+    """Every Triton function of every fuseml module is among those ``import fuseml.ops``
+    settles: a kernel module that op import does not reach would keep order-dependent
+    keys (Triton 3.6)."""
+    code = (
+        "import importlib, json, pkgutil, sys\n"
+        "import fuseml, fuseml.ops\n"
+        "from fuseml import _triton_key\n"
+        "from triton.runtime.jit import JITFunction\n"
+        "settled = _triton_key.settle_function_keys()\n"
+        "for info in pkgutil.walk_packages(fuseml.__path__, 'fuseml.'):\n"
+        "    importlib.import_module(info.name)\n"
+        "found = sorted({f'{v.__module__}.{v.__name__}' for n, m in list(sys.modules.items())\n"
+        "                if n.startswith('fuseml') for v in vars(m).values()\n"
+        "                if isinstance(v, JITFunction)})\n"
+        "print(json.dumps({'settled': settled, 'found': found}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["found"] and set(got["found"]) <= set(got["settled"])
