@@ -228,7 +228,6 @@ def _bias_act_kernel(
     FLAT: tl.constexpr = False,  # one packed run of n_cols elements (n_rows == 1)
     WIDE: tl.constexpr = True,  # offsets past int32: int64 index arithmetic (launcher)
     GRID2D: tl.constexpr = False,  # 2-D path: a (column blocks, row blocks) grid (_tile)
-    EVEN: tl.constexpr = False,  # flat path: BLOCK_N divides n_cols (no bounds mask)
 ):
     if VEC > 1:
         # Widths like 1000 are not multiples of 16, so Triton's own specialisation cannot
@@ -248,8 +247,6 @@ def _bias_act_kernel(
             pid = pid.to(tl.int64)
         offs = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = offs < n_cols
-        if EVEN:  # every program's block is whole: unpredicated loads and stores
-            mask = None
         h = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
         if HAS_Y:
             y = tl.load(y_ptr + offs, mask=mask)
@@ -462,7 +459,7 @@ def _plan(
     consts = (
         has_y, has_bias, activation, cfg["BLOCK_M"], cfg["BLOCK_N"], fast,
         vec_width(elem_size, n_cols, stride_x, stride_y, stride_out), flat, wide,
-        len(grid) == 2, flat and type(n_cols) is int and n_cols % cfg["BLOCK_N"] == 0,
+        len(grid) == 2,
     )  # fmt: skip
     return grid, consts, cfg["num_warps"]
 
