@@ -79,10 +79,21 @@ def test_env_switch_is_validated(monkeypatch):
     assert _triton_key.install() is False
 
 
+def _json_from_a_fresh_process(code: str) -> dict:
+    """Run ``code`` in a new process with compiled Triton (no interpreter; no GPU needed
+    to hash) and return the JSON its last output line holds."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _kernel_keys_in_a_fresh_process(first: str) -> dict:
-    """In a new process with compiled Triton (no interpreter; no GPU needed to hash):
-    import fuseml.ops, compute the key of ``_gemm.<first>`` before any other is asked
-    for, and return every _gemm function's key plus the order fuseml settled them in."""
+    """In a new process: import fuseml.ops, compute the key of ``_gemm.<first>`` before
+    any other is asked for, and return every _gemm function's key plus the order fuseml
+    settled them in."""
     code = (
         "import json\n"
         "import fuseml.ops\n"
@@ -93,12 +104,7 @@ def _kernel_keys_in_a_fresh_process(first: str) -> dict:
         "keys = {n: v.cache_key for n, v in vars(g).items() if isinstance(v, JITFunction)}\n"
         "print(json.dumps({'keys': keys, 'order': _triton_key.settle_function_keys()}))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _json_from_a_fresh_process(code)
 
 
 def test_kernel_keys_do_not_depend_on_the_first_kernel_hashed():
@@ -138,10 +144,5 @@ def test_every_fuseml_kernel_is_settled_on_import():
         "                if isinstance(v, JITFunction)})\n"
         "print(json.dumps({'settled': settled, 'found': found}))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _json_from_a_fresh_process(code)
     assert got["found"] and set(got["found"]) <= set(got["settled"])
