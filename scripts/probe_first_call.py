@@ -14,13 +14,11 @@ kernel that fails to load, and fuseml's debug log.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
-from fuseml.bench.suites.tuning import PROBLEMS
+from fuseml.bench.suites.tuning import PROBLEMS, child_env
 
 # Installed in each child before fuseml runs: stderr lines "jit miss: ...", "cubin: ...",
 # "load failed: ...", "cache key: ..." (the disk key of each compile, in parts), "fn keys:
@@ -107,13 +105,9 @@ atexit.register(_fn_keys)
 def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else "linear 512->256, M 64, relu"
     spec = PROBLEMS[name]
-    src = str(Path(__file__).resolve().parents[1] / "src")
     code = f"import sys; exec({HOOKS!r}); from fuseml.bench.suites.tuning import child; child(sys.argv[1])"
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, FUSEML_CACHE=f"{tmp}/f", TRITON_CACHE_DIR=f"{tmp}/t",
-                   FUSEML_AUTOTUNE="1", PYTHONPATH=src)  # fmt: skip
-        if env.pop("PYTHONDONTWRITEBYTECODE", None):  # as the tuning suite's children
-            env["PYTHONPYCACHEPREFIX"] = f"{tmp}/py"
+        env = child_env(f"{tmp}/f", f"{tmp}/t", f"{tmp}/py")  # as the tuning suite's children
         for label, extra in (("cold", {}), ("warm", {"FUSEML_TUNING_PROFILE": "12"})):
             proc = subprocess.run(
                 [sys.executable, "-c", code, json.dumps(spec)],

@@ -146,16 +146,23 @@ class ChildFailed(RuntimeError):
     pass
 
 
-def _run_child(spec: dict, fuseml_cache: str, triton_cache: str, pycache: str) -> dict:
+def child_env(fuseml_cache: str, triton_cache: str, pycache: str) -> dict[str, str]:
+    """The environment of a child process: these cache folders, tuning on, this fuseml,
+    compiled Triton, bytecode in ``pycache`` where writing it is forbidden (docstring)."""
     import fuseml
 
     src = str(Path(fuseml.__file__).resolve().parents[1])  # this fuseml, wherever it lives
     env = dict(os.environ, FUSEML_CACHE=fuseml_cache, TRITON_CACHE_DIR=triton_cache,
                FUSEML_AUTOTUNE="1")  # fmt: skip
-    if env.pop("PYTHONDONTWRITEBYTECODE", None):  # bytecode in the run's folder (docstring)
+    if env.pop("PYTHONDONTWRITEBYTECODE", None):
         env["PYTHONPYCACHEPREFIX"] = pycache
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def _run_child(spec: dict, fuseml_cache: str, triton_cache: str, pycache: str) -> dict:
+    env = child_env(fuseml_cache, triton_cache, pycache)
     code = "import sys; from fuseml.bench.suites.tuning import child; child(sys.argv[1])"
     try:
         proc = subprocess.run(
