@@ -568,6 +568,9 @@ def _rows_vec(x2: torch.Tensor, out2: torch.Tensor) -> int:
 ONLINE_BLOCK = 16384
 ONLINE_WARPS = 16
 ONLINE_PER_SM = 0
+# Software pipelining of its column loops: 1 (none); pipelined or not it took 495-557 us
+# at float32 32768 in a probe (H100, probe_launch_bound.py, NOTES.md), the stages a knob
+# of that probe
 ONLINE_STAGES = 1
 
 
