@@ -3,7 +3,7 @@ flat add at 1M elements (elementwise suite) and short softmax rows at 4096 x 128
 1024 (softmax suite), timed as the suites time them: CUDA-graph replay (the suite's
 graph_calls per graph), inputs rotating past twice the L2, median of do_bench.
 
-    PYTHONPATH=src python scripts/probe_launch_bound.py [add] [softmax] [fp32] [wide] [rules] [inductor] [sweep]
+    PYTHONPATH=src python scripts/probe_launch_bound.py [add] [add-asm] [softmax] [fp32] [wide] [rules] [inductor] [sweep]
 
 Each line: the arm or config, us per call, and the output's relative error against the
 first arm's. Several rounds interleave the arms (PROBE_ROUNDS, default 3), so a drift of
@@ -345,6 +345,82 @@ def inductor_code(n: int, log: bool, dtype=torch.float32) -> None:
             print("  " + line.strip()[:200])
 
 
+def add_asm(dtype: torch.dtype, numel: int = 1_000_000) -> None:
+    """torch.compile's kernel for a + b against fuseml's flat kernel, as built: each one's
+    PTX, cubin and launch config written to $PROBE_OUT (compare offline), the config and
+    register count printed; and the output addresses each arm's calls get inside a CUDA
+    graph capture over rotating inputs (a reused output stays in L2 between calls)."""
+    import glob
+
+    from torch._inductor.utils import run_and_get_code
+
+    tag = str(dtype)[6:]
+    out_dir = os.environ.get("PROBE_OUT", "")
+    a = torch.randn(numel, device="cuda", dtype=dtype)
+    b = torch.randn(numel, device="cuda", dtype=dtype)
+    compiled = torch.compile(lambda p, q: p + q, dynamic=False)
+    _, codes = run_and_get_code(compiled, a, b)
+    if out_dir:
+        with open(os.path.join(out_dir, f"inductor_add_{tag}.py"), "w") as f:
+            f.write("\n\n".join(codes))
+    print(f"== add {tag} {numel}: torch.compile's code")
+    for line in "\n".join(codes).splitlines():
+        if any(
+            k in line
+            for k in (
+                "@triton_heuristics",
+                "def triton_",
+                "XBLOCK",
+                "num_warps",
+                "tl.load",
+                "tl.store",
+                "xmask =",
+                "triton_meta",
+            )
+        ):
+            print("  " + line.strip()[:220])
+    cache = os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache")
+    for path in glob.glob(os.path.join(cache, "*", "triton_poi_fused_add*")):
+        if out_dir and path.endswith((".ptx", ".cubin", ".json", ".ttgir")):
+            dst = os.path.join(out_dir, f"inductor_{tag}_{os.path.basename(path)}")
+            with open(path, "rb") as src, open(dst, "wb") as f:
+                f.write(src.read())
+            print(f"  wrote {dst}")
+    fuseml.ops.add(a, b, backend="triton")
+    for key, ck in ew._bias_act_launches.compiled.items():
+        if key[0][0] != dtype:
+            continue
+        print(f"  fuseml kernel {key[0][1]}: regs {ck.n_regs}, warps {ck.metadata.num_warps}")
+        if out_dir:
+            for ext in ("ptx", "cubin", "ttgir"):
+                mode = "wb" if ext == "cubin" else "w"
+                with open(os.path.join(out_dir, f"fuseml_add_{tag}.{ext}"), mode) as f:
+                    f.write(ck.asm[ext])
+    sets = rotated(
+        lambda: (torch.randn_like(a), torch.randn_like(b)), 3 * a.numel() * a.element_size()
+    )
+    arms = {
+        "torch.add": lambda p, q: p + q,
+        "compile": compiled,
+        "fuseml triton": lambda p, q: fuseml.ops.add(p, q, backend="triton"),
+        "fuseml cuda": lambda p, q: fuseml.ops.add(p, q, backend="cuda"),
+    }
+    for name, fn in arms.items():
+        for s in sets[:3]:
+            fn(*s)
+        torch.cuda.synchronize()
+        ptrs = []
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for k in range(8):
+                ptrs.append(fn(*sets[k % len(sets)]).data_ptr())
+        base = min(ptrs)
+        print(
+            f"  {name:14s} output offsets in a capture (MiB): {[round((p - base) / 2**20, 2) for p in ptrs]}"
+        )
+        del graph
+
+
 def main() -> None:
     what = sys.argv[1:] or ["add", "softmax"]
     if "rules" in what:
@@ -355,6 +431,9 @@ def main() -> None:
             for n in widths:
                 rows_rule(n, dtype)
         rows_rule(1024, torch.bfloat16, log=True)
+    if "add-asm" in what:
+        for dtype in (torch.float32, torch.bfloat16):
+            add_asm(dtype)
     if "add" in what:
         add_sweep(torch.float32)
         add_sweep(torch.bfloat16)

@@ -99,6 +99,15 @@ def _width(n: int, m: int) -> None:
             sm._rows_config, sm._persistent_programs = base, programs
             sm._ROWS_PLANS.clear()
     show("fuseml CUDA twin", us_of(lambda: op(x, backend="cuda")))
+    if sm._split_config(x):
+        # The split kernel's row counters from the slab (left at zero by each launch) or
+        # zeroed per call (a memset launch before each), interleaved over 3 rounds
+        try:
+            for r, knob in itertools.product(range(3), ("slab", "zeros")):
+                os.environ["FUSEML_SOFTMAX_COUNTERS"] = knob
+                show(f"library split, counters {knob} (round {r})", us_of(fused))
+        finally:
+            os.environ.pop("FUSEML_SOFTMAX_COUNTERS", None)
     if os.environ.get("PROBE_SPLIT") == "none":
         return
     names = ("MAX_ONCHIP_COLS", "SPLIT_BLOCK", "SPLIT_MAX_BLOCK", "SPLIT_COLS_PER_WARP")

@@ -487,6 +487,7 @@ def test_joint_flag_slab_slices(monkeypatch, caplog):
     import logging
 
     from fuseml.ops import _gemm
+    from fuseml.ops._utils import CounterSlab
 
     state = {"capturing": False, "stream": 1}
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state["capturing"])
@@ -494,8 +495,7 @@ def test_joint_flag_slab_slices(monkeypatch, caplog):
         torch.cuda, "current_stream",
         lambda device=None: type("S", (), {"cuda_stream": state["stream"]})(),
     )  # fmt: skip
-    monkeypatch.setattr(_gemm, "JOINT_FLAG_SLAB", 2048)
-    slab = _gemm._FlagSlab()
+    slab = CounterSlab(2048, "the joint LoRA launch's flags")
     x = torch.empty(1)
     state["capturing"] = True
     assert slab.take(x, 8) is None  # no slab may be allocated inside a capture

@@ -477,3 +477,67 @@ def test_softmax_direct_launch_matches_the_ordinary_launch_gpu(log, monkeypatch)
         assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
         assert_close_verbose(outs[2], _ref(x, -1, log), x.dtype)
     assert len(launches.compiled) == len(cases) - 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_split_counters_left_at_zero_gpu(monkeypatch):
+    """The split kernel's row counters come from a slab zeroed once (split_counters) and
+    each launch leaves them at zero: eager calls on one stream with 2 to 13 chunks a row
+    (one slice reused), a call on another stream, and a CUDA graph of two launches
+    replayed three times between eager calls, each time matching torch; afterwards every
+    counter of the slab is zero again."""
+    slab = sm.CounterSlab(1 << 14, "test counters")
+    monkeypatch.setattr(sm, "_split_slab", slab)
+    taken = []
+    take = sm.split_counters
+    monkeypatch.setattr(
+        sm, "split_counters", lambda x2, n: taken.append(take(x2, n)) or taken[-1]
+    )  # fmt: skip
+
+    def check(x, log):
+        assert sm._split_config(x) is not None
+        assert_close_verbose(_op(log)(x, backend="triton"), _ref(x, -1, log), x.dtype)
+
+    widths = [40000, 50257, 65536, 100_000, 50257]  # 13, 8, ... chunks a row
+    xs = [torch.randn(37, n, device="cuda", dtype=torch.bfloat16) for n in widths]
+    for i, x in enumerate(xs):
+        check(x, log=bool(i % 2))
+    assert len({t.data_ptr() for t in taken}) == 1  # one slice for the stream
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        check(xs[1], log=False)
+    torch.cuda.current_stream().wait_stream(side)
+    assert taken[-1].data_ptr() != taken[0].data_ptr()  # the other stream's own slice
+
+    x = torch.randn(64, 50257, device="cuda", dtype=torch.float32)
+    fuseml.ops.softmax(x, backend="triton")  # warm-up (compile) outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y1 = fuseml.ops.softmax(x, backend="triton")
+        y2 = fuseml.ops.log_softmax(x, backend="triton")
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        check(xs[0], log=False)  # an eager call between replays
+        torch.cuda.synchronize()
+        assert_close_verbose(y1, _ref(x, -1, False), x.dtype)
+        assert_close_verbose(y2, _ref(x, -1, True), x.dtype)
+    torch.cuda.synchronize()
+    slabs = list(slab.slabs.values())
+    assert len(slabs) == 1 and slabs[0][1] > 0 and not slabs[0][0].any()
+
+
+def test_split_counters_knob(monkeypatch):
+    """FUSEML_SOFTMAX_COUNTERS picks a fresh zeroed buffer per call ("zeros") or the slab;
+    other values are an error naming the variable. On the CPU (the interpreter) the
+    counters are a fresh zeroed buffer: no slab is made."""
+    x = torch.randn(3, 8)
+    monkeypatch.setenv("FUSEML_SOFTMAX_COUNTERS", "zeros")
+    c = sm.split_counters(x, 3)
+    assert c.shape == (3,) and c.dtype == torch.int32 and not c.any()
+    monkeypatch.setenv("FUSEML_SOFTMAX_COUNTERS", "memset")
+    with pytest.raises(ValueError, match="FUSEML_SOFTMAX_COUNTERS must be 'slab' or 'zeros'"):
+        sm.split_counters(x, 3)
+    monkeypatch.delenv("FUSEML_SOFTMAX_COUNTERS")
+    assert not sm.split_counters(x, 5).any() and not sm._split_slab.slabs

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 from collections.abc import Callable
 
 import torch
@@ -65,15 +64,17 @@ from fuseml.ops import _tune
 from fuseml.ops._elementwise import _activation
 from fuseml.ops._utils import (
     CompiledLaunches,
+    CounterSlab,
     aligned16,
     cdiv,
     grid_launch,
     int_spec,
     launches_skipped,
     next_pow2,
+    slab_counters,
     sm_count,
 )
-from fuseml.runtime import log, triton_interpreting
+from fuseml.runtime import triton_interpreting
 
 LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND, LORA_JOINT = 0, 1, 2, 3, 4, 5
 
@@ -998,78 +999,15 @@ def expand_stages(config: dict, r_pad: int, r_block: int, elem_size: int) -> int
     return max(2, min(steps, expand_stages_max(), fit))
 
 
-class _FlagSlab:
-    """Zeroed int32 counters for the joint launch's flags, handed out in slices of one
-    device's slab (JOINT_FLAG_SLAB counters, zeroed once, never freed). The kernel puts
-    its counters back to zero before it exits (_joint_wait), so a slice serves every later
-    launch that cannot run beside it: one slice per stream for eager calls (stream
-    order), and a slice of its own for each launch captured into a CUDA graph (a graph
-    never runs beside itself, but may beside other graphs and other streams). Without
-    a slice (the slab is spent, or the device's first joint launch is being captured,
-    where no slab may be allocated) the counters are zeroed by the call itself, as a
-    memset (a node in a graph): the same result, a launch more."""
-
-    def __init__(self) -> None:
-        self.slabs: dict[int, list] = {}  # device -> [slab, next free counter]
-        self.streams: dict[tuple[int, int], torch.Tensor] = {}  # (device, stream) -> slice
-        self.spent = False
-        self.lock = threading.Lock()  # threads launching on streams of their own
-
-    def take(self, x: torch.Tensor, count: int) -> torch.Tensor | None:
-        with self.lock:
-            return self._take(x, count)
-
-    def _take(self, x: torch.Tensor, count: int) -> torch.Tensor | None:
-        device = x.get_device()
-        capturing = torch.cuda.is_current_stream_capturing()
-        key = (device, torch.cuda.current_stream(x.device).cuda_stream)
-        if not capturing:
-            held = self.streams.get(key)
-            if held is not None and held.numel() >= count:
-                return held
-        entry = self.slabs.get(device)
-        if entry is None:
-            if capturing:
-                return None
-            entry = [torch.zeros(JOINT_FLAG_SLAB, dtype=torch.int32, device=x.device), 0]
-            self.slabs[device] = entry
-        slab, used = entry
-        # Slices start 16 bytes apart at least: a captured launch's flags pointer then has
-        # the alignment its eager launches specialize on (a 4-byte offset made tuning's
-        # timed captures compile each joint config again, in series: 6 of them, ~3.5 s of
-        # a cold first call at 1 row, H100)
-        size = cdiv(count, 4) * 4 if capturing else max(cdiv(count, 4) * 4, 256)
-        if used + size > slab.numel():
-            if not self.spent:
-                self.spent = True
-                log.info(
-                    "fuseml: the joint LoRA launch's flag slab (%d counters) is spent; "
-                    "further launches zero their flags per call", JOINT_FLAG_SLAB,
-                )  # fmt: skip
-            return None
-        entry[1] = used + size
-        piece = slab[used : used + size]
-        if not capturing:
-            self.streams[key] = piece
-        return piece
-
-
 JOINT_FLAG_SLAB = 1 << 18  # counters per device (1 MiB)
-_flag_slab = _FlagSlab()
+_flag_slab = CounterSlab(JOINT_FLAG_SLAB, "the joint LoRA launch's flags")
 
 
 def joint_flags(x: torch.Tensor, count: int) -> torch.Tensor:
     """``count`` zeroed int32 counters for a joint launch on x's device and current stream
-    (see _FlagSlab). FUSEML_JOINT_FLAGS=zeros: a fresh zeroed buffer per call (probes)."""
-    flag = os.environ.get("FUSEML_JOINT_FLAGS", "slab")
-    if flag not in ("slab", "zeros"):
-        raise ValueError(f"FUSEML_JOINT_FLAGS must be 'slab' or 'zeros', got {flag!r}")
-    # (fake tensors, torch.compile tracing: nothing to keep in the slab)
-    if x.is_cuda and not is_fake(x) and flag == "slab":
-        piece = _flag_slab.take(x, count)
-        if piece is not None:
-            return piece
-    return torch.zeros(count, dtype=torch.int32, device=x.device)
+    (see CounterSlab; the kernel puts them back to zero before it exits, _joint_wait).
+    FUSEML_JOINT_FLAGS=zeros: a fresh zeroed buffer per call (probes)."""
+    return slab_counters(_flag_slab, x, count, "FUSEML_JOINT_FLAGS")
 
 
 def persistent_programs(x: torch.Tensor) -> int | None:

@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from fuseml.runtime import FLOAT_DTYPES, triton_interpreting
+from fuseml.runtime import FLOAT_DTYPES, log, triton_interpreting
 
 
 # --------------------------------------------------------------------------- validation
@@ -333,3 +333,79 @@ def kept_derived(t: torch.Tensor, tag: str, derive) -> torch.Tensor:
 
     _KEPT[key] = (weakref.ref(t, forget), t._version, out)
     return out
+
+
+# ------------------------------------------------------------------------ counter slabs
+class CounterSlab:
+    """Zeroed int32 counters for kernels whose programs synchronise through global
+    counters and put them back to zero before they exit (the joint LoRA launch's flags,
+    the split softmax's row counters), handed out in slices of one slab per device
+    (``counters`` of them, zeroed once, never freed), so that no memset precedes each
+    launch. A slice serves every later launch that cannot run beside it: one slice per
+    stream for eager calls (stream order), and a slice of its own for each launch
+    captured into a CUDA graph (a graph never runs beside itself, but may beside other
+    graphs and other streams). Without a slice (the slab is spent, or the device's first
+    launch is being captured, where no slab may be allocated) ``take`` gives None and the
+    caller zeroes its own counters (a memset; a node in a graph): the same result, a
+    launch more. ``what`` names the counters in the one message a spent slab logs."""
+
+    def __init__(self, counters: int, what: str) -> None:
+        self.counters = counters
+        self.what = what
+        self.slabs: dict[int, list] = {}  # device -> [slab, next free counter]
+        self.streams: dict[tuple[int, int], torch.Tensor] = {}  # (device, stream) -> slice
+        self.spent = False
+        self.lock = threading.Lock()  # threads launching on streams of their own
+
+    def take(self, x: torch.Tensor, count: int) -> torch.Tensor | None:
+        with self.lock:
+            return self._take(x, count)
+
+    def _take(self, x: torch.Tensor, count: int) -> torch.Tensor | None:
+        device = x.get_device()
+        capturing = torch.cuda.is_current_stream_capturing()
+        key = (device, torch.cuda.current_stream(x.device).cuda_stream)
+        if not capturing:
+            held = self.streams.get(key)
+            if held is not None and held.numel() >= count:
+                return held
+        entry = self.slabs.get(device)
+        if entry is None:
+            if capturing:
+                return None
+            entry = [torch.zeros(self.counters, dtype=torch.int32, device=x.device), 0]
+            self.slabs[device] = entry
+        slab, used = entry
+        # Slices start 16 bytes apart at least: a captured launch's pointer then has the
+        # alignment its eager launches specialize on (a 4-byte offset made LoRA tuning's
+        # timed captures compile each joint config again, in series: 6 of them, ~3.5 s of
+        # a cold first call at 1 row, H100)
+        size = cdiv(count, 4) * 4 if capturing else max(cdiv(count, 4) * 4, 256)
+        if used + size > slab.numel():
+            if not self.spent:
+                self.spent = True
+                log.info(
+                    "fuseml: the slab of %s (%d counters) is spent; further launches "
+                    "zero their counters per call", self.what, self.counters,
+                )  # fmt: skip
+            return None
+        entry[1] = used + size
+        piece = slab[used : used + size]
+        if not capturing:
+            self.streams[key] = piece
+        return piece
+
+
+def slab_counters(slab: CounterSlab, x: torch.Tensor, count: int, knob: str) -> torch.Tensor:
+    """``count`` zeroed int32 counters on x's device for a launch on its current stream,
+    from ``slab`` (see CounterSlab), else a fresh zeroed buffer. The environment variable
+    ``knob`` set to "zeros" takes the fresh buffer every call (probes)."""
+    flag = os.environ.get(knob, "slab")
+    if flag not in ("slab", "zeros"):
+        raise ValueError(f"{knob} must be 'slab' or 'zeros', got {flag!r}")
+    # (fake tensors, torch.compile tracing: nothing to keep in the slab)
+    if x.is_cuda and not is_fake(x) and flag == "slab":
+        piece = slab.take(x, count)
+        if piece is not None:
+            return piece
+    return torch.zeros(count, dtype=torch.int32, device=x.device)

@@ -26,6 +26,7 @@ from fuseml.ops._math import LOG2E, _exp2, _rcp
 from fuseml.ops._utils import (
     GRID_Y_MAX,
     CompiledLaunches,
+    CounterSlab,
     aligned16,
     cdiv,
     check_tensor,
@@ -36,6 +37,7 @@ from fuseml.ops._utils import (
     launches_skipped,
     needs_dispatch,
     next_pow2,
+    slab_counters,
     sm_count,
     vec_width,
 )
@@ -169,7 +171,8 @@ def _softmax_split_kernel(
     x_ptr,  # (M, N) input, unit column stride
     out_ptr,  # (M, N) output
     stats_ptr,  # (M, chunks, 2) float32 scratch: each chunk's (max, sum of exp(x - max))
-    count_ptr,  # (M,) int32, zero at launch: chunks of the row whose statistics are posted
+    count_ptr,  # (M,) int32, zero at launch: chunks of the row whose statistics are
+    # posted; zero again when the launch ends (PHASE 0)
     n_cols,
     stride_xm,
     stride_om,
@@ -237,9 +240,14 @@ def _softmax_split_kernel(
         if PHASE == 0:
             # release: the stores above are visible to whoever sees the new count;
             # acquire: the other chunks' statistics are visible once the count is full
-            # (the polling add of 0 compiles to an acquire load, sm_90)
+            # (the polling add of 0 compiles to an acquire load, sm_90). The last chunk to
+            # post puts the counter back to zero (release), so no memset precedes the
+            # next launch (split_counters). A poll that reads 0 therefore also means
+            # "all posted": this chunk's own add keeps the count above 0 until then.
             posted = tl.atomic_add(count_ptr + row, 1, sem="acq_rel") + 1
-            while posted < chunks:
+            if posted == chunks:
+                tl.atomic_xchg(count_ptr + row, 0, sem="release")
+            while (posted != 0) & (posted < chunks):
                 posted = tl.atomic_add(count_ptr + row, 0, sem="acquire")
     if PHASE != 1:
         m_row, total = row_stats(stats_row, chunks, BLOCK_G, FAST)
@@ -632,6 +640,20 @@ SPLIT_GRID_2D = os.environ.get("FUSEML_SOFTMAX_GRID", "2d") != "1d"
 # with the head and tail piece) 346.6 against 346.9: too little for the extra kernel.
 
 
+# The split kernel's row counters come from a slab zeroed once per device (the kernel
+# leaves them at zero): the per-call memset was a launch of its own before every split
+# launch (a node in a CUDA graph).
+SPLIT_COUNTER_SLAB = 1 << 20  # counters per device (4 MiB)
+_split_slab = CounterSlab(SPLIT_COUNTER_SLAB, "the split softmax's row counters")
+
+
+def split_counters(x2: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """``n_rows`` zeroed int32 counters for a split launch on x2's device and current
+    stream (CounterSlab). FUSEML_SOFTMAX_COUNTERS=zeros: a fresh zeroed buffer per call
+    (probes)."""
+    return slab_counters(_split_slab, x2, n_rows, "FUSEML_SOFTMAX_COUNTERS")
+
+
 def _split_config(x2: torch.Tensor) -> tuple[int, int] | None:
     """(columns a program, programs a row) of the split-row kernel for ``x2``, or None
     where it does not apply (a row that fits one program, or too many programs a row)."""
@@ -679,7 +701,7 @@ def _launch_split(
     vec = 16 // x2.element_size()
     aligned = (x2.stride(0) - out2.stride(0)) % vec == 0  # rows of x and out line up
     stats = torch.empty((n_rows, chunks, 2), dtype=torch.float32, device=x2.device)
-    count = torch.zeros((n_rows,), dtype=torch.int32, device=x2.device)
+    count = split_counters(x2, n_rows)
     kernel = torch.library.wrap_triton(_softmax_split_kernel) if traced else _softmax_split_kernel
     # The interpreter runs one program after another, so a program cannot wait for the
     # next: there the statistics and the output are two launches.
