@@ -90,12 +90,32 @@ def add_sweep(dtype: torch.dtype, numel: int = 1_000_000) -> None:
         3 * numel * es,
     )
     compiled = torch.compile(lambda a, b: a + b, dynamic=False)
+
+    def twin(pack: str | None):
+        """The CUDA twin with its flat path's pack fixed (8 or 16 bytes a thread; None:
+        the library's rule); the knob is read on every call, capture included."""
+
+        def run(a, b):
+            if pack is None:
+                os.environ.pop("FUSEML_EW_CUDA_FLAT_BYTES", None)
+            else:
+                os.environ["FUSEML_EW_CUDA_FLAT_BYTES"] = pack
+            try:
+                return fuseml.ops.add(a, b, backend="cuda")
+            finally:
+                os.environ.pop("FUSEML_EW_CUDA_FLAT_BYTES", None)
+
+        return run
+
     arms = {
         "torch.add": lambda a, b: a + b,
         "compile": compiled,
         "fuseml triton (library)": lambda a, b: fuseml.ops.add(a, b, backend="triton"),
-        "fuseml cuda": lambda a, b: fuseml.ops.add(a, b, backend="cuda"),
+        "fuseml cuda (library)": twin(None),
     }
+    if CUDA_ARMS:
+        arms["fuseml cuda, 8-byte packs"] = twin("8")
+        arms["fuseml cuda, 16-byte packs"] = twin("16")
     for elems, warps in env_pairs("PROBE_ADD", "512:4,1024:4,2048:4,1024:8,2048:8,4096:8,256:2"):
         cfg = {"BLOCK_M": 1, "BLOCK_N": elems, "num_warps": warps, "grid": (cdiv(numel, elems),)}
 
@@ -421,6 +441,18 @@ def add_asm(dtype: torch.dtype, numel: int = 1_000_000) -> None:
         del graph
 
 
+def best_configs() -> None:
+    """The launch configs torch.compile's pointwise autotuning chose in this process (its
+    `.best_config` files in the inductor cache)."""
+    import glob
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    for path in sorted(glob.glob(os.path.join(cache_dir(), "**", "*.best_config"), recursive=True)):
+        with open(path) as f:
+            print(f"  torch.compile's choice {os.path.basename(path)}: {f.read().strip()[:200]}")
+
+
 def main() -> None:
     what = sys.argv[1:] or ["add", "softmax"]
     if "rules" in what:
@@ -434,9 +466,11 @@ def main() -> None:
     if "add-asm" in what:
         for dtype in (torch.float32, torch.bfloat16):
             add_asm(dtype)
-    if "add" in what:
-        add_sweep(torch.float32)
-        add_sweep(torch.bfloat16)
+    if "add" in what:  # PROBE_ADD_NUMEL="1000000,4000000": the sizes
+        for numel in map(int, os.environ.get("PROBE_ADD_NUMEL", "1000000").split(",")):
+            add_sweep(torch.float32, numel)
+            add_sweep(torch.bfloat16, numel)
+        best_configs()
     if "wide" in what:  # float32 rows where torch.compile's looped reduction is close
         logs = [bool(int(v)) for v in os.environ.get("PROBE_LOG", "0,1").split(",")]
         for n in map(int, os.environ.get("PROBE_N", "8192,16384,32768").split(",")):

@@ -60,6 +60,8 @@ __device__ __forceinline__ void store_weak(W* p, const W& w) {
     asm volatile("st.global.b16 [%0], %1;" : : "l"(p), "h"(w) : "memory");
   } else if constexpr (sizeof(W) == 4) {
     asm volatile("st.global.b32 [%0], %1;" : : "l"(p), "r"(w) : "memory");
+  } else if constexpr (sizeof(W) == 8) {
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" : : "l"(p), "r"(w.x), "r"(w.y) : "memory");
   } else {
     static_assert(sizeof(W) == 16, "no weak store of this word's size");
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"

@@ -58,6 +58,11 @@ constexpr int kThreads = 256;  // threads per block (2-D)
 // 1M to 268M elements, fp32 and bf16; this is also how torch's vectorized kernels are laid
 // out. (Up to 4 vectors a thread, the layout before, matched it at 268M and lost at 16M.)
 constexpr int kFlatThreads = 128;
+// FLAT with half packs (8 bytes a thread, see half_packs()): twice the threads a block, so
+// that a block still moves kFlatThreads * 16 bytes of each operand.
+template <typename S, int VEC>
+constexpr int kFlatBlock =
+    VEC * static_cast<int>(sizeof(S)) * 2 == kVecBytes ? 2 * kFlatThreads : kFlatThreads;
 // 2-D: rows per thread (U), all loaded before any is stored (one vector column of U rows,
 // its bias pack loaded and converted once for all of them), at most kUnroll. 16-bit kernels
 // take at most 2: at 4 they need 90-96 registers (2 blocks of 256 threads per SM; nvcc 13,
@@ -89,6 +94,15 @@ __device__ __forceinline__ void store_pack(void* dst, const P& r) {
                      __float_as_uint(r.v[3]));
     }
     store_weak(static_cast<uint4*>(dst), w);
+  } else if constexpr (sizeof(P) == 8) {
+    uint2 w;
+    if constexpr (sizeof(r.v[0]) == 2) {
+      w.x = static_cast<uint32_t>(r.v[0]) | (static_cast<uint32_t>(r.v[1]) << 16);
+      w.y = static_cast<uint32_t>(r.v[2]) | (static_cast<uint32_t>(r.v[3]) << 16);
+    } else {
+      w = make_uint2(__float_as_uint(r.v[0]), __float_as_uint(r.v[1]));
+    }
+    store_weak(static_cast<uint2*>(dst), w);
   } else {
     *reinterpret_cast<P*>(dst) = r;
   }
@@ -192,12 +206,12 @@ struct Args {
   float alpha;
 };
 
-// FLAT: this thread's vector (item blockIdx.x * kFlatThreads + threadIdx.x), if in range.
+// FLAT: this thread's vector (item blockIdx.x * kFlatBlock + threadIdx.x), if in range.
 template <class Tr, int ACT, int VEC, bool HAS_Y, typename I>
 __device__ __forceinline__ void flat_item(const Args<typename Tr::Storage>& a) {
   using S = typename Tr::Storage;
   using P = Pack<S, VEC>;
-  const I v = static_cast<I>(blockIdx.x) * static_cast<I>(kFlatThreads) +
+  const I v = static_cast<I>(blockIdx.x) * static_cast<I>(kFlatBlock<S, VEC>) +
               static_cast<I>(threadIdx.x);
   if (v >= static_cast<I>(a.items)) return;
   const P xv = *reinterpret_cast<const P*>(a.x + static_cast<int64_t>(v) * VEC);
@@ -314,6 +328,17 @@ int forced_rows() {
   return rows;
 }
 
+// FLAT: 8-byte packs a thread (twice the threads) for tensors of up to kHalfPackMaxBytes
+// per operand, 16-byte packs above. FUSEML_EW_CUDA_FLAT_BYTES=8|16 fixes the pack for
+// probes (read on every call, so that a probe can compare both in one process).
+constexpr int64_t kHalfPackMaxBytes = 0;
+
+bool half_packs(int64_t bytes) {
+  const char* v = std::getenv("FUSEML_EW_CUDA_FLAT_BYTES");
+  if (v != nullptr && *v != '\0') return std::string(v) == "8";
+  return bytes <= kHalfPackMaxBytes;
+}
+
 // FUSEML_EW_GRID=1d: 2-D launches on one grid axis always (probes), read once per process.
 bool one_axis_grid() {
   static const bool one = [] {
@@ -336,14 +361,15 @@ void launch_kernel(const Args<typename Tr::Storage>& a, dim3 blocks, int threads
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
 void launch(Args<typename Tr::Storage> a, const Launch& l) {
   if constexpr (FLAT) {
+    constexpr int kBlock = kFlatBlock<typename Tr::Storage, VEC>;
     // At least one block (a call may be all tail: items == 0, tail > 0).
-    const int64_t blocks = std::max<int64_t>(1, (a.items + kFlatThreads - 1) / kFlatThreads);
+    const int64_t blocks = std::max<int64_t>(1, (a.items + kBlock - 1) / kBlock);
     TORCH_CHECK(blocks <= std::numeric_limits<int>::max(),
                 "bias_act_cuda_out: too many elements (", a.items * VEC, ") for one launch");
-    // 32-bit item indices reach blocks * kFlatThreads (the last block's idle threads too).
-    a.wide = blocks * kFlatThreads > std::numeric_limits<int32_t>::max();
+    // 32-bit item indices reach blocks * kBlock (the last block's idle threads too).
+    a.wide = blocks * kBlock > std::numeric_limits<int32_t>::max();
     launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, true, 1>(a, static_cast<unsigned>(blocks),
-                                                          kFlatThreads, l);
+                                                          kBlock, l);
   } else {
     // Up to kUnroll rows a thread, fewer where that would leave under kMinBlocksPerSm
     // blocks per SM (4096 x 512 fp32 at 4 rows are 512 blocks on 132 SMs, 3 or 4 an SM).
@@ -439,7 +465,12 @@ void launch_activation(const Problem& p, const Launch& l) {
   a.tail = 0;
   a.wide = 0;
   const int64_t numel = p.rows * p.cols;
-  if (p.flat && p.vectorize) {
+  if (p.flat && p.vectorize && half_packs(numel * static_cast<int64_t>(sizeof(S)))) {
+    constexpr int kHalf = kVec / 2;
+    a.items = numel / kHalf;
+    a.tail = static_cast<int>(numel % kHalf);
+    launch_operands<Tr, ACT, kHalf, true>(a, l);
+  } else if (p.flat && p.vectorize) {
     a.items = numel / kVec;
     a.tail = static_cast<int>(numel % kVec);
     launch_operands<Tr, ACT, kVec, true>(a, l);
