@@ -80,51 +80,54 @@ def table(title: str, arms: dict, sets: list[tuple]) -> None:
         print(f"  {name:28s} {med:7.2f} us ({spread}) {best / med:5.2f}x  err={errs[name]:.1e}")
 
 
-def add_sweep(dtype: torch.dtype, numel: int = 1_000_000) -> None:
+def add_sweep(dtype: torch.dtype, numel: int = 1_000_000, op: str = "add") -> None:
+    """The flat path's launch configs for ``op`` (add: x + y; gelu: erf-GELU of x) at
+    ``numel`` elements, against torch and torch.compile."""
     es = torch.empty((), dtype=dtype).element_size()
+    n_in = 2 if op == "add" else 1
     sets = rotated(
-        lambda: (
-            torch.randn(numel, device="cuda", dtype=dtype),
-            torch.randn(numel, device="cuda", dtype=dtype),
-        ),
-        3 * numel * es,
+        lambda: tuple(torch.randn(numel, device="cuda", dtype=dtype) for _ in range(n_in)),
+        (n_in + 1) * numel * es,
     )
-    compiled = torch.compile(lambda a, b: a + b, dynamic=False)
+    ref = (lambda a, b: a + b) if op == "add" else torch.nn.functional.gelu
+    fused = fuseml.ops.add if op == "add" else fuseml.ops.gelu
+    compiled = torch.compile(ref, dynamic=False)
 
     def twin(pack: str | None):
         """The CUDA twin with its flat path's pack fixed (8 or 16 bytes a thread; None:
         the library's rule); the knob is read on every call, capture included."""
 
-        def run(a, b):
+        def run(*t):
             if pack is None:
                 os.environ.pop("FUSEML_EW_CUDA_FLAT_BYTES", None)
             else:
                 os.environ["FUSEML_EW_CUDA_FLAT_BYTES"] = pack
             try:
-                return fuseml.ops.add(a, b, backend="cuda")
+                return fused(*t, backend="cuda")
             finally:
                 os.environ.pop("FUSEML_EW_CUDA_FLAT_BYTES", None)
 
         return run
 
     arms = {
-        "torch.add": lambda a, b: a + b,
+        "torch": ref,
         "compile": compiled,
-        "fuseml triton (library)": lambda a, b: fuseml.ops.add(a, b, backend="triton"),
+        "fuseml triton (library)": lambda *t: fused(*t, backend="triton"),
         "fuseml cuda (library)": twin(None),
     }
     if CUDA_ARMS:
         arms["fuseml cuda, 8-byte packs"] = twin("8")
         arms["fuseml cuda, 16-byte packs"] = twin("16")
+    act = 0 if op == "add" else ew.ACT_CODE["gelu"]
     for elems, warps in env_pairs("PROBE_ADD", "512:4,1024:4,2048:4,1024:8,2048:8,4096:8,256:2"):
         cfg = {"BLOCK_M": 1, "BLOCK_N": elems, "num_warps": warps, "grid": (cdiv(numel, elems),)}
 
-        def run(a, b, cfg=cfg):
+        def run(a, b=None, cfg=cfg):
             out = torch.empty_like(a)
-            return ew.bias_act_into(out, a, b, None, 1.0, 0, config=cfg)
+            return ew.bias_act_into(out, a, b, None, 1.0, act, config=cfg)
 
         arms[f"triton {elems} el / {warps} w"] = run
-    table(f"add {str(dtype)[6:]} {numel}", arms, sets)
+    table(f"{op} {str(dtype)[6:]} {numel}", arms, sets)
 
 
 def rows_kernel(log: bool, rows: int, warps: int, stages: int, programs):
@@ -466,10 +469,11 @@ def main() -> None:
     if "add-asm" in what:
         for dtype in (torch.float32, torch.bfloat16):
             add_asm(dtype)
-    if "add" in what:  # PROBE_ADD_NUMEL="1000000,4000000": the sizes
-        for numel in map(int, os.environ.get("PROBE_ADD_NUMEL", "1000000").split(",")):
-            add_sweep(torch.float32, numel)
-            add_sweep(torch.bfloat16, numel)
+    if "add" in what:  # PROBE_ADD_NUMEL="1000000,4000000": the sizes; PROBE_OP=add,gelu
+        for op in os.environ.get("PROBE_OP", "add").split(","):
+            for numel in map(int, os.environ.get("PROBE_ADD_NUMEL", "1000000").split(",")):
+                add_sweep(torch.float32, numel, op)
+                add_sweep(torch.bfloat16, numel, op)
         best_configs()
     if "wide" in what:  # float32 rows where torch.compile's looped reduction is close
         logs = [bool(int(v)) for v in os.environ.get("PROBE_LOG", "0,1").split(",")]
