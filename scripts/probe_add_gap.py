@@ -164,6 +164,41 @@ def main() -> None:
 
                     arms[f"cuda lean{', 96-byte struct' if as_struct else ''}"] = cuda_lean
         table(f"add {str(dtype)[6:]} {NUMEL} (block {block}, 4 warps)", arms, sets)
+        if os.environ.get("PROBE_PROFILE") == "1":
+            profile(arms, sets)
+
+
+def profile(arms: dict, sets: list[tuple]) -> None:
+    """Each arm's CUDA kernels in a replay of a graph of 8 calls (torch.profiler): the
+    kernels a call launches and their mean GPU time, to tell a slower kernel from extra
+    work around it."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for name, fn in arms.items():
+        graph = torch.cuda.CUDAGraph()
+        fn(*sets[0])
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            for k in range(8):
+                fn(*sets[k % len(sets)])
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                graph.replay()
+            torch.cuda.synchronize()
+        rows = [
+            e for e in prof.key_averages()
+            if e.device_type.name == "CUDA" and e.count > 0
+        ]  # fmt: skip
+        kernels = ", ".join(
+            f"{e.key[:60]} x{e.count / 160:.2f} {e.device_time_total / e.count:.2f} us"
+            for e in rows
+        )
+        print(f"  {name:24s} {kernels}")
+        del graph
 
 
 if __name__ == "__main__":

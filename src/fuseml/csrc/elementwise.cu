@@ -52,7 +52,8 @@ enum Activation : int {
 };
 
 constexpr int kThreads = 256;  // threads per block (2-D)
-// FLAT: one 16-byte vector a thread in 128-thread blocks, at every size. H100, graph replay
+// FLAT: one 16-byte vector a thread in 128-thread blocks (8-byte packs in 256-thread blocks
+// for add from kHalfPackMinNumel elements, half_packs() below). H100, graph replay
 // (scripts/probe_elementwise.py --small, NOTES.md "Elementwise, third round"): the Triton
 // kernel's tiles of one vector a thread and 4 warps were the best or within 1% of it from
 // 1M to 268M elements, fp32 and bf16; this is also how torch's vectorized kernels are laid
@@ -328,15 +329,16 @@ int forced_rows() {
   return rows;
 }
 
-// FLAT: 8-byte packs a thread (twice the threads) for tensors of up to kHalfPackMaxBytes
-// per operand, 16-byte packs above. FUSEML_EW_CUDA_FLAT_BYTES=8|16 fixes the pack for
+// FLAT: 8-byte packs a thread (twice the threads a block) without an activation from
+// kHalfPackMinNumel elements, as the Triton kernel's 8 warps there (HALF_PACK_MIN_NUMEL in
+// ops/_elementwise.py, with the numbers). FUSEML_EW_CUDA_FLAT_BYTES=8|16 fixes the pack for
 // probes (read on every call, so that a probe can compare both in one process).
-constexpr int64_t kHalfPackMaxBytes = 0;
+constexpr int64_t kHalfPackMinNumel = int64_t{1} << 24;
 
-bool half_packs(int64_t bytes) {
+bool half_packs(int64_t numel, int activation) {
   const char* v = std::getenv("FUSEML_EW_CUDA_FLAT_BYTES");
   if (v != nullptr && *v != '\0') return std::string(v) == "8";
-  return bytes <= kHalfPackMaxBytes;
+  return activation == kNone && numel >= kHalfPackMinNumel;
 }
 
 // FUSEML_EW_GRID=1d: 2-D launches on one grid axis always (probes), read once per process.
@@ -465,7 +467,7 @@ void launch_activation(const Problem& p, const Launch& l) {
   a.tail = 0;
   a.wide = 0;
   const int64_t numel = p.rows * p.cols;
-  if (p.flat && p.vectorize && half_packs(numel * static_cast<int64_t>(sizeof(S)))) {
+  if (p.flat && p.vectorize && half_packs(numel, ACT)) {
     constexpr int kHalf = kVec / 2;
     a.items = numel / kHalf;
     a.tail = static_cast<int>(numel % kHalf);

@@ -301,7 +301,7 @@ def _bias_act_backward_kernel(
 
 # ---------------------------------------------------------------------- launch configs
 # Flat path: one 16-byte vector a thread, 4 warps (512 fp32 or 1024 16-bit elements a
-# program). H100, CUDA-graph replay (scripts/probe_elementwise.py --small, NOTES.md
+# program; add from HALF_PACK_MIN_NUMEL elements: the same on 8 warps, see there). H100, CUDA-graph replay (scripts/probe_elementwise.py --small, NOTES.md
 # "Elementwise, third round"), add / GELU / GELU-tanh: the best or within 1% of the best
 # of 512-8192 elements x 1-8 warps at 1M, 4M, 16M and 268M elements, fp32 and bf16, and up
 # to 2.5% faster than the tiles of 4 KiB (fp32) / 8 KiB (16-bit) before (268M bf16 GELU
@@ -319,26 +319,38 @@ def _bias_act_backward_kernel(
 GRID_2D = os.environ.get("FUSEML_EW_GRID", "2d") != "1d"
 TILE_BYTES = 2048  # flat path: one 16-byte vector for each of NUM_WARPS * 32 threads
 NUM_WARPS = 4
+# Flat path without an activation (add) from HALF_PACK_MIN_NUMEL elements: the same tile
+# on twice the warps, 8 bytes a thread. H100, graph replay, inputs rotating
+# (scripts/probe_launch_bound.py add, PROBE_OP=add,gelu, 632619f; us, 4 / 8 warps, the
+# CUDA twin's 16- / 8-byte packs alike): add fp32 16M 68.29 / 67.46, 268M 1051.5 /
+# 1047.5; bf16 16M 35.61 / 35.10, 268M 526.95 / 523.59 (torch.compile 67.37, 1047.7,
+# 35.58, 526.93). At 1M and 4M neither wins everywhere (within 1%), and erf-GELU, with
+# ~23 instructions an element, loses 4-6% on 8 warps at 16M and 268M (fp32 16M 46.82 /
+# 48.55, bf16 16M 24.71 / 25.84).
+HALF_PACK_MIN_NUMEL = 1 << 24
 TILE_BYTES_2D = 4096
 NUM_WARPS_2D = {4: 4, 2: 8}
 
 
-def launch_config(n_rows: int, n_cols: int, elem_size: int) -> dict:
-    """BLOCK_M, BLOCK_N, num_warps and the grid for an (n_rows, n_cols) problem.
+def launch_config(n_rows: int, n_cols: int, elem_size: int, activation: int | None = None) -> dict:
+    """BLOCK_M, BLOCK_N, num_warps and the grid for an (n_rows, n_cols) problem
+    (``activation``: its code, where it changes the launch; see HALF_PACK_MIN_NUMEL).
 
     Cached for concrete sizes: it runs on every call, and the eager launch path is worth
     every microsecond (symbolic sizes under torch.compile are not hashable).
     """
     if type(n_rows) is int and type(n_cols) is int:
-        return _cached_config(n_rows, n_cols, elem_size)
-    return _config(n_rows, n_cols, elem_size)
+        return _cached_config(n_rows, n_cols, elem_size, activation)
+    return _config(n_rows, n_cols, elem_size, activation)
 
 
-def _config(n_rows, n_cols, elem_size: int) -> dict:
+def _config(n_rows, n_cols, elem_size: int, activation: int | None = None) -> dict:
     if n_rows == 1:
         block_n = min(TILE_BYTES // elem_size, next_pow2(n_cols))
         block_m = 1
         warps = NUM_WARPS
+        if activation == 0 and n_cols >= HALF_PACK_MIN_NUMEL:
+            warps = 2 * NUM_WARPS
     else:
         tile = TILE_BYTES_2D // elem_size
         block_n = min(next_pow2(n_cols), tile)
@@ -444,7 +456,7 @@ def _plan(
     activation, config=None,
 ) -> tuple[tuple, tuple, int]:  # fmt: skip
     """(grid, the kernel's constexprs in order, num_warps) of one launch."""
-    cfg = config or launch_config(n_rows, n_cols, elem_size)
+    cfg = config or launch_config(n_rows, n_cols, elem_size, activation)
     grid = cfg.get("grid") or (cdiv(n_rows, cfg["BLOCK_M"]) * cdiv(n_cols, cfg["BLOCK_N"]),)
     flat = n_rows == 1 and not has_bias and cfg["BLOCK_M"] == 1
     wide = True  # int64 offsets unless the sizes are known to stay within int32
