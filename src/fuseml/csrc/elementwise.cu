@@ -8,8 +8,9 @@
 // written, by the same thread, so no pointer below is __restrict__.
 //
 // Paths, picked on the host per call:
-//   * FLAT:   no bias and every operand's rows packed back to back -> one flat index (a
-//             vector a thread, no div/mod); a tail of numel % VEC elements is done one by one.
+//   * FLAT:   no bias and every operand's rows packed back to back -> one flat index, in a
+//             kernel of its own (a vector a thread, no div/mod); a tail of numel % VEC
+//             elements is done one by one.
 //   * 2-D:    a block takes a tile of TILE_COLS neighbouring vectors (a power of two, up to
 //             a block's threads) of ROWS_PER_STEP x U rows (U <= kUnroll, fewer for mid
 //             sizes), where ROWS_PER_STEP = threads / TILE_COLS: a thread's row and
@@ -17,8 +18,8 @@
 //             same tiling as the Triton kernel's 2-D tiles, in the same row-major order).
 //   * VEC:    16-byte accesses when every pointer is 16-byte aligned and, for 2-D, N and
 //             every row stride are multiples of the vector width. VEC == 1 otherwise.
-// The activation, the dtype, HAS_Y, HAS_BIAS, VEC and FLAT are all template parameters, so
-// the inner loops branch only on the bounds.
+// The activation, the dtype, HAS_Y, HAS_BIAS and VEC are all template parameters, so the
+// inner loops branch only on the bounds.
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -203,55 +204,51 @@ struct Args {
   int64_t col_tiles;  // 2-D: tiles across a row, ceil(items / TILE_COLS)
   int tile_shift;     // 2-D: log2(TILE_COLS)
   int tail;           // FLAT, VEC > 1: trailing numel % VEC elements past the last vector
-  int wide;           // FLAT: item indices may pass int32 (64-bit index arithmetic)
   float alpha;
 };
 
-// FLAT: this thread's vector (item blockIdx.x * kFlatBlock + threadIdx.x), if in range.
+// FLAT: a kernel of its own, thread v taking vector v (blockIdx.x * kFlatBlock +
+// threadIdx.x) and the threads just past the last vector one tail element each. I: the
+// index type, 32-bit wherever the tensor allows (picked on the host, so the loads wait on
+// a handful of instructions and no branch). Its own launch bounds and no tail pass after
+// the vector: at 1M fp32 elements the flat path of the shared kernel (a runtime branch on
+// the index width, a tail check after every vector, 256-thread launch bounds) took 4.78
+// us of GPU time a call against 4.61 for a kernel of just the load, add and store (graph
+// replay, torch.profiler, H100, scripts/probe_add_gap.py).
 template <class Tr, int ACT, int VEC, bool HAS_Y, typename I>
-__device__ __forceinline__ void flat_item(const Args<typename Tr::Storage>& a) {
+__global__ void __launch_bounds__(kFlatBlock<typename Tr::Storage, VEC>)
+    bias_act_flat_kernel(const Args<typename Tr::Storage> a) {
   using S = typename Tr::Storage;
   using P = Pack<S, VEC>;
   const I v = static_cast<I>(blockIdx.x) * static_cast<I>(kFlatBlock<S, VEC>) +
               static_cast<I>(threadIdx.x);
-  if (v >= static_cast<I>(a.items)) return;
-  const P xv = *reinterpret_cast<const P*>(a.x + static_cast<int64_t>(v) * VEC);
-  P yv;  // not zero-filled (two instructions an element for 16-bit packs): read only if HAS_Y
-  if constexpr (HAS_Y) yv = *reinterpret_cast<const P*>(a.y + static_cast<int64_t>(v) * VEC);
-  P r;
+  const I items = static_cast<I>(a.items);
+  if (v < items) {
+    const P xv = *reinterpret_cast<const P*>(a.x + static_cast<int64_t>(v) * VEC);
+    P yv;  // not zero-filled (two instructions an element for 16-bit packs): read if HAS_Y
+    if constexpr (HAS_Y) yv = *reinterpret_cast<const P*>(a.y + static_cast<int64_t>(v) * VEC);
+    P r;
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    r.v[j] = fused<Tr, ACT, HAS_Y, false>(xv.v[j], HAS_Y ? yv.v[j] : S(), S(), a.alpha);
+    for (int j = 0; j < VEC; ++j) {
+      r.v[j] = fused<Tr, ACT, HAS_Y, false>(xv.v[j], HAS_Y ? yv.v[j] : S(), S(), a.alpha);
+    }
+    store_pack(a.out + static_cast<int64_t>(v) * VEC, r);
+  } else if (VEC > 1 && v - items < static_cast<I>(a.tail)) {
+    // fewer than VEC elements past the last whole vector, one a thread
+    const int64_t i = static_cast<int64_t>(items) * VEC + static_cast<int64_t>(v - items);
+    S y = S();
+    if constexpr (HAS_Y) y = a.y[i];
+    a.out[i] = fused<Tr, ACT, HAS_Y, false>(a.x[i], y, S(), a.alpha);
   }
-  store_pack(a.out + static_cast<int64_t>(v) * VEC, r);
 }
 
-template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT, int U>
+template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, int U>
 __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename Tr::Storage> a) {
-  static_assert(!(FLAT && HAS_BIAS), "a bias needs the column, i.e. the 2-D path");
-  static_assert(U >= 1 && (!FLAT || U == 1), "U: rows per thread, 2-D only");
+  static_assert(U >= 1, "U: rows per thread");
   using S = typename Tr::Storage;
   using P = Pack<S, VEC>;
 
-  if constexpr (FLAT) {
-    // One pass, a vector a thread; launch() sizes the grid to cover every item. The index
-    // arithmetic is 32-bit wherever the tensor allows (a.wide == 0): the loads then wait
-    // on a handful of instructions.
-    if (a.wide) {
-      flat_item<Tr, ACT, VEC, HAS_Y, int64_t>(a);
-    } else {
-      flat_item<Tr, ACT, VEC, HAS_Y, int32_t>(a);
-    }
-    if constexpr (VEC > 1) {
-      // Fewer than VEC elements past the last whole vector: the first threads of block 0.
-      if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < a.tail) {
-        const int64_t i = a.items * VEC + threadIdx.x;
-        S y = S();
-        if constexpr (HAS_Y) y = a.y[i];
-        a.out[i] = fused<Tr, ACT, HAS_Y, false>(a.x[i], y, S(), a.alpha);
-      }
-    }
-  } else {
+  {
     // Tile: TILE_COLS vectors x (ROWS_PER_STEP * U) rows; thread (ty, tx) takes vector
     // column tx of rows ty, ty + ROWS_PER_STEP, ... (U of them).
     // Blocks go row-major over (row block, column tile), as the Triton kernel's programs
@@ -350,10 +347,10 @@ bool one_axis_grid() {
   return one;
 }
 
-template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT, int U>
+template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, int U>
 void launch_kernel(const Args<typename Tr::Storage>& a, dim3 blocks, int threads,
                    const Launch& l) {
-  bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, FLAT, U><<<blocks, threads, 0, l.stream>>>(a);
+  bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, U><<<blocks, threads, 0, l.stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -363,15 +360,22 @@ void launch_kernel(const Args<typename Tr::Storage>& a, dim3 blocks, int threads
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
 void launch(Args<typename Tr::Storage> a, const Launch& l) {
   if constexpr (FLAT) {
+    static_assert(!HAS_BIAS, "a bias needs the column, i.e. the 2-D path");
     constexpr int kBlock = kFlatBlock<typename Tr::Storage, VEC>;
-    // At least one block (a call may be all tail: items == 0, tail > 0).
-    const int64_t blocks = std::max<int64_t>(1, (a.items + kBlock - 1) / kBlock);
+    // A thread per vector and one per tail element (at least one block: a call may be
+    // all tail, items == 0).
+    const int64_t threads = a.items + a.tail;
+    const int64_t blocks = std::max<int64_t>(1, (threads + kBlock - 1) / kBlock);
     TORCH_CHECK(blocks <= std::numeric_limits<int>::max(),
                 "bias_act_cuda_out: too many elements (", a.items * VEC, ") for one launch");
-    // 32-bit item indices reach blocks * kBlock (the last block's idle threads too).
-    a.wide = blocks * kBlock > std::numeric_limits<int32_t>::max();
-    launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, true, 1>(a, static_cast<unsigned>(blocks),
-                                                          kBlock, l);
+    // 32-bit indices reach blocks * kBlock (the last block's idle threads too).
+    const unsigned grid = static_cast<unsigned>(blocks);
+    if (blocks * kBlock > std::numeric_limits<int32_t>::max()) {
+      bias_act_flat_kernel<Tr, ACT, VEC, HAS_Y, int64_t><<<grid, kBlock, 0, l.stream>>>(a);
+    } else {
+      bias_act_flat_kernel<Tr, ACT, VEC, HAS_Y, int32_t><<<grid, kBlock, 0, l.stream>>>(a);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else {
     // Up to kUnroll rows a thread, fewer where that would leave under kMinBlocksPerSm
     // blocks per SM (4096 x 512 fp32 at 4 rows are 512 blocks on 132 SMs, 3 or 4 an SM).
@@ -404,11 +408,11 @@ void launch(Args<typename Tr::Storage> a, const Launch& l) {
                                       static_cast<unsigned>(row_blocks))
                                : dim3(static_cast<unsigned>(blocks(rows)));
     if (rows == 1) {
-      launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, false, 1>(a, grid, kThreads, l);
+      launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, 1>(a, grid, kThreads, l);
     } else if (rows == 2) {
-      launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, false, 2>(a, grid, kThreads, l);
+      launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, 2>(a, grid, kThreads, l);
     } else if constexpr (kMax >= 4) {
-      launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, false, 4>(a, grid, kThreads, l);
+      launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, 4>(a, grid, kThreads, l);
     }
   }
 }
@@ -461,11 +465,10 @@ void launch_activation(const Problem& p, const Launch& l) {
   a.y_row_stride = p.y_row_stride;
   a.out_row_stride = p.out_row_stride;
   a.alpha = p.alpha;
-  a.rows = 0;  // FLAT kernels use items, tail and wide only
+  a.rows = 0;  // FLAT kernels use items and tail only
   a.col_tiles = 0;
   a.tile_shift = 0;
   a.tail = 0;
-  a.wide = 0;
   const int64_t numel = p.rows * p.cols;
   if (p.flat && p.vectorize && half_packs(numel, ACT)) {
     constexpr int kHalf = kVec / 2;
