@@ -250,6 +250,9 @@ def test_fusion_side_by_side_names_its_sources(tmp_path):
 def test_commits_note_names_every_commit_of_merged_rows():
     meta = {"commit": "bbb", "date": "2026-01-02"}
     assert report.commits_note([{"commit": "bbb"}] * 2, meta) == "commit bbb, 2026-01-02"
+    # rows of one commit carry their own date: a subset of a merged file may be older
+    older = [{"commit": "aaa", "date": "2025-12-30"}, {"commit": "aaa", "date": "2025-12-31"}]
+    assert report.commits_note(older, meta) == "commit aaa, 2025-12-31"
     rows = [{"commit": "aaa"}, {"commit": "bbb"}, {"commit": "aaa"}]
     assert report.commits_note(rows, meta) == (
         "rows from commits aaa (2 rows), bbb (1 rows); last run 2026-01-02"

@@ -331,7 +331,9 @@ def commits_note(rows: list[dict], meta: dict) -> str:
         c = r.get("commit", meta.get("commit", "?"))
         counts[c] = counts.get(c, 0) + 1
     if len(counts) <= 1:
-        return f"commit {next(iter(counts), meta.get('commit', '?'))}, {meta.get('date', '?')}"
+        # the rows' own date (a subset of a merged file may predate its last run)
+        date = max((r["date"] for r in rows if r.get("date")), default=meta.get("date", "?"))
+        return f"commit {next(iter(counts), meta.get('commit', '?'))}, {date}"
     parts = ", ".join(f"{c} ({n} rows)" for c, n in counts.items())
     return f"rows from commits {parts}; last run {meta.get('date', '?')}"
 
