@@ -405,7 +405,10 @@ def add_asm(dtype: torch.dtype, numel: int = 1_000_000) -> None:
     cache = os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache")
     for path in glob.glob(os.path.join(cache, "*", "triton_poi_fused_add*")):
         if out_dir and path.endswith((".ptx", ".cubin", ".json", ".ttgir")):
-            dst = os.path.join(out_dir, f"inductor_{tag}_{os.path.basename(path)}")
+            # (every dtype's kernel has the same name: the cache entry's folder tells them
+            # apart, and both of the autotuner's configs are there)
+            entry = os.path.basename(os.path.dirname(path))[:8]
+            dst = os.path.join(out_dir, f"inductor_{tag}_{entry}_{os.path.basename(path)}")
             with open(path, "rb") as src, open(dst, "wb") as f:
                 f.write(src.read())
             print(f"  wrote {dst}")
