@@ -93,31 +93,17 @@ def add_sweep(dtype: torch.dtype, numel: int = 1_000_000, op: str = "add") -> No
     fused = fuseml.ops.add if op == "add" else fuseml.ops.gelu
     compiled = torch.compile(ref, dynamic=False)
 
-    def twin(pack: str | None):
-        """The CUDA twin with its flat path's pack fixed (8 or 16 bytes a thread; None:
-        the library's rule); the knob is read on every call, capture included."""
-
-        def run(*t):
-            if pack is None:
-                os.environ.pop("FUSEML_EW_CUDA_FLAT_BYTES", None)
-            else:
-                os.environ["FUSEML_EW_CUDA_FLAT_BYTES"] = pack
-            try:
-                return fused(*t, backend="cuda")
-            finally:
-                os.environ.pop("FUSEML_EW_CUDA_FLAT_BYTES", None)
-
-        return run
-
+    # The twin's flat pack is the library's rule unless FUSEML_EW_CUDA_FLAT_BYTES=8|16 is
+    # set for the process (read once): run the probe once per value to compare them.
+    pack = os.environ.get("FUSEML_EW_CUDA_FLAT_BYTES")
     arms = {
         "torch": ref,
         "compile": compiled,
         "fuseml triton (library)": lambda *t: fused(*t, backend="triton"),
-        "fuseml cuda (library)": twin(None),
+        f"fuseml cuda ({f'{pack}-byte packs' if pack else 'library'})": (
+            lambda *t: fused(*t, backend="cuda")
+        ),
     }
-    if CUDA_ARMS:
-        arms["fuseml cuda, 8-byte packs"] = twin("8")
-        arms["fuseml cuda, 16-byte packs"] = twin("16")
     act = 0 if op == "add" else ew.ACT_CODE["gelu"]
     for elems, warps in env_pairs("PROBE_ADD", "512:4,1024:4,2048:4,1024:8,2048:8,4096:8,256:2"):
         cfg = {"BLOCK_M": 1, "BLOCK_N": elems, "num_warps": warps, "grid": (cdiv(numel, elems),)}

@@ -249,61 +249,59 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
   using S = typename Tr::Storage;
   using P = Pack<S, VEC>;
 
-  {
-    // Tile: TILE_COLS vectors x (ROWS_PER_STEP * U) rows; thread (ty, tx) takes vector
-    // column tx of rows ty, ty + ROWS_PER_STEP, ... (U of them).
-    // Blocks go row-major over (row block, column tile), as the Triton kernel's programs
-    // do: consecutive blocks read consecutive stretches of a row. (Column tiles on
-    // gridDim.y, with row blocks fastest, left 4 KiB pieces of many rows in flight at
-    // once: fp32 65536 x 4096 ran 4-5% behind the Triton kernel.)
-    const int tile_cols = 1 << a.tile_shift;
-    const int tx = static_cast<int>(threadIdx.x) & (tile_cols - 1);
-    const int ty = static_cast<int>(threadIdx.x) >> a.tile_shift;
-    const int rows_per_step = kThreads >> a.tile_shift;
-    // A grid of (column tiles, row blocks) where the row blocks fit gridDim.y (launch()):
-    // the tile without dividing the block index (a software divide ahead of the first
-    // load); else one axis over (row block, column tile), divided.
-    unsigned row_block, ct;
-    if (gridDim.y > 1) {
-      row_block = blockIdx.y;
-      ct = blockIdx.x;
-    } else {
-      const unsigned col_tiles = static_cast<unsigned>(a.col_tiles);  // launch() checked it
-      row_block = blockIdx.x / col_tiles;
-      ct = blockIdx.x - row_block * col_tiles;
-    }
-    const int64_t item = static_cast<int64_t>(ct) * tile_cols + tx;
-    if (item >= a.items) return;  // no barriers below: an idle thread may leave
-    const int64_t row0 = static_cast<int64_t>(row_block) * rows_per_step * U + ty;
-    const int64_t col = item * VEC;
-    // The bias is N elements, reread by every row: it stays in L1/L2.
-    // Packs are not zero-filled (as in flat_item): each is read only where it was loaded.
-    P bv;
-    if constexpr (HAS_BIAS) bv = *reinterpret_cast<const P*>(a.bias + col);
-    P xv[U];
-    P yv[U];
-    bool live[U];
+  // Tile: TILE_COLS vectors x (ROWS_PER_STEP * U) rows; thread (ty, tx) takes vector
+  // column tx of rows ty, ty + ROWS_PER_STEP, ... (U of them).
+  // Blocks go row-major over (row block, column tile), as the Triton kernel's programs
+  // do: consecutive blocks read consecutive stretches of a row. (Column tiles on
+  // gridDim.y, with row blocks fastest, left 4 KiB pieces of many rows in flight at
+  // once: fp32 65536 x 4096 ran 4-5% behind the Triton kernel.)
+  const int tile_cols = 1 << a.tile_shift;
+  const int tx = static_cast<int>(threadIdx.x) & (tile_cols - 1);
+  const int ty = static_cast<int>(threadIdx.x) >> a.tile_shift;
+  const int rows_per_step = kThreads >> a.tile_shift;
+  // A grid of (column tiles, row blocks) where the row blocks fit gridDim.y (launch()):
+  // the tile without dividing the block index (a software divide ahead of the first
+  // load); else one axis over (row block, column tile), divided.
+  unsigned row_block, ct;
+  if (gridDim.y > 1) {
+    row_block = blockIdx.y;
+    ct = blockIdx.x;
+  } else {
+    const unsigned col_tiles = static_cast<unsigned>(a.col_tiles);  // launch() checked it
+    row_block = blockIdx.x / col_tiles;
+    ct = blockIdx.x - row_block * col_tiles;
+  }
+  const int64_t item = static_cast<int64_t>(ct) * tile_cols + tx;
+  if (item >= a.items) return;  // no barriers below: an idle thread may leave
+  const int64_t row0 = static_cast<int64_t>(row_block) * rows_per_step * U + ty;
+  const int64_t col = item * VEC;
+  // The bias is N elements, reread by every row: it stays in L1/L2.
+  // Packs are not zero-filled (as in the flat kernel): each is read only where loaded.
+  P bv;
+  if constexpr (HAS_BIAS) bv = *reinterpret_cast<const P*>(a.bias + col);
+  P xv[U];
+  P yv[U];
+  bool live[U];
 #pragma unroll
-    for (int k = 0; k < U; ++k) {
+  for (int k = 0; k < U; ++k) {
+    const int64_t row = row0 + static_cast<int64_t>(k) * rows_per_step;
+    live[k] = row < a.rows;
+    if (live[k]) {
+      xv[k] = *reinterpret_cast<const P*>(a.x + row * a.x_row_stride + col);
+      if constexpr (HAS_Y) yv[k] = *reinterpret_cast<const P*>(a.y + row * a.y_row_stride + col);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < U; ++k) {
+    if (live[k]) {
       const int64_t row = row0 + static_cast<int64_t>(k) * rows_per_step;
-      live[k] = row < a.rows;
-      if (live[k]) {
-        xv[k] = *reinterpret_cast<const P*>(a.x + row * a.x_row_stride + col);
-        if constexpr (HAS_Y) yv[k] = *reinterpret_cast<const P*>(a.y + row * a.y_row_stride + col);
-      }
-    }
+      P r;
 #pragma unroll
-    for (int k = 0; k < U; ++k) {
-      if (live[k]) {
-        const int64_t row = row0 + static_cast<int64_t>(k) * rows_per_step;
-        P r;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          r.v[j] = fused<Tr, ACT, HAS_Y, HAS_BIAS>(xv[k].v[j], HAS_Y ? yv[k].v[j] : S(),
-                                                   HAS_BIAS ? bv.v[j] : S(), a.alpha);
-        }
-        store_pack(a.out + row * a.out_row_stride + col, r);
+      for (int j = 0; j < VEC; ++j) {
+        r.v[j] = fused<Tr, ACT, HAS_Y, HAS_BIAS>(xv[k].v[j], HAS_Y ? yv[k].v[j] : S(),
+                                                 HAS_BIAS ? bv.v[j] : S(), a.alpha);
       }
+      store_pack(a.out + row * a.out_row_stride + col, r);
     }
   }
 }
@@ -330,12 +328,19 @@ int forced_rows() {
 // FLAT: 8-byte packs a thread (twice the threads a block) without an activation from
 // kHalfPackMinNumel elements, as the Triton kernel's 8 warps there (HALF_PACK_MIN_NUMEL in
 // ops/_elementwise.py, with the numbers). FUSEML_EW_CUDA_FLAT_BYTES=8|16 fixes the pack for
-// probes (read on every call, so that a probe can compare both in one process).
+// probes, read once per process (0: the rule).
 constexpr int64_t kHalfPackMinNumel = int64_t{1} << 24;
 
+int forced_pack_bytes() {
+  static const int bytes = [] {
+    const char* v = std::getenv("FUSEML_EW_CUDA_FLAT_BYTES");
+    return v == nullptr ? 0 : std::atoi(v);
+  }();
+  return bytes;
+}
+
 bool half_packs(int64_t numel, int activation) {
-  const char* v = std::getenv("FUSEML_EW_CUDA_FLAT_BYTES");
-  if (v != nullptr && *v != '\0') return std::string(v) == "8";
+  if (forced_pack_bytes() > 0) return forced_pack_bytes() == 8;
   return activation == kNone && numel >= kHalfPackMinNumel;
 }
 
