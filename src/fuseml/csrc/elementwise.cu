@@ -334,7 +334,11 @@ constexpr int64_t kHalfPackMinNumel = int64_t{1} << 24;
 int forced_pack_bytes() {
   static const int bytes = [] {
     const char* v = std::getenv("FUSEML_EW_CUDA_FLAT_BYTES");
-    return v == nullptr ? 0 : std::atoi(v);
+    if (v == nullptr || *v == '\0') return 0;
+    const std::string s(v);
+    TORCH_CHECK(s == "8" || s == "16", "FUSEML_EW_CUDA_FLAT_BYTES must be 8 or 16, got '", s,
+                "'");
+    return std::stoi(s);
   }();
   return bytes;
 }
