@@ -12,6 +12,7 @@
     PYTHONPATH=src python scripts/probe_gemm.py profile M,K,rank ...   (PROBE_MAIN; for ncu)
     PYTHONPATH=src python scripts/probe_gemm.py eager M,rank ...
     PYTHONPATH=src python scripts/probe_gemm.py timeline M,adapters,rank ...
+    PYTHONPATH=src python scripts/probe_gemm.py expand M,adapters,rank ...   (PROBE_MAINS)
 
 For each shape (default 4096,4096,4096 and 4096,4096,11008; bf16, bias + GELU-tanh):
 cuBLAS (F.linear + gelu, and cuBLASLt's fused epilogue), then every large-tile candidate
@@ -730,6 +731,70 @@ def sustained(m: int, k: int, n: int, calls: int = 60) -> None:
         print(f"  tuned: {key[0]} {key[3:6]} -> {cfg}")
 
 
+def expand_sweep(m: int, adapters: int, r: int, k: int = 4096, n: int = 4096) -> None:
+    """The expand mode's main launch alone (xs given, no shrink, no PDL), weights rotating
+    over 3 sets, on each tile of PROBE_MAINS (bm-bn-bk-w-s,..): the plain GEMM, one
+    adapter of rank r (one xs @ B^T step), ``adapters`` adapters with B stacked (N,
+    adapters * r) (steps of 64 columns) and with B read in place as (adapters, N, r)
+    (steps of r columns), each with FUSEML_EXPAND_STAGES_MAX at 2 and 8: what the stacked
+    columns cost the main launch, and whether it is their step count."""
+    specs = os.environ.get("PROBE_MAINS", "64-128-128-4-4,64-128-64-4-8,128-128-64-4-4")
+    big = adapters * r
+    sets = []
+    for _ in range(3):
+        x = torch.randn(m, k, device="cuda", dtype=DT)
+        w = torch.randn(n, k, device="cuda", dtype=DT) / k**0.5
+        b = torch.randn(n, device="cuda", dtype=DT)
+        b3 = torch.randn(adapters, n, r, device="cuda", dtype=DT) / r**0.5
+        ids = torch.randint(0, adapters, (m,), device="cuda")
+        xs = torch.randn(m, big, device="cuda", dtype=DT)
+        owner = torch.arange(big, device="cuda") // r
+        xs = torch.where(ids[:, None] == owner[None, :], xs, 0).contiguous()
+        stacked = b3.permute(1, 0, 2).reshape(n, big).contiguous()
+        one = (xs[:, :r].contiguous(), stacked[:, :r].contiguous())
+        sets.append((x, w, b, b3, stacked, xs, *one))
+    out = torch.empty(m, n, device="cuda", dtype=DT)
+    x, w, b, b3, stacked, xs, xs1, b1 = sets[-1]
+    base = F.linear(x, w, b)
+    refs = {
+        "plain": torch.relu(base),
+        "one": torch.relu(base + xs1 @ b1.t()),
+        "many": torch.relu(base + xs @ stacked.t()),
+    }
+    print(f"== expand main alone M={m} K={k} N={n} {adapters} adapters x rank {r} (3 sets)")
+
+    def show(tag, us, err):
+        print(f"  {tag:64s} {us / 3:9.1f} us/call err={err:.1e}", flush=True)
+
+    for spec in specs.split(","):
+        cfg = tma_tile(spec)
+
+        def run(kind, cfg=cfg):
+            def go():
+                for x, w, b, b3, stacked, xs, xs1, b1 in sets:
+                    if kind == "plain":
+                        _gemm.launch_linear(out, x, w, b, None, 1.0, 1, cfg, tma=True)
+                        continue
+                    bb, xa, rank = {
+                        "one": (b1, xs1, r), "stacked": (stacked, xs, big), "b3d": (b3, xs, r),
+                    }[kind]  # fmt: skip
+                    _gemm.launch_linear(
+                        out, x, w, b, None, 1.0, 1, cfg, lora=_gemm.LORA_EXPAND, lora_b=bb,
+                        xa=xa, lora_scale=1.0, rank=rank, tma=True,
+                    )  # fmt: skip
+
+            return go
+
+        time_all([(f"{spec} plain GEMM", run("plain"))], out, refs["plain"], show)
+        time_all([(f"{spec} one adapter", run("one"))], out, refs["one"], show)
+        for stages in ("2", "8"):
+            os.environ["FUSEML_EXPAND_STAGES_MAX"] = stages
+            for kind in ("stacked", "b3d"):
+                tag = f"{spec} {adapters} adapters, B {kind}, expand buffers <= {stages}"
+                time_all([(tag, run(kind))], out, refs["many"], show)
+        os.environ.pop("FUSEML_EXPAND_STAGES_MAX", None)
+
+
 # Subcommands run once per "a,b,..." argument, with those integers as arguments
 PER_SHAPE = {
     "timeline": timeline,
@@ -739,6 +804,7 @@ PER_SHAPE = {
     "overlap": overlap_sweep,
     "cands": candidate_sweep,
     "sustained": sustained,
+    "expand": expand_sweep,
 }
 
 
