@@ -255,6 +255,7 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
             "fused, expand + PDL": variant(mode=_gemm.LORA_EXPAND),
             **{f"fused, expand + PDL, grids <= {c}": capped(c) for c in caps},
             "fused, joint (one launch)": variant(mode=_gemm.LORA_JOINT),
+            "fused, spread (one launch, one wave)": variant(mode=_gemm.LORA_SPREAD),
             "fused, joint, flags zeroed per call": zeroed(variant(mode=_gemm.LORA_JOINT)),
             "fused, expand in stream order": variant(patch=no_overlap, mode=_gemm.LORA_EXPAND),
             "fused, FUSEML_PDL=0 (in-loop)": variant(env="0"),

@@ -34,7 +34,7 @@ def _ref64(x, w, b, a, bb, s, act=None, ids=None):
 @pytest.fixture(
     params=[
         "in_loop", "precomputed", "precomputed-tma", "in_loop-tma", "expand", "expand-tma",
-        "joint-tma",
+        "joint-tma", "spread-tma",
     ]
 )  # fmt: skip
 def lora_mode(request, monkeypatch):
@@ -43,16 +43,22 @@ def lora_mode(request, monkeypatch):
     the expand mode where the rank is a multiple of 8, else precomputed fp32). expand: the
     small-batch expand mode taken where launches can overlap (PDL, Hopper); forced here on
     any device (the interpreter runs the launches in order). joint-tma: one launch whose
-    first programs compute xs (ranks up to 64; wider ones take the expand mode)."""
+    first programs compute xs (ranks up to 64; wider ones take the expand mode).
+    spread-tma: one launch whose tiles compute xs in slices (the interpreter runs it as two
+    launches: see _launch_tma)."""
     from fuseml.ops import _gemm
 
     monkeypatch.setenv("FUSEML_GEMM", "tma" if request.param.endswith("-tma") else "ptr")
-    if request.param.startswith(("expand", "joint")):
+    if request.param.startswith(("expand", "joint", "spread")):
         monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
         monkeypatch.setattr(lora_mod, "capturing", lambda x: True)  # as in a graph capture
         joint = request.param.startswith("joint")
+        spread = request.param.startswith("spread")
 
         def mode(args, loop, *_, **__):  # what tuning may pick: joint only where it can run
+            x2, weight, a_stacked, b_stacked = args[1], args[2], args[4], args[5]
+            if spread and lora_mod._spread_ok(loop, x2, weight.shape[0], a_stacked, b_stacked):
+                return _gemm.LORA_SPREAD
             ok = joint and lora_mod._joint_ok(loop, args[4])
             return _gemm.LORA_JOINT if ok else _gemm.LORA_EXPAND
 
@@ -335,41 +341,54 @@ def test_lora_small_rows_tuned_gpu(m, adapters, pdl, fresh_tuning, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("mode", ["in_loop", "pdl", "joint"])
+@pytest.mark.parametrize("mode", ["in_loop", "pdl", "joint", "spread", "spread16"])
 def test_lora_mid_rows_every_tma_tile_gpu(mode, tuned_gemm_call, monkeypatch):
     """65 to TMA_TUNED_MAX_M rows: every TMA tile the tuner may pick there (the deep
     pipelines too: up to 192 KiB of shared memory before the adapter's own buffers) runs
-    the LoRA launches, in-loop, as the overlapped shrink / expand, and as the joint
-    launch, on ragged sizes."""
+    the LoRA launches, in-loop, as the overlapped shrink / expand, as the joint launch and
+    as the spread launch (one wave: every tile resident, waiting for its row tile's
+    slices of xs; spread16: 16 adapters of rank 16 in a mixed batch, B read in place), on
+    ragged sizes."""
     from fuseml.ops import _gemm
 
     if mode == "in_loop":
         monkeypatch.setenv("FUSEML_PDL", "0")
     else:
         monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
-        want_mode = _gemm.LORA_JOINT if mode == "joint" else _gemm.LORA_EXPAND
-        monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a: want_mode)
+        want_mode = {"joint": _gemm.LORA_JOINT, "pdl": _gemm.LORA_EXPAND}.get(
+            mode, _gemm.LORA_SPREAD
+        )
+        monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: want_mode)
     dtype = torch.bfloat16
     m, k, n = 200, 1024, 1000
-    w, b, a, bb = _layer(k, n, 16, dtype, "cuda")
+    adapters = 16 if mode == "spread16" else None
+    w, b, a, bb = _layer(k, n, 16, dtype, "cuda", adapters=adapters)
     x = torch.randn(m, k, dtype=dtype, device="cuda")
-    ref = _ref64(x, w, b, a, bb, 0.5, "relu")
+    ids = None if adapters is None else torch.randint(-1, adapters, (m,), device="cuda")
+    ref = _ref64(x, w, b, a, bb, 0.5, "relu", ids)
     tiles = [c for c in _gemm.candidates(m, n, k, dtype, _gemm.LOOP_TUNED) if c.get("TMA")]
     assert {(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_stages"]) for c in tiles} >= {
         (64, 128, 128, 4),
         (64, 128, 64, 8),
         (128, 64, 128, 4),
     }
+    if mode.startswith("spread"):  # (the tiles that leave room for A's slice)
+        fits = lora_mod._spread_fits(x, n, a.reshape(-1, k), bb)
+        tiles = [c for c in tiles if fits(c)]
+        assert len(tiles) >= 3, tiles
     for cfg in tiles:
         out, used = tuned_gemm_call(
-            cfg, lambda: fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", backend="triton")
+            cfg,
+            lambda: fuseml.ops.lora_linear(
+                x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend="triton"
+            ),
         )
         assert_close_verbose(out, ref, dtype)
         want = {
             "in_loop": [_gemm.LORA_IN_LOOP],
             "pdl": [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND],
             "joint": [_gemm.LORA_JOINT],
-        }[mode]
+        }.get(mode, [_gemm.LORA_SPREAD])
         assert [extra[0] for extra in used] == want, cfg
 
 
@@ -702,6 +721,49 @@ def test_lora_joint_mode_one_launch(device, backend, adapters, sms, m, lora_mode
     out = fuseml.ops.lora_linear(x, w, b, a, bb, s, "gelu", adapter_ids=ids, backend=backend)
     assert_close_verbose(out, _ref64(x, w, b, a, bb, s, "gelu", ids), torch.bfloat16)
     assert not flags[0].any(), flags[0]
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize(("adapters", "rank"), [(None, 16), (3, 8), (5, 16)])
+@pytest.mark.parametrize("m", [300, 40])
+def test_lora_spread_mode_one_launch(device, backend, adapters, rank, m, lora_mode, monkeypatch):
+    """The spread mode: one TMA launch, one tile a program, whose first column tiles of
+    each row tile compute a slice of that row tile's xs in their K loop and post it, and
+    whose tiles all wait for their row tile's slices before adding xs @ B^T. Single and
+    mixed batches (ids -1 included, per-adapter scales) match the reference: 1 slice (one
+    adapter), 2 slices of 16 (3 adapters x rank 8: 24 stacked columns, one expand step
+    with B through pointers), 2 slices of 64 (5 x 16 = 80 columns, the last slice ragged;
+    the expand in 5 steps of one adapter each through B's descriptor). The counters are
+    back at zero after each launch. (The interpreter runs it as two launches.)"""
+    from fuseml.ops import _gemm
+
+    if lora_mode != "spread-tma":
+        pytest.skip("the spread mode's own test")
+    used = []
+    launch = _gemm._launch_tma
+    monkeypatch.setattr(
+        _gemm, "_launch_tma", lambda *a, **k: used.append(a[8] and a[8][0]) or launch(*a, **k)
+    )
+    flags = []  # one set of counters for both calls (a GPU stream's slice of the slab)
+    take = _gemm.joint_flags
+    monkeypatch.setattr(
+        _gemm,
+        "joint_flags",
+        lambda t, count: flags[0] if flags else flags.append(take(t, count)) or flags[0],
+    )
+    k, n = 96, 200
+    w, b, a, bb = _layer(k, n, rank, torch.bfloat16, device, adapters=adapters)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    ids = None if adapters is None else torch.randint(-1, adapters, (m,), device=device)
+    s = [0.5, -1.0, 2.0, 1.5, -0.25][: adapters or 1] if adapters else 0.5
+    for _ in range(2):
+        out = fuseml.ops.lora_linear(x, w, b, a, bb, s, "gelu", adapter_ids=ids, backend=backend)
+        assert used == [_gemm.LORA_SPREAD]
+        assert_close_verbose(out, _ref64(x, w, b, a, bb, s, "gelu", ids), torch.bfloat16)
+        # The launch leaves its counters at zero, so the next one can wait on them again
+        assert not flags[0].any(), flags[0]
+        used.clear()
+        x.copy_(torch.randn_like(x))
 
 
 def _shrink_ref(x, a, scale, ids, rank, dtype):

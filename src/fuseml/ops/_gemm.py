@@ -77,6 +77,7 @@ from fuseml.ops._utils import (
 from fuseml.runtime import triton_interpreting
 
 LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND, LORA_JOINT = 0, 1, 2, 3, 4, 5
+LORA_SPREAD = 6
 
 # Loads the epilogue needs that do not depend on the main loop (bias; LoRA's B tile, and xs
 # where no launch overlaps) are issued before it, so their round trip to memory overlaps
@@ -599,6 +600,62 @@ def _joint_xs(
 
 
 @triton.jit
+def _spread_expand(
+    acc, xa, a_row, pid_m, pid_n, off_m, off_n, b_desc, b_ptr, xs_ptr, ids_ptr, scale_ptr,
+    sync_ptr, M, N, stride_bn, lora_scale, n_tiles_m, n_tiles_n, b_v,
+    MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, R_PAD: tl.constexpr,
+    R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SLICE: tl.constexpr,
+    SLICES: tl.constexpr, B3D: tl.constexpr, B_EARLY: tl.constexpr,
+    EXPAND_STAGES: tl.constexpr, PHASE: tl.constexpr,
+):  # fmt: skip
+    """LORA 6 after a tile's K loop, which also accumulated xa = x @ A^T over stacked
+    columns a_row .. a_row + SLICE: a producing tile (pid_n < SLICES) stores that slice
+    of xs (scaled and masked per adapter, in B's dtype, as LORA 3 stores it) and posts
+    it on its row tile's counter; every tile then waits for the row tile's SLICES posts
+    (``_joint_wait``, which also puts the counters back to zero) and returns acc + xs @
+    B^T: B (R_PAD, BLOCK_N) loaded before the K loop where it is one step (b_v), else
+    steps of R_BLOCK stacked columns through b_desc, as LORA 4 reads them. xs is read
+    with pointer loads, after the acquire (its stores came from other SMs)."""
+    rows = off_m + tl.arange(0, BLOCK_M)
+    if PHASE != 2 and pid_n < SLICES:
+        rs = a_row + tl.arange(0, SLICE)
+        row_ok = rows < M
+        t = _adapter_scale(
+            xa, rows, row_ok, rs, rs < R, ids_ptr, scale_ptr, lora_scale,
+            MULTI, PER_ADAPTER_SCALE, RANK,
+        )  # fmt: skip
+        tl.store(
+            xs_ptr + rows[:, None] * R + rs[None, :], t.to(xs_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & (rs < R)[None, :],
+        )  # fmt: skip
+        # Every thread's stores of this slice before the one release that publishes them
+        tl.debug_barrier()
+        tl.atomic_add(sync_ptr + pid_m, 1, sem="release", scope="gpu")
+    if PHASE != 1:
+        _joint_wait(sync_ptr, pid_m, n_tiles_m, n_tiles_n, SLICES)
+        if R_PAD == R_BLOCK:
+            rs = tl.arange(0, R_PAD)
+            st = _xs_tile(xs_ptr, rows, M, rs, R).to(b_ptr.dtype.element_ty)
+            if B_EARLY:
+                bt = b_v
+            else:
+                cn = off_n + tl.arange(0, BLOCK_N)
+                bt = _bt_chunk(b_ptr, cn, N, stride_bn, rs, R, RANK, B3D)
+            acc = mma(st, bt, acc, PRECISION, UPCAST)
+        else:
+            for r0 in tl.range(0, R_PAD, R_BLOCK, num_stages=EXPAND_STAGES):
+                rs = r0 + tl.arange(0, R_BLOCK)
+                st = _xs_tile(xs_ptr, rows, M, rs, R).to(b_ptr.dtype.element_ty)
+                if B3D:  # adapter r0 // RANK's rows of the (adapters * N, RANK) view
+                    bt = b_desc.load([(r0 // RANK) * N + off_n, r0 % RANK])
+                else:
+                    bt = b_desc.load([off_n, r0])
+                acc = mma(st, bt.T, acc, PRECISION, UPCAST)
+    return acc
+
+
+@triton.jit
 def _tma_body(
     x_desc,  # TensorDescriptor over x (M, K), block (BLOCK_M, BLOCK_K)
     w_desc,  # TensorDescriptor over W (N, K), block (BLOCK_N, BLOCK_K)
@@ -624,6 +681,10 @@ def _tma_body(
     # is then over its (adapters * N, RANK) view, with R_BLOCK <= RANK
     EXPAND_STAGES: tl.constexpr = 3,  # LORA 4 with R_PAD > R_BLOCK: buffers of its xs @ B^T
     # loop (see expand_stages)
+    SLICE: tl.constexpr = 16,  # LORA 6: stacked columns of xs each producing tile computes
+    PHASE: tl.constexpr = 0,  # LORA 6 under the interpreter (programs run one after the
+    # other, so no tile can wait for a later one): 1 = K loops and xs slices only, 2 = the
+    # rest, in a second launch; 0 = both (one launch)
 ):  # fmt: skip
     """Hopper+ (see gemm_loop): a persistent grid (one program per SM, tiles in grouped
     order) whose tiles are loaded by the tensor-memory accelerator (TMA), which zero-fills
@@ -631,22 +692,25 @@ def _tma_body(
     the tile and K loops as one (faster on H100: NOTES.md). LORA 1: x @ A^T accumulated
     from the x tiles already in shared memory (A's rows past R arrive as zeros); LORA 2:
     precomputed xa read by the epilogue; LORA 4: xs @ B^T as one more K step; LORA 5:
-    the first n_shrink programs compute xs, the rest the tiles (see the module
-    docstring). PDL: as in _gemm_body."""
+    the first n_shrink programs compute xs, the rest the tiles; LORA 6: each row tile's
+    first R_PAD / SLICE column tiles compute a slice of its xs in the K loop (see the
+    module docstring). PDL: as in _gemm_body."""
     if LORA == 3 and PDL:
         tl.extra.cuda.gdc_launch_dependents()
     # Prefetch (see PREFETCH) only where the tile loop is not flattened into the K loop:
     # flattened, the pipeliner keeps one copy of each such load per stage in registers
     # (64 x 128 x 64 tile, 8 stages: 140 -> 229 registers, sm_90, Triton 3.6)
     EARLY: tl.constexpr = PREFETCH and not FLATTEN
-    B_EARLY: tl.constexpr = (EARLY and (LORA == 1 or LORA == 4 or LORA == 5)) and (R_PAD == R_BLOCK)
+    B_EARLY: tl.constexpr = (EARLY and (LORA == 1 or LORA >= 4)) and (R_PAD == R_BLOCK)
+    XA_W: tl.constexpr = SLICE if LORA == 6 else R_PAD  # columns of the in-loop product
+    SLICES: tl.constexpr = R_PAD // SLICE  # LORA 6: producing column tiles per row tile
     # The tile's coordinates without the grouped order's divisions where the output is one
     # tile wide or tall (see _tile_coords); not where the tile loop is flattened into the K
     # loop or warp-specialized (probes), whose pipelining was measured without a branch
     SHORTCUT: tl.constexpr = not (FLATTEN or WARP_SPEC)
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
-    xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+    xa = tl.zeros((BLOCK_M, XA_W), dtype=tl.float32)
     first = tl.program_id(0)
     if LORA == 5:
         if first < n_shrink:
@@ -666,8 +730,11 @@ def _tma_body(
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if LORA == 1:
-            xa = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+        if LORA == 1 or LORA == 6:
+            xa = tl.zeros((BLOCK_M, XA_W), dtype=tl.float32)
+        # LORA 6: this tile's slice of xs (column tiles past SLICES compute one again, so
+        # the K loop has no branch; only the first SLICES store theirs)
+        a_row = (pid_n % SLICES) * SLICE
         # Loads of the epilogue that do not wait on the main loop go before it (EARLY):
         # pointer loads, which block nothing until their use (a descriptor load waits for
         # its data where it is issued); int32 indices and the input dtype, since they are
@@ -691,6 +758,16 @@ def _tma_body(
             if LORA == 1:
                 at = a_desc.load([0, k0])
                 xa = mma(xt, at.T, xa, PRECISION, UPCAST)
+            if LORA == 6:
+                at = a_desc.load([a_row, k0])
+                xa = mma(xt, at.T, xa, PRECISION, UPCAST)
+        if LORA == 6:
+            acc = _spread_expand(
+                acc, xa, a_row, pid_m, pid_n, off_m, off_n, b_desc, b_ptr, xa_ptr, ids_ptr,
+                scale_ptr, sync_ptr, M, N, stride_bn, lora_scale, n_tiles_m, n_tiles_n, b_v,
+                MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE, PRECISION, UPCAST,
+                BLOCK_M, BLOCK_N, SLICE, SLICES, B3D, B_EARLY, EXPAND_STAGES, PHASE,
+            )  # fmt: skip
         if LORA == 5:  # wait until the shrink programs have stored this row tile of xs
             _joint_wait(sync_ptr, pid_m, n_tiles_m, n_tiles_n, SHRINK_SPLIT)
             st = _joint_xs(
@@ -725,13 +802,14 @@ def _tma_body(
                 acc = mma(st, bt_t, acc, PRECISION, UPCAST)
         rows = off_m.to(tl.int64) + tl.arange(0, BLOCK_M)
         cols = off_n.to(tl.int64) + tl.arange(0, BLOCK_N)
-        _epilogue(
-            acc, rows, cols, M, N, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr,
-            scale_ptr, stride_rm, stride_om, stride_bn, alpha, lora_scale, xa,
-            HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK,
-            PER_ADAPTER_SCALE, PRECISION, UPCAST, bias_v, 0.0, EARLY, False,
-            b_v, B_EARLY and LORA == 1, B3D,
-        )  # fmt: skip
+        if PHASE != 1:
+            _epilogue(
+                acc, rows, cols, M, N, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr,
+                scale_ptr, stride_rm, stride_om, stride_bn, alpha, lora_scale, xa,
+                HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK,
+                PER_ADAPTER_SCALE, PRECISION, UPCAST, bias_v, 0.0, EARLY, False,
+                b_v, B_EARLY and LORA == 1, B3D,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -767,15 +845,16 @@ def _lora_tma_kernel(
     FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False, PDL: tl.constexpr = False,
     SHRINK_K: tl.constexpr = 16, SHRINK_STAGES: tl.constexpr = 1,
     SHRINK_SPLIT: tl.constexpr = 1, B3D: tl.constexpr = False, EXPAND_STAGES: tl.constexpr = 3,
+    SLICE: tl.constexpr = 16, PHASE: tl.constexpr = 0,
 ):  # fmt: skip
-    """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand, 5 joint) through
-    _tma_body."""
+    """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand, 5 joint, 6 spread)
+    through _tma_body."""
     _tma_body(
         x_desc, w_desc, a_desc, b_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
         sync_ptr, M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale, n_shrink,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
         PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN,
-        WARP_SPEC, PDL, SHRINK_K, SHRINK_STAGES, SHRINK_SPLIT, B3D, EXPAND_STAGES,
+        WARP_SPEC, PDL, SHRINK_K, SHRINK_STAGES, SHRINK_SPLIT, B3D, EXPAND_STAGES, SLICE, PHASE,
     )  # fmt: skip
 
 
@@ -866,7 +945,9 @@ def _launch_tma(
     descriptor), LORA_PRECOMPUTED (xa = x @ A^T given), LORA_SHRINK (weight is A),
     LORA_EXPAND (xa is xs, read with lora_b through descriptors) or LORA_JOINT (xa unused:
     its first programs fill an xs buffer made here, whose shape depends on the K split;
-    lora_a through a descriptor). pdl (LoRA only): the
+    lora_a through a descriptor) or LORA_SPREAD (xa unused: an xs buffer made here; lora_a
+    through a descriptor of SLICE rows; one tile a program, which needs the tiles to fit
+    one wave). pdl (LoRA only): the
     kernel's PDL flag, and for LORA_EXPAND with pdl the launch may start early. flatten,
     warp_spec: the kernels' FLATTEN / WARP_SPEC (for probes; flatten None: where a
     program has more than one tile; see ``_tma_body``).
@@ -885,7 +966,16 @@ def _launch_tma(
     sms = persistent_programs(x)
     programs = tiles if sms is None else min(tiles, sms)
     joint = lora is not None and lora[0] == LORA_JOINT
+    spread = lora is not None and lora[0] == LORA_SPREAD
     n_shrink = 0
+    if spread:
+        # Every tile may wait for others of its row tile: all must be resident at once
+        if sms is not None and tiles > sms:
+            raise ValueError(
+                f"launch_linear: the spread LoRA mode needs one tile a program, got {tiles} "
+                f"tiles of {bm} x {bn} for {sms} SMs"
+            )
+        programs = tiles
     if joint:
         # xs's programs first: one per SM the tiles leave free, at most one per row tile.
         # Where every SM has tiles, the GEMM takes as few programs as finish its tiles in
@@ -921,6 +1011,7 @@ def _launch_tma(
     r_pad = max(16, next_pow2(r))
     a_desc = b_desc = x_desc
     sync, shrink_k, shrink_stages, split = out, 16, 1, 1
+    slice_w = spread_slice(r_pad, n, bn)
     if mode == LORA_IN_LOOP:
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, bk])
     if joint:
@@ -945,11 +1036,20 @@ def _launch_tma(
         # xs, or its float32 parts where K is split (see _joint_shrink)
         shape, dtype = ((split, m, r), torch.float32) if split > 1 else ((m, r), x.dtype)
         xa = torch.empty(shape, dtype=dtype, device=x.device)
-    elif mode == LORA_EXPAND:
-        a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
-        b2 = lora_b.reshape(-1, lora_b.shape[-1]) if b3d else lora_b  # (adapters * N, rank)
-        b_desc = TensorDescriptor.from_tensor(b2, [bn, r_block])
-    expand = expand_stages(config, r_pad, r_block, x.element_size()) if mode == LORA_EXPAND else 3
+    elif mode == LORA_EXPAND or spread:
+        if spread:  # A's slice for the K loop; xs (written by the tiles) and its counters
+            a_desc = TensorDescriptor.from_tensor(lora_a, [slice_w, bk])
+            xa = torch.empty((m, r), dtype=x.dtype, device=x.device)
+            sync = joint_flags(x, 2 * cdiv(m, bm))
+        else:
+            a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
+        if r_pad > r_block or not spread:  # (spread's one step: B through pointers)
+            b2 = lora_b.reshape(-1, lora_b.shape[-1]) if b3d else lora_b  # (adapters * N, rank)
+            b_desc = TensorDescriptor.from_tensor(b2, [bn, r_block])
+    expand = 3
+    if mode == LORA_EXPAND or spread:
+        es = x.element_size()
+        expand = expand_stages(config, r_pad, r_block, es, slice_w if spread else 0)
     if pdl and mode == LORA_EXPAND:
         options["launch_pdl"] = True
     more = (
@@ -963,14 +1063,43 @@ def _launch_tma(
     args = (
         x_desc, w_desc, a_desc, b_desc, *ptrs, *more, *ints, float(alpha), float(lora_scale),
         n_shrink, *common[:3], *consts, *common[3:], bool(pdl), shrink_k, shrink_stages, split,
-        b3d, expand,
+        b3d, expand, slice_w,
     )  # fmt: skip
     key = (
         x.dtype, out.dtype, common, consts, bool(pdl), shrink_k, shrink_stages, split, b3d, expand,
-        tuple(options.items()),
+        slice_w, tuple(options.items()),
         tuple(t.dtype for t in more), *map(int_spec, ints), int_spec(n_shrink),
     )  # fmt: skip
-    _lora_tma_launches((programs + n_shrink,), key, aligned16(*ptrs, *more), args, options)
+    aligned = aligned16(*ptrs, *more)
+    if spread and triton_interpreting():
+        # Programs run one after the other here: the K loops and xs slices first, then
+        # the rest (waits already met) in a second launch; one launch on a GPU
+        for phase in (1, 2):
+            _lora_tma_launches((programs,), (*key, phase), aligned, (*args, phase), options)
+        return
+    _lora_tma_launches((programs + n_shrink,), (*key, 0), aligned, (*args, 0), options)
+
+
+def spread_slice(r_pad: int, n: int, block_n: int) -> int:
+    """LORA_SPREAD: stacked columns of xs each producing tile computes, so that no more
+    tiles produce than a row tile has (a power of two, at least 16: a dot's least N)."""
+    return min(r_pad, max(16, next_pow2(cdiv(r_pad, cdiv(n, block_n)))))
+
+
+def spread_fits(
+    config: dict, m: int, n: int, r_pad: int, r_block: int, elem_size: int, sms: int | None
+) -> bool:
+    """Can LORA_SPREAD launch this config: one tile a program for at most ``sms`` programs
+    (its tiles wait for each other, so all must be resident at once), and its buffers
+    (the main loop's with A's slice beside them, two of the expand's steps where it takes
+    several) within SMEM_LIMIT?"""
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    if sms is not None and cdiv(m, bm) * cdiv(n, bn) > sms:
+        return False
+    smem = config["num_stages"] * (bm + bn + spread_slice(r_pad, n, bn)) * bk * elem_size
+    if r_pad > r_block:
+        smem += 2 * (bm + bn) * r_block * elem_size
+    return smem <= SMEM_LIMIT
 
 
 def expand_stages_max() -> int:
@@ -982,19 +1111,20 @@ def expand_stages_max() -> int:
     return int(value)
 
 
-def expand_stages(config: dict, r_pad: int, r_block: int, elem_size: int) -> int:
+def expand_stages(config: dict, r_pad: int, r_block: int, elem_size: int, slice_w: int = 0) -> int:
     """Buffers of the expand mode's xs @ B^T loop (R_PAD / R_BLOCK steps of R_BLOCK
     stacked columns): as many steps in flight as fit beside the main loop's buffers, up to
     expand_stages_max(). Each step is one small MMA on two TMA tiles, so with few buffers
     the loop waits on each load in turn. 16 adapters read in place (16 steps of 16
     columns), 4096 x 4096 at 256 rows: the main launch 30.0 us with 3 buffers, 28.0 with
     up to 8 (H100, scripts/probe_gemm.py timeline; one adapter's whole layer: 18.8; the
-    rest is the wait for the shrink, NOTES.md)."""
+    rest is the wait for the shrink, NOTES.md). slice_w: LORA_SPREAD's rows of A beside
+    each main-loop buffer."""
     steps = r_pad // r_block
     if steps <= 1:
         return 3
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    main = config["num_stages"] * (bm + bn) * bk * elem_size
+    main = config["num_stages"] * (bm + bn + slice_w) * bk * elem_size
     fit = (SMEM_LIMIT - main) // ((bm + bn) * r_block * elem_size)
     return max(2, min(steps, expand_stages_max(), fit))
 
@@ -1103,8 +1233,10 @@ def launch_linear(
     precision = dot_precision(x.dtype)
     upcast = triton_interpreting()
     pdl = pdl and not upcast  # a launch-order hint: the interpreter runs launches in order
-    if lora == LORA_JOINT and not tma:
-        raise ValueError("launch_linear: the joint LoRA mode runs on the TMA kernel only")
+    if lora in (LORA_JOINT, LORA_SPREAD) and not tma:
+        raise ValueError(
+            "launch_linear: the joint and spread LoRA modes run on the TMA kernel only"
+        )
     if tma:
         extra = None
         if lora != LORA_NONE:
@@ -1351,10 +1483,12 @@ def choose_config(
     *,
     tma_only: bool = False,
     more: list[dict] = (),
+    fits: Callable[[dict], bool] | None = None,
 ) -> dict:
     """The launch config of an (M, N, K) problem; ``launch(cfg)`` runs it (for tuning).
     tma_only: only the candidates that take the TMA kernel (LoRA's joint mode). more:
-    candidates beside the GEMM's own (LoRA's segmented shrink).
+    candidates beside the GEMM's own (LoRA's segmented shrink). fits: only the candidates
+    it accepts (LoRA's spread mode: one wave); the untuned default may not be one.
 
     See ``fuseml.ops._tune.choose``: memo, then the on-disk table, then tuning.
     """
@@ -1382,7 +1516,7 @@ def choose_config(
 
     def listed() -> list[dict]:
         own = [c for c in candidates(m, n, k, x.dtype, loop) if not tma_only or takes_tma(loop, c)]
-        return own + list(more)
+        return [c for c in own if fits is None or fits(c)] + list(more)
 
     return _tune.choose(
         memo_key,

@@ -14,6 +14,7 @@ serves a mixed batch; the adapters are stacked along r so each row keeps its own
 
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Sequence
 
@@ -133,7 +134,9 @@ def lora_rows(
         if not capturing(x2):
             mode = _gemm.LORA_IN_LOOP
     elif pdl:
-        mode = _gemm.LORA_EXPAND
+        # Wide stacks (several adapters): the overlapped pair, or the spread launch (one
+        # launch, each row tile's xs computed in slices by its own column tiles)
+        mode = _tuned_mode(args, loop, _gemm.LORA_EXPAND, in_loop=False)
     elif small and r_pad <= IN_LOOP_MAX_R:
         mode = _gemm.LORA_IN_LOOP
     elif loop == _gemm.LOOP_TMA and _expand_tma(r, b_stacked):
@@ -156,11 +159,14 @@ def capturing(x: torch.Tensor) -> bool:
     return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _tuned_mode(args: tuple, loop: int, default: int, overlap: bool = True) -> int:
+def _tuned_mode(
+    args: tuple, loop: int, default: int, overlap: bool = True, in_loop: bool = True
+) -> int:
     """The LoRA mode for this shape bucket, from the tuning cache, else each timed whole
-    (with its own tuned tiles) and the fastest kept: LORA_IN_LOOP, LORA_EXPAND with its
-    launches overlapped, or LORA_JOINT where it can run; without ``overlap`` (rows past
-    IN_LOOP_MAX_M), LORA_EXPAND in stream order or LORA_JOINT."""
+    (with its own tuned tiles) and the fastest kept: LORA_IN_LOOP (unless not ``in_loop``),
+    LORA_EXPAND with its launches overlapped, or LORA_JOINT and LORA_SPREAD where they can
+    run; without ``overlap`` (rows past IN_LOOP_MAX_M), LORA_EXPAND in stream order or
+    LORA_JOINT."""
     from fuseml.ops import _tune
 
     _out, x2, weight, *_rest, ids, _code, _traced = args
@@ -175,18 +181,28 @@ def _tuned_mode(args: tuple, loop: int, default: int, overlap: bool = True) -> i
     r = args[4].shape[0]
     memo_key = ("loramode", x2.dtype, bucket, n, k, r, multi, loop, x2.device)
 
+    @functools.cache
+    def spread() -> bool:  # (on a memo miss only: it lists candidates)
+        return overlap and _spread_ok(loop, x2, n, args[4], args[5])
+
     def text_key() -> str:
-        return f"loramode:{str(x2.dtype)[6:]}:m{bucket}:n{n}:k{k}:r{r}{multi}{_gemm.loop_key(loop)}"
+        # (a table entry from before the spread mode existed does not answer for it)
+        return (
+            f"loramode:{str(x2.dtype)[6:]}:m{bucket}:n{n}:k{k}:r{r}{multi}{_gemm.loop_key(loop)}"
+            f"{':s' if spread() else ''}"
+        )
 
     def bench(cfg: dict) -> float:
         return _tune.gpu_time_ms(lambda: _run_mode(cfg["LORA"], loop, overlap, *args))
 
     def modes() -> list[dict]:
         found = [{"LORA": _gemm.LORA_EXPAND}]
-        if overlap:
+        if overlap and in_loop:
             found.insert(0, {"LORA": _gemm.LORA_IN_LOOP})
-        if _joint_ok(loop, args[4]):
+        if _joint_ok(loop, args[4]) and in_loop:  # (the joint launch: 64 columns at most)
             found.append({"LORA": _gemm.LORA_JOINT})
+        if spread():
+            found.append({"LORA": _gemm.LORA_SPREAD})
         return found
 
     cfg = _tune.choose(
@@ -198,6 +214,38 @@ def _tuned_mode(args: tuple, loop: int, default: int, overlap: bool = True) -> i
 def _joint_ok(loop: int, a_stacked: torch.Tensor) -> bool:
     """Can the one-launch joint mode run (the TMA kernel, A read through a descriptor)?"""
     return loop != _gemm.LOOP_PTR and _gemm.tma_eligible(a_stacked)
+
+
+def _spread_fits(x2: torch.Tensor, n: int, a_stacked: torch.Tensor, b_stacked: torch.Tensor):
+    """Which configs the spread mode can launch (``_gemm.spread_fits``: one wave, and
+    shared memory for A's slice beside the main loop's buffers)."""
+    m = x2.shape[0]
+    r_pad, r_block = _spread_steps(a_stacked, b_stacked)
+    sms = _gemm.persistent_programs(x2)
+    es = x2.element_size()
+    return lambda c: _gemm.spread_fits(c, m, n, r_pad, r_block, es, sms)
+
+
+def _spread_steps(a_stacked: torch.Tensor, b_stacked: torch.Tensor) -> tuple[int, int]:
+    """(stacked columns padded, columns an expand step takes), as launch_linear sets them."""
+    r_pad = max(16, next_pow2(a_stacked.shape[0]))
+    return r_pad, min(r_pad, 64, b_stacked.shape[-1] if b_stacked.dim() == 3 else r_pad)
+
+
+def _spread_ok(
+    loop: int, x2: torch.Tensor, n: int, a_stacked: torch.Tensor, b_stacked: torch.Tensor
+) -> bool:
+    """Can the spread mode run: the TMA kernel, A through a descriptor (and B where the
+    expand takes several steps: as in the expand mode), and some TMA tile of this shape
+    that fits one wave (few rows; see _spread_fits)?"""
+    if not _joint_ok(loop, a_stacked) or type(x2.shape[0]) is not int:
+        return False
+    r_pad, r_block = _spread_steps(a_stacked, b_stacked)
+    if r_pad > r_block and not _expand_tma(a_stacked.shape[0], b_stacked):
+        return False
+    fits = _spread_fits(x2, n, a_stacked, b_stacked)
+    cands = _gemm.candidates(x2.shape[0], n, x2.shape[1], x2.dtype, loop)
+    return any(fits(c) for c in cands if _gemm.takes_tma(loop, c))
 
 
 def _run_mode(
@@ -219,10 +267,11 @@ def _run_mode(
             forced = loop == _gemm.LOOP_TMA and _gemm.gemm_mode() == "tma"
             if not (_gemm.tma_eligible(a_stacked) and (loop == _gemm.LOOP_TUNED or forced)):
                 loop = _gemm.LOOP_PTR
-    elif mode == _gemm.LORA_JOINT:
-        # One launch: its first programs write xs (into a buffer the launcher makes) on the
-        # SMs the GEMM's tiles leave free, the tiles wait for them after their K loop (the
-        # TMA kernel only)
+    elif mode in (_gemm.LORA_JOINT, _gemm.LORA_SPREAD):
+        # One launch (the TMA kernel only): joint, its first programs write xs (into a
+        # buffer the launcher makes) on the SMs the GEMM's tiles leave free; spread, each
+        # row tile's first column tiles write a slice of it from their K loop. The tiles
+        # wait for their rows of xs after their K loop.
         pass
     elif mode == _gemm.LORA_EXPAND:
         # xs = scaled, masked x @ A^T in x's dtype from a first launch, then more K steps of
@@ -261,6 +310,14 @@ def _run_mode(
         )  # fmt: skip
         run(_gemm.choose_config("linear", x2, n, k, expand, expand_extra, loop))
         return
+    if mode == _gemm.LORA_SPREAD:
+        fits = _spread_fits(x2, n, a_stacked, b_stacked)
+        cfg = _gemm.choose_config("linear", x2, n, k, run, extra, loop, tma_only=True, fits=fits)
+        if not fits(cfg):  # the untuned default (inside a capture, say): the first that fits
+            cands = _gemm.candidates(x2.shape[0], n, k, x2.dtype, loop)
+            cfg = next(c for c in cands if _gemm.takes_tma(loop, c) and fits(c))
+        run(cfg)
+        return
     run(_gemm.choose_config("linear", x2, n, k, run, extra, loop, tma_only=joint))
 
 
@@ -277,7 +334,8 @@ def _main_launch(
             out, x2, weight, b, None, 1.0, code, cfg,
             lora=mode, lora_a=a_stacked, lora_b=b_stacked, xa=xa, ids=ids, scales=scales,
             lora_scale=scaling, rank=rank, traced=traced,
-            tma=mode == _gemm.LORA_JOINT or _gemm.takes_tma(loop, cfg), pdl=pdl,
+            tma=mode in (_gemm.LORA_JOINT, _gemm.LORA_SPREAD) or _gemm.takes_tma(loop, cfg),
+            pdl=pdl,
         )  # fmt: skip
 
     return run, f"lora{mode}r{r_pad}{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
