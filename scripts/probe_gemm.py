@@ -2,7 +2,8 @@
 """GPU sweep of the GEMM main loop on large shapes (tuning work, not the benchmark).
 
     PYTHONPATH=src python scripts/probe_gemm.py [M,K,N ...]
-    PYTHONPATH=src python scripts/probe_gemm.py lora [M:adapters:rank ...]   (PROBE_CAPS=124,..)
+    PYTHONPATH=src python scripts/probe_gemm.py lora [M:adapters:rank ...]   (PROBE_CAPS=124,..;
+        PROBE_TRACE=1: tracebacks of failed arms)
     PYTHONPATH=src python scripts/probe_gemm.py small
     PYTHONPATH=src python scripts/probe_gemm.py cands M,K,N ...   (PROBE_EXTRA=bm-bn-bk-w-s[-t],..;
         PROBE_COLD=1: L2 flushed before each call, as the tuner times)
@@ -277,6 +278,10 @@ def lora_sweep(k: int = 4096, n: int = 4096, shapes: str = "") -> None:
                     print(f"      config {key}: {_tune._memo[key]}")
             except Exception as e:
                 print(f"  {name:40s} failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}")
+                if os.environ.get("PROBE_TRACE") == "1":
+                    import traceback
+
+                    traceback.print_exc()
 
 
 def small_sweep(k: int = 4096, n: int = 4096) -> None:

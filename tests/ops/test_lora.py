@@ -56,8 +56,8 @@ def lora_mode(request, monkeypatch):
         spread = request.param.startswith("spread")
 
         def mode(args, loop, *_, **__):  # what tuning may pick: joint only where it can run
-            x2, weight, a_stacked, b_stacked = args[1], args[2], args[4], args[5]
-            if spread and lora_mod._spread_ok(loop, x2, weight.shape[0], a_stacked, b_stacked):
+            x2, weight, a_stacked = args[1], args[2], args[4]
+            if spread and lora_mod._spread_ok(loop, x2, weight.shape[0], a_stacked):
                 return _gemm.LORA_SPREAD
             ok = joint and lora_mod._joint_ok(loop, args[4])
             return _gemm.LORA_JOINT if ok else _gemm.LORA_EXPAND
@@ -373,7 +373,7 @@ def test_lora_mid_rows_every_tma_tile_gpu(mode, tuned_gemm_call, monkeypatch):
         (128, 64, 128, 4),
     }
     if mode.startswith("spread"):  # (the tiles that leave room for A's slice)
-        fits = lora_mod._spread_fits(x, n, a.reshape(-1, k), bb)
+        fits = lora_mod._spread_fits(x, n, a.reshape(-1, k))
         tiles = [c for c in tiles if fits(c)]
         assert len(tiles) >= 3, tiles
     for cfg in tiles:
@@ -733,7 +733,7 @@ def test_lora_spread_mode_one_launch(device, backend, adapters, rank, m, lora_mo
     mixed batches (ids -1 included, per-adapter scales) match the reference: 1 slice (one
     adapter), 2 slices of 16 (3 adapters x rank 8: 24 stacked columns, one expand step
     with B through pointers), 2 slices of 64 (5 x 16 = 80 columns, the last slice ragged;
-    the expand in 5 steps of one adapter each through B's descriptor). The counters are
+    the expand in 2 steps of 64 columns, each over several adapters). The counters are
     back at zero after each launch. (The interpreter runs it as two launches.)"""
     from fuseml.ops import _gemm
 

@@ -601,8 +601,8 @@ def _joint_xs(
 
 @triton.jit
 def _spread_expand(
-    acc, xa, a_row, pid_m, pid_n, off_m, off_n, b_desc, b_ptr, xs_ptr, ids_ptr, scale_ptr,
-    sync_ptr, M, N, stride_bn, lora_scale, n_tiles_m, n_tiles_n, b_v,
+    acc, xa, a_row, pid_m, pid_n, off_m, off_n, b_ptr, xs_ptr, ids_ptr, scale_ptr, sync_ptr,
+    M, N, stride_bn, lora_scale, n_tiles_m, n_tiles_n, b_v,
     MULTI: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, R_PAD: tl.constexpr,
     R_BLOCK: tl.constexpr, PER_ADAPTER_SCALE: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SLICE: tl.constexpr,
@@ -615,8 +615,10 @@ def _spread_expand(
     it on its row tile's counter; every tile then waits for the row tile's SLICES posts
     (``_joint_wait``, which also puts the counters back to zero) and returns acc + xs @
     B^T: B (R_PAD, BLOCK_N) loaded before the K loop where it is one step (b_v), else
-    steps of R_BLOCK stacked columns through b_desc, as LORA 4 reads them. xs is read
-    with pointer loads, after the acquire (its stores came from other SMs)."""
+    steps of R_BLOCK stacked columns. Pointer loads (xs: after the acquire, its stores
+    came from other SMs; B: a step spans several adapters of a B read in place, which
+    one descriptor box cannot: 4 steps of 64 columns for 16 adapters x rank 16 where the
+    expand mode's descriptor takes 16 of 16, each waiting on its load)."""
     rows = off_m + tl.arange(0, BLOCK_M)
     if PHASE != 2 and pid_n < SLICES:
         rs = a_row + tl.arange(0, SLICE)
@@ -644,14 +646,12 @@ def _spread_expand(
                 bt = _bt_chunk(b_ptr, cn, N, stride_bn, rs, R, RANK, B3D)
             acc = mma(st, bt, acc, PRECISION, UPCAST)
         else:
+            cn = off_n + tl.arange(0, BLOCK_N)
             for r0 in tl.range(0, R_PAD, R_BLOCK, num_stages=EXPAND_STAGES):
                 rs = r0 + tl.arange(0, R_BLOCK)
                 st = _xs_tile(xs_ptr, rows, M, rs, R).to(b_ptr.dtype.element_ty)
-                if B3D:  # adapter r0 // RANK's rows of the (adapters * N, RANK) view
-                    bt = b_desc.load([(r0 // RANK) * N + off_n, r0 % RANK])
-                else:
-                    bt = b_desc.load([off_n, r0])
-                acc = mma(st, bt.T, acc, PRECISION, UPCAST)
+                bt = _bt_chunk(b_ptr, cn, N, stride_bn, rs, R, RANK, B3D)
+                acc = mma(st, bt, acc, PRECISION, UPCAST)
     return acc
 
 
@@ -763,8 +763,8 @@ def _tma_body(
                 xa = mma(xt, at.T, xa, PRECISION, UPCAST)
         if LORA == 6:
             acc = _spread_expand(
-                acc, xa, a_row, pid_m, pid_n, off_m, off_n, b_desc, b_ptr, xa_ptr, ids_ptr,
-                scale_ptr, sync_ptr, M, N, stride_bn, lora_scale, n_tiles_m, n_tiles_n, b_v,
+                acc, xa, a_row, pid_m, pid_n, off_m, off_n, b_ptr, xa_ptr, ids_ptr, scale_ptr,
+                sync_ptr, M, N, stride_bn, lora_scale, n_tiles_m, n_tiles_n, b_v,
                 MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE, PRECISION, UPCAST,
                 BLOCK_M, BLOCK_N, SLICE, SLICES, B3D, B_EARLY, EXPAND_STAGES, PHASE,
             )  # fmt: skip
@@ -1041,15 +1041,13 @@ def _launch_tma(
             a_desc = TensorDescriptor.from_tensor(lora_a, [slice_w, bk])
             xa = torch.empty((m, r), dtype=x.dtype, device=x.device)
             sync = joint_flags(x, 2 * cdiv(m, bm))
-        else:
+        else:  # (spread: B through pointers, see _spread_expand)
             a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
-        if r_pad > r_block or not spread:  # (spread's one step: B through pointers)
             b2 = lora_b.reshape(-1, lora_b.shape[-1]) if b3d else lora_b  # (adapters * N, rank)
             b_desc = TensorDescriptor.from_tensor(b2, [bn, r_block])
-    expand = 3
-    if mode == LORA_EXPAND or spread:
-        es = x.element_size()
-        expand = expand_stages(config, r_pad, r_block, es, slice_w if spread else 0)
+    expand = SPREAD_EXPAND_STAGES if spread else 3
+    if mode == LORA_EXPAND:
+        expand = expand_stages(config, r_pad, r_block, x.element_size())
     if pdl and mode == LORA_EXPAND:
         options["launch_pdl"] = True
     more = (
@@ -1080,25 +1078,25 @@ def _launch_tma(
     _lora_tma_launches((programs + n_shrink,), (*key, 0), aligned, (*args, 0), options)
 
 
+SPREAD_EXPAND_STAGES = 2  # buffers of LORA_SPREAD's expand loop (steps of 64 columns; the
+# main loop's buffers are free by then)
+
+
 def spread_slice(r_pad: int, n: int, block_n: int) -> int:
     """LORA_SPREAD: stacked columns of xs each producing tile computes, so that no more
     tiles produce than a row tile has (a power of two, at least 16: a dot's least N)."""
     return min(r_pad, max(16, next_pow2(cdiv(r_pad, cdiv(n, block_n)))))
 
 
-def spread_fits(
-    config: dict, m: int, n: int, r_pad: int, r_block: int, elem_size: int, sms: int | None
-) -> bool:
+def spread_fits(config: dict, m: int, n: int, r_pad: int, elem_size: int, sms: int | None) -> bool:
     """Can LORA_SPREAD launch this config: one tile a program for at most ``sms`` programs
-    (its tiles wait for each other, so all must be resident at once), and its buffers
-    (the main loop's with A's slice beside them, two of the expand's steps where it takes
-    several) within SMEM_LIMIT?"""
+    (its tiles wait for each other, so all must be resident at once), and the main loop's
+    buffers with A's slice beside them within SMEM_LIMIT? (The expand loop's come after
+    them.)"""
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     if sms is not None and cdiv(m, bm) * cdiv(n, bn) > sms:
         return False
     smem = config["num_stages"] * (bm + bn + spread_slice(r_pad, n, bn)) * bk * elem_size
-    if r_pad > r_block:
-        smem += 2 * (bm + bn) * r_block * elem_size
     return smem <= SMEM_LIMIT
 
 
@@ -1111,20 +1109,19 @@ def expand_stages_max() -> int:
     return int(value)
 
 
-def expand_stages(config: dict, r_pad: int, r_block: int, elem_size: int, slice_w: int = 0) -> int:
+def expand_stages(config: dict, r_pad: int, r_block: int, elem_size: int) -> int:
     """Buffers of the expand mode's xs @ B^T loop (R_PAD / R_BLOCK steps of R_BLOCK
     stacked columns): as many steps in flight as fit beside the main loop's buffers, up to
     expand_stages_max(). Each step is one small MMA on two TMA tiles, so with few buffers
     the loop waits on each load in turn. 16 adapters read in place (16 steps of 16
     columns), 4096 x 4096 at 256 rows: the main launch 30.0 us with 3 buffers, 28.0 with
     up to 8 (H100, scripts/probe_gemm.py timeline; one adapter's whole layer: 18.8; the
-    rest is the wait for the shrink, NOTES.md). slice_w: LORA_SPREAD's rows of A beside
-    each main-loop buffer."""
+    rest is the wait for the shrink, NOTES.md)."""
     steps = r_pad // r_block
     if steps <= 1:
         return 3
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    main = config["num_stages"] * (bm + bn + slice_w) * bk * elem_size
+    main = config["num_stages"] * (bm + bn) * bk * elem_size
     fit = (SMEM_LIMIT - main) // ((bm + bn) * r_block * elem_size)
     return max(2, min(steps, expand_stages_max(), fit))
 
@@ -1226,8 +1223,8 @@ def launch_linear(
     r_pad = max(16, next_pow2(max(r, 1)))
     r_block = r_pad if lora == LORA_IN_LOOP else min(r_pad, 64)
     b3d = lora_b is not None and lora_b.dim() == 3
-    if b3d and lora != LORA_IN_LOOP:  # the expand mode's descriptor steps through a 3-D
-        r_block = min(r_block, rank)  # B one adapter (or part of one) at a time
+    if b3d and lora not in (LORA_IN_LOOP, LORA_SPREAD):  # the expand mode's descriptor
+        r_block = min(r_block, rank)  # steps through a 3-D B one adapter (or part) at a time
     grid = (cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"]),)
     even_k = k % config["BLOCK_K"] == 0
     precision = dot_precision(x.dtype)

@@ -183,7 +183,7 @@ def _tuned_mode(
 
     @functools.cache
     def spread() -> bool:  # (on a memo miss only: it lists candidates)
-        return overlap and _spread_ok(loop, x2, n, args[4], args[5])
+        return overlap and _spread_ok(loop, x2, n, args[4])
 
     def text_key() -> str:
         # (a table entry from before the spread mode existed does not answer for it)
@@ -216,34 +216,22 @@ def _joint_ok(loop: int, a_stacked: torch.Tensor) -> bool:
     return loop != _gemm.LOOP_PTR and _gemm.tma_eligible(a_stacked)
 
 
-def _spread_fits(x2: torch.Tensor, n: int, a_stacked: torch.Tensor, b_stacked: torch.Tensor):
+def _spread_fits(x2: torch.Tensor, n: int, a_stacked: torch.Tensor):
     """Which configs the spread mode can launch (``_gemm.spread_fits``: one wave, and
     shared memory for A's slice beside the main loop's buffers)."""
     m = x2.shape[0]
-    r_pad, r_block = _spread_steps(a_stacked, b_stacked)
+    r_pad = max(16, next_pow2(a_stacked.shape[0]))  # as launch_linear pads it
     sms = _gemm.persistent_programs(x2)
     es = x2.element_size()
-    return lambda c: _gemm.spread_fits(c, m, n, r_pad, r_block, es, sms)
+    return lambda c: _gemm.spread_fits(c, m, n, r_pad, es, sms)
 
 
-def _spread_steps(a_stacked: torch.Tensor, b_stacked: torch.Tensor) -> tuple[int, int]:
-    """(stacked columns padded, columns an expand step takes), as launch_linear sets them."""
-    r_pad = max(16, next_pow2(a_stacked.shape[0]))
-    return r_pad, min(r_pad, 64, b_stacked.shape[-1] if b_stacked.dim() == 3 else r_pad)
-
-
-def _spread_ok(
-    loop: int, x2: torch.Tensor, n: int, a_stacked: torch.Tensor, b_stacked: torch.Tensor
-) -> bool:
-    """Can the spread mode run: the TMA kernel, A through a descriptor (and B where the
-    expand takes several steps: as in the expand mode), and some TMA tile of this shape
-    that fits one wave (few rows; see _spread_fits)?"""
+def _spread_ok(loop: int, x2: torch.Tensor, n: int, a_stacked: torch.Tensor) -> bool:
+    """Can the spread mode run: the TMA kernel, A through a descriptor, and some TMA tile
+    of this shape that fits one wave (few rows; see _spread_fits)?"""
     if not _joint_ok(loop, a_stacked) or type(x2.shape[0]) is not int:
         return False
-    r_pad, r_block = _spread_steps(a_stacked, b_stacked)
-    if r_pad > r_block and not _expand_tma(a_stacked.shape[0], b_stacked):
-        return False
-    fits = _spread_fits(x2, n, a_stacked, b_stacked)
+    fits = _spread_fits(x2, n, a_stacked)
     cands = _gemm.candidates(x2.shape[0], n, x2.shape[1], x2.dtype, loop)
     return any(fits(c) for c in cands if _gemm.takes_tma(loop, c))
 
@@ -311,7 +299,7 @@ def _run_mode(
         run(_gemm.choose_config("linear", x2, n, k, expand, expand_extra, loop))
         return
     if mode == _gemm.LORA_SPREAD:
-        fits = _spread_fits(x2, n, a_stacked, b_stacked)
+        fits = _spread_fits(x2, n, a_stacked)
         cfg = _gemm.choose_config("linear", x2, n, k, run, extra, loop, tma_only=True, fits=fits)
         if not fits(cfg):  # the untuned default (inside a capture, say): the first that fits
             cands = _gemm.candidates(x2.shape[0], n, k, x2.dtype, loop)
