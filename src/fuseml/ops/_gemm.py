@@ -1078,8 +1078,11 @@ def _launch_tma(
     _lora_tma_launches((programs + n_shrink,), (*key, 0), aligned, (*args, 0), options)
 
 
-SPREAD_EXPAND_STAGES = 2  # buffers of LORA_SPREAD's expand loop (steps of 64 columns; the
-# main loop's buffers are free by then)
+SPREAD_EXPAND_STAGES = 4  # buffers of LORA_SPREAD's expand loop: up to 4 steps of 64
+# stacked columns in flight at once (cp.async; with 2, each step waited for its own load:
+# its dot is too short to hide the next one's). They take the main loop's shared memory,
+# free by then (Triton 3.9, sm_90, offline: 213,056 bytes for 64 x 128 x 128 / 4 stages
+# with 2 or 4 of them, the main loop's buffers and A's slice alone)
 
 
 def spread_slice(r_pad: int, n: int, block_n: int) -> int:
