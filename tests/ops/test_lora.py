@@ -766,6 +766,39 @@ def test_lora_spread_mode_one_launch(device, backend, adapters, rank, m, lora_mo
         x.copy_(torch.randn_like(x))
 
 
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_lora_spread_mode_offered_to_wide_stacks(device, backend, monkeypatch):
+    """The mode tuner times the spread launch beside the overlapped pair for a mixed batch
+    whose stack is wider than 64 columns (16 adapters x rank 16), and not for a single
+    adapter (where it lost at every size measured); the wide stack's modes are keyed apart
+    from entries made before the spread mode existed."""
+    from fuseml.ops import _gemm, _tune
+
+    monkeypatch.setenv("FUSEML_GEMM", "tma")
+    monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
+    monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
+    offered = {}
+    choose = _tune.choose
+
+    def spy(memo_key, device_, key, candidates, bench, default, **kw):
+        if memo_key[0] == "loramode":
+            offered[key()] = [c["LORA"] for c in candidates()]
+            return default
+        return choose(memo_key, device_, key, candidates, bench, default, **kw)
+
+    monkeypatch.setattr(_tune, "choose", spy)
+    k, n, m = 64, 96, 40
+    for adapters in (16, None):
+        w, b, a, bb = _layer(k, n, 16, torch.bfloat16, device, adapters=adapters)
+        x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+        ids = None if adapters is None else torch.randint(-1, adapters, (m,), device=device)
+        out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, adapter_ids=ids, backend=backend)
+        assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, None, ids), torch.bfloat16)
+    (wide_key, wide), (one_key, one) = offered.items()
+    assert wide == [_gemm.LORA_EXPAND, _gemm.LORA_SPREAD] and wide_key.endswith(":s")
+    assert _gemm.LORA_SPREAD not in one and not one_key.endswith(":s"), one
+
+
 def _shrink_ref(x, a, scale, ids, rank, dtype):
     """xs = scale * x @ A^T in float64, each row keeping its adapter's columns, in dtype."""
     xs = _up(x) @ _up(a).t() * scale

@@ -135,8 +135,9 @@ def lora_rows(
             mode = _gemm.LORA_IN_LOOP
     elif pdl:
         # Wide stacks (several adapters): the overlapped pair, or the spread launch (one
-        # launch, each row tile's xs computed in slices by its own column tiles)
-        mode = _tuned_mode(args, loop, _gemm.LORA_EXPAND, in_loop=False)
+        # launch, each row tile's xs computed in slices by its own column tiles; H100,
+        # 4096 x 4096, 16 adapters x rank 16 at 256 rows: 26.5 against 32.8 us, NOTES.md)
+        mode = _tuned_mode(args, loop, _gemm.LORA_EXPAND, in_loop=False, spread=True)
     elif small and r_pad <= IN_LOOP_MAX_R:
         mode = _gemm.LORA_IN_LOOP
     elif loop == _gemm.LOOP_TMA and _expand_tma(r, b_stacked):
@@ -160,13 +161,21 @@ def capturing(x: torch.Tensor) -> bool:
 
 
 def _tuned_mode(
-    args: tuple, loop: int, default: int, overlap: bool = True, in_loop: bool = True
+    args: tuple,
+    loop: int,
+    default: int,
+    overlap: bool = True,
+    in_loop: bool = True,
+    spread: bool = False,
 ) -> int:
     """The LoRA mode for this shape bucket, from the tuning cache, else each timed whole
-    (with its own tuned tiles) and the fastest kept: LORA_IN_LOOP (unless not ``in_loop``),
-    LORA_EXPAND with its launches overlapped, or LORA_JOINT and LORA_SPREAD where they can
-    run; without ``overlap`` (rows past IN_LOOP_MAX_M), LORA_EXPAND in stream order or
-    LORA_JOINT."""
+    (with its own tuned tiles) and the fastest kept: LORA_IN_LOOP and LORA_JOINT (unless
+    not ``in_loop``: stacks past 64 columns), LORA_EXPAND with its launches overlapped,
+    and with ``spread`` LORA_SPREAD where it can run; without ``overlap`` (rows past
+    IN_LOOP_MAX_M), LORA_EXPAND in stream order or LORA_JOINT. (The spread launch is
+    offered to wide stacks only: for one adapter it lost at every size measured, H100,
+    4096 x 4096, ranks 8 to 64 at 64 to 512 rows, by 5-30%, and each mode timed adds to a
+    first call.)"""
     from fuseml.ops import _tune
 
     _out, x2, weight, *_rest, ids, _code, _traced = args
@@ -182,14 +191,14 @@ def _tuned_mode(
     memo_key = ("loramode", x2.dtype, bucket, n, k, r, multi, loop, x2.device)
 
     @functools.cache
-    def spread() -> bool:  # (on a memo miss only: it lists candidates)
-        return overlap and _spread_ok(loop, x2, n, args[4])
+    def spread_ok() -> bool:  # (on a memo miss only: it lists candidates)
+        return spread and overlap and _spread_ok(loop, x2, n, args[4])
 
     def text_key() -> str:
         # (a table entry from before the spread mode existed does not answer for it)
         return (
             f"loramode:{str(x2.dtype)[6:]}:m{bucket}:n{n}:k{k}:r{r}{multi}{_gemm.loop_key(loop)}"
-            f"{':s' if spread() else ''}"
+            f"{':s' if spread_ok() else ''}"
         )
 
     def bench(cfg: dict) -> float:
@@ -201,7 +210,7 @@ def _tuned_mode(
             found.insert(0, {"LORA": _gemm.LORA_IN_LOOP})
         if _joint_ok(loop, args[4]) and in_loop:  # (the joint launch: 64 columns at most)
             found.append({"LORA": _gemm.LORA_JOINT})
-        if spread():
+        if spread_ok():
             found.append({"LORA": _gemm.LORA_SPREAD})
         return found
 
