@@ -127,7 +127,7 @@ def every_argument(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("mode", ["in_loop", "expand", "joint", "linear"])
+@pytest.mark.parametrize("mode", ["in_loop", "expand", "joint", "spread", "linear"])
 def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch, every_argument):
     """Each TMA launch form passes every kernel argument (see ``every_argument``)."""
     import torch
@@ -139,10 +139,10 @@ def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch, every_argume
     seen = every_argument
     monkeypatch.setenv("FUSEML_GEMM", "tma")
     want = {"in_loop": _gemm.LORA_IN_LOOP, "expand": _gemm.LORA_EXPAND}.get(mode)
-    want = _gemm.LORA_JOINT if mode == "joint" else want
+    want = {"joint": _gemm.LORA_JOINT, "spread": _gemm.LORA_SPREAD}.get(mode, want)
     monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: mode != "in_loop")
     monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
-    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a: want)
+    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: want)
     x = torch.randn(40, 64)
     w, b = torch.randn(48, 64), torch.randn(48)
     a, bb = torch.randn(8, 64), torch.randn(48, 8)
