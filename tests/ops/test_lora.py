@@ -466,6 +466,52 @@ def test_lora_ranks_of_one_pad_each_tuned_before_capture_gpu(fresh_tuning):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [16, 200])
+def test_lora_spread_cuda_graph_gpu(m, monkeypatch):
+    """The spread launch (cooperative: every program resident before it starts) captured
+    into two CUDA graphs, each replayed in turn with new inputs between eager calls on the
+    same stream: every output matches the reference, so each launch found its counters at
+    zero (the eager calls share a slice of the counter slab, each capture has its own)."""
+    from fuseml.ops import _gemm
+
+    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_SPREAD)
+    used = []
+    launch = _gemm._launch_tma
+    monkeypatch.setattr(
+        _gemm, "_launch_tma", lambda *a, **k: used.append(a[8] and a[8][0]) or launch(*a, **k)
+    )
+    dtype = torch.bfloat16
+    w, b, a, bb = _layer(1024, 768, 16, dtype, "cuda", adapters=16)
+    xs = [torch.randn(m, 1024, dtype=dtype, device="cuda") for _ in range(2)]
+    ids = torch.randint(-1, 16, (m,), device="cuda")
+
+    def call(x):
+        return fuseml.ops.lora_linear(
+            x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, check_ids=False, backend="triton"
+        )
+
+    call(xs[0])  # tunes the tile
+    assert used and set(used) == {_gemm.LORA_SPREAD}
+    torch.cuda.synchronize()
+    graphs, outs = [], []
+    for x in xs:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs.append(call(x))
+        graphs.append(graph)
+    for _ in range(3):
+        for x, graph, out in zip(xs, graphs, outs, strict=True):
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            eager = call(x)
+            torch.cuda.synchronize()
+            want = _ref64(x, w, b, a, bb, 0.5, "relu", ids)
+            assert_close_verbose(out, want, dtype)
+            assert_close_verbose(eager, want, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m", [1, 64, 256, 1024, 2048])
 @pytest.mark.parametrize("adapters", [None, 4, 16])
 def test_lora_cuda_graph_gpu(m, adapters, fresh_tuning):

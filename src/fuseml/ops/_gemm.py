@@ -1058,6 +1058,11 @@ def _launch_tma(
         expand = expand_stages(config, r_pad, r_block, x.element_size())
     if pdl and mode == LORA_EXPAND:
         options["launch_pdl"] = True
+    if spread and not triton_interpreting():
+        # A cooperative launch: the driver starts it only with every program resident at
+        # once. Its tiles wait for each other, so two such launches on two streams that
+        # each got part of the SMs could otherwise wait on each other for ever.
+        options["launch_cooperative_grid"] = True
     more = (
         out if lora_b is None else lora_b, out if xa is None else xa,
         out if ids is None else ids, out if scales is None else scales, sync,
