@@ -1019,7 +1019,8 @@ def _launch_tma(
     r_pad = max(16, next_pow2(r))
     a_desc = b_desc = x_desc
     sync, shrink_k, shrink_stages, split = out, 16, 1, 1
-    slice_w = spread_slice(r_pad, n, bn)
+    # (SLICE is a constexpr: the other modes keep one value, so no N compiles them again)
+    slice_w = spread_slice(r_pad, n, bn) if spread else 16
     if mode == LORA_IN_LOOP:
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, bk])
     if joint:
