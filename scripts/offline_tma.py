@@ -1,0 +1,105 @@
+"""Compile the TMA GEMM kernel for sm_90 on a machine without a GPU (no timing).
+
+    PYTHONPATH=src python scripts/offline_tma.py [--lora MODE] [--r R] [--rank RANK]
+        [--tile BM-BN-BK-STAGES] [--warps W] [--expand E] [--n N] [--ptx FILE]
+
+Prints the kernel's shared memory and what its PTX does with memory: global loads and
+stores by width, cp.async copies and their waits, TMA copies, wgmma instructions. The
+arguments carry the 16-divisibility the launcher's real arguments have (pointers, M, N,
+K, strides): without it every pointer access compiles to 2-byte scalar loads and stores,
+which is not what runs. Modes: 0 plain layer (``_linear_tma_kernel``), 4 expand, 5
+joint, 6 spread (``_lora_tma_kernel``); R stacked columns of adapters of rank RANK
+(R > RANK: a mixed batch with B read in place). Used to find why the spread mode's expand
+loop waited on each step (NOTES.md, thirteenth round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from fuseml.ops import _gemm
+from fuseml.ops._utils import next_pow2
+
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+DIVISIBLE = ("M", "N", "K", "stride_rm", "stride_om", "stride_bn")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lora", type=int, default=6, choices=(0, 4, 5, 6))
+    ap.add_argument("--r", type=int, default=256)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--tile", default="64-128-128-4")
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--expand", type=int, default=_gemm.SPREAD_EXPAND_STAGES)
+    ap.add_argument("--n", type=int, default=4096, help="output columns (sets SLICE)")
+    ap.add_argument("--ptx", help="write the PTX here")
+    a = ap.parse_args()
+    bm, bn, bk, stages = (int(v) for v in a.tile.split("-"))
+    lora, r, rank = a.lora, a.r, a.rank
+    r_pad = max(16, next_pow2(r))
+    r_block = min(r_pad, 64) if lora == 6 else min(r_pad, 64, rank)
+    slice_w = _gemm.spread_slice(r_pad, a.n, bn) if lora == 6 else 16
+    kernel = _gemm._linear_tma_kernel if lora == 0 else _gemm._lora_tma_kernel
+    descs = {
+        "x_desc": (bm, bk), "w_desc": (bn, bk),
+        "a_desc": (slice_w, bk) if lora == 6 else (bm, r_block),
+        "b_desc": (bn, r_block) if lora == 4 else (bm, bk),
+    }  # fmt: skip
+    consts = dict(
+        HAS_BIAS=True, HAS_RES=False, ACTIVATION=1, LORA=lora, MULTI=r > rank, R=r, RANK=rank,
+        R_PAD=r_pad, R_BLOCK=r_block, PER_ADAPTER_SCALE=False, PRECISION="tf32",
+        UPCAST=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_PROGRAMS=128,
+        FLATTEN=False, WARP_SPEC=False, PDL=False, SHRINK_K=16, SHRINK_STAGES=1,
+        SHRINK_SPLIT=1, B3D=r > rank, EXPAND_STAGES=a.expand, SLICE=slice_w, PHASE=0,
+    )  # fmt: skip
+    ptr_types = {"ids_ptr": "*i64", "sync_ptr": "*i32"}
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in consts:
+            signature[name] = "constexpr"
+            constexprs[(i,)] = consts[name]
+        elif name in descs:
+            signature[name] = f"tensordesc<bf16[{descs[name][0]}, {descs[name][1]}]>"
+        elif name.endswith("_ptr"):
+            signature[name] = ptr_types.get(name, "*bf16")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in ("alpha", "lora_scale"):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+            if name in DIVISIBLE:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    compiled = triton.compile(
+        ASTSource(kernel, signature, constexprs, attrs),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": a.warps, "num_stages": stages},
+    )
+    ptx = compiled.asm["ptx"]
+    if a.ptx:
+        with open(a.ptx, "w") as f:
+            f.write(ptx)
+    print(f"LORA {lora}, tile {a.tile}, {a.warps} warps, R {r} (rank {rank}), SLICE {slice_w}, "
+          f"expand buffers {a.expand}: shared memory {compiled.metadata.shared} bytes "
+          f"(limit {_gemm.SMEM_LIMIT})")  # fmt: skip
+    ops = collections.Counter(
+        m.group(0)
+        for m in re.finditer(
+            r"\b(ld\.global[\w.]*|st\.global[\w.]*|cp\.async\.(?:cg|ca)\.shared\.global|"
+            r"cp\.async\.wait_group\s+\d+|cp\.async\.bulk\.tensor[\w.:]*|wgmma\.mma_async[\w.]*)",
+            ptx,
+        )
+    )
+    for op, count in sorted(ops.items()):
+        print(f"  {count:4d}  {' '.join(op.split())}")
+
+
+if __name__ == "__main__":
+    main()
