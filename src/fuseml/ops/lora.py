@@ -137,7 +137,7 @@ def lora_rows(
         # Wide stacks (several adapters): the overlapped pair, or the spread launch (one
         # launch, each row tile's xs computed in slices by its own column tiles; H100,
         # 4096 x 4096, 16 adapters x rank 16 at 256 rows: 26.5 against 32.8 us, NOTES.md)
-        mode = _tuned_mode(args, loop, _gemm.LORA_EXPAND, in_loop=False, spread=True)
+        mode = _tuned_mode(args, loop, _gemm.LORA_EXPAND, wide=True)
     elif small and r_pad <= IN_LOOP_MAX_R:
         mode = _gemm.LORA_IN_LOOP
     elif loop == _gemm.LOOP_TMA and _expand_tma(r, b_stacked):
@@ -161,21 +161,17 @@ def capturing(x: torch.Tensor) -> bool:
 
 
 def _tuned_mode(
-    args: tuple,
-    loop: int,
-    default: int,
-    overlap: bool = True,
-    in_loop: bool = True,
-    spread: bool = False,
+    args: tuple, loop: int, default: int, overlap: bool = True, wide: bool = False
 ) -> int:
     """The LoRA mode for this shape bucket, from the tuning cache, else each timed whole
-    (with its own tuned tiles) and the fastest kept: LORA_IN_LOOP and LORA_JOINT (unless
-    not ``in_loop``: stacks past 64 columns), LORA_EXPAND with its launches overlapped,
-    and with ``spread`` LORA_SPREAD where it can run; without ``overlap`` (rows past
-    IN_LOOP_MAX_M), LORA_EXPAND in stream order or LORA_JOINT. (The spread launch is
-    offered to wide stacks only: for one adapter it lost at every size measured, H100,
-    4096 x 4096, ranks 8 to 64 at 64 to 512 rows, by 5-30%, and each mode timed adds to a
-    first call.)"""
+    (with its own tuned tiles) and the fastest kept: LORA_IN_LOOP, LORA_EXPAND with its
+    launches overlapped, or LORA_JOINT where it can run; without ``overlap`` (rows past
+    IN_LOOP_MAX_M), LORA_EXPAND in stream order or LORA_JOINT. ``wide``: a stack past
+    IN_LOOP_MAX_R columns (several adapters), where in-loop and joint cannot run: the
+    overlapped LORA_EXPAND or LORA_SPREAD where it can run. (The spread launch is offered
+    to wide stacks only: for one adapter it lost at every size measured, H100, 4096 x
+    4096, ranks 8 to 64 at 64 to 512 rows, by 5-30%, and each mode timed adds to a first
+    call.)"""
     from fuseml.ops import _tune
 
     _out, x2, weight, *_rest, ids, _code, _traced = args
@@ -192,7 +188,7 @@ def _tuned_mode(
 
     @functools.cache
     def spread_ok() -> bool:  # (on a memo miss only: it lists candidates)
-        return spread and overlap and _spread_ok(loop, x2, n, args[4])
+        return wide and overlap and _spread_ok(loop, x2, n, args[4])
 
     def text_key() -> str:
         # (a table entry from before the spread mode existed does not answer for it)
@@ -206,9 +202,9 @@ def _tuned_mode(
 
     def modes() -> list[dict]:
         found = [{"LORA": _gemm.LORA_EXPAND}]
-        if overlap and in_loop:
+        if overlap and not wide:
             found.insert(0, {"LORA": _gemm.LORA_IN_LOOP})
-        if _joint_ok(loop, args[4]) and in_loop:  # (the joint launch: 64 columns at most)
+        if _joint_ok(loop, args[4]) and not wide:
             found.append({"LORA": _gemm.LORA_JOINT})
         if spread_ok():
             found.append({"LORA": _gemm.LORA_SPREAD})
