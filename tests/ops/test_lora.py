@@ -70,6 +70,35 @@ def lora_mode(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture
+def tma_lora_modes(monkeypatch):
+    """The LoRA mode of every TMA-kernel launch, in order (None for a plain layer)."""
+    from fuseml.ops import _gemm
+
+    used = []
+    launch = _gemm._launch_tma
+    monkeypatch.setattr(
+        _gemm, "_launch_tma", lambda *a, **k: used.append(a[8] and a[8][0]) or launch(*a, **k)
+    )
+    return used
+
+
+@pytest.fixture
+def one_flag_slice(monkeypatch):
+    """Every joint or spread launch takes the same counters, as eager calls on one GPU
+    stream share a slice of the slab; the list holds them once the first launch took them."""
+    from fuseml.ops import _gemm
+
+    flags = []
+    take = _gemm.joint_flags
+    monkeypatch.setattr(
+        _gemm,
+        "joint_flags",
+        lambda t, count: flags[0] if flags else flags.append(take(t, count)) or flags[0],
+    )
+    return flags
+
+
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("m", "k", "n", "r"), [(1, 45, 33, 8), (37, 64, 70, 16), (20, 24, 9, 1)])
@@ -467,7 +496,7 @@ def test_lora_ranks_of_one_pad_each_tuned_before_capture_gpu(fresh_tuning):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m", [16, 200])
-def test_lora_spread_cuda_graph_gpu(m, monkeypatch):
+def test_lora_spread_cuda_graph_gpu(m, tma_lora_modes, monkeypatch):
     """The spread launch (cooperative: every program resident before it starts) captured
     into two CUDA graphs, each replayed in turn with new inputs between eager calls on the
     same stream: every output matches the reference, so each launch found its counters at
@@ -475,11 +504,7 @@ def test_lora_spread_cuda_graph_gpu(m, monkeypatch):
     from fuseml.ops import _gemm
 
     monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_SPREAD)
-    used = []
-    launch = _gemm._launch_tma
-    monkeypatch.setattr(
-        _gemm, "_launch_tma", lambda *a, **k: used.append(a[8] and a[8][0]) or launch(*a, **k)
-    )
+    used = tma_lora_modes
     dtype = torch.bfloat16
     w, b, a, bb = _layer(1024, 768, 16, dtype, "cuda", adapters=16)
     xs = [torch.randn(m, 1024, dtype=dtype, device="cuda") for _ in range(2)]
@@ -712,7 +737,9 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
 @pytest.mark.parametrize("adapters", [None, 3])
 @pytest.mark.parametrize("sms", [None, 3])
 @pytest.mark.parametrize("m", [300, 40])
-def test_lora_joint_mode_one_launch(device, backend, adapters, sms, m, lora_mode, monkeypatch):
+def test_lora_joint_mode_one_launch(
+    device, backend, adapters, sms, m, lora_mode, tma_lora_modes, one_flag_slice, monkeypatch
+):
     """The joint mode: one TMA launch whose first programs write xs (here 2 programs for 3
     row tiles on the interpreter, 1 per free SM on a GPU) and whose tile programs wait for
     their rows of it; single and mixed batches (ids -1 included) match the reference.
@@ -733,11 +760,7 @@ def test_lora_joint_mode_one_launch(device, backend, adapters, sms, m, lora_mode
     monkeypatch.setattr(
         _gemm, "_lora_tma_launches", lambda grid, *a: grids.append(grid) or compiled(grid, *a)
     )
-    used = []
-    launch = _gemm._launch_tma
-    monkeypatch.setattr(
-        _gemm, "_launch_tma", lambda *a, **k: used.append(a[8] and a[8][0]) or launch(*a, **k)
-    )
+    used = tma_lora_modes
     # 300 rows: 3 row tiles of the default config's 128; 40 rows, K = 600: the shrink's
     # 256-wide steps in 2 parts of 512 and 88 columns (the last one ragged)
     k = 600 if m == 40 else 64
@@ -746,13 +769,7 @@ def test_lora_joint_mode_one_launch(device, backend, adapters, sms, m, lora_mode
     ids = None if adapters is None else torch.randint(-1, adapters, (m,), device=device)
     # per-adapter scales where the shrink writes K in parts (each part scaled, then summed)
     s = [0.5, -1.0, 2.0] if adapters and m == 40 else 0.5
-    flags = []  # one set of counters for both calls (a GPU stream's slice of the slab)
-    take = _gemm.joint_flags
-    monkeypatch.setattr(
-        _gemm,
-        "joint_flags",
-        lambda t, count: flags[0] if flags else flags.append(take(t, count)) or flags[0],
-    )
+    flags = one_flag_slice  # one set of counters for both calls
     out = fuseml.ops.lora_linear(x, w, b, a, bb, s, "gelu", adapter_ids=ids, backend=backend)
     assert used == [_gemm.LORA_JOINT]
     if device == "cpu":  # 300 rows, 3 tiles: one program each and 2 shrink programs, or
@@ -772,7 +789,9 @@ def test_lora_joint_mode_one_launch(device, backend, adapters, sms, m, lora_mode
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize(("adapters", "rank"), [(None, 16), (3, 8), (5, 16)])
 @pytest.mark.parametrize("m", [300, 40])
-def test_lora_spread_mode_one_launch(device, backend, adapters, rank, m, lora_mode, monkeypatch):
+def test_lora_spread_mode_one_launch(
+    device, backend, adapters, rank, m, lora_mode, tma_lora_modes, one_flag_slice
+):
     """The spread mode: one TMA launch, one tile a program, whose first column tiles of
     each row tile compute a slice of that row tile's xs in their K loop and post it, and
     whose tiles all wait for their row tile's slices before adding xs @ B^T. Single and
@@ -785,18 +804,8 @@ def test_lora_spread_mode_one_launch(device, backend, adapters, rank, m, lora_mo
 
     if lora_mode != "spread-tma":
         pytest.skip("the spread mode's own test")
-    used = []
-    launch = _gemm._launch_tma
-    monkeypatch.setattr(
-        _gemm, "_launch_tma", lambda *a, **k: used.append(a[8] and a[8][0]) or launch(*a, **k)
-    )
-    flags = []  # one set of counters for both calls (a GPU stream's slice of the slab)
-    take = _gemm.joint_flags
-    monkeypatch.setattr(
-        _gemm,
-        "joint_flags",
-        lambda t, count: flags[0] if flags else flags.append(take(t, count)) or flags[0],
-    )
+    used = tma_lora_modes
+    flags = one_flag_slice  # one set of counters for both calls
     k, n = 96, 200
     w, b, a, bb = _layer(k, n, rank, torch.bfloat16, device, adapters=adapters)
     x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
@@ -916,7 +925,9 @@ def test_lora_with_segmented_shrink(device, backend, monkeypatch):
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS[:1])  # the interpreter: which key
 # the tile comes from is the point here (the GPU tests run the joint launch's tiles)
-def test_joint_past_in_loop_rows_takes_the_expand_tile(device, backend, lora_mode, monkeypatch):
+def test_joint_past_in_loop_rows_takes_the_expand_tile(
+    device, backend, lora_mode, tma_lora_modes, monkeypatch
+):
     """Past IN_LOOP_MAX_M rows the joint launch runs on the tile tuned for the expand
     mode's main launch (one tuning key for the same GEMM), and matches the reference."""
     from fuseml.ops import _gemm
@@ -932,11 +943,7 @@ def test_joint_past_in_loop_rows_takes_the_expand_tile(device, backend, lora_mod
         return choose(op, x, n, k, run, extra, loop, **kw)
 
     monkeypatch.setattr(_gemm, "choose_config", spy)
-    used = []
-    launch = _gemm._launch_tma
-    monkeypatch.setattr(
-        _gemm, "_launch_tma", lambda *a, **k: used.append(a[8] and a[8][0]) or launch(*a, **k)
-    )
+    used = tma_lora_modes
     w, b, a, bb = _layer(64, 72, 8, torch.bfloat16, device)
     x = torch.randn(300, 64, dtype=torch.bfloat16, device=device)
     out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", backend=backend)
