@@ -1045,17 +1045,19 @@ def _launch_tma(
         # xs, or its float32 parts where K is split (see _joint_shrink)
         shape, dtype = ((split, m, r), torch.float32) if split > 1 else ((m, r), x.dtype)
         xa = torch.empty(shape, dtype=dtype, device=x.device)
-    elif mode == LORA_EXPAND or spread:
-        if spread:  # A's slice for the K loop; xs (written by the tiles) and its counters
-            a_desc = TensorDescriptor.from_tensor(lora_a, [slice_w, bk])
-            xa = torch.empty((m, r), dtype=x.dtype, device=x.device)
-            sync = joint_flags(x, 2 * cdiv(m, bm))
-        else:  # (spread: B through pointers, see _spread_expand)
-            a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
-            b2 = lora_b.reshape(-1, lora_b.shape[-1]) if b3d else lora_b  # (adapters * N, rank)
-            b_desc = TensorDescriptor.from_tensor(b2, [bn, r_block])
-    expand = SPREAD_EXPAND_STAGES if spread else 3
-    if mode == LORA_EXPAND:
+    elif spread:  # A's slice for the K loop; xs (written by the tiles) and its counters;
+        # B through pointers (see _spread_expand)
+        a_desc = TensorDescriptor.from_tensor(lora_a, [slice_w, bk])
+        xa = torch.empty((m, r), dtype=x.dtype, device=x.device)
+        sync = joint_flags(x, 2 * cdiv(m, bm))
+    elif mode == LORA_EXPAND:
+        a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
+        b2 = lora_b.reshape(-1, lora_b.shape[-1]) if b3d else lora_b  # (adapters * N, rank)
+        b_desc = TensorDescriptor.from_tensor(b2, [bn, r_block])
+    expand = 3
+    if spread:
+        expand = SPREAD_EXPAND_STAGES
+    elif mode == LORA_EXPAND:
         expand = expand_stages(config, r_pad, r_block, x.element_size())
     if pdl and mode == LORA_EXPAND:
         options["launch_pdl"] = True

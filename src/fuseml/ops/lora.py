@@ -14,7 +14,6 @@ serves a mixed batch; the adapters are stacked along r so each row keeps its own
 
 from __future__ import annotations
 
-import functools
 import numbers
 from collections.abc import Sequence
 
@@ -186,7 +185,6 @@ def _tuned_mode(
     r = args[4].shape[0]
     memo_key = ("loramode", x2.dtype, bucket, n, k, r, multi, loop, x2.device)
 
-    @functools.cache
     def spread_ok() -> bool:  # (on a memo miss only: it lists candidates)
         return wide and overlap and _spread_ok(loop, x2, n, args[4])
 
