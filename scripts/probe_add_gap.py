@@ -15,6 +15,13 @@ Triton arms, each one 16-byte vector a thread where the dtype allows (fp32: 512 
   lean + alpha fma    the lean body computing x + alpha * y, as fuseml's kernel does
 CUDA arms (built inline): a lean kernel of three pointers and a count, and the same body
 taking its arguments as one struct the size of the twin's (96 bytes).
+
+PROBE_PLACEMENT=1 asks instead whether the gap follows the code or the output buffer's
+place in memory: every arm writes into given buffers (torch.compile of torch.add with
+out=, fuseml's bias_act with out= and no bias, which is its add, and the lean kernel at
+fuseml's and at torch.compile's block). First each of PROBE_BUFFERS buffers in turn, the
+same for every arm (the suites' graphs write one buffer call after call), then outputs
+rotating with the inputs (one buffer an input set).
 """
 
 from __future__ import annotations
@@ -168,6 +175,48 @@ def main() -> None:
             profile(arms, sets)
 
 
+def placement() -> None:
+    """Arms timed on the same output buffers (see the module docstring)."""
+    dtype = torch.float32
+    n_buf = int(os.environ.get("PROBE_BUFFERS", "6"))
+    sets = rotated(
+        lambda: (
+            torch.randn(NUMEL, device="cuda", dtype=dtype),
+            torch.randn(NUMEL, device="cuda", dtype=dtype),
+        ),
+        3 * NUMEL * 4,
+    )
+    outs = [torch.empty(NUMEL, device="cuda", dtype=dtype) for _ in range(max(n_buf, len(sets)))]
+
+    def lean(block):
+        def run(a, b, o):
+            _lean[(triton.cdiv(NUMEL, block),)](a, b, o, NUMEL, BLOCK=block, num_warps=4)
+            return o
+
+        return run
+
+    def fused(backend):
+        def run(a, b, o):
+            return fuseml.ops.bias_act(a, None, b, 1.0, "none", out=o, backend=backend)
+
+        return run
+
+    arms = {
+        "compile out=": torch.compile(lambda a, b, o: torch.add(a, b, out=o), dynamic=False),
+        "fuseml triton": fused("triton"),
+        "fuseml cuda": fused("cuda"),
+        "lean 512 / 4": lean(512),
+        "lean 1024 / 4": lean(1024),
+    }
+    for j in range(n_buf):
+        table(f"add fp32 {NUMEL}, output buffer {j} (every call)", arms,
+              [(a, b, outs[j]) for a, b in sets])  # fmt: skip
+    table(f"add fp32 {NUMEL}, outputs rotating with the inputs", arms,
+          [(a, b, outs[i]) for i, (a, b) in enumerate(sets)])  # fmt: skip
+    if os.environ.get("PROBE_PROFILE") == "1":
+        profile(arms, [(a, b, outs[0]) for a, b in sets])
+
+
 def profile(arms: dict, sets: list[tuple]) -> None:
     """Each arm's CUDA kernels in a replay of a graph of 8 calls (torch.profiler): the
     kernels a call launches and their mean GPU time, to tell a slower kernel from extra
@@ -202,4 +251,4 @@ def profile(arms: dict, sets: list[tuple]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    placement() if os.environ.get("PROBE_PLACEMENT") == "1" else main()

@@ -65,7 +65,7 @@ def table(title: str, arms: dict, sets: list[tuple]) -> None:
     ref = None
     errs = {}
     for name, fn in arms.items():
-        out = fn(*sets[0]).float()
+        out = fn(*sets[0]).to(torch.float32, copy=True)  # arms may write one buffer
         ref = out if ref is None else ref
         errs[name] = rel_err(out, ref)
     times = {name: [] for name in arms}
