@@ -352,7 +352,7 @@ def candidate_sweep(m: int, k: int, n: int) -> None:
     cublas = bench_us(cublas_run) / nsets
     print(f"  {'cublas F.linear + gelu':58s} {cublas:9.1f} us", flush=True)
     results = []
-    cfgs = _gemm.candidates(m, n, k, DT, _gemm.LOOP_TUNED)
+    cfgs = _gemm.candidates(m, n, k, DT, _gemm.LOOP_TUNED, stream=True)
     for spec in filter(None, os.environ.get("PROBE_EXTRA", "").split(",")):
         fields = spec.split("-")
         cfg = _gemm._cfg(*(int(v) for v in fields[:5]))  # bm-bn-bk-warps-stages
@@ -366,7 +366,7 @@ def candidate_sweep(m: int, k: int, n: int) -> None:
             for xs, ws, bs in sets:
                 _gemm.launch_linear(out, xs, ws, bs, None, 1.0, GELU, cfg, tma=tma)
 
-        tag = "tma" if tma else "ptr"
+        tag = "tma" if tma else f"stream x{cfg['STREAM']}" if cfg.get("STREAM") else "ptr"
         tag += f" {cfg_tag(cfg)}"
         results.append((tag, run))
 

@@ -478,7 +478,7 @@ def test_every_candidate_config_is_correct(dtype, m, k, n, lora):
         xa = (x.float() @ a.float().t()) if lora == "precomputed" else None
         kw = dict(lora=mode, lora_a=a, lora_b=bb, xa=xa, lora_scale=0.25, rank=rank)
     code = fuseml.ops.ACTIVATIONS.index("gelu")
-    for cfg in _gemm.candidates(m, n, k, dtype):
+    for cfg in _gemm.candidates(m, n, k, dtype, stream=lora == "none"):
         out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
         _gemm.launch_linear(out, x, w, b, r, 0.5, code, cfg, **kw)
         try:
@@ -499,6 +499,43 @@ def test_linear_one_step(device, backend, k):
             _gemm.launch_linear(out, x, w, bias, res, 0.5, 3, cfg)  # 3: gelu
             ref = _ref64(x, w, bias, "gelu", res, 0.5)
             assert_close_verbose(out, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("m", "k", "n"), [(530, 13, 500), (1000, 64, 16), (600, 120, 70)])
+def test_linear_stream_kernel(device, backend, dtype, m, k, n):
+    """The streaming kernel (W's column tile on chip, row tiles streamed through it; several
+    row tiles a program, a ragged last one): every one of its candidates, with and without
+    bias and residual, x strided, the same results as the reference."""
+    x, w, b, r = _inputs(m, k, n, dtype, device)
+    x = torch.cat([x, x], dim=1)[:, ::2]  # a row stride of 2k, a column stride of 2
+    cands = [c for c in _gemm.candidates(m, n, k, dtype, stream=True) if c.get("STREAM")]
+    assert cands
+    for cfg in cands:
+        grid = _gemm.stream_grid(m, n, cfg, _gemm.persistent_programs(x))
+        assert grid[0] % -(-n // cfg["BLOCK_N"]) == 0
+        for bias, res in ((b, r), (None, None)):
+            out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+            _gemm.launch_linear(out, x, w, bias, res, 0.5, 3, cfg)  # 3: gelu
+            try:
+                assert_close_verbose(out, _ref64(x, w, bias, "gelu", res, 0.5), dtype)
+            except AssertionError as err:
+                raise AssertionError(f"config {cfg}: {err}") from None
+
+
+def test_stream_candidates_only_where_they_serve():
+    def streams(m, n, k, **kw):
+        return [c for c in _gemm.candidates(m, n, k, torch.bfloat16, **kw) if c.get("STREAM")]
+
+    assert streams(4096, 64, 256, stream=True) and streams(65536, 512, 13, stream=True)
+    assert not streams(4096, 64, 256)  # LoRA and the others do not ask for them
+    assert not streams(256, 64, 256, stream=True)  # too few rows to stream
+    assert not streams(4096, 64, 512, stream=True)  # K past one step of STREAM_MAX_K
+    assert not streams(4096, 1024, 64, stream=True)  # too wide
+    for c in streams(4096, 64, 256, stream=True):
+        assert c["BLOCK_K"] == 256 and c["BLOCK_N"] == 64
+        assert not _gemm.takes_tma(_gemm.LOOP_TMA, c)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)

@@ -436,6 +436,53 @@ def _linear_kernel(
 
 
 @triton.jit
+def _linear_stream_kernel(
+    x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,  # as in _gemm_body
+    M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_om, alpha,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    """Skinny layers at many rows (K within one BLOCK_K step, a few column tiles): each
+    program keeps one column tile of W and the bias on chip, loaded once, and streams row
+    tiles through them, the next tiles' x loads issued while this one computes and stores
+    (the loop is software-pipelined over STAGES buffers). Program p takes column tile
+    p % n_tiles_n and every (programs / n_tiles_n)-th row tile from p // n_tiles_n; the
+    launcher makes the grid a multiple of n_tiles_n (see ``stream_grid``)."""
+    n_tiles_n = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    pid_n = pid % n_tiles_n
+    row_programs = tl.num_programs(0) // n_tiles_n
+    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + tl.minimum(cols, N - 1)[None, :] * stride_wn + ks[:, None] * stride_wk
+    if EVEN_K:
+        wt = tl.load(w_ptrs)
+    else:
+        wt = tl.load(w_ptrs, mask=(ks < K)[:, None], other=0.0)
+    bias_v = 0.0
+    if HAS_BIAS:
+        bias_v = tl.load(bias_ptr + cols, mask=cols < N, other=0.0)
+    for tile_m in tl.range(pid // n_tiles_n, tl.cdiv(M, BLOCK_M), row_programs, num_stages=STAGES):
+        # (tile_m * BLOCK_M < M fits int32; the int64 arange widens the offsets after it)
+        rows = tl.arange(0, BLOCK_M).to(tl.int64) + tile_m * BLOCK_M
+        # clamped rows, as in _gemm_body: no row mask on the load, the store drops them
+        x_ptrs = x_ptr + tl.minimum(rows, M - 1)[:, None] * stride_xm + ks[None, :] * stride_xk
+        if EVEN_K:
+            xt = tl.load(x_ptrs)
+        else:
+            xt = tl.load(x_ptrs, mask=(ks < K)[None, :], other=0.0)
+        acc = mma(xt, wt, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PRECISION, UPCAST)
+        _epilogue(
+            acc, rows, cols, M, N, bias_ptr, res_ptr, out_ptr, x_ptr, x_ptr, x_ptr, x_ptr,
+            stride_rm, stride_om, 0, alpha, 1.0, 0.0,
+            HAS_BIAS, HAS_RES, ACTIVATION, 0, False, 1, 1, 16, 16, False, PRECISION, UPCAST,
+            bias_v, 0.0, True,
+        )  # fmt: skip
+
+
+@triton.jit
 def _lora_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, a_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
     M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_om,
@@ -928,6 +975,8 @@ def pdl_available(x: torch.Tensor, traced: bool) -> bool:
 
 def takes_tma(loop: int, config: dict) -> bool:
     """Does a launch with this loop choice and config take the TMA kernel?"""
+    if config.get("STREAM"):  # the streaming kernel has pointer loads of its own
+        return False
     return loop == LOOP_TMA or (loop == LOOP_TUNED and config.get("TMA", False))
 
 
@@ -1166,6 +1215,7 @@ def persistent_programs(x: torch.Tensor) -> int | None:
 _linear_tma_launches = CompiledLaunches(_linear_tma_kernel)
 _lora_tma_launches = CompiledLaunches(_lora_tma_kernel)
 _linear_launches = CompiledLaunches(_linear_kernel)  # plain linear layers' repeat launches
+_stream_launches = CompiledLaunches(_linear_stream_kernel)
 
 
 FP32_DOTS = ("tf32x3", "ieee")
@@ -1269,6 +1319,10 @@ def launch_linear(
             m, n, k, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
             0 if residual is None else residual.stride(0), out.stride(0),
         )  # fmt: skip
+        if config.get("STREAM"):
+            flags = (bias is not None, residual is not None, activation, precision, upcast)
+            _launch_stream(out, x, weight, b_arg, r_arg, ints, alpha, flags, config, traced)
+            return
         consts = (
             bias is not None, residual is not None, activation, precision, upcast,
             config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], even_k,
@@ -1310,6 +1364,33 @@ def launch_linear(
         GROUP_M=config["GROUP_M"], EVEN_K=even_k, B3D=b3d,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **variant,
     )  # fmt: skip
+
+
+def stream_grid(m: int, n: int, config: dict, sms: int | None) -> tuple[int]:
+    """``_linear_stream_kernel``'s grid: every column tile times as many row programs as
+    ``config["STREAM"]`` programs an SM allow (at most one a row tile). Without an SM
+    count (the interpreter) two row programs, so that tests see several tiles a program."""
+    tiles_n = cdiv(n, config["BLOCK_N"])
+    tiles_m = cdiv(m, config["BLOCK_M"])
+    rows = 2 if sms is None else max(1, sms * config["STREAM"] // tiles_n)
+    return (tiles_n * min(tiles_m, rows),)
+
+
+def _launch_stream(out, x, weight, b_arg, r_arg, ints, alpha, flags, config, traced) -> None:
+    """One launch of ``_linear_stream_kernel`` (a "STREAM" config; plain layers only)."""
+    m, n, k = ints[:3]
+    grid = stream_grid(m, n, config, persistent_programs(x))
+    consts = (
+        *flags, config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"],
+        k == config["BLOCK_K"], config["num_stages"],
+    )  # fmt: skip
+    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    args = (x, weight, b_arg, r_arg, out, *ints, float(alpha), *consts)
+    if traced:
+        grid_launch(torch.library.wrap_triton(_linear_stream_kernel), grid)(*args, **options)
+        return
+    key = (x.dtype, out.dtype, consts, options["num_warps"], *map(int_spec, ints))
+    _stream_launches(grid, key, aligned16(x, weight, b_arg, r_arg, out), args, options)
 
 
 def launch_shrink_segments(
@@ -1420,15 +1501,28 @@ _FEW_TILES = [  # 65+ rows where 128 x 128 tiles would not fill one wave (FEW_TI
     # before (128 x 64) and cuBLAS's 7.3 (F.linear + GELU); 32 programs of 128 x 128: 9.4
     _cfg(64, 64, 128, 4, 4), _cfg(64, 64, 64, 4, 6), _cfg(64, 64, 64, 4, 4),
 ]  # fmt: skip
+_STREAM = [  # (BLOCK_M, warps, stages, programs an SM) of _linear_stream_kernel, for many
+    # rows, a K of one step up to STREAM_MAX_K and outputs up to STREAM_MAX_N wide (the
+    # DLRM's 256 -> 64, 64 -> 16, 13 -> 512): the weight tile stays on chip and row tiles
+    # stream through it. BLOCK_N is min(N, 64).
+    (64, 4, 3, 1), (64, 4, 2, 2), (128, 4, 2, 1), (128, 8, 3, 1), (32, 4, 3, 4),
+    (64, 4, 4, 2),
+]  # fmt: skip
+STREAM_MIN_M = 512
+STREAM_MAX_K = 256
+STREAM_MAX_N = 512
 SHORT_ROWS_MAX_N = 512  # outputs up to this wide also get 16-row tiles at 17-64 rows
 FEW_TILES_WAVE = 132  # an H100 SXM's SM count: the candidate list is device-independent
 SMEM_LIMIT = 232448  # bytes of shared memory a block may use on Hopper (the largest)
 
 
-def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR) -> list[dict]:
+def candidates(
+    m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR, *, stream: bool = False
+) -> list[dict]:
     """Shape-pruned candidate configs (tile dims never far above the problem's, pipeline
     buffers within SMEM_LIMIT); with LOOP_TUNED also TMA-kernel configs (flagged "TMA")
-    up to TMA_TUNED_MAX_M rows."""
+    up to TMA_TUNED_MAX_M rows. stream (plain layers): also ``_linear_stream_kernel``'s
+    configs (flagged "STREAM", programs an SM) where the shape is one it serves."""
     mb = max(16, _tune.m_bucket(m))
     cap_n = max(16, next_pow2(n))
     cap_k = max(16, next_pow2(k))
@@ -1465,6 +1559,12 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR)
         smem = c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * es
         if c not in out and smem <= SMEM_LIMIT:
             out.append(c)
+    if stream and m >= STREAM_MIN_M and cap_k <= STREAM_MAX_K and n <= STREAM_MAX_N:
+        bn, bk = min(cap_n, 64), cap_k
+        for bm, warps, stages, per_sm in _STREAM:
+            # x's buffers and W's tile, for every program an SM
+            if per_sm * (stages * bm + bn) * bk * es <= SMEM_LIMIT:
+                out.append(dict(_cfg(min(bm, mb), bn, bk, warps, stages), STREAM=per_sm))
     return out
 
 
@@ -1500,11 +1600,13 @@ def choose_config(
     tma_only: bool = False,
     more: list[dict] = (),
     fits: Callable[[dict], bool] | None = None,
+    stream: bool = False,
 ) -> dict:
     """The launch config of an (M, N, K) problem; ``launch(cfg)`` runs it (for tuning).
     tma_only: only the candidates that take the TMA kernel (LoRA's joint mode). more:
     candidates beside the GEMM's own (LoRA's segmented shrink). fits: only the candidates
     it accepts (LoRA's spread mode: one wave); the untuned default may not be one.
+    stream: plain layers also time ``_linear_stream_kernel``'s configs (see candidates).
 
     See ``fuseml.ops._tune.choose``: memo, then the on-disk table, then tuning.
     """
@@ -1531,7 +1633,10 @@ def choose_config(
         return _tune.gpu_time_ms(lambda: launch(c))
 
     def listed() -> list[dict]:
-        own = [c for c in candidates(m, n, k, x.dtype, loop) if not tma_only or takes_tma(loop, c)]
+        own = [
+            c for c in candidates(m, n, k, x.dtype, loop, stream=stream)
+            if not tma_only or takes_tma(loop, c)
+        ]  # fmt: skip
         return [c for c in own if fits is None or fits(c)] + list(more)
 
     return _tune.choose(

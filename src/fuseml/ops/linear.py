@@ -112,7 +112,8 @@ def linear_rows(
         _gemm.launch_linear(out, x2, weight, b, res2, alpha, code, cfg, traced=traced, tma=tma)
 
     if x2.shape[0] and n:
-        run(_gemm.choose_config("linear", x2, n, k, run, _gemm.loop_key(loop), loop))
+        key = _gemm.loop_key(loop)
+        run(_gemm.choose_config("linear", x2, n, k, run, key, loop, stream=True))
     return out if flat else out.view(*x.shape[:-1], n)
 
 
