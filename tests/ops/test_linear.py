@@ -502,8 +502,8 @@ def test_linear_one_step(device, backend, k):
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("m", "k", "n"), [(530, 13, 500), (1000, 64, 16), (600, 120, 70)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("m", "k", "n"), [(530, 13, 500), (1000, 64, 16), (600, 200, 70)])
 def test_linear_stream_kernel(device, backend, dtype, m, k, n):
     """The streaming kernel (W's column tile on chip, row tiles streamed through it; several
     row tiles a program, a ragged last one): every one of its candidates, with and without
@@ -533,6 +533,9 @@ def test_stream_candidates_only_where_they_serve():
     assert not streams(256, 64, 256, stream=True)  # too few rows to stream
     assert not streams(4096, 64, 512, stream=True)  # K past one step of STREAM_MAX_K
     assert not streams(4096, 1024, 64, stream=True)  # too wide
+    assert not any(
+        c.get("STREAM") for c in _gemm.candidates(4096, 64, 64, torch.float32, stream=True)
+    )  # 16-bit only
     for c in streams(4096, 64, 256, stream=True):
         assert c["BLOCK_K"] == 256 and c["BLOCK_N"] == 64
         assert not _gemm.takes_tma(_gemm.LOOP_TMA, c)
