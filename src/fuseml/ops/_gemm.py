@@ -1502,11 +1502,14 @@ _FEW_TILES = [  # 65+ rows where 128 x 128 tiles would not fill one wave (FEW_TI
     _cfg(64, 64, 128, 4, 4), _cfg(64, 64, 64, 4, 6), _cfg(64, 64, 64, 4, 4),
 ]  # fmt: skip
 _STREAM = [  # (BLOCK_M, warps, stages, programs an SM) of _linear_stream_kernel, for many
-    # rows, a K of one step up to STREAM_MAX_K and outputs up to STREAM_MAX_N wide (the
-    # DLRM's 256 -> 64, 64 -> 16, 13 -> 512), 16-bit: the weight tile stays on chip and
-    # row tiles stream through it. BLOCK_N is min(N, 64).
-    (64, 4, 3, 1), (64, 4, 4, 1), (64, 8, 4, 1), (32, 4, 6, 1), (32, 4, 4, 2),
-    (128, 8, 2, 1), (32, 4, 3, 4), (64, 4, 4, 2),
+    # rows, a K of one step up to STREAM_MAX_K and outputs up to STREAM_MAX_N wide, 16-bit:
+    # the weight tile stays on chip and row tiles stream through it; BLOCK_N is min(N, 64).
+    # The two of a sweep of eight that were fastest somewhere (H100, bias + GELU-tanh,
+    # inputs rotating past the L2, graph replay; scripts/probe_gemm.py cands): 65536 x
+    # 256 -> 64 17.5 us (64 rows, 1 an SM) against 17.7 for the best pointer tile; 4096 x
+    # 13 -> 512 4.3 (32 rows, 4 an SM) against 4.6. Behind at 4096 x 256 -> 64 (4.7-5.8
+    # against 3.8) and 65536 x 64 -> 16 (5.8-8.5 against 5.2), so the tuner decides.
+    (64, 4, 3, 1), (32, 4, 3, 4),
 ]  # fmt: skip
 STREAM_MIN_M = 512
 STREAM_MAX_K = 256
