@@ -154,10 +154,12 @@ def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch, every_argume
         assert _gemm._lora_tma_kernel in seen
 
 
-@pytest.mark.parametrize("op", ["softmax", "log_softmax", "add", "bias_act", "linear", "mlp"])
+@pytest.mark.parametrize(
+    "op", ["softmax", "log_softmax", "add", "bias_act", "linear", "stream", "mlp"]
+)
 def test_other_launches_pass_every_kernel_argument(op, every_argument):
-    """The on-chip softmax, elementwise, plain linear and MLP-chain launches pass every
-    kernel argument too (see ``every_argument``)."""
+    """The on-chip softmax, elementwise, plain linear (both kernels) and MLP-chain launches
+    pass every kernel argument too (see ``every_argument``)."""
     import importlib
 
     import torch
@@ -182,6 +184,12 @@ def test_other_launches_pass_every_kernel_argument(op, every_argument):
     elif op == "linear":
         fuseml.ops.linear(x, w, b, "relu", backend="triton")
         kernel = _gemm._linear_kernel
+    elif op == "stream":
+        xs = torch.randn(600, 64, dtype=torch.bfloat16)
+        ws, bs = w.to(torch.bfloat16), b.to(torch.bfloat16)
+        cfg = next(c for c in _gemm.candidates(600, 32, 64, xs.dtype, stream=True) if "STREAM" in c)
+        _gemm.launch_linear(torch.empty(600, 32, dtype=xs.dtype), xs, ws, bs, None, 1.0, 1, cfg)
+        kernel = _gemm._linear_stream_kernel
     else:  # a narrow 16-bit chain: the register-resident chain kernel
         bf = torch.bfloat16
         ws = [torch.randn(32, 16, dtype=bf), torch.randn(16, 32, dtype=bf)]

@@ -507,7 +507,8 @@ def test_linear_one_step(device, backend, k):
 def test_linear_stream_kernel(device, backend, dtype, m, k, n):
     """The streaming kernel (W's column tile on chip, row tiles streamed through it; several
     row tiles a program, a ragged last one): every one of its candidates, with and without
-    bias and residual, x strided, the same results as the reference."""
+    bias and residual, x strided, direct and traced launches, the same results as the
+    reference."""
     x, w, b, r = _inputs(m, k, n, dtype, device)
     x = torch.cat([x, x], dim=1)[:, ::2]  # a row stride of 2k, a column stride of 2
     cands = [c for c in _gemm.candidates(m, n, k, dtype, stream=True) if c.get("STREAM")]
@@ -515,9 +516,10 @@ def test_linear_stream_kernel(device, backend, dtype, m, k, n):
     for cfg in cands:
         grid = _gemm.stream_grid(m, n, cfg, _gemm.persistent_programs(x))
         assert grid[0] % -(-n // cfg["BLOCK_N"]) == 0
-        for bias, res in ((b, r), (None, None)):
+        # traced: the launch torch.compile's trace makes (wrap_triton), run eagerly here
+        for bias, res, traced in ((b, r, False), (None, None, False), (b, r, True)):
             out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
-            _gemm.launch_linear(out, x, w, bias, res, 0.5, 3, cfg)  # 3: gelu
+            _gemm.launch_linear(out, x, w, bias, res, 0.5, 3, cfg, traced=traced)  # 3: gelu
             try:
                 assert_close_verbose(out, _ref64(x, w, bias, "gelu", res, 0.5), dtype)
             except AssertionError as err:
