@@ -9,7 +9,9 @@ loops, compute the same thing: ``_gemm_body`` (pointer loads, any layout and GPU
 ``_tma_body`` (Hopper+: a persistent grid whose tiles the tensor-memory accelerator loads;
 taken from ``TMA_MIN_M`` rows where rows are 16-byte aligned, tuned against the pointer
 loop below that and for narrow outputs, see ``gemm_loop``). Where K fits one BLOCK_K step
-the pointer loop is a single step (``ONE_STEP``, plain layers). Tiles are
+the pointer loop is a single step (``ONE_STEP``, plain layers); for such skinny plain
+layers at many rows the tuner also times ``_linear_stream_kernel`` (one column tile of W
+kept on chip, row tiles streamed through it; same epilogue). Tiles are
 visited in grouped order (GROUP_M row-tiles share each column strip of W while it is in
 L2). Tile sizes come from ``fuseml.ops._tune``: measured once per device and shape bucket
 and kept on disk.
