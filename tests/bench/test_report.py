@@ -172,6 +172,35 @@ def test_an_arm_that_raises_is_a_failed_row_not_an_aborted_run():
     assert "  failed arms: 2" in summarize(doc)
 
 
+def test_describe_fields_land_in_each_arms_row(monkeypatch):
+    """Case.describe(arm) is asked right after the arm's first call; its fields (the
+    linear suite: the launch config the tuner chose) are in that arm's timed row."""
+    from fuseml.bench import harness
+
+    monkeypatch.setattr(harness.torch.cuda, "synchronize", lambda *a: None)  # (no GPU)
+    monkeypatch.setattr(harness, "spin_up", lambda fn, inputs, ms=50.0: 0.01)
+    monkeypatch.setattr(harness, "bench_ms_p99", lambda fn, settings: (1.0, 0.9, 1.1, 1.2))
+    calls = []
+
+    def triton_arm(x):
+        calls.append("triton")
+        return -x
+
+    def describe(arm):
+        # asked after this arm's first call, before any other arm's
+        assert calls == (["triton"] if arm == "triton" else [])
+        return {"config": {"BLOCK_M": 16, "kernel": "ptr"}} if arm == "triton" else {}
+
+    case = Case(
+        suite="t", name="t/2", params={"numel": 2}, make_inputs=lambda: (torch.ones(2),),
+        arms={"eager": torch.neg, "triton": triton_arm}, describe=describe,
+    )  # fmt: skip
+    rows = harness._run_case(case, {"copy_gbps": 1.0}, Settings.for_mode(True), None, {}, 0)
+    by_arm = {r["arm"]: r for r in rows}
+    assert by_arm["triton"]["config"] == {"BLOCK_M": 16, "kernel": "ptr"}
+    assert "config" not in by_arm["eager"] and by_arm["triton"]["matches_ref"] is True
+
+
 def test_heavy_arms_are_timed_in_turns():
     """bench_turns_ms: every arm gets a slice of each round, the first arm of round r is arm
     r (mod arms), slices hold rep_ms / rounds of calls (at least 2), and the quantiles are

@@ -526,6 +526,23 @@ def test_linear_stream_kernel(device, backend, dtype, m, k, n):
                 raise AssertionError(f"config {cfg}: {err}") from None
 
 
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_last_choice_names_the_config_and_kernel(device, backend, monkeypatch):
+    """linear_mod.last_choice(): the latest call's launch config and kernel (bench rows
+    record it); the streaming kernel's configs say so."""
+    x, w, b, _ = _inputs(600, 64, 16, torch.bfloat16, device, residual=False)
+    fuseml.ops.linear(x, w, b, "relu", backend=backend)
+    choice = linear_mod.last_choice()
+    assert choice["kernel"] in ("ptr", "tma", "stream") and choice["BLOCK_M"] >= 16
+    cfg = next(
+        c for c in _gemm.candidates(600, 16, 64, torch.bfloat16, stream=True) if "STREAM" in c
+    )
+    monkeypatch.setattr(_gemm, "choose_config", lambda *a, **k: cfg)
+    out = fuseml.ops.linear(x, w, b, "relu", backend=backend)
+    assert linear_mod.last_choice() == {**cfg, "kernel": "stream"}
+    assert_close_verbose(out, _ref64(x, w, b, "relu"), torch.bfloat16)
+
+
 def test_stream_candidates_only_where_they_serve():
     def streams(m, n, k, **kw):
         return [c for c in _gemm.candidates(m, n, k, torch.bfloat16, **kw) if c.get("STREAM")]

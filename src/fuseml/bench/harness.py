@@ -72,6 +72,9 @@ class Case:
     unchecked_arms: tuple[str, ...] = ("copy",)  # baselines that compute something else
     # Not a kernel timing: measure(settings) -> {arm: row fields (mode, p50_ms, ...)}.
     measure: Callable[[Settings], dict[str, dict]] | None = None
+    # describe(arm) -> more row fields, asked right after the arm's first call (e.g. the
+    # launch config the tuner chose for it)
+    describe: Callable[[str], dict] | None = None
 
 
 @dataclass
@@ -349,7 +352,7 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
             log.warning("%s: arm %s failed: %s", case.name, arm, failed[arm])
             continue
         first_call_s = time.perf_counter() - t0
-        fields: dict = {}
+        fields: dict = {} if case.describe is None else dict(case.describe(arm))
         if arm in case.compile_arms:
             fields["compile_s"] = round(first_call_s, 3)
         if reference is not None and arm != ref_name and arm not in case.unchecked_arms:

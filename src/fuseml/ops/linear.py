@@ -92,6 +92,7 @@ def linear_rows(
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """act(x @ W^T + bias + alpha * residual) for validated inputs, shaped (..., N)."""
+    global _last
     k = x.shape[-1]
     n = weight.shape[0]
     flat = x.dim() == 2  # (the common case: no reshape, no view of the output)
@@ -112,9 +113,24 @@ def linear_rows(
         _gemm.launch_linear(out, x2, weight, b, res2, alpha, code, cfg, traced=traced, tma=tma)
 
     if x2.shape[0] and n:
-        key = _gemm.loop_key(loop)
-        run(_gemm.choose_config("linear", x2, n, k, run, key, loop, stream=True))
+        cfg = _gemm.choose_config("linear", x2, n, k, run, _gemm.loop_key(loop), loop, stream=True)
+        _last = (cfg, loop)
+        run(cfg)
     return out if flat else out.view(*x.shape[:-1], n)
+
+
+_last: tuple[dict, int] | None = None  # linear_rows' latest (config, loop): see last_choice
+
+
+def last_choice() -> dict | None:
+    """The launch config of this process's latest ``linear`` call with rows, with the
+    kernel it took ("stream", "tma" or "ptr"), or None before any: the bench suites record
+    it beside the fused arm's times, so that a row says which tile the tuner chose."""
+    if _last is None:
+        return None
+    cfg, loop = _last
+    kernel = "stream" if cfg.get("STREAM") else "tma" if _gemm.takes_tma(loop, cfg) else "ptr"
+    return {**cfg, "kernel": kernel}
 
 
 # ------------------------------------------------------------------------ registration

@@ -26,6 +26,7 @@ replays, and the smallest M of a shape measures host time per call.
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
@@ -35,6 +36,8 @@ from fuseml.bench.harness import Case
 from fuseml.bench.suites._common import dtype_name, launch_bound, linear_params, no_tf32
 from fuseml.models.dlrm import DLRMConfig
 from fuseml.ops._gemm import TMA_MIN_M, TMA_TUNED_MAX_M
+
+linear_mod = importlib.import_module("fuseml.ops.linear")  # (fuseml.ops.linear: the function)
 
 # (in, out) = (K, N). DLRM (kaggle bottom 13-512-256-64-16, top input 367 -> 512, mlperf's
 # 1024-wide top layers) with ReLU; a 4096 hidden layer and a LLaMA-7B up-projection with GELU.
@@ -74,6 +77,12 @@ def _ptr_arm(act: str):
                 os.environ["FUSEML_GEMM"] = previous
 
     return call
+
+
+def describe(arm: str) -> dict:
+    """The fused arms' rows record the launch config (and kernel) their first call took."""
+    choice = linear_mod.last_choice() if arm in ("triton", "triton-ptr") else None
+    return {} if choice is None else {"config": choice}
 
 
 def linear_case(
@@ -143,6 +152,7 @@ def linear_case(
         overhead_arms=overhead_arms,
         dtype=dtype,
         compile_arms=("compile", "compile-max"),
+        describe=describe,
     )
 
 
