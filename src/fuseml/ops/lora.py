@@ -229,14 +229,19 @@ def _spread_fits(x2: torch.Tensor, n: int, a_stacked: torch.Tensor):
     return lambda c: _gemm.spread_fits(c, m, n, r_pad, es, sms)
 
 
+def _spread_configs(loop: int, x2: torch.Tensor, n: int, a_stacked: torch.Tensor) -> list:
+    """The TMA-kernel candidates of this shape the spread mode can launch (_spread_fits)."""
+    fits = _spread_fits(x2, n, a_stacked)
+    cands = _gemm.candidates(x2.shape[0], n, x2.shape[1], x2.dtype, loop)
+    return [c for c in cands if _gemm.takes_tma(loop, c) and fits(c)]
+
+
 def _spread_ok(loop: int, x2: torch.Tensor, n: int, a_stacked: torch.Tensor) -> bool:
     """Can the spread mode run: the TMA kernel, A through a descriptor, and some TMA tile
     of this shape that fits one wave (few rows; see _spread_fits)?"""
     if not _joint_ok(loop, a_stacked) or type(x2.shape[0]) is not int:
         return False
-    fits = _spread_fits(x2, n, a_stacked)
-    cands = _gemm.candidates(x2.shape[0], n, x2.shape[1], x2.dtype, loop)
-    return any(fits(c) for c in cands if _gemm.takes_tma(loop, c))
+    return bool(_spread_configs(loop, x2, n, a_stacked))
 
 
 def _run_mode(
@@ -305,8 +310,7 @@ def _run_mode(
         fits = _spread_fits(x2, n, a_stacked)
         cfg = _gemm.choose_config("linear", x2, n, k, run, extra, loop, tma_only=True, fits=fits)
         if not fits(cfg):  # the untuned default (inside a capture, say): the first that fits
-            cands = _gemm.candidates(x2.shape[0], n, k, x2.dtype, loop)
-            cfg = next(c for c in cands if _gemm.takes_tma(loop, c) and fits(c))
+            cfg = _spread_configs(loop, x2, n, a_stacked)[0]
         run(cfg)
         return
     run(_gemm.choose_config("linear", x2, n, k, run, extra, loop, tma_only=joint))
