@@ -1,6 +1,6 @@
 // What both CUDA C++ twins (elementwise.cu, softmax.cu) share: the dtype traits, the
-// 16-byte pack, and weak stores in inline PTX. Included inside each file's anonymous
-// namespace, so each translation unit keeps its own internal copy.
+// 16-byte pack, weak stores in inline PTX, and the programmatic dependent launch. Included
+// inside each file's anonymous namespace, so each translation unit keeps its own copy.
 #pragma once
 
 // The widest single global load / store.
@@ -69,4 +69,45 @@ __device__ __forceinline__ void store_weak(W* p, const W& w) {
                  : "l"(p), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w)
                  : "memory");
   }
+}
+
+// Programmatic dependent launch (PDL; fuseml.ops._utils.pdl_launch says what it does and
+// buys): on sm_90 and later, unless FUSEML_PDL=0 (read on each call, as the Python side
+// reads it), a launch may begin while the kernel before it on the stream finishes. Every
+// kernel launched through launch_pdl starts with pdl_begin(), which is a no-op on a plain
+// launch.
+inline bool pdl_enabled() {
+  const char* v = std::getenv("FUSEML_PDL");
+  if (v != nullptr) {
+    const std::string s(v);
+    TORCH_CHECK(s == "0" || s == "1", "FUSEML_PDL must be 0 or 1, got '", s, "'");
+    if (s == "0") return false;
+  }
+  return at::cuda::getCurrentDeviceProperties()->major >= 9;
+}
+
+// Wait until every grid before this one on the stream has completed and its writes are
+// visible, then let the next PDL launch begin. Nothing may touch global memory before it.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" : : : "memory");
+  asm volatile("griddepcontrol.launch_dependents;" : : : "memory");
+#endif
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...), with the PDL attribute where pdl is set.
+template <typename... Params, typename... Args>
+void launch_pdl(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = pdl ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }

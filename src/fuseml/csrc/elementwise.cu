@@ -34,6 +34,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace fuseml {
 namespace {
@@ -221,6 +222,7 @@ __global__ void __launch_bounds__(kFlatBlock<typename Tr::Storage, VEC>)
     bias_act_flat_kernel(const Args<typename Tr::Storage> a) {
   using S = typename Tr::Storage;
   using P = Pack<S, VEC>;
+  pdl_begin();
   const I v = static_cast<I>(blockIdx.x) * static_cast<I>(kFlatBlock<S, VEC>) +
               static_cast<I>(threadIdx.x);
   const I items = static_cast<I>(a.items);
@@ -246,6 +248,7 @@ __global__ void __launch_bounds__(kFlatBlock<typename Tr::Storage, VEC>)
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, int U>
 __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename Tr::Storage> a) {
   static_assert(U >= 1, "U: rows per thread");
+  pdl_begin();
   using S = typename Tr::Storage;
   using P = Pack<S, VEC>;
 
@@ -310,6 +313,7 @@ __global__ void __launch_bounds__(kThreads) bias_act_kernel(const Args<typename 
 struct Launch {
   int sm_count;
   cudaStream_t stream;
+  bool pdl;  // programmatic dependent launch (common.cuh)
 };
 
 constexpr int64_t kMinBlocksPerSm = 4;  // 2-D: 32 warps per SM before more rows a thread
@@ -360,7 +364,8 @@ bool one_axis_grid() {
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, int U>
 void launch_kernel(const Args<typename Tr::Storage>& a, dim3 blocks, int threads,
                    const Launch& l) {
-  bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, U><<<blocks, threads, 0, l.stream>>>(a);
+  launch_pdl(l.pdl, bias_act_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, U>, blocks, dim3(threads),
+             l.stream, a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -381,9 +386,11 @@ void launch(Args<typename Tr::Storage> a, const Launch& l) {
     // 32-bit indices reach blocks * kBlock (the last block's idle threads too).
     const unsigned grid = static_cast<unsigned>(blocks);
     if (blocks * kBlock > std::numeric_limits<int32_t>::max()) {
-      bias_act_flat_kernel<Tr, ACT, VEC, HAS_Y, int64_t><<<grid, kBlock, 0, l.stream>>>(a);
+      launch_pdl(l.pdl, bias_act_flat_kernel<Tr, ACT, VEC, HAS_Y, int64_t>, dim3(grid),
+                 dim3(kBlock), l.stream, a);
     } else {
-      bias_act_flat_kernel<Tr, ACT, VEC, HAS_Y, int32_t><<<grid, kBlock, 0, l.stream>>>(a);
+      launch_pdl(l.pdl, bias_act_flat_kernel<Tr, ACT, VEC, HAS_Y, int32_t>, dim3(grid),
+                 dim3(kBlock), l.stream, a);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else {
@@ -614,6 +621,7 @@ void bias_act_cuda_out(const at::Tensor& x, const std::optional<at::Tensor>& y,
   // getCurrentDeviceProperties is cached by ATen per device: no driver call per launch.
   l.sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   l.stream = at::cuda::getCurrentCUDAStream();
+  l.pdl = pdl_enabled();
 
   switch (dtype) {
     case at::kFloat: launch_dtype<Fp32>(p, activation, l); break;

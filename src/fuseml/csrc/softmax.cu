@@ -50,6 +50,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
 
 namespace fuseml {
 namespace {
@@ -404,6 +406,7 @@ template <class Tr, bool LOG, int ELEMS, int LANES>
 __global__ void __launch_bounds__(kWarpKernelThreads)
     softmax_warp_kernel(const RowArgs<typename Tr::Storage> a) {
   using S = typename Tr::Storage;
+  pdl_begin();
   constexpr int V = kVec<S>;
   constexpr int kRowsPerWarp = kWarp / LANES;
   constexpr int kWarps = kWarpKernelThreads / kWarp;
@@ -434,6 +437,7 @@ template <class Tr, bool LOG, int THREADS, int ELEMS>
 __global__ void __launch_bounds__(THREADS)
     softmax_block_kernel(const RowArgs<typename Tr::Storage> a) {
   using S = typename Tr::Storage;
+  pdl_begin();
   constexpr int V = kVec<S>;
   static_assert(THREADS % kWarp == 0 && THREADS <= kMaxThreads, "bad block size");
   __shared__ float red_max[kWarp];
@@ -456,6 +460,7 @@ template <class Tr, bool LOG, int V>
 __global__ void __launch_bounds__(kMaxThreads)
     softmax_online_kernel(const RowArgs<typename Tr::Storage> a) {
   using S = typename Tr::Storage;
+  pdl_begin();
   using P = Pack<S, V>;
   constexpr int U = kOnlineStepElems / V;  // packs per thread per step
   static_assert(U >= 1 && U * V == kOnlineStepElems, "V must divide the step");
@@ -573,6 +578,7 @@ __global__ void __launch_bounds__(THREADS)
     softmax_split_kernel(const RowArgs<typename Tr::Storage> a, float2* stats, int* count,
                          int chunks) {
   using S = typename Tr::Storage;
+  pdl_begin();
   constexpr int V = kVec<S>;
   constexpr int kPackStride = THREADS * V;
   __shared__ float red_max[kWarp];
@@ -649,6 +655,7 @@ struct Launch {
   int sm_count;
   int64_t l2_bytes;
   cudaStream_t stream;
+  bool pdl;  // programmatic dependent launch (common.cuh)
 };
 
 template <typename Kernel>
@@ -668,7 +675,8 @@ void launch_warp(const RowArgs<typename Tr::Storage>& a, const Launch& l) {
   const int64_t wanted = (a.rows + kRowsPerBlock - 1) / kRowsPerBlock;
   const int64_t cap = static_cast<int64_t>(l.sm_count) * per_sm;
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min(wanted, cap)));
-  softmax_warp_kernel<Tr, LOG, ELEMS, LANES><<<grid, kWarpKernelThreads, 0, l.stream>>>(a);
+  launch_pdl(l.pdl, softmax_warp_kernel<Tr, LOG, ELEMS, LANES>, dim3(grid),
+             dim3(kWarpKernelThreads), l.stream, a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -687,7 +695,8 @@ void launch_block(const RowArgs<typename Tr::Storage>& a, const Launch& l) {
   static const int per_sm = resident_blocks(softmax_block_kernel<Tr, LOG, THREADS, ELEMS>, THREADS);
   const int64_t cap = static_cast<int64_t>(l.sm_count) * per_sm;
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min(a.rows, cap)));
-  softmax_block_kernel<Tr, LOG, THREADS, ELEMS><<<grid, THREADS, 0, l.stream>>>(a);
+  launch_pdl(l.pdl, softmax_block_kernel<Tr, LOG, THREADS, ELEMS>, dim3(grid), dim3(THREADS),
+             l.stream, a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -698,10 +707,10 @@ void launch_split(const RowArgs<typename Tr::Storage>& a, int chunks, const at::
   const at::Tensor stats = at::empty({a.rows, chunks, 2}, like.options().dtype(at::kFloat));
   const int64_t grid = a.rows * chunks;
   TORCH_CHECK(grid <= INT32_MAX, "softmax_cuda_out: too many rows for the split kernel");
-  softmax_split_kernel<Tr, LOG, THREADS, ELEMS><<<static_cast<unsigned>(grid), THREADS, 0,
-                                                  l.stream>>>(
-      a, reinterpret_cast<float2*>(stats.mutable_data_ptr<float>()),
-      count.mutable_data_ptr<int>(), chunks);
+  launch_pdl(l.pdl, softmax_split_kernel<Tr, LOG, THREADS, ELEMS>,
+             dim3(static_cast<unsigned>(grid)), dim3(THREADS), l.stream, a,
+             reinterpret_cast<float2*>(stats.mutable_data_ptr<float>()),
+             count.mutable_data_ptr<int>(), chunks);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -724,7 +733,7 @@ void launch_online(const RowArgs<typename Tr::Storage>& a, int threads, const La
   const int64_t blocks_per_sm = std::max<int64_t>(1, std::min<int64_t>(fit, per_sm));
   const int grid =
       static_cast<int>(std::max<int64_t>(1, std::min(a.rows, blocks_per_sm * l.sm_count)));
-  softmax_online_kernel<Tr, LOG, V><<<grid, threads, 0, l.stream>>>(a);
+  launch_pdl(l.pdl, softmax_online_kernel<Tr, LOG, V>, dim3(grid), dim3(threads), l.stream, a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -897,6 +906,7 @@ void softmax_cuda_out(const at::Tensor& x, bool log, at::Tensor& out) {
   l.sm_count = props->multiProcessorCount;
   l.l2_bytes = props->l2CacheSize;
   l.stream = at::cuda::getCurrentCUDAStream();
+  l.pdl = pdl_enabled();
 
   switch (dtype) {
     case at::kFloat: launch_dtype<Fp32>(p, log, l); break;

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from fuseml import _cuda_ext
-from fuseml.ops._math import LOG2E, _exp2, _rcp
+from fuseml.ops._math import LOG2E, _exp2, _pdl_begin, _rcp
 from fuseml.ops._utils import (
     GRID_Y_MAX,
     CompiledLaunches,
@@ -36,6 +36,7 @@ from fuseml.ops._utils import (
     is_dense,
     launches_skipped,
     next_pow2,
+    pdl_launch,
     rows_view,
     vec_width,
 )
@@ -228,7 +229,10 @@ def _bias_act_kernel(
     FLAT: tl.constexpr = False,  # one packed run of n_cols elements (n_rows == 1)
     WIDE: tl.constexpr = True,  # offsets past int32: int64 index arithmetic (launcher)
     GRID2D: tl.constexpr = False,  # 2-D path: a (column blocks, row blocks) grid (_tile)
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_launch)
 ):
+    if PDL:
+        _pdl_begin()
     if VEC > 1:
         # Widths like 1000 are not multiples of 16, so Triton's own specialisation cannot
         # tell that rows start on 16-byte boundaries and that masks change only between
@@ -435,7 +439,7 @@ def _launch(
     if traced:
         grid, consts, warps = _plan(
             x.element_size(), fast_math(x), n_rows, n_cols, stride_x, stride_y, stride_out,
-            y is not None, bias is not None, activation, config,
+            y is not None, bias is not None, activation, False, config,
         )  # fmt: skip
         kernel = torch.library.wrap_triton(_bias_act_kernel)
         kernel[grid](*ptrs, *args_tail, *consts, num_warps=warps)
@@ -444,18 +448,19 @@ def _launch(
     # CompiledLaunches); x, y, bias and out share x's dtype (validated). The plan (grid,
     # constexprs, specialization key) is cached per dtype, sizes, strides and flags.
     flags = (x.dtype, fast_math(x), n_rows, n_cols, stride_x, stride_y, stride_out)
-    flags += (y is not None, bias is not None, activation)
+    pdl = pdl_launch(x)
+    flags += (y is not None, bias is not None, activation, pdl)
     grid, consts, warps, key = _direct_plan(*flags) if config is None else _key(*flags, config)
-    _bias_act_launches(
-        grid, key, aligned16(x, y, bias, out), (*ptrs, *args_tail, *consts), {"num_warps": warps}
-    )
+    options = {"num_warps": warps, "launch_pdl": True} if pdl else {"num_warps": warps}
+    _bias_act_launches(grid, key, aligned16(x, y, bias, out), (*ptrs, *args_tail, *consts), options)
 
 
 def _plan(
     elem_size, fast, n_rows, n_cols, stride_x, stride_y, stride_out, has_y, has_bias,
-    activation, config=None,
+    activation, pdl, config=None,
 ) -> tuple[tuple, tuple, int]:  # fmt: skip
-    """(grid, the kernel's constexprs in order, num_warps) of one launch."""
+    """(grid, the kernel's constexprs in order, num_warps) of one launch (pdl: the
+    kernel's PDL, for a launch with launch_pdl)."""
     cfg = config or launch_config(n_rows, n_cols, elem_size, activation)
     grid = cfg.get("grid") or (cdiv(n_rows, cfg["BLOCK_M"]) * cdiv(n_cols, cfg["BLOCK_N"]),)
     flat = n_rows == 1 and not has_bias and cfg["BLOCK_M"] == 1
@@ -471,19 +476,19 @@ def _plan(
     consts = (
         has_y, has_bias, activation, cfg["BLOCK_M"], cfg["BLOCK_N"], fast,
         vec_width(elem_size, n_cols, stride_x, stride_y, stride_out), flat, wide,
-        len(grid) == 2,
+        len(grid) == 2, pdl,
     )  # fmt: skip
     return grid, consts, cfg["num_warps"]
 
 
 def _key(
     dtype, fast, n_rows, n_cols, stride_x, stride_y, stride_out, has_y, has_bias, activation,
-    config=None,
+    pdl, config=None,
 ) -> tuple[tuple, tuple, int, tuple]:  # fmt: skip
     """_plan for a direct launch (concrete ints), with the CompiledLaunches key."""
     grid, consts, warps = _plan(
         dtype.itemsize, fast, n_rows, n_cols, stride_x, stride_y, stride_out, has_y, has_bias,
-        activation, config,
+        activation, pdl, config,
     )  # fmt: skip
     ints = (n_rows, n_cols, stride_x, stride_y, stride_out)
     return grid, consts, warps, (dtype, consts, warps, *map(int_spec, ints))

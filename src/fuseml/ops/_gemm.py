@@ -72,6 +72,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from fuseml.ops import _tune
 from fuseml.ops._elementwise import _activation
+from fuseml.ops._math import _pdl_begin
 from fuseml.ops._utils import (
     CompiledLaunches,
     CounterSlab,
@@ -81,6 +82,7 @@ from fuseml.ops._utils import (
     int_spec,
     launches_skipped,
     next_pow2,
+    pdl_launch,
     slab_counters,
     sm_count,
 )
@@ -423,10 +425,14 @@ def _linear_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_STEP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Plain linear layers: the GEMM body without the LoRA arguments (half the launch
     arguments, and Triton's host cost per launch grows with their number). ONE_STEP: K
-    fits one BLOCK_K step (the DLRM's 13 -> 512 layer, 64 -> 16)."""
+    fits one BLOCK_K step (the DLRM's 13 -> 512 layer, 64 -> 16). PDL: launched with
+    programmatic dependent launch (``pdl_launch``; not the body's LoRA PDL)."""
+    if PDL:
+        _pdl_begin()
     _gemm_body(
         tl.program_id(0), x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
         x_ptr, x_ptr, x_ptr, x_ptr, x_ptr,
@@ -444,14 +450,17 @@ def _linear_stream_kernel(
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACTIVATION: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, STAGES: tl.constexpr,
+    EVEN_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Skinny layers at many rows (K within one BLOCK_K step, a few column tiles): each
     program keeps one column tile of W and the bias on chip, loaded once, and streams row
     tiles through them, the next tiles' x loads issued while this one computes and stores
     (the loop is software-pipelined over STAGES buffers). Program p takes column tile
     p % n_tiles_n and every (programs / n_tiles_n)-th row tile from p // n_tiles_n; the
-    launcher makes the grid a multiple of n_tiles_n (see ``stream_grid``)."""
+    launcher makes the grid a multiple of n_tiles_n (see ``stream_grid``). PDL: as in
+    _linear_kernel."""
+    if PDL:
+        _pdl_begin()
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
     pid_n = pid % n_tiles_n
@@ -877,9 +886,12 @@ def _linear_tma_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-    FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False,
+    FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """Plain linear layers through _tma_body (the fewest launch arguments)."""
+    """Plain linear layers through _tma_body (the fewest launch arguments). PDL: as in
+    _linear_kernel."""
+    if PDL:
+        _pdl_begin()
     _tma_body(
         x_desc, w_desc, x_desc, x_desc, bias_ptr, res_ptr, out_ptr, out_ptr, out_ptr, out_ptr,
         out_ptr, out_ptr,
@@ -965,14 +977,9 @@ def gemm_loop(x: torch.Tensor, weight: torch.Tensor, traced: bool) -> int:
 
 def pdl_available(x: torch.Tensor, traced: bool) -> bool:
     """Can LoRA's expand launch overlap its shrink launch (programmatic dependent launch,
-    Hopper+)? Not under the interpreter or torch.compile's tracing; FUSEML_PDL=0 turns it
-    off (then small batches take the one-launch in-loop mode, see fuseml.ops.lora)."""
-    if traced or not x.is_cuda or triton_interpreting():
-        return False
-    flag = os.environ.get("FUSEML_PDL", "1")
-    if flag not in ("0", "1"):
-        raise ValueError(f"FUSEML_PDL must be 0 or 1, got {flag!r}")
-    return flag == "1" and _has_tma(x.get_device())
+    see ``pdl_launch``)? FUSEML_PDL=0 turns it off (then small batches take the one-launch
+    in-loop mode, see fuseml.ops.lora)."""
+    return pdl_launch(x, traced)
 
 
 def takes_tma(loop: int, config: dict) -> bool:
@@ -1059,9 +1066,12 @@ def _launch_tma(
     )  # fmt: skip
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     ptrs = (bias_arg, res_arg, out)
-    if lora is None:
-        args = (x_desc, w_desc, *ptrs, *ints, float(alpha), *common)
-        key = (x.dtype, out.dtype, common, *options.values(), *map(int_spec, ints))
+    if lora is None:  # (only direct launches take TMA, see gemm_loop)
+        dep = pdl_launch(x)
+        if dep:
+            options["launch_pdl"] = True
+        args = (x_desc, w_desc, *ptrs, *ints, float(alpha), *common, dep)
+        key = (x.dtype, out.dtype, common, dep, *options.values(), *map(int_spec, ints))
         _linear_tma_launches((programs,), key, aligned16(*ptrs), args, options)
         return
     mode, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block = lora
@@ -1321,16 +1331,19 @@ def launch_linear(
             m, n, k, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
             0 if residual is None else residual.stride(0), out.stride(0),
         )  # fmt: skip
+        dep = pdl_launch(x, traced)  # programmatic dependent launch (not LoRA's pdl)
         if config.get("STREAM"):
             flags = (bias is not None, residual is not None, activation, precision, upcast)
-            _launch_stream(out, x, weight, b_arg, r_arg, ints, alpha, flags, config, traced)
+            _launch_stream(out, x, weight, b_arg, r_arg, ints, alpha, flags, config, traced, dep)
             return
         consts = (
             bias is not None, residual is not None, activation, precision, upcast,
             config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], even_k,
-            k <= config["BLOCK_K"],
+            k <= config["BLOCK_K"], dep,
         )  # fmt: skip
         options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+        if dep:
+            options["launch_pdl"] = True
         args = (x, weight, b_arg, r_arg, out, *ints, float(alpha), *consts)
         if traced:
             grid_launch(torch.library.wrap_triton(_linear_kernel), grid)(*args, **options)
@@ -1378,15 +1391,20 @@ def stream_grid(m: int, n: int, config: dict, sms: int | None) -> tuple[int]:
     return (tiles_n * min(tiles_m, rows),)
 
 
-def _launch_stream(out, x, weight, b_arg, r_arg, ints, alpha, flags, config, traced) -> None:
-    """One launch of ``_linear_stream_kernel`` (a "STREAM" config; plain layers only)."""
+def _launch_stream(
+    out, x, weight, b_arg, r_arg, ints, alpha, flags, config, traced, dep=False
+) -> None:  # fmt: skip
+    """One launch of ``_linear_stream_kernel`` (a "STREAM" config; plain layers only); dep:
+    with programmatic dependent launch (``pdl_launch``)."""
     m, n, k = ints[:3]
     grid = stream_grid(m, n, config, persistent_programs(x))
     consts = (
         *flags, config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"],
-        k == config["BLOCK_K"], config["num_stages"],
+        k == config["BLOCK_K"], config["num_stages"], dep,
     )  # fmt: skip
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    if dep:
+        options["launch_pdl"] = True
     args = (x, weight, b_arg, r_arg, out, *ints, float(alpha), *consts)
     if traced:
         grid_launch(torch.library.wrap_triton(_linear_stream_kernel), grid)(*args, **options)

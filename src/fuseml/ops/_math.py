@@ -1,4 +1,5 @@
-"""Float32 primitives for Triton kernels, in two instruction choices picked by FAST.
+"""Float32 primitives for Triton kernels, in two instruction choices picked by FAST (and
+the first statement of a programmatic dependent launch, _pdl_begin).
 
 FAST (a constexpr; ``fast_math(tensor)`` in ops/_utils.py: compiled launches on NVIDIA
 GPUs) makes 2^x and 1/x one MUFU instruction each: ``ex2.approx.ftz.f32`` (~2 ulp) and
@@ -43,3 +44,13 @@ def _rcp(x, FAST: tl.constexpr):
     else:
         y = 1.0 / x
     return y
+
+
+@triton.jit
+def _pdl_begin():
+    """First statement of a kernel launched with programmatic dependent launch (see
+    ``pdl_launch`` in ops/_utils.py): wait until every grid before it on the stream has
+    completed and its writes are visible, then let the next PDL launch begin. Nothing may
+    touch global memory before it."""
+    tl.extra.cuda.gdc_wait()
+    tl.extra.cuda.gdc_launch_dependents()

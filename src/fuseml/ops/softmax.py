@@ -22,7 +22,7 @@ import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
 
 from fuseml import _cuda_ext
-from fuseml.ops._math import LOG2E, _exp2, _rcp
+from fuseml.ops._math import LOG2E, _exp2, _pdl_begin, _rcp
 from fuseml.ops._utils import (
     GRID_Y_MAX,
     CompiledLaunches,
@@ -37,6 +37,7 @@ from fuseml.ops._utils import (
     launches_skipped,
     needs_dispatch,
     next_pow2,
+    pdl_launch,
     slab_counters,
     sm_count,
     vec_width,
@@ -69,7 +70,10 @@ def _softmax_rows_kernel(
     FAST: tl.constexpr,  # one-instruction exp2 / reciprocal (ops/_math.py)
     VEC: tl.constexpr = 1,  # elements in 16 bytes where n_cols and both row strides are
     # multiples of it (the launcher checks; ops/_utils.vec_width), else 1
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_launch)
 ):
+    if PDL:
+        _pdl_begin()
     if VEC > 1:
         # 16-byte accesses for widths such as 1000 (see vec_width): (v // VEC) * VEC == v.
         n_cols = (n_cols // VEC) * VEC
@@ -114,7 +118,10 @@ def _softmax_online_kernel(
     BLOCK_N: tl.constexpr,  # columns per step
     FAST: tl.constexpr,
     NUM_STAGES: tl.constexpr = 1,  # software pipelining depth of both column loops
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_launch)
 ):
+    if PDL:
+        _pdl_begin()
     # Rows too long for registers. Pass 1 keeps a running max m and sum s of the row, one
     # chunk at a time (online softmax: s <- s * exp(m_old - m_new) + sum(exp(x - m_new)),
     # with m_new the max over the chunk and m_old: one exp per element, not two as a
@@ -188,7 +195,10 @@ def _softmax_split_kernel(
     FAST: tl.constexpr,
     GRID2D: tl.constexpr = False,  # the grid is (chunks, rows): no division of the
     # program id ahead of the first load (blocks still start in row-major order)
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_launch)
 ):
+    if PDL:  # (every program of this grid is resident before the next PDL launch begins)
+        _pdl_begin()
     # Long rows split over `chunks` programs, each holding its chunk in registers: one read
     # and one write per element, however long the row. A program reduces its chunk to
     # (max, sum), posts them, waits until every chunk of its row has posted, combines
@@ -279,7 +289,10 @@ def _softmax_strided_kernel(
     BLOCK_N: tl.constexpr,  # positions along N per step
     BLOCK_I: tl.constexpr,  # inner positions per program (the coalesced direction)
     FAST: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_launch)
 ):
+    if PDL:
+        _pdl_begin()
     # Softmax over a non-last dim without transposing: a program owns BLOCK_I neighbouring
     # inner positions of one outer index and reduces down the N axis of a
     # (BLOCK_N, BLOCK_I) tile, so each load is a run of BLOCK_I consecutive elements.
@@ -523,36 +536,42 @@ def _launch_rows(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) 
     n_rows, n_cols = x2.shape
     ints = (n_rows, n_cols, x2.stride(0), out2.stride(0))
     if traced:
-        grid, consts, warps = _rows_plan(x2, out2, log)
+        grid, consts, warps = _rows_plan(x2, out2, log, False)
         kernel = torch.library.wrap_triton(_softmax_rows_kernel)
         kernel[(grid,)](x2, out2, *ints, *consts, num_warps=warps)
         return
     # Repeat launches through the compiled kernel's own launcher (host time: see
-    # CompiledLaunches); out2 has x2's dtype. The plan (grid, constexprs, specialization
-    # key) is kept per dtype, sizes, strides, log and device.
-    pkey = (x2.dtype, log, *ints, x2.get_device())
+    # CompiledLaunches); out2 has x2's dtype. The plan (grid, constexprs, launch options,
+    # specialization key) is kept per dtype, sizes, strides, log, device and PDL.
+    pdl = pdl_launch(x2)
+    pkey = (x2.dtype, log, *ints, x2.get_device(), pdl)
     plan = _ROWS_PLANS.get(pkey)
     if plan is None:
-        grid, consts, warps = _rows_plan(x2, out2, log)
-        plan = ((grid,), consts, warps, (x2.dtype, consts, warps, *map(int_spec, ints)))
+        grid, consts, warps = _rows_plan(x2, out2, log, pdl)
+        options = {"num_warps": warps, "launch_pdl": True} if pdl else {"num_warps": warps}
+        plan = ((grid,), consts, options, (x2.dtype, consts, warps, *map(int_spec, ints)))
         if len(_ROWS_PLANS) < 4096:
             _ROWS_PLANS[pkey] = plan
-    grid, consts, warps, key = plan
-    _rows_launches(grid, key, aligned16(x2, out2), (x2, out2, *ints, *consts), {"num_warps": warps})
+    grid, consts, options, key = plan
+    _rows_launches(grid, key, aligned16(x2, out2), (x2, out2, *ints, *consts), options)
 
 
 _ROWS_PLANS: dict[tuple, tuple] = {}
 
 
-def _rows_plan(x2: torch.Tensor, out2: torch.Tensor, log: bool) -> tuple[int, tuple, int]:
-    """(programs, the on-chip kernel's constexprs in order, num_warps) for x2 -> out2."""
+def _rows_plan(
+    x2: torch.Tensor, out2: torch.Tensor, log: bool, pdl: bool
+) -> tuple[int, tuple, int]:
+    """(programs, the on-chip kernel's constexprs in order, num_warps) for x2 -> out2 (pdl:
+    the kernel's PDL, for a launch with launch_pdl)."""
     n_rows, n_cols = x2.shape
     cfg = _rows_config(n_cols, x2.element_size(), _smem_per_block(x2))
     programs = _persistent_programs(x2, out2, cfg, log) if cfg["PERSISTENT"] else None
     blocks = cdiv(n_rows, cfg["ROWS"])
     grid = blocks if programs is None else min(blocks, programs)
     consts = (
-        log, cfg["ROWS"], cfg["BLOCK_N"], cfg["NUM_STAGES"], fast_math(x2), _rows_vec(x2, out2)
+        log, cfg["ROWS"], cfg["BLOCK_N"], cfg["NUM_STAGES"], fast_math(x2), _rows_vec(x2, out2),
+        pdl,
     )  # fmt: skip
     return grid, consts, cfg["num_warps"]
 
@@ -582,6 +601,12 @@ ONLINE_PER_SM = 0
 ONLINE_STAGES = 1
 
 
+def _pdl_options(x: torch.Tensor, traced: bool) -> dict:
+    """A kernel's PDL constexpr and launch option for a launch on x (see pdl_launch);
+    nothing where PDL is off (a traced launch takes no launch options)."""
+    return {"PDL": True, "launch_pdl": True} if pdl_launch(x, traced) else {}
+
+
 def _online_block(n_cols: int) -> int:
     """Columns per step of the online kernel for rows of ``n_cols`` (see ONLINE_BLOCK)."""
     block = ONLINE_BLOCK if n_cols % ONLINE_BLOCK == 0 else ONLINE_BLOCK // 2 or 1
@@ -597,7 +622,7 @@ def _launch_online(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool
     kernel[(grid,)](
         x2, out2, n_rows, n_cols, x2.stride(0), out2.stride(0),
         LOG=log, BLOCK_N=_online_block(n_cols), FAST=fast_math(x2), NUM_STAGES=ONLINE_STAGES,
-        num_warps=ONLINE_WARPS,
+        num_warps=ONLINE_WARPS, **_pdl_options(x2, traced),
     )  # fmt: skip
 
 
@@ -716,7 +741,7 @@ def _launch_split(
             LOG=log, BLOCK_N=block, CHUNK=chunk_cols, BLOCK_G=next_pow2(chunks),
             VEC=vec if aligned else 1,
             PHASE=phase, FAST=fast_math(x2), GRID2D=grid2d,
-            num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)),
+            num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)), **_pdl_options(x2, traced),
         )  # fmt: skip
 
 
@@ -739,7 +764,7 @@ def _launch_strided(x3: torch.Tensor, out3: torch.Tensor, log: bool, traced: boo
     kernel[grid](
         x3, out3, n_red, n_inner, x3.stride(0), x3.stride(1), x3.stride(2),
         LOG=log, ONE_PASS=one_pass, BLOCK_N=block_n, BLOCK_I=block_i, FAST=fast_math(x3),
-        num_warps=8 if block_n * block_i > STRIDED_TILE else 4,
+        num_warps=8 if block_n * block_i > STRIDED_TILE else 4, **_pdl_options(x3, traced),
     )  # fmt: skip
 
 

@@ -1,0 +1,137 @@
+"""Programmatic dependent launch (``pdl_launch``): where it is on, and chains of fused ops
+launched with it, each reading what the one before wrote (or writing what it read),
+computing exactly what they compute without it: on a stream, in a CUDA graph, for every
+kernel that takes it (elementwise flat and 2-D, softmax on-chip / split / online /
+strided, linear pointer / TMA / streaming), both backends."""
+
+import pytest
+import torch
+
+import fuseml
+from fuseml.ops import _elementwise, _gemm, _utils
+
+gpu = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def test_off_on_the_cpu_and_when_traced(monkeypatch):
+    monkeypatch.setenv("FUSEML_PDL", "1")
+    assert not _utils.pdl_launch(torch.randn(4))
+    if torch.cuda.is_available():
+        assert not _utils.pdl_launch(torch.randn(4, device="cuda"), traced=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_switch(monkeypatch):
+    x = torch.randn(4, device="cuda")
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    monkeypatch.setenv("FUSEML_PDL", "1")
+    assert _utils.pdl_launch(x) == hopper
+    monkeypatch.setenv("FUSEML_PDL", "0")
+    assert not _utils.pdl_launch(x)
+    monkeypatch.setenv("FUSEML_PDL", "yes")
+    with pytest.raises(ValueError, match="FUSEML_PDL must be 0 or 1"):
+        _utils.pdl_launch(x)
+    with pytest.raises(RuntimeError, match="FUSEML_PDL must be 0 or 1"):
+        fuseml.ops.add(x, x, backend="cuda")
+
+
+def _stream_linear(x, w):
+    """x @ w^T + ReLU through the streaming kernel (a STREAM candidate, whatever the tuner
+    would pick); 16-bit, K <= 256."""
+    m, k = x.shape
+    cfg = next(c for c in _gemm.candidates(m, w.shape[0], k, x.dtype, stream=True) if "STREAM" in c)
+    out = torch.empty(m, w.shape[0], dtype=x.dtype, device=x.device)
+    _gemm.launch_linear(out, x, w, None, None, 1.0, _elementwise.ACT_CODE["relu"], cfg)
+    return out
+
+
+def _chain(x, y, b, w, wb, w2, backend):
+    """Each step reads what the step before wrote; one writes in place what the step
+    before read. Every kernel that launches with PDL is in it."""
+    ops = fuseml.ops
+    h = ops.add(x, y, backend=backend)  # flat
+    for _ in range(2):
+        h = ops.bias_act(h, b, residual=y, alpha=0.5, activation="tanh", backend=backend)  # 2-D
+        ops.bias_act(y, None, residual=h, alpha=0.25, activation="none", out=y, backend=backend)
+        h = ops.softmax(h * 8.0, -1, backend=backend)  # on-chip rows (after a torch kernel)
+        h = ops.gelu(h * 64.0, backend=backend)
+        h = ops.linear(h, w, wb, "relu", backend="triton")  # (no CUDA twin) TMA on Hopper
+        h = ops.linear(h[:64], w, wb, "gelu_tanh", backend="triton").repeat(x.shape[0] // 64, 1)
+        if w2 is not None:  # the streaming kernel (16-bit only), K = 256 of a strided x
+            h = _stream_linear(h[:, : w2.shape[1]], w2)
+        h = ops.log_softmax(h, 0, backend=backend)  # a non-last dim
+    flat = h.reshape(-1)
+    split = ops.softmax(flat.view(-1, 1 << 16) * 8.0, -1, backend=backend)  # long rows
+    online = ops.softmax(torch.cat([flat, flat]).view(1, -1), -1, backend=backend)  # longest
+    return h, split, online, y
+
+
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=gpu) for b in ("triton", "cuda")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("graph", [False, True], ids=["stream", "graph"])
+def test_dependent_chain_same_with_and_without_pdl(backend, dtype, graph, monkeypatch):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    m, n = 2048, 512
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype, generator=g)
+
+    w2 = rand(n, 256) / 16.0 if dtype != torch.float32 else None
+    inputs = (rand(m, n), rand(m, n), rand(n), rand(n, n) / n**0.5, rand(n), w2)
+    results = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("FUSEML_PDL", flag)
+        args = [None if t is None else t.clone() for t in inputs]
+        if graph:
+            _chain(*[None if t is None else t.clone() for t in inputs], backend)  # compiles
+            torch.cuda.synchronize()
+            cg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cg):
+                outs = _chain(*args, backend)
+            args[1].copy_(inputs[1])  # (y is updated in place)
+            cg.replay()
+        else:
+            outs = _chain(*args, backend)
+        torch.cuda.synchronize()
+        results[flag] = [o.clone() for o in outs]
+    if torch.cuda.get_device_capability()[0] >= 9:
+        assert _utils.pdl_launch(inputs[0])  # (FUSEML_PDL=1 here): the test tested it
+    for off, on in zip(results["0"], results["1"], strict=True):
+        assert torch.isfinite(on.float()).all()
+        assert torch.equal(off, on)
+
+
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=gpu) for b in ("triton", "cuda")])
+@pytest.mark.parametrize("graph", [False, True], ids=["stream", "graph"])
+def test_long_chain_of_launch_bound_steps(backend, graph, monkeypatch):
+    """300 short dependent steps, each racing the one before if a program touched memory
+    before its wait: x <- x + y in place (flat), z <- x + 1 (2-D, a bias), x <- z in place
+    ... on exact small integers, so any stale read shows in the sums."""
+    monkeypatch.setenv("FUSEML_PDL", "1")
+    x = torch.zeros(1024, 1024, device="cuda")
+    y = torch.ones(1024, 1024, device="cuda")
+    one = torch.ones(1024, device="cuda")
+    z = torch.empty_like(x)
+
+    def steps():
+        for _ in range(100):
+            fuseml.ops.bias_act(x, None, residual=y, activation="none", out=x, backend=backend)
+            fuseml.ops.bias_act(x, one, activation="none", out=z, backend=backend)
+            fuseml.ops.bias_act(z, None, activation="relu", out=x, backend=backend)
+
+    if graph:
+        steps()  # compiles off capture
+        torch.cuda.synchronize()
+        cg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cg):
+            steps()
+        x.zero_()
+        cg.replay()
+    else:
+        steps()
+    torch.cuda.synchronize()
+    assert (x == 200.0).all() and (z == 200.0).all()
