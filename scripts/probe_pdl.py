@@ -22,6 +22,9 @@ the L2, arms interleaved over rounds):
               shapes (rows a program, warps, a persistent grid), PDL off / on, alone and
               after torch.neg: which shapes lose with PDL after a kernel that does not
               take part
+  widths      the same kernel at the widths that take one program a row (PROBE_WIDTHS,
+              bf16 and fp32): the library's shape PDL off / on against two-row programs
+              (twice the warps, or the same) with PDL, alone and after torch.neg
 """
 
 from __future__ import annotations
@@ -275,10 +278,56 @@ def rows_shapes() -> None:
     table(f"softmax rows kernel bf16 {m} x {n}, after torch.neg (us a pair)", paired, sets)
 
 
+def rows_widths() -> None:
+    import importlib
+
+    from fuseml.ops._utils import fast_math
+
+    sm = importlib.import_module("fuseml.ops.softmax")
+    m = 4096
+    widths = [int(v) for v in os.environ.get("PROBE_WIDTHS", "1024,2048,4096,8192").split(",")]
+    for dtype in (torch.bfloat16, torch.float32):
+        es = torch.empty((), dtype=dtype).element_size()
+        for n in widths:
+            sets = rotated(lambda n=n, dtype=dtype: (3 * torch.randn(m, n, device="cuda", dtype=dtype),),
+                           2 * m * n * es)  # fmt: skip
+            cfg = sm._rows_config(n, es, 227 * 1024)
+            if cfg["PERSISTENT"] or cfg["ROWS"] != 1:
+                continue
+
+            def launch(rows, warps, stages, pdl, n=n, es=es):
+                opts = {"launch_pdl": True} if pdl else {}
+
+                def run(x):
+                    out = torch.empty_like(x)
+                    sm._softmax_rows_kernel[(triton.cdiv(m, rows),)](
+                        x, out, m, n, x.stride(0), out.stride(0),
+                        LOG=False, ROWS=rows, BLOCK_N=n, NUM_STAGES=stages, FAST=fast_math(x),
+                        VEC=16 // es, PDL=pdl, num_warps=warps, **opts,
+                    )  # fmt: skip
+                    return out
+
+                return run
+
+            w, st = cfg["num_warps"], cfg["NUM_STAGES"]
+            arms = {
+                f"library 1 row / {w} w, PDL off": launch(1, w, st, False),
+                f"library 1 row / {w} w, PDL on": launch(1, w, st, True),
+                f"2 rows / {min(16, 2 * w)} w, PDL on": launch(2, min(16, 2 * w), st, True),
+                f"2 rows / {w} w, PDL on": launch(2, w, st, True),
+            }
+            table(f"softmax rows kernel {str(dtype)[6:]} {m} x {n}", arms, sets)
+            paired = {
+                f"neg, then {name}": lambda x, fn=fn: (torch.neg(x), fn(x))[1]
+                for name, fn in arms.items()
+            }
+            table("the same after torch.neg (us a pair)", paired, sets)
+
+
 if __name__ == "__main__":
     what = sys.argv[1:] or ["add", "softmax", "neighbours", "fuseml"]
     for name in what:
         {
             "add": add, "softmax": softmax, "neighbours": neighbours, "fuseml": fuseml_cases,
-            "rows": rows_shapes,
+            "rows": rows_shapes, "widths": rows_widths,
         }[name]()  # fmt: skip

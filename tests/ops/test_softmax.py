@@ -541,3 +541,15 @@ def test_split_counters_knob(monkeypatch):
         sm.split_counters(x, 3)
     monkeypatch.delenv("FUSEML_SOFTMAX_COUNTERS")
     assert not sm.split_counters(x, 5).any() and not sm._split_slab.slabs
+
+
+def test_rows_config_under_pdl_programs_of_at_least_four_warps():
+    """Under PDL, 16-bit rows of a 1024-wide block (2 warps a row) go two rows to a 4-warp
+    program (PDL_MIN_WARPS); nothing else changes."""
+    cfg = sm._rows_config(1024, 2, pdl=True)
+    assert (cfg["ROWS"], cfg["num_warps"], cfg["NUM_STAGES"]) == (2, sm.PDL_MIN_WARPS, 1)
+    assert sm._rows_config(1000, 2, pdl=True)["ROWS"] == 2
+    plain = sm._rows_config(1024, 2)
+    assert (plain["ROWS"], plain["num_warps"]) == (1, 2)
+    for n_cols, elem_size in ((128, 2), (512, 4), (1024, 4), (2048, 2), (8192, 2), (65536, 2)):
+        assert sm._rows_config(n_cols, elem_size, pdl=True) == sm._rows_config(n_cols, elem_size)

@@ -453,11 +453,26 @@ WARPS_4096 = 4
 SMEM_RESERVE = 1024
 
 
-def _rows_config(n_cols: int, elem_size: int, smem_bytes: int | None = None) -> dict:
+# Under programmatic dependent launch (pdl_launch) a grid's programs are resident and
+# waiting before the kernel ahead of them ends; where that kernel does not take part
+# (torch's own), 4096 two-warp programs (16-bit rows of a 1024-wide block; 31 an SM, the
+# SM's block limit) cost 1.4 us more than a plain launch, against 0.2-0.4 us for programs
+# of 4 warps or more. So under PDL those take PDL_MIN_WARPS warps and rows to match. H100,
+# bf16 4096 x 1024, graph replay, inputs rotating (scripts/probe_pdl.py widths, NOTES.md
+# "Fifteenth round"; us alone / a (torch.neg, softmax) pair): 1 row / 2 warps without PDL 6.76 / 11.14, with
+# it 6.30 / 12.55; 2 rows / 4 warps with it 6.33 / 11.45. (From 2048 columns, and float32
+# 1024 at 4 warps, the 1-row programs' cost after torch.neg was 0.2-0.4 us, 2-row programs'
+# no less: left as they are.)
+PDL_MIN_WARPS = 4
+
+
+def _rows_config(
+    n_cols: int, elem_size: int, smem_bytes: int | None = None, pdl: bool = False
+) -> dict:
     """Tile / num_warps / stages / grid kind for the on-chip kernel: ~16 fp32 values per
     thread (32 for a 4096-wide block); rows shorter than 1024 go ROWS at a time
     (SHORT_TILE_BYTES). ``smem_bytes``: the device's shared memory per block (None: no
-    limit, the interpreter)."""
+    limit, the interpreter). ``pdl``: the launch takes PDL (see PDL_MIN_WARPS)."""
     block = next_pow2(n_cols)
     if block < 1024:
         rows = max(1, min(MAX_ROWS, SHORT_TILE_BYTES // (block * elem_size)))
@@ -467,6 +482,8 @@ def _rows_config(n_cols: int, elem_size: int, smem_bytes: int | None = None) -> 
         warps = WARPS_4096 if block == 4096 else min(16, block // 512)
         if elem_size == 4:
             warps = max(warps, FP32_MIN_WARPS)
+        if pdl and warps < PDL_MIN_WARPS:
+            rows, warps = PDL_MIN_WARPS // warps, PDL_MIN_WARPS
     persistent = block >= PERSISTENT_MIN_BLOCK
     if persistent:
         stages = PERSISTENT_STAGES
@@ -565,7 +582,7 @@ def _rows_plan(
     """(programs, the on-chip kernel's constexprs in order, num_warps) for x2 -> out2 (pdl:
     the kernel's PDL, for a launch with launch_pdl)."""
     n_rows, n_cols = x2.shape
-    cfg = _rows_config(n_cols, x2.element_size(), _smem_per_block(x2))
+    cfg = _rows_config(n_cols, x2.element_size(), _smem_per_block(x2), pdl)
     programs = _persistent_programs(x2, out2, cfg, log) if cfg["PERSISTENT"] else None
     blocks = cdiv(n_rows, cfg["ROWS"])
     grid = blocks if programs is None else min(blocks, programs)
