@@ -135,3 +135,56 @@ def test_long_chain_of_launch_bound_steps(backend, graph, monkeypatch):
         steps()
     torch.cuda.synchronize()
     assert (x == 200.0).all() and (z == 200.0).all()
+
+
+@pytest.mark.parametrize("graph", [pytest.param(g, marks=gpu) for g in (False, True)],
+                         ids=["stream", "graph"])  # fmt: skip
+@pytest.mark.parametrize("rows", [64, 640])
+def test_lora_and_mlp_chain_under_pdl(graph, rows, monkeypatch):
+    """LoRA layers (their TMA launches behind the kernel before, the overlapped shrink /
+    expand pair) and the MLP chain kernel, each reading the one before's output, under
+    PDL: the float64 reference's result (the LoRA mode, and so the rounding, may differ
+    with FUSEML_PDL=0, so not compared bit for bit)."""
+    from fuseml.testing import rel_err, tolerance
+
+    monkeypatch.setenv("FUSEML_PDL", "1")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bf = torch.bfloat16
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=g) * scale).to(bf)
+
+    x = rand(rows, 512)
+    w, b = rand(512, 512, scale=512**-0.5), rand(512)
+    a, bb = rand(16, 512, scale=512**-0.5), rand(512, 16, scale=0.25)
+    ws = [rand(32, 512, scale=512**-0.5), rand(16, 32, scale=32**-0.5)]
+    bs = [rand(32), rand(16)]
+    ops = fuseml.ops
+
+    def chain(x):
+        h = ops.lora_linear(x, w, b, a, bb, 0.5, activation="relu", backend="triton")
+        h = ops.lora_linear(h, w, b, a, bb, 0.5, activation="gelu_tanh", backend="triton")
+        return ops.mlp(h, ws, bs, "relu", backend="triton")
+
+    def ref(x):
+        d = torch.float64
+        h = x.to(d)
+        for act in ("relu", "gelu_tanh"):
+            h = h @ w.to(d).T + b.to(d) + 0.5 * (h @ a.to(d).T) @ bb.to(d).T
+            h = torch.relu(h) if act == "relu" else torch.nn.functional.gelu(h, approximate="tanh")
+            h = h.to(bf).to(d)  # each layer's output rounds to bf16
+        for wi, bi in zip(ws, bs, strict=True):
+            h = torch.relu(h @ wi.to(d).T + bi.to(d)).to(bf).to(d)
+        return h
+
+    if graph:
+        chain(x)  # compiles off capture
+        torch.cuda.synchronize()
+        cg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cg):
+            out = chain(x)
+        cg.replay()
+    else:
+        out = chain(x)
+    torch.cuda.synchronize()
+    assert rel_err(out, ref(x)) < 2 * tolerance(bf)

@@ -914,10 +914,14 @@ def _lora_tma_kernel(
     FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False, PDL: tl.constexpr = False,
     SHRINK_K: tl.constexpr = 16, SHRINK_STAGES: tl.constexpr = 1,
     SHRINK_SPLIT: tl.constexpr = 1, B3D: tl.constexpr = False, EXPAND_STAGES: tl.constexpr = 3,
-    SLICE: tl.constexpr = 16, PHASE: tl.constexpr = 0,
+    SLICE: tl.constexpr = 16, DEP: tl.constexpr = False, PHASE: tl.constexpr = 0,
 ):  # fmt: skip
     """LoRA layers (LORA 1 in-loop, 2 precomputed, 3 shrink, 4 expand, 5 joint, 6 spread)
-    through _tma_body."""
+    through _tma_body. DEP: launched with programmatic dependent launch behind whatever
+    kernel came before (``pdl_launch``; not the expand launch's PDL, whose programs read x
+    and W before they wait, only for xs: the shrink before it waits at its top)."""
+    if DEP:
+        _pdl_begin()
     _tma_body(
         x_desc, w_desc, a_desc, b_desc, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
         sync_ptr, M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale, n_shrink,
@@ -1122,6 +1126,11 @@ def _launch_tma(
         expand = expand_stages(config, r_pad, r_block, x.element_size())
     if pdl and mode == LORA_EXPAND:
         options["launch_pdl"] = True
+    # PDL behind the kernel before (see _lora_tma_kernel's DEP): not for the expand launch
+    # (above) nor the spread mode's cooperative one
+    dep = mode not in (LORA_EXPAND, LORA_SPREAD) and pdl_launch(x)
+    if dep:
+        options["launch_pdl"] = True
     if spread and not triton_interpreting():
         # A cooperative launch: the driver starts it only with every program resident at
         # once. Its tiles wait for each other, so two such launches on two streams that
@@ -1138,11 +1147,11 @@ def _launch_tma(
     args = (
         x_desc, w_desc, a_desc, b_desc, *ptrs, *more, *ints, float(alpha), float(lora_scale),
         n_shrink, *common[:3], *consts, *common[3:], bool(pdl), shrink_k, shrink_stages, split,
-        b3d, expand, slice_w,
+        b3d, expand, slice_w, dep,
     )  # fmt: skip
     key = (
         x.dtype, out.dtype, common, consts, bool(pdl), shrink_k, shrink_stages, split, b3d, expand,
-        slice_w, tuple(options.items()),
+        slice_w, dep, tuple(options.items()),
         tuple(t.dtype for t in more), *map(int_spec, ints), int_spec(n_shrink),
     )  # fmt: skip
     aligned = aligned16(*ptrs, *more)

@@ -41,6 +41,7 @@ from fuseml.ops import _elementwise as ew
 from fuseml.ops import _tune
 from fuseml.ops._elementwise import _activation
 from fuseml.ops._gemm import dot_precision, mma
+from fuseml.ops._math import _pdl_begin
 from fuseml.ops._utils import (
     PLAIN_TENSORS,
     CompiledLaunches,
@@ -55,6 +56,7 @@ from fuseml.ops._utils import (
     int_spec,
     launches_skipped,
     needs_dispatch,
+    pdl_launch,
     sm_count,
 )
 from fuseml.ops.bias_act import activation_ref
@@ -253,6 +255,7 @@ def _chain_kernel(
     BLOCK_M: tl.constexpr,
     CHUNK: tl.constexpr,  # layer 0's output columns per step (= layer 1's K step)
     BLOCK_K: tl.constexpr,  # layer 0's K step
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_launch)
 ):  # fmt: skip
     """Every layer of the chain for BLOCK_M rows, all intermediates in registers.
 
@@ -261,6 +264,8 @@ def _chain_kernel(
     P2) accumulator as its next K step, so layer 0's output (up to 1024 wide) is never
     held whole. Layers 2 on take their input whole from registers (widths <= 256).
     """
+    if PDL:
+        _pdl_begin()
     dt = x_ptr.dtype.element_ty
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -513,12 +518,15 @@ def _launch_chain(x2, out, weights, biases, codes, cfg, traced) -> None:
     ws = (*(w.contiguous() for w in weights), *pad)
     bs = (*(None if b is None else b.contiguous() for b in biases), *pad)
     sx, so = x2.stride(0), out.stride(0)
-    args = (x2, out, *ws, *bs, m, sx, so, *consts)
+    dep = pdl_launch(x2, traced)
+    if dep:
+        options = {**options, "launch_pdl": True}
+    args = (x2, out, *ws, *bs, m, sx, so, *consts, dep)
     grid = (cdiv(m, cfg["BLOCK_M"]),)
     if traced:
         grid_launch(torch.library.wrap_triton(_chain_kernel), grid)(*args, **options)
         return
-    key = (skey, int_spec(m), int_spec(sx), int_spec(so))
+    key = (skey, dep, int_spec(m), int_spec(sx), int_spec(so))
     _chain_launches(grid, key, aligned16(x2, out, *ws, *bs), args, options)
 
 

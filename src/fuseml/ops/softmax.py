@@ -619,9 +619,10 @@ ONLINE_STAGES = 1
 
 
 def _pdl_options(x: torch.Tensor, traced: bool) -> dict:
-    """A kernel's PDL constexpr and launch option for a launch on x (see pdl_launch);
-    nothing where PDL is off (a traced launch takes no launch options)."""
-    return {"PDL": True, "launch_pdl": True} if pdl_launch(x, traced) else {}
+    """A kernel's PDL constexpr and launch option for a launch on x (see pdl_launch). Off,
+    the constexpr is still passed (torch.compile's wrap_triton takes no defaulted
+    arguments) and no launch option (a traced launch takes none)."""
+    return {"PDL": True, "launch_pdl": True} if pdl_launch(x, traced) else {"PDL": False}
 
 
 def _online_block(n_cols: int) -> int:
