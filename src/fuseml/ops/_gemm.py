@@ -1127,8 +1127,10 @@ def _launch_tma(
     if pdl and mode == LORA_EXPAND:
         options["launch_pdl"] = True
     # PDL behind the kernel before (see _lora_tma_kernel's DEP): not for the expand launch
-    # (above) nor the spread mode's cooperative one
-    dep = mode not in (LORA_EXPAND, LORA_SPREAD) and pdl_launch(x)
+    # (above), the spread mode's cooperative one, nor the joint mode, whose programs wait
+    # for each other: in CUDA-graph replay with it, rank 64 at 256 / 512 rows took 23.2 /
+    # 30.6 us against 21.2 / 28.4 without (H100, the lora suite at 1bf0d27, NOTES.md)
+    dep = mode in (LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK) and pdl_launch(x)
     if dep:
         options["launch_pdl"] = True
     if spread and not triton_interpreting():
