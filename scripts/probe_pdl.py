@@ -22,6 +22,8 @@ the L2, arms interleaved over rounds):
               shapes (rows a program, warps, a persistent grid), PDL off / on, alone and
               after torch.neg: which shapes lose with PDL after a kernel that does not
               take part
+  lora        lora_linear 4096 -> 4096 bf16 at rank 64, 64 / 256 / 512 rows, PDL off / on
+              (each tunes its own LoRA mode), against the merged weight's F.linear
   widths      the same kernel at the widths that take one program a row (PROBE_WIDTHS,
               bf16 and fp32): the library's shape PDL off / on against two-row programs
               (twice the warps, or the same) with PDL, alone and after torch.neg
@@ -324,10 +326,38 @@ def rows_widths() -> None:
             table("the same after torch.neg (us a pair)", paired, sets)
 
 
+def lora() -> None:
+    import torch.nn.functional as F
+
+    bf = torch.bfloat16
+    for m in (64, 256, 512):
+
+        def make(m=m):
+            x = torch.randn(m, 4096, device="cuda", dtype=bf)
+            w = (torch.randn(4096, 4096, device="cuda") / 64).to(bf)
+            b = torch.randn(4096, device="cuda", dtype=bf)
+            a = (torch.randn(64, 4096, device="cuda") / 64).to(bf)
+            bb = (torch.randn(4096, 64, device="cuda") / 8).to(bf)
+            merged = (w.float() + 0.5 * (bb.float() @ a.float())).to(bf)
+            return x, w, b, a, bb, merged
+
+        sets = rotated(make, 2 * 4096 * 4096 * 2)
+
+        def fused(x, w, b, a, bb, merged):
+            return fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend="triton")
+
+        arms = {
+            "merged F.linear": lambda x, w, b, a, bb, merged: F.linear(x, merged, b),
+            "fused, PDL off": _with_pdl("0", fused),
+            "fused, PDL on": _with_pdl("1", fused),
+        }
+        table(f"lora_linear bf16 4096 -> 4096, rank 64, {m} rows", arms, sets)
+
+
 if __name__ == "__main__":
     what = sys.argv[1:] or ["add", "softmax", "neighbours", "fuseml"]
     for name in what:
         {
             "add": add, "softmax": softmax, "neighbours": neighbours, "fuseml": fuseml_cases,
-            "rows": rows_shapes, "widths": rows_widths,
+            "rows": rows_shapes, "widths": rows_widths, "lora": lora,
         }[name]()  # fmt: skip
