@@ -318,6 +318,8 @@ def rows_widths() -> None:
                 f"2 rows / {min(16, 2 * w)} w, PDL on": launch(2, min(16, 2 * w), st, True),
                 f"2 rows / {w} w, PDL on": launch(2, w, st, True),
             }
+            if w < 4:  # the rule's shape under PDL (softmax.PDL_MIN_WARPS)
+                arms[f"{4 // w} rows / 4 w, PDL on"] = launch(4 // w, 4, 1, True)
             table(f"softmax rows kernel {str(dtype)[6:]} {m} x {n}", arms, sets)
             paired = {
                 f"neg, then {name}": lambda x, fn=fn: (torch.neg(x), fn(x))[1]
