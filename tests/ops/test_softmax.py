@@ -543,13 +543,17 @@ def test_split_counters_knob(monkeypatch):
     assert not sm.split_counters(x, 5).any() and not sm._split_slab.slabs
 
 
-def test_rows_config_under_pdl_programs_of_at_least_four_warps():
-    """Under PDL, 16-bit rows of a 1024-wide block (2 warps a row) go two rows to a 4-warp
-    program (PDL_MIN_WARPS); nothing else changes."""
+def test_rows_config_under_pdl_no_one_row_programs_of_few_warps():
+    """Under PDL, one-row programs of fewer than PDL_MIN_WARPS warps (16-bit rows of a
+    1024-wide block: 2 warps; float32 512 columns: 1) take two rows and twice the warps,
+    stages as before; nothing else changes."""
     cfg = sm._rows_config(1024, 2, pdl=True)
-    assert (cfg["ROWS"], cfg["num_warps"], cfg["NUM_STAGES"]) == (2, sm.PDL_MIN_WARPS, 1)
+    assert (cfg["ROWS"], cfg["num_warps"], cfg["NUM_STAGES"]) == (2, 4, 1)
     assert sm._rows_config(1000, 2, pdl=True)["ROWS"] == 2
+    cfg = sm._rows_config(512, 4, pdl=True)
+    assert (cfg["ROWS"], cfg["num_warps"], cfg["NUM_STAGES"]) == (2, 2, 2)
     plain = sm._rows_config(1024, 2)
     assert (plain["ROWS"], plain["num_warps"]) == (1, 2)
-    for n_cols, elem_size in ((128, 2), (512, 4), (1024, 4), (2048, 2), (8192, 2), (65536, 2)):
+    assert sm._rows_config(512, 4)["num_warps"] == sm.ONE_ROW_SHORT_WARPS
+    for n_cols, elem_size in ((128, 2), (512, 2), (1024, 4), (2048, 2), (8192, 2), (65536, 2)):
         assert sm._rows_config(n_cols, elem_size, pdl=True) == sm._rows_config(n_cols, elem_size)

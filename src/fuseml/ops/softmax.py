@@ -455,14 +455,20 @@ SMEM_RESERVE = 1024
 
 # Under programmatic dependent launch (pdl_launch) a grid's programs are resident and
 # waiting before the kernel ahead of them ends; where that kernel does not take part
-# (torch's own), 4096 two-warp programs (16-bit rows of a 1024-wide block; 31 an SM, the
-# SM's block limit) cost 1.4 us more than a plain launch, against 0.2-0.4 us for programs
-# of 4 warps or more. So under PDL those take PDL_MIN_WARPS warps and rows to match. H100,
-# bf16 4096 x 1024, graph replay, inputs rotating (scripts/probe_pdl.py widths, NOTES.md
-# "Fifteenth round"; us alone / a (torch.neg, softmax) pair): 1 row / 2 warps without PDL 6.76 / 11.14, with
-# it 6.30 / 12.55; 2 rows / 4 warps with it 6.33 / 11.45. (From 2048 columns, and float32
-# 1024 at 4 warps, the 1-row programs' cost after torch.neg was 0.2-0.4 us, 2-row programs'
-# no less: left as they are.)
+# (torch's own), 4096 one-row programs of 1 or 2 warps (float32 512 columns, 16-bit 1024;
+# 31 an SM, the SM's block limit) cost 1.4-1.5 us more than a plain launch, against 0.2-0.4
+# us for programs of 4 warps or more. So under PDL one-row programs of fewer than
+# PDL_MIN_WARPS warps take two rows and twice the warps. H100, 4096 rows, graph replay,
+# inputs rotating (scripts/probe_pdl.py widths, NOTES.md "Fifteenth round"; us alone / a
+# (torch.neg, softmax) pair):
+#
+#   bf16 1024     1 row / 2 warps: PDL off 6.76 / 11.14, on 6.30 / 12.55
+#                 2 rows / 4 warps, on 6.33 / 11.45 (2 rows / 2 warps 6.81 / 11.22)
+#   float32 512   1 row / 1 warp: PDL off 6.61 / 10.82, on 6.09 / 12.29
+#                 2 rows / 2 warps, on 6.42 / 10.62 (4 rows / 4 warps 6.70 / 11.00)
+#
+# (From 2048 columns, and float32 1024 at 4 warps, one-row programs cost 0.2-0.4 us after
+# torch.neg, two-row ones no less: left as they are.)
 PDL_MIN_WARPS = 4
 
 
@@ -482,8 +488,6 @@ def _rows_config(
         warps = WARPS_4096 if block == 4096 else min(16, block // 512)
         if elem_size == 4:
             warps = max(warps, FP32_MIN_WARPS)
-        if pdl and warps < PDL_MIN_WARPS:
-            rows, warps = PDL_MIN_WARPS // warps, PDL_MIN_WARPS
     persistent = block >= PERSISTENT_MIN_BLOCK
     if persistent:
         stages = PERSISTENT_STAGES
@@ -491,6 +495,8 @@ def _rows_config(
         stages = 2
     else:
         stages = 1
+    if pdl and rows == 1 and warps < PDL_MIN_WARPS:  # (stages as measured: see above)
+        rows, warps = 2, 2 * warps
     if smem_bytes is not None:
         in_flight = (smem_bytes - SMEM_RESERVE) // (rows * block * elem_size)
         stages = max(1, min(stages, 1 + in_flight))
