@@ -1,6 +1,7 @@
 """Programmatic dependent launch (``pdl_launch``): where it is on, and chains of fused ops
 launched with it, each reading what the one before wrote (or writing what it read),
-computing exactly what they compute without it: on a stream, in a CUDA graph, for every
+computing exactly what they compute without it (to rounding where PDL changes a launch
+shape): on a stream, in a CUDA graph, for every
 kernel that takes it (elementwise flat and 2-D, softmax on-chip / split / online /
 strided, linear pointer / TMA / streaming), both backends."""
 
@@ -9,6 +10,7 @@ import torch
 
 import fuseml
 from fuseml.ops import _elementwise, _gemm, _utils
+from fuseml.testing import rel_err
 
 gpu = [
     pytest.mark.gpu,
@@ -102,7 +104,13 @@ def test_dependent_chain_same_with_and_without_pdl(backend, dtype, graph, monkey
         assert _utils.pdl_launch(inputs[0])  # (FUSEML_PDL=1 here): the test tested it
     for off, on in zip(results["0"], results["1"], strict=True):
         assert torch.isfinite(on.float()).all()
-        assert torch.equal(off, on)
+        if dtype == torch.float32:
+            # float32 rows of 512 columns take another launch shape under PDL (two rows,
+            # two warps a program: see softmax.PDL_MIN_WARPS), so their sums round in
+            # another order: equal to rounding, not bit for bit
+            assert rel_err(on, off) < 1e-6
+        else:
+            assert torch.equal(off, on)
 
 
 @pytest.mark.parametrize("backend", [pytest.param(b, marks=gpu) for b in ("triton", "cuda")])
@@ -145,7 +153,7 @@ def test_lora_and_mlp_chain_under_pdl(graph, rows, monkeypatch):
     expand pair) and the MLP chain kernel, each reading the one before's output, under
     PDL: the float64 reference's result (the LoRA mode, and so the rounding, may differ
     with FUSEML_PDL=0, so not compared bit for bit)."""
-    from fuseml.testing import rel_err, tolerance
+    from fuseml.testing import tolerance
 
     monkeypatch.setenv("FUSEML_PDL", "1")
     g = torch.Generator(device="cuda").manual_seed(0)
