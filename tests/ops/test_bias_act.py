@@ -214,8 +214,8 @@ def test_flat_launch_index_width(monkeypatch):
 
     launches = []
 
-    def record(grid, key, aligned, args, options):  # FLAT, WIDE: the last arguments but one
-        launches.append(args[-3:-1])
+    def record(grid, key, aligned, args, options):  # FLAT, WIDE: before GRID2D and PDL
+        launches.append(args[-4:-2])
 
     monkeypatch.setattr(ew, "_bias_act_launches", record)
     x = torch.randn(4, 8)

@@ -12,6 +12,7 @@ class _Compiled(CompiledKernel):
 
     def __init__(self, calls):  # (CompiledKernel's own __init__ loads a binary)
         self.calls = calls
+        self.module = None  # (read by CompiledKernel.__del__ in newer Triton)
 
     def __getitem__(self, grid):
         return lambda *args: self.calls.append(("direct", grid, args))

@@ -1128,8 +1128,9 @@ def _launch_tma(
         options["launch_pdl"] = True
     # PDL behind the kernel before (see _lora_tma_kernel's DEP): not for the expand launch
     # (above), the spread mode's cooperative one, nor the joint mode, whose programs wait
-    # for each other: in CUDA-graph replay with it, rank 64 at 256 / 512 rows took 23.2 /
-    # 30.6 us against 21.2 / 28.4 without (H100, the lora suite at 1bf0d27, NOTES.md)
+    # for each other: with it, rank 64 at 256 / 512 rows took 23.2 / 30.6 us in the lora
+    # suite's graph rows (H100, 1bf0d27), against 21.2 / 28.4 in the rows before and
+    # 21.2 / 30.1 at c30880f without it (NOTES.md, "Fifteenth round")
     dep = mode in (LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK) and pdl_launch(x)
     if dep:
         options["launch_pdl"] = True
