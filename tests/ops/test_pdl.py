@@ -196,3 +196,16 @@ def test_lora_and_mlp_chain_under_pdl(graph, rows, monkeypatch):
         out = chain(x)
     torch.cuda.synchronize()
     assert rel_err(out, ref(x)) < 2 * tolerance(bf)
+
+
+def test_bench_rows_record_pdl(monkeypatch):
+    """Every bench row says whether the run launched with PDL (run_metadata's "pdl")."""
+    from fuseml.bench import harness
+
+    monkeypatch.setenv("FUSEML_PDL", "0")
+    assert harness.pdl_on() is False
+    if torch.cuda.is_available():
+        monkeypatch.setenv("FUSEML_PDL", "1")
+        assert harness.pdl_on() == (torch.cuda.get_device_capability()[0] >= 9)
+    else:
+        assert harness.pdl_on() is False

@@ -117,6 +117,17 @@ def git_commit() -> str:
         return "unknown"
 
 
+def pdl_on() -> bool:
+    """Whether fuseml's kernels launch with programmatic dependent launch in this run
+    (``fuseml.ops._utils.pdl_launch``: Hopper and later unless FUSEML_PDL=0); recorded in
+    every row, since it moves launch-bound rows by ~0.5 us."""
+    if not torch.cuda.is_available():
+        return False
+    from fuseml.ops._utils import pdl_launch
+
+    return pdl_launch(torch.empty(0, device="cuda"))
+
+
 def run_metadata() -> dict:
     info = runtime.device_info()
     return {
@@ -128,6 +139,7 @@ def run_metadata() -> dict:
         "cuda": torch.version.cuda,
         "commit": git_commit(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "pdl": pdl_on(),
     }
 
 
