@@ -1353,19 +1353,11 @@ def launch_linear(
             config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], even_k,
             k <= config["BLOCK_K"], dep,
         )  # fmt: skip
-        options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-        if dep:
-            options["launch_pdl"] = True
-        args = (x, weight, b_arg, r_arg, out, *ints, float(alpha), *consts)
-        if traced:
-            grid_launch(torch.library.wrap_triton(_linear_kernel), grid)(*args, **options)
-            return
-        # out's dtype too: LoRA's x @ A^T launch writes float32 from 16-bit x and W
-        key = (
-            x.dtype, out.dtype, consts, options["num_warps"], options["num_stages"],
-            *map(int_spec, ints),
+        tensors = (x, weight, b_arg, r_arg, out)
+        _launch_plain(
+            _linear_kernel, _linear_launches, grid, tensors, ints, alpha, consts, config, dep,
+            traced,
         )  # fmt: skip
-        _linear_launches(grid, key, aligned16(x, weight, b_arg, r_arg, out), args, options)
         return
     kernel = torch.library.wrap_triton(_lora_kernel) if traced else _lora_kernel
     dummy = x
@@ -1414,15 +1406,31 @@ def _launch_stream(
         *flags, config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"],
         k == config["BLOCK_K"], config["num_stages"], dep,
     )  # fmt: skip
+    tensors = (x, weight, b_arg, r_arg, out)
+    _launch_plain(
+        _linear_stream_kernel, _stream_launches, grid, tensors, ints, alpha, consts, config, dep,
+        traced,
+    )  # fmt: skip
+
+
+def _launch_plain(kernel, launches, grid, tensors, ints, alpha, consts, config, dep, traced):
+    """One launch of a plain-layer kernel (``_linear_kernel`` or ``_linear_stream_kernel``):
+    tensors (x, weight, bias, residual, out), the ints, alpha and the constexprs in the
+    kernel's order; dep: with programmatic dependent launch. Traced launches go through
+    wrap_triton, the others repeat through ``launches`` (CompiledLaunches)."""
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     if dep:
         options["launch_pdl"] = True
-    args = (x, weight, b_arg, r_arg, out, *ints, float(alpha), *consts)
+    args = (*tensors, *ints, float(alpha), *consts)
     if traced:
-        grid_launch(torch.library.wrap_triton(_linear_stream_kernel), grid)(*args, **options)
+        grid_launch(torch.library.wrap_triton(kernel), grid)(*args, **options)
         return
-    key = (x.dtype, out.dtype, consts, options["num_warps"], *map(int_spec, ints))
-    _stream_launches(grid, key, aligned16(x, weight, b_arg, r_arg, out), args, options)
+    # out's dtype too: LoRA's x @ A^T launch writes float32 from 16-bit x and W
+    key = (
+        tensors[0].dtype, tensors[-1].dtype, consts, options["num_warps"],
+        options["num_stages"], *map(int_spec, ints),
+    )  # fmt: skip
+    launches(grid, key, aligned16(*tensors), args, options)
 
 
 def launch_shrink_segments(
