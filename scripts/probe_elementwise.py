@@ -20,7 +20,7 @@ FUSEML_EW_CUDA_ROWS = 0 (the library's choice), 1, 2, 4), the Triton kernel besi
 the run's reference (torch.compile too with PROBE_COMPILE=1).
 
 Usage (GPU machine): PYTHONPATH=src [PROBE_GRAPH=1] python3 scripts/probe_elementwise.py
-[--sweep-only | --small]
+[--sweep-only | --small]   (--sweep-only: PROBE_SWEEP / PROBE_REPEAT, see main)
 """
 
 import os
@@ -238,8 +238,17 @@ def main() -> None:
     if "--sweep-only" not in sys.argv:
         for case in CASES:
             print(time_case(*case), flush=True)
-    for case in SWEEP:
-        print(sweep_case(*case), flush=True)
+    # PROBE_SWEEP="relu:float32:524288x512,..." replaces the sweep's cases; PROBE_REPEAT
+    # runs each that many times (the spread between passes is the run's noise).
+    cases = SWEEP
+    if os.environ.get("PROBE_SWEEP"):
+        cases = []
+        for item in os.environ["PROBE_SWEEP"].split(","):
+            op, dtype_name, shape = item.split(":")
+            cases.append((op, dtype_name, tuple(int(v) for v in shape.split("x"))))
+    for _ in range(int(os.environ.get("PROBE_REPEAT", "1"))):
+        for case in cases:
+            print(sweep_case(*case), flush=True)
 
 
 if __name__ == "__main__":
