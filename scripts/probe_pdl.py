@@ -24,6 +24,12 @@ the L2, arms interleaved over rounds):
               take part
   lora        lora_linear 4096 -> 4096 bf16 at rank 64, 64 / 256 / 512 rows, PDL off / on
               (each tunes its own LoRA mode), against the merged weight's F.linear
+  shapes      fuseml.ops.softmax / log_softmax itself (the suite's path) at 4096 x
+              PROBE_WIDTHS (default 512) float32, PROBE_SHAPES launch shapes forced on
+              the on-chip kernel (rows/warps/stages[/pdl], default: the one-warp rows and
+              the two-row programs, PDL off / on), torch, torch.compile and the CUDA twin
+              beside them, alone and after torch.neg; PROBE_FULL=1 times with the full
+              suite's settings
   widths      the same kernel at the widths that take one program a row (PROBE_WIDTHS,
               bf16 and fp32): the library's shape PDL off / on against two-row programs
               (twice the warps, or the same) with PDL, alone and after torch.neg
@@ -328,6 +334,61 @@ def rows_widths() -> None:
             table("the same after torch.neg (us a pair)", paired, sets)
 
 
+def library_shapes() -> None:
+    import importlib
+
+    import probe_launch_bound as plb
+
+    from fuseml.bench.harness import Settings
+
+    sm = importlib.import_module("fuseml.ops.softmax")
+    if os.environ.get("PROBE_FULL") == "1":
+        plb.SETTINGS = Settings.for_mode(quick=False)
+    library_config = sm._rows_config
+    forced: dict = {}
+
+    def rows_config(n_cols, elem_size, smem_bytes=None, pdl=False):
+        cfg = library_config(n_cols, elem_size, smem_bytes, pdl)
+        return {**cfg, **forced} if forced else cfg
+
+    sm._rows_config = rows_config
+    spec = os.environ.get("PROBE_SHAPES", "1/1/2/0,1/1/2/1,2/2/2/0,2/2/2/1,4/4/1/1")
+    shapes = [tuple(int(v) for v in item.split("/")) for item in spec.split(",")]
+    dtype = getattr(torch, os.environ.get("PROBE_DTYPE", "float32"))
+    m = 4096
+    for n in (int(v) for v in os.environ.get("PROBE_WIDTHS", "512").split(",")):
+        for log in (False, True):
+            ref, fused, compiled = plb.softmax_ops(log)
+            sets = plb.row_sets(n, dtype, m)
+            arms = {"torch": lambda x, ref=ref: ref(x, -1), "compile": compiled}
+            for pdl in ("0", "1"):
+                arms[f"cuda twin, PDL {pdl}"] = _with_pdl(
+                    pdl, lambda x, fused=fused: fused(x, -1, backend="cuda")
+                )
+            for rows, warps, stages, *pdl in shapes:
+                cfg = {"ROWS": rows, "num_warps": warps, "NUM_STAGES": stages}
+                flag = str(pdl[0]) if pdl else "1"
+
+                def run(x, cfg=cfg, fused=fused):
+                    forced.update(cfg)
+                    sm._ROWS_PLANS.clear()  # the launch plans are cached per shape
+                    try:
+                        return fused(x, -1, backend="triton")
+                    finally:
+                        forced.clear()
+                        sm._ROWS_PLANS.clear()
+
+                arms[f"{rows} row(s) / {warps} w / {stages} st, PDL {flag}"] = _with_pdl(flag, run)
+            arms["library, PDL 1"] = _with_pdl("1", lambda x, fused=fused: fused(x, -1))
+            title = f"{'log_' if log else ''}softmax {str(dtype)[6:]} {m} x {n}"
+            table(title, arms, sets)
+            paired = {
+                f"neg, then {name}": lambda x, fn=fn: (torch.neg(x), fn(x))[1]
+                for name, fn in arms.items()
+            }
+            table(f"{title}, after torch.neg (us a pair)", paired, sets)
+
+
 def lora() -> None:
     import torch.nn.functional as F
 
@@ -362,4 +423,5 @@ if __name__ == "__main__":
         {
             "add": add, "softmax": softmax, "neighbours": neighbours, "fuseml": fuseml_cases,
             "rows": rows_shapes, "widths": rows_widths, "lora": lora,
+            "shapes": library_shapes,
         }[name]()  # fmt: skip
