@@ -20,7 +20,9 @@ FUSEML_EW_CUDA_ROWS = 0 (the library's choice), 1, 2, 4), the Triton kernel besi
 the run's reference (torch.compile too with PROBE_COMPILE=1).
 
 Usage (GPU machine): PYTHONPATH=src [PROBE_GRAPH=1] python3 scripts/probe_elementwise.py
-[--sweep-only | --small]   (--sweep-only: PROBE_SWEEP / PROBE_REPEAT, see main)
+[--sweep-only | --small | --inductor]   (--sweep-only: PROBE_SWEEP / PROBE_REPEAT;
+--inductor: fp32 bias + residual + ReLU at large shapes against lean copies of
+torch.compile's kernel; see main)
 """
 
 import os
@@ -28,6 +30,8 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 import triton.testing
 
 from fuseml.ops import _elementwise as ew
@@ -156,6 +160,58 @@ def time_case(op, dtype_name, shape, has_bias, has_y) -> str:
     return f"{op:9} {dtype_name:8} {shape!s:14} " + " | ".join(cells)
 
 
+@triton.jit
+def _lean_bias_residual_relu(
+    x_ptr, b_ptr, y_ptr, out_ptr, numel, N: tl.constexpr, BLOCK: tl.constexpr,
+    MASKED: tl.constexpr, EVICT: tl.constexpr,
+):  # fmt: skip
+    """relu(x + b + y) over a contiguous (M, N) tensor as one flat run, the bias by
+    offs % N (N a constant), as torch.compile writes it."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel if MASKED else None
+    x = tl.load(x_ptr + offs, mask=mask)
+    if EVICT:
+        b = tl.load(b_ptr + offs % N, mask=mask, eviction_policy="evict_last")
+    else:
+        b = tl.load(b_ptr + offs % N, mask=mask)
+    y = tl.load(y_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, tl.maximum(x + b + y, 0.0), mask=mask)
+
+
+def inductor_case(dtype_name, shape) -> str:
+    """fp32 bias + residual + ReLU at a large shape: torch.compile, the library's kernel,
+    and a lean copy of torch.compile's kernel with / without masks and the bias's
+    evict_last, at several blocks and warps (L2-flushed events)."""
+    dtype = getattr(torch, dtype_name)
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    b = torch.randn(shape[-1], device="cuda", dtype=dtype)
+    y = torch.randn_like(x)
+    out = torch.empty_like(x)
+    ref = torch.compile(lambda x, b, y: torch.relu(x + b + y), dynamic=False)
+    expect = ref(x, b, y)
+    cells = [f"compile {ms(lambda: ref(x, b, y)) * 1e3:.1f}"]
+    act = ew.ACT_CODE["relu"]
+    cells.append(f"library {ms(lambda: ew.bias_act_into(out, x, y, b, 1.0, act)) * 1e3:.1f}")
+    numel = x.numel()
+    for block, warps in ((1024, 4), (512, 4), (2048, 4), (1024, 8), (2048, 8)):
+        for masked in (False, True):
+            for evict in (True, False):
+                if evict and masked:
+                    continue
+
+                def run(block=block, warps=warps, masked=masked, evict=evict):
+                    _lean_bias_residual_relu[(numel // block,)](
+                        x, b, y, out, numel, N=shape[-1], BLOCK=block, MASKED=masked,
+                        EVICT=evict, num_warps=warps,
+                    )  # fmt: skip
+
+                run()
+                name = f"{block}/{warps}w{' mask' if masked else ''}{' evl' if evict else ''}"
+                name += "" if torch.equal(out, expect) else " (DIFFERS)"
+                cells.append(f"{name} {ms(run) * 1e3:.1f}")
+    return f"{dtype_name:8} {shape!s:14} us: " + " | ".join(cells)
+
+
 TWIN_ROWS = tuple(
     (op, dtype_name, shape)
     for dtype_name in ("float32", "bfloat16")
@@ -223,6 +279,13 @@ def main() -> None:
                 continue  # 16-bit kernels take at most 2 rows a thread
             with_compile = rows == "0" and os.environ.get("PROBE_COMPILE") == "1"
             print(twin_rows_case(op, dtype_name, shape, with_compile), flush=True)
+        return
+    if "--inductor" in sys.argv:  # PROBE_SHAPES="524288x512,65536x4096", PROBE_REPEAT
+        shapes = os.environ.get("PROBE_SHAPES", "524288x512,65536x4096,65536x512").split(",")
+        for _ in range(int(os.environ.get("PROBE_REPEAT", "2"))):
+            for item in shapes:
+                shape = tuple(int(v) for v in item.split("x"))
+                print(inductor_case(os.environ.get("PROBE_DTYPE", "float32"), shape), flush=True)
         return
     if "--small" in sys.argv:
         # PROBE_NUMEL / PROBE_OPS / PROBE_DTYPES (comma lists) widen the flat sweep, e.g.

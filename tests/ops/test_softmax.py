@@ -285,17 +285,18 @@ def test_softmax_wide_rows_every_dtype_on_gpu(backend, dtype, n_cols):
 @pytest.mark.parametrize("elem_size", [2, 4])
 def test_rows_config_short_rows_one_vector_a_thread(elem_size):
     # rows under 1024 columns: 4 warps whose threads each hold one 16-byte vector of the
-    # tile, except a tile of one row (float32 512): one warp, 2 stages
+    # tile, except where that tile is one row (float32 512): two rows on two warps (four
+    # vectors a thread), 2 stages
     for n_cols in (3, 100, 128, 200, 512, 1000):
         cfg = sm._rows_config(n_cols, elem_size)
         tile_bytes = cfg["ROWS"] * cfg["BLOCK_N"] * elem_size
-        if n_cols <= 512:
+        if (n_cols, elem_size) == (512, 4):
+            assert (cfg["ROWS"], cfg["num_warps"], cfg["NUM_STAGES"]) == (
+                sm.SHORT_PAIR_ROWS, sm.SHORT_PAIR_WARPS, 2,
+            )  # fmt: skip
+        elif n_cols <= 512:
             assert tile_bytes == min(sm.SHORT_TILE_BYTES, sm.MAX_ROWS * cfg["BLOCK_N"] * elem_size)
-            if cfg["ROWS"] > 1:
-                assert cfg["num_warps"] == 4 and cfg["NUM_STAGES"] == 1
-            else:
-                assert (n_cols, elem_size) == (512, 4)
-                assert cfg["num_warps"] == sm.ONE_ROW_SHORT_WARPS and cfg["NUM_STAGES"] == 2
+            assert cfg["ROWS"] > 1 and cfg["num_warps"] == 4 and cfg["NUM_STAGES"] == 1
         else:
             assert cfg["ROWS"] == 1  # from 1024 columns (a block), one row a program
     assert sm._rows_config(128, 2)["ROWS"] == 8 and sm._rows_config(128, 4)["ROWS"] == 4
@@ -545,15 +546,29 @@ def test_split_counters_knob(monkeypatch):
 
 def test_rows_config_under_pdl_no_one_row_programs_of_few_warps():
     """Under PDL, one-row programs of fewer than PDL_MIN_WARPS warps (16-bit rows of a
-    1024-wide block: 2 warps; float32 512 columns: 1) take two rows and twice the warps,
-    stages as before; nothing else changes."""
+    1024-wide block: 2 warps) take two rows and twice the warps, stages as before; float32
+    512 columns keep their two-row, two-warp programs (which launch without PDL: see
+    test_rows_plan_no_pdl_under_min_warps); nothing else changes."""
     cfg = sm._rows_config(1024, 2, pdl=True)
     assert (cfg["ROWS"], cfg["num_warps"], cfg["NUM_STAGES"]) == (2, 4, 1)
     assert sm._rows_config(1000, 2, pdl=True)["ROWS"] == 2
-    cfg = sm._rows_config(512, 4, pdl=True)
-    assert (cfg["ROWS"], cfg["num_warps"], cfg["NUM_STAGES"]) == (2, 2, 2)
     plain = sm._rows_config(1024, 2)
     assert (plain["ROWS"], plain["num_warps"]) == (1, 2)
-    assert sm._rows_config(512, 4)["num_warps"] == sm.ONE_ROW_SHORT_WARPS
-    for n_cols, elem_size in ((128, 2), (512, 2), (1024, 4), (2048, 2), (8192, 2), (65536, 2)):
+    for n_cols, elem_size in (
+        (128, 2), (512, 2), (512, 4), (1024, 4), (2048, 2), (8192, 2), (65536, 2),
+    ):  # fmt: skip
         assert sm._rows_config(n_cols, elem_size, pdl=True) == sm._rows_config(n_cols, elem_size)
+
+
+def test_rows_plan_no_pdl_under_min_warps():
+    """With PDL on, the on-chip kernel's launch takes it only for programs of at least
+    PDL_MIN_WARPS warps: not float32 512 columns (two warps), 16-bit 1024 (four, under
+    PDL) and wider; with PDL off, never. The kernel's PDL constexpr is the plan's last."""
+    for n_cols, dtype, pdl in (
+        (512, torch.float32, False), (1024, torch.bfloat16, True), (4096, torch.float16, True),
+        (1024, torch.float32, True), (128, torch.bfloat16, True),
+    ):  # fmt: skip
+        x = torch.randn(8, n_cols, dtype=dtype)
+        _grid, consts, warps = sm._rows_plan(x, torch.empty_like(x), False, True)
+        assert consts[-1] is pdl and (warps >= sm.PDL_MIN_WARPS) == pdl, (n_cols, dtype)
+        assert sm._rows_plan(x, torch.empty_like(x), True, False)[1][-1] is False

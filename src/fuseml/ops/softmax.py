@@ -373,15 +373,31 @@ MAX_ONCHIP_COLS = 32768
 # (An older events-timed sweep put 16 rows x 128 at 5.6 us against 19.6 for one row a
 # program.) From 1024 columns one row a program.
 #
-# A tile of one row under 1024 columns (float32 512) goes to ONE_ROW_SHORT_WARPS warps,
-# four vectors a thread, its reductions inside the warp (the CUDA twin's warp per row),
-# with 2 stages. Same probe, float32 512 (fp32, PROBE_LOG=1, 4fea208; us, rows / warps /
-# stages): log_softmax 1 / 1 / 2 6.61, 1 / 1 / 1 6.73, 1 / 2 / 2 6.68, 1 / 4 / 1 (the rule
-# before) 6.96, 2 / 4 / 1 6.75; torch 6.80, torch.compile 6.92. Softmax (52a6be2): one
-# warp 6.64 against 6.96.
+# A tile of one row under 1024 columns (float32 512) would leave one warp to a program
+# (four vectors a thread, its reductions inside the warp, the CUDA twin's warp per row);
+# it takes SHORT_PAIR_ROWS rows on SHORT_PAIR_WARPS warps instead, with 2 stages, and
+# launches without PDL (PDL_MIN_WARPS, below). H100, 4096 x 512 float32, fuseml.ops itself
+# in CUDA-graph replay at the suite's settings, inputs rotating, arms interleaved
+# (scripts/probe_pdl.py shapes, 640cde6; us alone / a (torch.neg, op) pair; softmax, then
+# log_softmax):
+#
+#   rows / warps / stages, PDL    softmax          log_softmax
+#   1 / 1 / 2, off (before PDL)   6.23 / 10.48     6.23 / 10.48
+#   1 / 1 / 2, on                 5.69 / 11.95     5.68 / 11.90
+#   2 / 2 / 2, off (the rule)     6.24 / 10.35     6.24 / 10.39
+#   2 / 2 / 2, on (65a7042..)     6.36 / 10.28     6.31 / 10.29
+#   4 / 4 / 1, on                 6.35 / 10.68     6.46 / 10.75
+#   torch.compile                 6.52 / 10.64     6.34 / 10.45
+#   torch                         7.12 / 11.32     6.32 / 10.58
+#
+# (The suite at 911e6c6: 2 / 2 / 2 with PDL 6.64 / 6.54 us, 1 / 1 / 2 without 6.26 / 6.26,
+# torch.compile 6.54 / 6.41, torch 6.74 / 6.34.) Before PDL, one warp against 4 (fp32,
+# PROBE_LOG=1, 4fea208; us, rows / warps / stages): log_softmax 1 / 1 / 2 6.61, 1 / 1 / 1
+# 6.73, 1 / 2 / 2 6.68, 1 / 4 / 1 6.96, 2 / 4 / 1 6.75; torch 6.80, torch.compile 6.92.
 SHORT_TILE_BYTES = 2048
 MAX_ROWS = 16
-ONE_ROW_SHORT_WARPS = 1
+SHORT_PAIR_ROWS = 2
+SHORT_PAIR_WARPS = 2
 # Stages: a program of the non-persistent grid takes one row block, so the row loop runs
 # once and software pipelining only adds code: one stage (same probe: fp32 2048 23.7 us
 # against 24.8 with 4 stages, bf16 1000 6.78 against 6.88, fp32 1000 11.20 against
@@ -458,14 +474,14 @@ SMEM_RESERVE = 1024
 # (torch's own), 4096 one-row programs of 1 or 2 warps (float32 512 columns, 16-bit 1024;
 # 31 an SM, the SM's block limit) cost 1.4-1.5 us more than a plain launch, against 0.2-0.4
 # us for programs of 4 warps or more. So under PDL one-row programs of fewer than
-# PDL_MIN_WARPS warps take two rows and twice the warps. H100, 4096 rows, graph replay,
-# inputs rotating (scripts/probe_pdl.py widths, NOTES.md "Fifteenth round"; us alone / a
-# (torch.neg, softmax) pair):
+# PDL_MIN_WARPS warps (16-bit 1024) take two rows and twice the warps, and programs still
+# under PDL_MIN_WARPS warps (float32 512's pairs, above) launch without it: there PDL
+# gained nothing even after a fuseml kernel (the table above). H100, 4096 rows, graph
+# replay, inputs rotating (scripts/probe_pdl.py widths, NOTES.md "Fifteenth round"; us
+# alone / a (torch.neg, softmax) pair):
 #
 #   bf16 1024     1 row / 2 warps: PDL off 6.76 / 11.14, on 6.30 / 12.55
 #                 2 rows / 4 warps, on 6.33 / 11.45 (2 rows / 2 warps 6.81 / 11.22)
-#   float32 512   1 row / 1 warp: PDL off 6.61 / 10.82, on 6.09 / 12.29
-#                 2 rows / 2 warps, on 6.42 / 10.62 (4 rows / 4 warps 6.70 / 11.00)
 #
 # (From 2048 columns, and float32 1024 at 4 warps, one-row programs cost 0.2-0.4 us after
 # torch.neg, two-row ones no less: left as they are.)
@@ -477,12 +493,16 @@ def _rows_config(
 ) -> dict:
     """Tile / num_warps / stages / grid kind for the on-chip kernel: ~16 fp32 values per
     thread (32 for a 4096-wide block); rows shorter than 1024 go ROWS at a time
-    (SHORT_TILE_BYTES). ``smem_bytes``: the device's shared memory per block (None: no
-    limit, the interpreter). ``pdl``: the launch takes PDL (see PDL_MIN_WARPS)."""
+    (SHORT_TILE_BYTES; float32 512: SHORT_PAIR_ROWS). ``smem_bytes``: the device's shared
+    memory per block (None: no limit, the interpreter). ``pdl``: PDL is on for the launch
+    (see PDL_MIN_WARPS: the launch takes it only with that many warps)."""
     block = next_pow2(n_cols)
+    short_pair = False
     if block < 1024:
-        rows = max(1, min(MAX_ROWS, SHORT_TILE_BYTES // (block * elem_size)))
-        warps = 4 if rows > 1 else ONE_ROW_SHORT_WARPS
+        rows = min(MAX_ROWS, SHORT_TILE_BYTES // (block * elem_size))
+        warps = 4
+        if rows <= 1:
+            rows, warps, short_pair = SHORT_PAIR_ROWS, SHORT_PAIR_WARPS, True
     else:
         rows = 1
         warps = WARPS_4096 if block == 4096 else min(16, block // 512)
@@ -491,7 +511,7 @@ def _rows_config(
     persistent = block >= PERSISTENT_MIN_BLOCK
     if persistent:
         stages = PERSISTENT_STAGES
-    elif (block < 1024 and rows == 1) or block * elem_size >= TWO_STAGE_MIN_BYTES:
+    elif short_pair or block * elem_size >= TWO_STAGE_MIN_BYTES:
         stages = 2
     else:
         stages = 1
@@ -571,6 +591,7 @@ def _launch_rows(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) 
     plan = _ROWS_PLANS.get(pkey)
     if plan is None:
         grid, consts, warps = _rows_plan(x2, out2, log, pdl)
+        pdl = consts[-1]  # (not for programs of under PDL_MIN_WARPS warps)
         options = {"num_warps": warps, "launch_pdl": True} if pdl else {"num_warps": warps}
         plan = ((grid,), consts, options, (x2.dtype, consts, warps, *map(int_spec, ints)))
         if len(_ROWS_PLANS) < 4096:
@@ -586,9 +607,11 @@ def _rows_plan(
     x2: torch.Tensor, out2: torch.Tensor, log: bool, pdl: bool
 ) -> tuple[int, tuple, int]:
     """(programs, the on-chip kernel's constexprs in order, num_warps) for x2 -> out2 (pdl:
-    the kernel's PDL, for a launch with launch_pdl)."""
+    PDL is on; the last constexpr, the kernel's PDL, says whether the launch takes it,
+    with launch_pdl: not with fewer than PDL_MIN_WARPS warps)."""
     n_rows, n_cols = x2.shape
     cfg = _rows_config(n_cols, x2.element_size(), _smem_per_block(x2), pdl)
+    pdl = pdl and cfg["num_warps"] >= PDL_MIN_WARPS
     programs = _persistent_programs(x2, out2, cfg, log) if cfg["PERSISTENT"] else None
     blocks = cdiv(n_rows, cfg["ROWS"])
     grid = blocks if programs is None else min(blocks, programs)
