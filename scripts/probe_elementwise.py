@@ -193,7 +193,7 @@ def inductor_case(dtype_name, shape) -> str:
     act = ew.ACT_CODE["relu"]
     cells.append(f"library {ms(lambda: ew.bias_act_into(out, x, y, b, 1.0, act)) * 1e3:.1f}")
     numel = x.numel()
-    for block, warps in ((1024, 4), (512, 4), (2048, 4), (1024, 8), (2048, 8)):
+    for block, warps in ((1024, 4), (512, 4), (512, 2), (256, 2), (256, 1), (1024, 8)):
         for masked in (False, True):
             for evict in (True, False):
                 if evict and masked:
