@@ -96,12 +96,12 @@ def sweep_case(op, dtype_name, shape) -> str:
         f"heuristic {heur['BLOCK_M']}x{heur['BLOCK_N']}/{heur['num_warps']}w {t * 1e3:.1f}"
     )
     es = x.element_size()
-    for tile_bytes in (2048, 4096, 8192, 16384):
+    for tile_bytes in (1024, 2048, 4096, 8192, 16384):
         for warps in (2, 4, 8):
             tile = tile_bytes // es
             bn = min(tile, triton.next_power_of_2(shape[1]))
             cfg = {"BLOCK_M": max(1, tile // bn), "BLOCK_N": bn, "num_warps": warps}
-            if tile // (32 * warps) < 16 // es:  # under one 16-byte vector a thread
+            if tile // (32 * warps) < 8 // es:  # under 8 bytes a thread
                 continue
             t = ms(lambda cfg=cfg: ew.bias_act_into(out, x, y, b, 1.0, act, config=cfg))
             cells.append(f"{tile_bytes // 1024}K/{warps}w {t * 1e3:.1f}")

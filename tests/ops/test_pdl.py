@@ -4,6 +4,8 @@ computing exactly what they compute without it: on a stream, in a CUDA graph, fo
 kernel that takes it (elementwise flat and 2-D, softmax on-chip / split / online /
 strided, linear pointer / TMA / streaming), both backends."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -212,8 +214,7 @@ def test_softmax_rows_of_few_warps_launch_without_pdl(monkeypatch):
     """The on-chip softmax's launch plans: float32 rows of 512 columns (two-warp programs)
     launch without PDL while it is on, 16-bit rows of 1024 (four-warp programs under it)
     with it, where the device has it; and both give what they give with PDL off."""
-    from fuseml.ops import softmax as sm
-
+    sm = importlib.import_module("fuseml.ops.softmax")  # (fuseml.ops.softmax: the op)
     monkeypatch.setenv("FUSEML_PDL", "1")
     hopper = torch.cuda.get_device_capability()[0] >= 9
     for n_cols, dtype, takes in ((512, torch.float32, False), (1024, torch.bfloat16, True)):
