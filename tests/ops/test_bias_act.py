@@ -296,3 +296,52 @@ def test_direct_launch_matches_the_ordinary_launch_gpu(monkeypatch):
         assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
         assert_close_verbose(outs[2], _ref64(x, b, r, 0.5, "gelu"), x.dtype)
     assert len(launches.compiled) == len(cases) - 1
+
+
+def test_2d_launch_half_packs_rule():
+    """The 2-D path takes 2 KiB tiles on 8 warps (8 bytes a thread) from
+    HALF_PACK_2D_MIN_BYTES an operand for none / ReLU / leaky ReLU, and keeps its 4 KiB
+    tiles below that, for every other activation and where the activation is unknown."""
+    from fuseml.ops import _elementwise as ew
+
+    code = ew.ACT_CODE
+    for es, (rows, cols) in ((4, (65536, 512)), (4, (65536, 4096)), (2, (65536, 4096))):
+        big = rows * cols * es >= ew.HALF_PACK_2D_MIN_BYTES
+        for act in ("none", "relu", "leaky_relu"):
+            cfg = ew.launch_config(rows, cols, es, code[act])
+            assert cfg["BLOCK_M"] * cfg["BLOCK_N"] * es == ew.HALF_TILE_BYTES_2D
+            assert cfg["num_warps"] == ew.HALF_PACK_2D_WARPS and big
+        for act in ("gelu", "gelu_tanh", "silu", "sigmoid", "tanh", None):
+            cfg = ew.launch_config(rows, cols, es, None if act is None else code[act])
+            assert cfg["BLOCK_M"] * cfg["BLOCK_N"] * es == ew.TILE_BYTES_2D
+            assert cfg["num_warps"] == ew.NUM_WARPS_2D[es]
+    small = ew.launch_config(65536, 512, 2, code["relu"])  # 64 MiB an operand
+    assert (small["BLOCK_M"] * small["BLOCK_N"] * 2, small["num_warps"]) == (ew.TILE_BYTES_2D, 8)
+
+
+@pytest.mark.parametrize(("device", "backend"), fused_targets(cuda_twin=False))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_2d_half_pack_tiles_compute_the_same(device, backend, dtype, monkeypatch):
+    """The 8-bytes-a-thread tiles, taken here at any size, on odd and aligned widths,
+    with and without a residual, in place too."""
+    from fuseml.ops import _elementwise as ew
+
+    monkeypatch.setattr(ew, "HALF_PACK_2D_MIN_BYTES", 0)
+    ew._cached_config.cache_clear()
+    ew._direct_plan.cache_clear()
+    try:
+        for shape in ((37, 300), (64, 512), (3, 1000), (2, 4096)):
+            for act in ("none", "relu", "leaky_relu"):
+                x, b, r = _inputs(shape, dtype, device)
+                cfg = ew.launch_config(*shape, x.element_size(), ew.ACT_CODE[act])
+                assert cfg["num_warps"] == ew.HALF_PACK_2D_WARPS
+                want = _ref64(x, b, r, 0.5, act)
+                out = fuseml.ops.bias_act(x, b, r, 0.5, act, backend=backend)
+                assert_close_verbose(out, want, dtype)
+                want = _ref64(x, b, None, 1.0, act)
+                got = fuseml.ops.bias_act(x, b, None, 1.0, act, out=x, backend=backend)
+                assert got.data_ptr() == x.data_ptr()
+                assert_close_verbose(x, want, dtype)
+    finally:
+        ew._cached_config.cache_clear()
+        ew._direct_plan.cache_clear()

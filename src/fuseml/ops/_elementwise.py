@@ -334,6 +334,26 @@ NUM_WARPS = 4
 HALF_PACK_MIN_NUMEL = 1 << 24
 TILE_BYTES_2D = 4096
 NUM_WARPS_2D = {4: 4, 2: 8}
+# 2-D path from HALF_PACK_2D_MIN_BYTES an operand, activations of a few instructions
+# (none, ReLU, leaky ReLU): 2 KiB tiles on 8 warps, 8 bytes a thread, as torch.compile
+# tunes its flat kernel there (512 fp32 elements / 8 warps). H100, bias + residual + ReLU,
+# L2-flushed events (scripts/probe_elementwise.py --sweep-only, aaca265; us, 8 bytes a
+# thread against the 4 KiB tile before it and torch.compile):
+#
+#   float32 524288 x 512    1043.2 / 1060.1, compile 1047.9
+#   float32 65536 x 4096    1044.3 / 1060.2, compile 1047.7
+#   float32 65536 x 512      136.7 /  138.0, compile  137.6
+#   bf16 65536 x 4096        524.3 /  531.6, compile  531.5
+#   bf16 65536 x 512          73.2 /   72.5, compile   72.9 (64 MiB an operand: not taken)
+#
+# (The same source as torch.compile's kernel at its other config, 1024 fp32 elements on 4
+# warps, took 1059.6 at 524288 x 512: the tile, not the code. Bias + erf-GELU float32 65536
+# x 512 took 100.6 against 94.9 at 8 bytes a thread, as on the flat path: not taken. None
+# and leaky ReLU take it for their few instructions, as ReLU; not measured.)
+HALF_PACK_2D_MIN_BYTES = 1 << 27
+HALF_PACK_2D_ACTIVATIONS = (0, 1, 2)
+HALF_TILE_BYTES_2D = 2048
+HALF_PACK_2D_WARPS = 8
 
 
 def launch_config(n_rows: int, n_cols: int, elem_size: int, activation: int | None = None) -> dict:
@@ -357,9 +377,14 @@ def _config(n_rows, n_cols, elem_size: int, activation: int | None = None) -> di
             warps = 2 * NUM_WARPS
     else:
         tile = TILE_BYTES_2D // elem_size
+        warps = NUM_WARPS_2D[min(elem_size, 4)]
+        if (
+            activation in HALF_PACK_2D_ACTIVATIONS
+            and n_rows * n_cols * elem_size >= HALF_PACK_2D_MIN_BYTES
+        ):
+            tile, warps = HALF_TILE_BYTES_2D // elem_size, HALF_PACK_2D_WARPS
         block_n = min(next_pow2(n_cols), tile)
         block_m = min(max(1, tile // block_n), next_pow2(n_rows))
-        warps = NUM_WARPS_2D[min(elem_size, 4)]
     row_blocks, col_blocks = cdiv(n_rows, block_m), cdiv(n_cols, block_n)
     if type(n_rows) is int and n_rows > 1 and GRID_2D and row_blocks <= GRID_Y_MAX:
         grid = (col_blocks, row_blocks)
