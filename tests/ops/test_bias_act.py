@@ -345,3 +345,24 @@ def test_2d_half_pack_tiles_compute_the_same(device, backend, dtype, monkeypatch
     finally:
         ew._cached_config.cache_clear()
         ew._direct_plan.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_2d_half_packs_at_full_size(backend, dtype):
+    """Operands of HALF_PACK_2D_MIN_BYTES (the 8-byte packs of both backends), a bias,
+    a residual at alpha 1 and ReLU: bit-identical to relu((x + b) + r) in float32, then
+    in place over x."""
+    from fuseml.ops import _elementwise as ew
+
+    cols = 1000 if dtype == torch.float32 else 1024  # (1000: the 16-byte-vector widths)
+    rows = -(-ew.HALF_PACK_2D_MIN_BYTES // (cols * dtype.itemsize))
+    x = torch.randn(rows, cols, device="cuda", dtype=dtype)
+    r = torch.randn_like(x)
+    b = torch.randn(cols, device="cuda", dtype=dtype)
+    want = torch.relu(x.float() + b.float() + r.float()).to(dtype)
+    assert torch.equal(fuseml.ops.bias_act(x, b, r, 1.0, "relu", backend=backend), want)
+    fuseml.ops.bias_act(x, b, r, 1.0, "relu", out=x, backend=backend)
+    assert torch.equal(x, want)

@@ -352,6 +352,34 @@ bool half_packs(int64_t numel, int activation) {
   return activation == kNone && numel >= kHalfPackMinNumel;
 }
 
+// 2-D: 8-byte packs, one row a thread (a block of kThreads takes 2 KiB of each operand),
+// from kHalfPack2dMinBytes an operand for none / ReLU / leaky ReLU, as the Triton kernel's
+// 2 KiB tiles on 8 warps there (HALF_PACK_2D_MIN_BYTES in ops/_elementwise.py, with the
+// numbers). FUSEML_EW_CUDA_2D_BYTES=8|16 fixes the pack for probes, read once per process.
+constexpr int64_t kHalfPack2dMinBytes = int64_t{1} << 27;
+
+int forced_pack_bytes_2d() {
+  static const int bytes = [] {
+    const char* v = std::getenv("FUSEML_EW_CUDA_2D_BYTES");
+    if (v == nullptr || *v == '\0') return 0;
+    const std::string s(v);
+    TORCH_CHECK(s == "8" || s == "16", "FUSEML_EW_CUDA_2D_BYTES must be 8 or 16, got '", s,
+                "'");
+    return std::stoi(s);
+  }();
+  return bytes;
+}
+
+constexpr bool cheap_activation(int activation) {
+  return activation == kNone || activation == kRelu || activation == kLeakyRelu;
+}
+
+bool half_packs_2d(int64_t operand_bytes, int activation) {
+  if (!cheap_activation(activation)) return false;  // (not instantiated for the others)
+  if (forced_pack_bytes_2d() > 0) return forced_pack_bytes_2d() == 8;
+  return operand_bytes >= kHalfPack2dMinBytes;
+}
+
 // FUSEML_EW_GRID=1d: 2-D launches on one grid axis always (probes), read once per process.
 bool one_axis_grid() {
   static const bool one = [] {
@@ -395,12 +423,29 @@ void launch(Args<typename Tr::Storage> a, const Launch& l) {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else {
     // Up to kUnroll rows a thread, fewer where that would leave under kMinBlocksPerSm
-    // blocks per SM (4096 x 512 fp32 at 4 rows are 512 blocks on 132 SMs, 3 or 4 an SM).
+    // blocks per SM (4096 x 512 fp32 at 4 rows are 512 blocks on 132 SMs, 3 or 4 an SM);
+    // with 8-byte packs (half_packs_2d) one row a thread.
     constexpr int kMax = kUnroll<typename Tr::Storage>;
+    constexpr bool kHalf = VEC * static_cast<int>(sizeof(typename Tr::Storage)) * 2 == kVecBytes;
     const int64_t rows_per_step = kThreads >> a.tile_shift;
     const auto blocks = [&](int rows) {
       return (a.rows + rows_per_step * rows - 1) / (rows_per_step * rows) * a.col_tiles;
     };
+    const auto grid_of = [&](int rows) {
+      // (column tiles, row blocks) on two axes where gridDim.y takes the row blocks; the
+      // kernel tells the two layouts apart by gridDim.y.
+      const int64_t row_blocks = blocks(rows) / a.col_tiles;
+      const bool two_axes = row_blocks > 1 && row_blocks <= 65535 && !one_axis_grid();
+      return two_axes ? dim3(static_cast<unsigned>(a.col_tiles), static_cast<unsigned>(row_blocks))
+                      : dim3(static_cast<unsigned>(blocks(rows)));
+    };
+    if constexpr (kHalf) {
+      TORCH_CHECK(blocks(1) <= std::numeric_limits<int>::max(),
+                  "bias_act_cuda_out: too many elements (", a.rows, " x ", a.items * VEC,
+                  ") for one launch");
+      launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, 1>(a, grid_of(1), kThreads, l);
+      return;
+    }
     // 16-bit tensors under kTwoRowsMinElems elements take one row a thread: H100, graph
     // replay, inputs rotating (scripts/probe_elementwise.py --twin-rows, NOTES.md), bias +
     // GELU bf16 4096 x 4096 24.6 us at one row against 25.2 at two, 65536 x 512 46.7
@@ -417,13 +462,7 @@ void launch(Args<typename Tr::Storage> a, const Launch& l) {
     TORCH_CHECK(blocks(rows) <= std::numeric_limits<int>::max(),
                 "bias_act_cuda_out: too many elements (", a.rows, " x ", a.items * VEC,
                 ") for one launch");
-    // (column tiles, row blocks) on two axes where gridDim.y takes the row blocks; the
-    // kernel tells the two layouts apart by gridDim.y.
-    const int64_t row_blocks = blocks(rows) / a.col_tiles;
-    const bool two_axes = row_blocks > 1 && row_blocks <= 65535 && !one_axis_grid();
-    const dim3 grid = two_axes ? dim3(static_cast<unsigned>(a.col_tiles),
-                                      static_cast<unsigned>(row_blocks))
-                               : dim3(static_cast<unsigned>(blocks(rows)));
+    const dim3 grid = grid_of(rows);
     if (rows == 1) {
       launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, 1>(a, grid, kThreads, l);
     } else if (rows == 2) {
@@ -501,12 +540,19 @@ void launch_activation(const Problem& p, const Launch& l) {
     launch_operands<Tr, ACT, 1, true>(a, l);
   } else {
     // Tile width: the row's vectors rounded up to a power of two, at most one per thread.
-    a.items = p.vectorize ? p.cols / kVec : p.cols;
+    const bool half = p.vectorize && half_packs_2d(numel * static_cast<int64_t>(sizeof(S)), ACT);
+    a.items = p.vectorize ? p.cols / (half ? kVec / 2 : kVec) : p.cols;
     a.rows = p.rows;
     while ((int64_t{1} << a.tile_shift) < a.items && (1 << a.tile_shift) < kThreads) {
       ++a.tile_shift;
     }
     a.col_tiles = (a.items + (int64_t{1} << a.tile_shift) - 1) >> a.tile_shift;
+    if constexpr (cheap_activation(ACT)) {
+      if (half) {
+        launch_operands<Tr, ACT, kVec / 2, false>(a, l);
+        return;
+      }
+    }
     if (p.vectorize) {
       launch_operands<Tr, ACT, kVec, false>(a, l);
     } else {
