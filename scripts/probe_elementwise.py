@@ -133,7 +133,7 @@ def small_case(op, dtype_name, numel) -> str:
         for warps in (1, 2, 4, 8):
             if tile // (32 * warps) > 64:  # over 64 elements a thread: spills
                 continue
-            if tile // (32 * warps) < 16 // x.element_size():
+            if tile // (32 * warps) < 8 // x.element_size():  # under 8 bytes a thread
                 continue
             cfg = {"BLOCK_M": 1, "BLOCK_N": tile, "num_warps": warps}
             t = graph_us(lambda cfg=cfg: ew.bias_act_into(out, x, y, None, 1.0, act, config=cfg))
