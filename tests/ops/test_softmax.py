@@ -562,8 +562,9 @@ def test_rows_config_under_pdl_no_one_row_programs_of_few_warps():
 
 def test_rows_plan_no_pdl_under_min_warps():
     """With PDL on, the on-chip kernel's launch takes it only for programs of at least
-    PDL_MIN_WARPS warps: not float32 512 columns (two warps), 16-bit 1024 (four, under
-    PDL) and wider; with PDL off, never. The kernel's PDL constexpr is the plan's last."""
+    PDL_MIN_WARPS warps: not for float32 rows of 512 columns (two warps), but for 16-bit
+    rows of 1024 (four under PDL), wider rows and short 16-bit rows (four); with PDL off,
+    never. The kernel's PDL constexpr is the plan's last."""
     for n_cols, dtype, pdl in (
         (512, torch.float32, False), (1024, torch.bfloat16, True), (4096, torch.float16, True),
         (1024, torch.float32, True), (128, torch.bfloat16, True),
