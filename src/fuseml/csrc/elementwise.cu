@@ -335,15 +335,17 @@ int forced_rows() {
 // probes, read once per process (0: the rule).
 constexpr int64_t kHalfPackMinNumel = int64_t{1} << 24;
 
+// A pack-size knob from the environment: 8 or 16 (bytes), 0 where unset or empty.
+int env_pack_bytes(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return 0;
+  const std::string s(v);
+  TORCH_CHECK(s == "8" || s == "16", name, " must be 8 or 16, got '", s, "'");
+  return std::stoi(s);
+}
+
 int forced_pack_bytes() {
-  static const int bytes = [] {
-    const char* v = std::getenv("FUSEML_EW_CUDA_FLAT_BYTES");
-    if (v == nullptr || *v == '\0') return 0;
-    const std::string s(v);
-    TORCH_CHECK(s == "8" || s == "16", "FUSEML_EW_CUDA_FLAT_BYTES must be 8 or 16, got '", s,
-                "'");
-    return std::stoi(s);
-  }();
+  static const int bytes = env_pack_bytes("FUSEML_EW_CUDA_FLAT_BYTES");
   return bytes;
 }
 
@@ -359,14 +361,7 @@ bool half_packs(int64_t numel, int activation) {
 constexpr int64_t kHalfPack2dMinBytes = int64_t{1} << 27;
 
 int forced_pack_bytes_2d() {
-  static const int bytes = [] {
-    const char* v = std::getenv("FUSEML_EW_CUDA_2D_BYTES");
-    if (v == nullptr || *v == '\0') return 0;
-    const std::string s(v);
-    TORCH_CHECK(s == "8" || s == "16", "FUSEML_EW_CUDA_2D_BYTES must be 8 or 16, got '", s,
-                "'");
-    return std::stoi(s);
-  }();
+  static const int bytes = env_pack_bytes("FUSEML_EW_CUDA_2D_BYTES");
   return bytes;
 }
 
