@@ -77,11 +77,13 @@ def sweep_case(op, dtype_name, shape) -> str:
     dtype = getattr(torch, dtype_name)
     x = torch.randn(shape, device="cuda", dtype=dtype)
     b = torch.randn(shape[-1], device="cuda", dtype=dtype)
-    y = torch.randn_like(x) if op == "relu" else None
+    # relu / leaky_relu / none: bias + residual + activation; gelu: bias + GELU
+    y = torch.randn_like(x) if op != "gelu" else None
     out = torch.empty_like(x)
     act = ew.ACT_CODE[op]
-    if op == "relu":
-        ref = torch.compile(lambda x, b, y: torch.relu(x + b + y), dynamic=False)
+    if op != "gelu":
+        fn = {"relu": torch.relu, "leaky_relu": F.leaky_relu, "none": lambda v: v}[op]
+        ref = torch.compile(lambda x, b, y: fn(x + b + y), dynamic=False)
         args = (x, b, y)
     else:
         ref = torch.compile(lambda x, b: F.gelu(x + b), dynamic=False)
