@@ -54,6 +54,21 @@ def inputs(n: int, m: int):
     return x, ref, show
 
 
+def show_registers() -> None:
+    """Registers a thread of each split kernel compiled so far (the kernel cache's
+    layout differs between triton versions: best effort)."""
+    kernel = sm._softmax_split_kernel
+    caches = getattr(kernel, "device_caches", None) or {}
+    for cache in caches.values():
+        entries = cache[0] if isinstance(cache, tuple) else cache
+        for compiled in entries.values():
+            consts = getattr(compiled, "constants", None) or getattr(compiled.src, "constants", {})
+            keys = ("BLOCK_N", "CHUNK", "PAIRS", "LOG")
+            named = {k: v for k, v in consts.items() if isinstance(k, str) and k in keys}
+            print(f"  split kernel {named or ''}: {compiled.n_regs} registers, "
+                  f"{compiled.n_spills} spills", flush=True)  # fmt: skip
+
+
 def _width(n: int, m: int) -> None:
     x, ref, show = inputs(n, m)
 
@@ -108,13 +123,29 @@ def _width(n: int, m: int) -> None:
                 show(f"library split, counters {knob} (round {r})", us_of(fused))
         finally:
             os.environ.pop("FUSEML_SOFTMAX_COUNTERS", None)
+    if sm._split_config(x):
+        # 16-bit x held as int32 pairs through the wait (SPLIT_PAIRS) or as float32,
+        # interleaved over 3 rounds, each checked against torch
+        pairs = sm.SPLIT_PAIRS
+        try:
+            for r, on in itertools.product(range(3), (False, True)):
+                sm.SPLIT_PAIRS = on
+                show(
+                    f"library split, pairs {int(on)} (round {r})",
+                    us_of(fused),
+                    rel_err(fused(), ref),
+                )
+        finally:
+            sm.SPLIT_PAIRS = pairs
+        show_registers()
     if os.environ.get("PROBE_SPLIT") == "none":
         return
     names = ("MAX_ONCHIP_COLS", "SPLIT_BLOCK", "SPLIT_MAX_BLOCK", "SPLIT_COLS_PER_WARP")
-    saved = {name: getattr(sm, name) for name in (*names, "SPLIT_BALANCED")}
+    saved = {name: getattr(sm, name) for name in (*names, "SPLIT_BALANCED", "SPLIT_HALF_GAIN")}
     try:
         # The split-row kernel: PROBE_SPLIT="block:cols_per_warp,..." (columns a program)
         sm.MAX_ONCHIP_COLS = 1024
+        sm.SPLIT_HALF_GAIN = 2.0  # the block swept, never halved
         sweep = env_sweep("PROBE_SPLIT") or [
             (2048, 512), (2048, 1024), (4096, 512), (4096, 1024), (8192, 1024), (16384, 1024)
         ]  # fmt: skip
@@ -128,6 +159,7 @@ def _width(n: int, m: int) -> None:
             err = rel_err(fused(), ref)
             name = f"split block={block} warps={block // per_warp} balanced={int(balanced)}"
             show(f"{name} ({sm._split_config(x)})", us_of(fused), err)
+        show_registers()
     finally:
         for name, value in saved.items():
             setattr(sm, name, value)

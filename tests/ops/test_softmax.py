@@ -4,6 +4,8 @@ import pytest
 import torch
 
 import fuseml
+from fuseml.ops._utils import cdiv
+from fuseml.runtime import triton_interpreting
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_
 
 # The module, not the function fuseml.ops.softmax that shadows it as an attribute.
@@ -170,6 +172,9 @@ def test_softmax_split_chunk_shares(device, backend, log, balanced, monkeypatch)
     big = 8 * torch.randn(4, 540, dtype=torch.bfloat16, device=device)
     for x in (big[:, :530].contiguous(), big[:, 3:533], big[:, 8:538]):
         assert sm._split_config(x) == ((64, 9) if balanced else (128, 5))
+        # chunks held as int32 pairs keep the block (the rows of the first and last views
+        # line up with the output's)
+        assert sm._split_config(x, pairs=True) == (128, 5)
         assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), torch.bfloat16)
 
 
@@ -191,6 +196,75 @@ def test_split_config_limits():
     assert sm.SPLIT_BLOCK == 8192
     assert sm._split_config(x.expand(2, 50257)) == (4096, 13)
     assert sm._split_config(x.expand(2, 65536)) == (8192, 8)
+    # ... unless the chunks are held as int32 pairs (16-bit rows): they keep the block
+    assert sm._split_config(x.expand(2, 50257), pairs=True) == (8192, 7)
+
+
+class _SplitSpy:
+    """Stands in for the split kernel and records each launch's PAIRS."""
+
+    def __init__(self, kernel):
+        self.kernel, self.pairs = kernel, []
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            self.pairs.append(kwargs["PAIRS"])
+            return launch(*args, **kwargs)
+
+        return run
+
+
+def _split_pairs_runs(monkeypatch, x, log):
+    """The split kernel's output with SPLIT_PAIRS off and on, and the PAIRS each took."""
+    spy = _SplitSpy(sm._softmax_split_kernel)
+    monkeypatch.setattr(sm, "_softmax_split_kernel", spy)
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(sm, "SPLIT_PAIRS", on)
+        spy.pairs.clear()
+        outs.append((_op(log)(x, backend="triton"), set(spy.pairs)))
+    return outs
+
+
+@pytest.mark.skipif(not triton_interpreting(), reason="CPU Triton needs TRITON_INTERPRET=1")
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_split_pairs_match_the_float_path(log, dtype, monkeypatch):
+    # 16-bit rows whose x and out rows line up are held as int32 pairs of elements through
+    # the split kernel's wait; the output is the same bit for bit. Odd width (every row
+    # alignment, so every head / tail piece), an all -inf row and a chunk of -inf;
+    # float32 and a view whose rows do not line up with the output's (1045 against 1038
+    # elements apart) keep float32 values.
+    _long_row_path(monkeypatch, "split", 128)
+    big = 8 * torch.randn(4, 1045, dtype=dtype)
+    big[1] = float("-inf")
+    big[2, 200:400] = float("-inf")
+    for x, pairs in ((big[:, :1037].contiguous(), dtype != torch.float32), (big[:, 3:1041], False)):
+        (off, took_off), (on, took_on) = _split_pairs_runs(monkeypatch, x, log)
+        assert took_off == {False} and took_on == {pairs}
+        assert torch.equal(off.isnan(), on.isnan())
+        assert torch.equal(off.nan_to_num(), on.nan_to_num())
+        assert_close_verbose(on[[0, 2, 3]], _ref(x[[0, 2, 3]], -1, log), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n_cols", [50257, 65536])
+def test_split_pairs_bit_exact_on_gpu(log, dtype, n_cols, monkeypatch):
+    # Pairs on and off at the same split (7 x 7184 and 8 x 8192 columns: without pairs
+    # 50257 columns would take 13 x 3872, and a different split sums in another order)
+    monkeypatch.setattr(sm, "SPLIT_HALF_GAIN", 2.0)
+    x = 10 * torch.randn(64, n_cols, device="cuda", dtype=dtype)
+    x[5, : n_cols // 2] = float("-inf")
+    assert sm._split_config(x) == sm._split_config(x, pairs=True) == (8192, cdiv(n_cols, 8192))
+    (off, took_off), (on, took_on) = _split_pairs_runs(monkeypatch, x, log)
+    assert took_off == {False} and took_on == {True}
+    assert torch.equal(off, on)
+    assert_close_verbose(on, _ref(x, -1, log), dtype)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)

@@ -174,6 +174,36 @@ def row_stats(stats_row, chunks, BLOCK_G: tl.constexpr, FAST: tl.constexpr):
 
 
 @triton.jit
+def _pairs_f32(w, sh, DT: tl.constexpr):
+    """(low, high) 16-bit elements (storage dtype DT) of the int32 pairs ``w``, as float32;
+    ``sh`` is 16."""
+    lo = w.to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+    hi = (w >> sh).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _pair_pack(lo, hi, DT: tl.constexpr, FAST: tl.constexpr):
+    """float32 lo / hi rounded to the 16-bit DT and packed into int32 pairs (lo in the low
+    half), as the pairs are stored."""
+    if FAST:
+        if DT.is_bf16():
+            v = tl.inline_asm_elementwise(
+                "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.int32,
+                is_pure=True, pack=1,
+            )  # fmt: skip
+        else:
+            v = tl.inline_asm_elementwise(
+                "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.int32,
+                is_pure=True, pack=1,
+            )  # fmt: skip
+    else:
+        v_lo = lo.to(DT).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        v = (hi.to(DT).to(tl.int16, bitcast=True).to(tl.int32) << 16) | v_lo
+    return v
+
+
+@triton.jit
 def _softmax_split_kernel(
     x_ptr,  # (M, N) input, unit column stride
     out_ptr,  # (M, N) output
@@ -196,6 +226,10 @@ def _softmax_split_kernel(
     GRID2D: tl.constexpr = False,  # the grid is (chunks, rows): no division of the
     # program id ahead of the first load (blocks still start in row-major order)
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_launch)
+    PAIRS: tl.constexpr = False,  # 16-bit x loaded, held through the wait and stored as
+    # int32 pairs of elements: half the registers of float32 values (VEC > 1 only)
+    NEG_PAIR: tl.constexpr = 0,  # with PAIRS: two -inf of the storage dtype as one int32
+    sixteen=16,  # with PAIRS: a runtime 16 (see the statistics phase)
 ):
     if PDL:  # (every program of this grid is resident before the next PDL launch begins)
         _pdl_begin()
@@ -231,7 +265,25 @@ def _softmax_split_kernel(
         mask = rel < tl.multiple_of(body, VEC)
     x_body = x_ptr + tl.multiple_of(x_off + lead, VEC)  # 16-byte aligned where x is
     out_body = out_ptr + tl.multiple_of(o_off + lead, VEC)
-    x = tl.load(x_body + rel, mask=mask, other=-float("inf")).to(tl.float32)
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    if PAIRS:
+        # element pairs (2i, 2i + 1) of the body as int32 i: the body starts 16-byte
+        # aligned and every chunk at a multiple of 16 elements, so pairs never straddle
+        # (the chunk's start goes into the scalar pointers and its length into a scalar
+        # bound, so that the lanes' addresses are one base plus constants: with the
+        # start in the offsets, 7184- and 3872-column chunks took 48 registers, not 32;
+        # triton 3.6, sm_90, offline)
+        start2 = chunk * (CHUNK // 2)
+        rel2 = tl.arange(0, BLOCK_N // 2)
+        left2 = tl.multiple_of(body // 2, VEC // 2) - start2  # pairs of the body left
+        if CHUNK < BLOCK_N:
+            left2 = tl.minimum(left2, CHUNK // 2)
+        mask2 = rel2 < left2
+        x_pairs = x_body.to(tl.pointer_type(tl.int32)) + start2
+        out_pairs = out_body.to(tl.pointer_type(tl.int32)) + start2
+        v = tl.load(x_pairs + rel2, mask=mask2, other=NEG_PAIR)
+    else:
+        x = tl.load(x_body + rel, mask=mask, other=-float("inf")).to(tl.float32)
     # head [0, lead) and tail [lead + body, n_cols), in the last chunk only
     e = tl.arange(0, 2 * VEC)
     edge = tl.where(e < VEC, e, lead + body + e - VEC)
@@ -239,12 +291,27 @@ def _softmax_split_kernel(
     x_edge = tl.load(x_row + edge, mask=edge_ok, other=-float("inf")).to(tl.float32)
     stats_row = stats_ptr + row * (2 * chunks)
     if PHASE != 2:
-        m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
+        if PAIRS:
+            # The pairs are unpacked afresh for each pass (max, sum, output), each from a
+            # different expression of them (v, v ^ 0, v | 0 with a runtime 0; a runtime
+            # 16 in the last), so that the compiler cannot merge the unpacks and keep 32
+            # float32 values a thread live from one pass to the next: 32 registers a
+            # thread at 4096 columns / 4 warps instead of 64 (48 unpacked up front; triton
+            # 3.9, sm_90, offline)
+            lo, hi = _pairs_f32(v, 16, DT)
+            m = tl.maximum(tl.max(tl.maximum(lo, hi), axis=0), tl.max(x_edge, axis=0))
+        else:
+            m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
         shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf chunk: sum 0, not NaN
         # tl.exp here, not _exp2: with the one-instruction exp2 in this phase ptxas gives
         # the kernel 64 registers instead of 48 (4 blocks of 8 warps per SM, not 5;
         # triton 3.9, sm_90, offline); in the output phase it costs none.
-        s = tl.sum(tl.exp(x - shift), axis=0) + tl.sum(tl.exp(x_edge - shift), axis=0)
+        if PAIRS:
+            lo, hi = _pairs_f32(v ^ (sixteen - 16), 16, DT)
+            s = tl.sum(tl.exp(lo - shift) + tl.exp(hi - shift), axis=0)
+        else:
+            s = tl.sum(tl.exp(x - shift), axis=0)
+        s += tl.sum(tl.exp(x_edge - shift), axis=0)
         tl.store(stats_row + 2 * chunk, m)
         tl.store(stats_row + 2 * chunk + 1, s)
         if PHASE == 0:
@@ -261,17 +328,32 @@ def _softmax_split_kernel(
                 posted = tl.atomic_add(count_ptr + row, 0, sem="acquire")
     if PHASE != 1:
         m_row, total = row_stats(stats_row, chunks, BLOCK_G, FAST)
-        z = x - m_row  # NaN for an all -inf row, as torch
-        z_edge = x_edge - m_row
+        z_edge = x_edge - m_row  # NaN for an all -inf row, as torch
         if LOG:
             log_total = tl.log(total)
-            y = z - log_total
             y_edge = z_edge - log_total
         else:
             inv_total = _rcp(total, FAST)
-            y = _exp2(z * LOG2E, FAST) * inv_total
             y_edge = _exp2(z_edge * LOG2E, FAST) * inv_total
-        tl.store(out_body + rel, y.to(out_ptr.dtype.element_ty), mask=mask)
+        if PAIRS:
+            lo = (v | (sixteen - 16)).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+            hi = (v >> sixteen).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+            z_lo = lo - m_row
+            z_hi = hi - m_row
+            if LOG:
+                y_lo = z_lo - log_total
+                y_hi = z_hi - log_total
+            else:
+                y_lo = _exp2(z_lo * LOG2E, FAST) * inv_total
+                y_hi = _exp2(z_hi * LOG2E, FAST) * inv_total
+            tl.store(out_pairs + rel2, _pair_pack(y_lo, y_hi, DT, FAST), mask=mask2)
+        else:
+            z = x - m_row
+            if LOG:
+                y = z - log_total
+            else:
+                y = _exp2(z * LOG2E, FAST) * inv_total
+            tl.store(out_body + rel, y.to(out_ptr.dtype.element_ty), mask=mask)
         tl.store(out_row + edge, y_edge.to(out_ptr.dtype.element_ty), mask=edge_ok)
 
 
@@ -701,6 +783,13 @@ SPLIT_BALANCED = True  # equal chunks per row (scripts/probe_softmax.py compares
 # both fill their columns (65536, 262144) 8192 stays ahead: 436.5 / 1787.1 us against
 # 444.7 / 1835.3.
 SPLIT_HALF_GAIN = 0.05
+# 16-bit rows whose x and out rows line up (VEC > 1) are held as int32 pairs of elements
+# (PAIRS): 32 registers a thread at 4096 columns / 4 warps instead of 48, so 16 programs
+# an SM instead of 10 (triton 3.9, sm_90, offline). FUSEML_SOFTMAX_PAIRS=0 turns it off
+# (probes; read at import).
+SPLIT_PAIRS = os.environ.get("FUSEML_SOFTMAX_PAIRS", "1") != "0"
+# Two -inf of each 16-bit dtype as one int32 (the pairs' masked-off lanes)
+_NEG_PAIR = {torch.bfloat16: -0x007F0080, torch.float16: -0x03FF0400}
 # (chunks, rows) on two grid axes where the rows fit the second (GRID_Y_MAX), else one
 # axis (FUSEML_SOFTMAX_GRID=1d: always, for probes; read at import)
 SPLIT_GRID_2D = os.environ.get("FUSEML_SOFTMAX_GRID", "2d") != "1d"
@@ -726,9 +815,10 @@ def split_counters(x2: torch.Tensor, n_rows: int) -> torch.Tensor:
     return slab_counters(_split_slab, x2, n_rows, "FUSEML_SOFTMAX_COUNTERS")
 
 
-def _split_config(x2: torch.Tensor) -> tuple[int, int] | None:
+def _split_config(x2: torch.Tensor, pairs: bool = False) -> tuple[int, int] | None:
     """(columns a program, programs a row) of the split-row kernel for ``x2``, or None
-    where it does not apply (a row that fits one program, or too many programs a row)."""
+    where it does not apply (a row that fits one program, or too many programs a row).
+    ``pairs``: the chunks are held as int32 pairs (_split_pairs), which keeps the block."""
     n_cols = x2.shape[1]
     if SPLIT_MAX_CHUNKS < 2:  # off
         return None
@@ -739,6 +829,7 @@ def _split_config(x2: torch.Tensor) -> tuple[int, int] | None:
     half = block // 2
     if (
         SPLIT_BALANCED
+        and not pairs
         and block == SPLIT_BLOCK
         and cdiv(n_cols, half) <= limit
         and _lanes_used(n_cols, half) > _lanes_used(n_cols, block) + SPLIT_HALF_GAIN
@@ -759,8 +850,28 @@ def _lanes_used(n_cols: int, block: int) -> float:
     return _balanced_chunk(n_cols, cdiv(n_cols, block)) / block
 
 
+def _split_pairs(x2: torch.Tensor, out2: torch.Tensor) -> bool:
+    """Whether the split kernel holds ``x2``'s chunks as int32 pairs (SPLIT_PAIRS): 16-bit
+    elements, data 16-byte aligned and rows of x and out lined up, so that every chunk's
+    body starts 16-byte aligned in both. Not for fake tensors (torch.compile tracing),
+    whose pointers are not known."""
+    return (
+        SPLIT_PAIRS
+        and x2.dtype in _NEG_PAIR
+        and type(x2) is torch.Tensor
+        and not is_fake(x2)
+        and (x2.stride(0) - out2.stride(0)) % 8 == 0
+        and aligned16(x2, out2)
+    )
+
+
 def _launch_split(
-    x2: torch.Tensor, out2: torch.Tensor, config: tuple[int, int], log: bool, traced: bool
+    x2: torch.Tensor,
+    out2: torch.Tensor,
+    config: tuple[int, int],
+    log: bool,
+    traced: bool,
+    pairs: bool = False,
 ) -> None:
     n_rows, n_cols = x2.shape
     block, chunks = config
@@ -788,6 +899,7 @@ def _launch_split(
             LOG=log, BLOCK_N=block, CHUNK=chunk_cols, BLOCK_G=next_pow2(chunks),
             VEC=vec if aligned else 1,
             PHASE=phase, FAST=fast_math(x2), GRID2D=grid2d,
+            PAIRS=pairs, NEG_PAIR=_NEG_PAIR[x2.dtype] if pairs else 0, sixteen=16,
             num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)), **_pdl_options(x2, traced),
         )  # fmt: skip
 
@@ -868,8 +980,8 @@ def _dispatch(x2: torch.Tensor, out2: torch.Tensor, log: bool, impl: str, traced
         torch.ops.fuseml.softmax_cuda_out(x2, log, out2)
     elif x2.shape[1] <= MAX_ONCHIP_COLS:
         _launch_rows(x2, out2, log, traced)
-    elif config := _split_config(x2):
-        _launch_split(x2, out2, config, log, traced)
+    elif config := _split_config(x2, pairs := _split_pairs(x2, out2)):
+        _launch_split(x2, out2, config, log, traced, pairs)
     else:
         _launch_online(x2, out2, log, traced)
 
