@@ -573,8 +573,20 @@ __device__ __forceinline__ int acquire_count(const int* count) {
 // index order and `chunks` of them fit on the GPU at once (the assumption of CUB's single-
 // pass scan); the host keeps chunks at or under half the SMs. stats: (rows, chunks) pairs;
 // count: (rows,) zeros at launch, the blocks of the row that have posted.
+//
+// 16-bit storage asks ptxas for 1280 threads an SM (5 blocks of 256): 48 registers a thread
+// instead of 64, no spills (log_softmax 4 bytes), so a fifth of the SM's chunks more in
+// flight; float32 would spill 100-150 bytes a thread there and keeps the plain bound (nvcc
+// 13, sm_90, offline) and keeps the plain bound (a minimum of 0 blocks: none given; an
+// explicit 1 made ptxas use 71-93 registers).
+constexpr int kSplit16ThreadsPerSm = 1280;
+template <class Tr, int THREADS>
+constexpr int split_min_blocks() {
+  return sizeof(typename Tr::Storage) == 2 ? std::max(1, kSplit16ThreadsPerSm / THREADS) : 0;
+}
+
 template <class Tr, bool LOG, int THREADS, int ELEMS>
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(THREADS, (split_min_blocks<Tr, THREADS>()))
     softmax_split_kernel(const RowArgs<typename Tr::Storage> a, float2* stats, int* count,
                          int chunks) {
   using S = typename Tr::Storage;
