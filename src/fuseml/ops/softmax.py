@@ -781,11 +781,15 @@ SPLIT_BALANCED = True  # equal chunks per row (scripts/probe_softmax.py compares
 # H100, bf16, 4096 rows (95ca12a, probe_softmax.py, balanced chunks): 50257 columns as 13
 # programs of 4096 (3872 used, 95%) 347.7 us against 7 of 8192 (7184, 88%) 350.5; where
 # both fill their columns (65536, 262144) 8192 stays ahead: 436.5 / 1787.1 us against
-# 444.7 / 1835.3.
+# 444.7 / 1835.3. Not for chunks held as int32 pairs: at 50257 columns 7 x 7184 on 8 warps
+# took 305.6 us against 346.0 for 13 x 3872 on 4 (32 registers against 48, triton 3.6).
 SPLIT_HALF_GAIN = 0.05
-# 16-bit rows whose x and out rows line up (VEC > 1) are held as int32 pairs of elements
-# (PAIRS): 32 registers a thread at 4096 columns / 4 warps instead of 48, so 16 programs
-# an SM instead of 10 (triton 3.9, sm_90, offline). FUSEML_SOFTMAX_PAIRS=0 turns it off
+# 16-bit chunks are held as int32 pairs of elements (PAIRS; _split_pairs says where):
+# 32 registers a thread at 8192 columns / 8 warps instead of 48, so 64 warps an SM in
+# flight instead of 40 (triton 3.6, sm_90; 4096 / 4 warps stays at 48 there). H100, bf16,
+# 4096 rows (probe_softmax.py, f7cfe82 suite): 50257 columns 305 us against 347 (as 7 x
+# 7184: pairs keep the block, see SPLIT_HALF_GAIN), 65536 379 against 430, 131072 779
+# against 866, 262144 level (1711 against 1697). FUSEML_SOFTMAX_PAIRS=0 turns it off
 # (probes; read at import).
 SPLIT_PAIRS = os.environ.get("FUSEML_SOFTMAX_PAIRS", "1") != "0"
 # Two -inf of each 16-bit dtype as one int32 (the pairs' masked-off lanes)
