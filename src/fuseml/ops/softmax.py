@@ -295,9 +295,10 @@ def _softmax_split_kernel(
             # The pairs are unpacked afresh for each pass (max, sum, output), each from a
             # different expression of them (v, v ^ 0, v | 0 with a runtime 0; a runtime
             # 16 in the last), so that the compiler cannot merge the unpacks and keep 32
-            # float32 values a thread live from one pass to the next: 32 registers a
-            # thread at 4096 columns / 4 warps instead of 64 (48 unpacked up front; triton
-            # 3.9, sm_90, offline)
+            # float32 values a thread live from one pass to the next (with one unpack
+            # shared by the passes the pairs kernel took 64 registers; now 32 at 8192
+            # columns / 8 warps with triton 3.6, 36 at 4096 / 4 with triton 3.9; sm_90,
+            # offline)
             lo, hi = _pairs_f32(v, 16, DT)
             m = tl.maximum(tl.max(tl.maximum(lo, hi), axis=0), tl.max(x_edge, axis=0))
         else:
@@ -336,6 +337,8 @@ def _softmax_split_kernel(
             inv_total = _rcp(total, FAST)
             y_edge = _exp2(z_edge * LOG2E, FAST) * inv_total
         if PAIRS:
+            # (written out, not _pairs_f32(v | z, sixteen): taking the high half from
+            # v | z as well gave 48 registers instead of 32-36, triton 3.6 and 3.9 offline)
             lo = (v | (sixteen - 16)).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
             hi = (v >> sixteen).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
             z_lo = lo - m_row
@@ -864,7 +867,7 @@ def _split_pairs(x2: torch.Tensor, out2: torch.Tensor) -> bool:
         and x2.dtype in _NEG_PAIR
         and type(x2) is torch.Tensor
         and not is_fake(x2)
-        and (x2.stride(0) - out2.stride(0)) % 8 == 0
+        and (x2.stride(0) - out2.stride(0)) % 8 == 0  # 16 bytes of 16-bit elements
         and aligned16(x2, out2)
     )
 
