@@ -576,7 +576,7 @@ __device__ __forceinline__ int acquire_count(const int* count) {
 //
 // 16-bit storage asks ptxas for 1280 threads an SM (5 blocks of 256): 48 registers a thread
 // instead of 64, no spills (log_softmax 4 bytes), so 5 blocks an SM in flight instead of 4
-// (bf16 50257 columns 341.5 us against 357.0, 65536 417.9 against 440.4; H100). float32
+// (suite, bf16: 50257 columns 341.5 us against 359.8, 65536 417.9 against 442.0; H100). float32
 // would spill up to 150 bytes a thread there, so it keeps the plain bound: a minimum of 0
 // blocks, which gives none (an explicit 1 made ptxas use 71-93 registers; nvcc 13, sm_90,
 // offline).
