@@ -2,6 +2,7 @@ import importlib
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fuseml
 from fuseml.ops._utils import cdiv
@@ -198,6 +199,29 @@ def test_split_config_limits():
     assert sm._split_config(x.expand(2, 65536)) == (8192, 8)
     # ... unless the chunks are held as int32 pairs (16-bit rows): they keep the block
     assert sm._split_config(x.expand(2, 50257), pairs=True) == (8192, 7)
+
+
+def test_split_pairs_only_where_the_int32_accesses_are_aligned(monkeypatch):
+    # int32 pairs need 16-bit elements, both data pointers 16-byte aligned and the rows of
+    # x and out lined up (a first GPU run faulted on a view 3 elements into its storage);
+    # float32 and a fake tensor (torch.compile tracing: no pointer) keep float32 values
+    monkeypatch.setattr(sm, "SPLIT_PAIRS", True)
+    big = torch.zeros(4, 1045, dtype=torch.bfloat16)
+    x = big[:, :1037].contiguous()
+    assert sm._split_pairs(x, torch.empty_like(x))
+    assert sm._split_pairs(x.half(), torch.empty_like(x.half()))
+    assert not sm._split_pairs(x.float(), torch.empty_like(x.float()))
+    view = big[:, 8:1045]  # data 16 bytes in, rows 1045 apart against the output's 1037
+    assert sm._split_pairs(view, torch.empty(view.shape, dtype=view.dtype))
+    shifted = big[:, 3:1040]  # data 6 bytes off 16
+    assert not sm._split_pairs(shifted, torch.empty(shifted.shape, dtype=shifted.dtype))
+    unlined = big[:, :1038]  # rows 1045 apart against 1038
+    assert not sm._split_pairs(unlined, torch.empty(unlined.shape, dtype=unlined.dtype))
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(x)
+        assert not sm._split_pairs(fake, torch.empty_like(fake))
+    monkeypatch.setattr(sm, "SPLIT_PAIRS", False)
+    assert not sm._split_pairs(x, torch.empty_like(x))
 
 
 class _SplitSpy:
