@@ -22,13 +22,14 @@ import re
 import subprocess
 import tempfile
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 sm = importlib.import_module("fuseml.ops.softmax")  # the module, not the op
-NEG_PAIR = {"bf16": -0x007F0080, "fp16": -0x03FF0400}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def main() -> None:
@@ -47,7 +48,7 @@ def main() -> None:
     consts = dict(
         LOG=a.log, BLOCK_N=a.block, CHUNK=a.chunk, BLOCK_G=triton.next_power_of_2(a.chunks),
         VEC=16 // (4 if a.dtype == "fp32" else 2), PHASE=0, FAST=True, GRID2D=True,
-        PDL=False, PAIRS=pairs, NEG_PAIR=NEG_PAIR[a.dtype] if pairs else 0,
+        PDL=False, PAIRS=pairs, NEG_PAIR=sm._NEG_PAIR[DTYPES[a.dtype]] if pairs else 0,
     )  # fmt: skip
     ptr_types = {"x_ptr": f"*{a.dtype}", "out_ptr": f"*{a.dtype}", "stats_ptr": "*fp32",
                  "count_ptr": "*i32"}  # fmt: skip
