@@ -1,4 +1,7 @@
 import importlib
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -222,6 +225,16 @@ def test_split_pairs_only_where_the_int32_accesses_are_aligned(monkeypatch):
         assert not sm._split_pairs(fake, torch.empty_like(fake))
     monkeypatch.setattr(sm, "SPLIT_PAIRS", False)
     assert not sm._split_pairs(x, torch.empty_like(x))
+
+
+def test_split_pairs_knob_takes_0_or_1():
+    # FUSEML_SOFTMAX_PAIRS is read at import: a value other than 0 or 1 is an error there
+    env = {**os.environ, "FUSEML_SOFTMAX_PAIRS": "off"}
+    run = subprocess.run(
+        [sys.executable, "-c", "import fuseml.ops"], env=env, capture_output=True, text=True
+    )
+    assert run.returncode != 0
+    assert "FUSEML_SOFTMAX_PAIRS must be 0 or 1, got 'off'" in run.stderr
 
 
 class _SplitSpy:

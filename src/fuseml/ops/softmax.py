@@ -794,7 +794,10 @@ SPLIT_HALF_GAIN = 0.05
 # 7184: pairs keep the block, see SPLIT_HALF_GAIN), 65536 379 against 430, 131072 779
 # against 866, 262144 level (1711 against 1697). FUSEML_SOFTMAX_PAIRS=0 turns it off
 # (probes; read at import).
-SPLIT_PAIRS = os.environ.get("FUSEML_SOFTMAX_PAIRS", "1") != "0"
+_pairs_flag = os.environ.get("FUSEML_SOFTMAX_PAIRS", "1")
+if _pairs_flag not in ("0", "1"):
+    raise ValueError(f"FUSEML_SOFTMAX_PAIRS must be 0 or 1, got {_pairs_flag!r}")
+SPLIT_PAIRS = _pairs_flag == "1"
 # Two -inf of each 16-bit dtype as one int32 (the pairs' masked-off lanes)
 _NEG_PAIR = {torch.bfloat16: -0x007F0080, torch.float16: -0x03FF0400}
 # (chunks, rows) on two grid axes where the rows fit the second (GRID_Y_MAX), else one
