@@ -1,7 +1,8 @@
 """Compile the TMA GEMM kernel for sm_90 on a machine without a GPU (no timing).
 
     PYTHONPATH=src python scripts/offline_tma.py [--lora MODE] [--r R] [--rank RANK]
-        [--tile BM-BN-BK-STAGES] [--warps W] [--expand E] [--n N] [--ptx FILE]
+        [--tile BM-BN-BK-STAGES] [--warps W] [--expand E] [--n N] [--out-sub S]
+        [--flatten] [--ptx FILE]
 
 Prints the kernel's shared memory and what its PTX does with memory: global loads and
 stores by width, cp.async copies and their waits, TMA copies, wgmma instructions. The
@@ -40,6 +41,14 @@ def main() -> None:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--expand", type=int, default=_gemm.SPREAD_EXPAND_STAGES)
     ap.add_argument("--n", type=int, default=4096, help="output columns (sets SLICE)")
+    ap.add_argument(
+        "--out-sub",
+        type=int,
+        default=0,
+        choices=(0, 1, 2, 4),
+        help="plain layer (--lora 0): TMA stores in this many slices (OUT_SUB)",
+    )
+    ap.add_argument("--flatten", action="store_true", help="FLATTEN the tile loop")
     ap.add_argument("--ptx", help="write the PTX here")
     a = ap.parse_args()
     bm, bn, bk, stages = (int(v) for v in a.tile.split("-"))
@@ -52,12 +61,13 @@ def main() -> None:
         "x_desc": (bm, bk), "w_desc": (bn, bk),
         "a_desc": (slice_w, bk) if lora == 6 else (bm, r_block),
         "b_desc": (bn, r_block) if lora == 4 else (bm, bk),
+        "o_desc": (bm, bn // a.out_sub) if a.out_sub else (bm, bk),
     }  # fmt: skip
     consts = dict(
         HAS_BIAS=True, HAS_RES=False, ACTIVATION=1, LORA=lora, MULTI=r > rank, R=r, RANK=rank,
         R_PAD=r_pad, R_BLOCK=r_block, PER_ADAPTER_SCALE=False, PRECISION="tf32",
         UPCAST=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_PROGRAMS=128,
-        FLATTEN=False, WARP_SPEC=False, PDL=False, SHRINK_K=16, SHRINK_STAGES=1,
+        FLATTEN=a.flatten, WARP_SPEC=False, OUT_SUB=a.out_sub, PDL=False, SHRINK_K=16, SHRINK_STAGES=1,
         SHRINK_SPLIT=1, B3D=r > rank, EXPAND_STAGES=a.expand, SLICE=slice_w, PHASE=0,
     )  # fmt: skip
     ptr_types = {"ids_ptr": "*i64", "sync_ptr": "*i32"}

@@ -352,7 +352,7 @@ def candidate_sweep(m: int, k: int, n: int) -> None:
     cublas = bench_us(cublas_run) / nsets
     print(f"  {'cublas F.linear + gelu':58s} {cublas:9.1f} us", flush=True)
     results = []
-    cfgs = _gemm.candidates(m, n, k, DT, _gemm.LOOP_TUNED, stream=True)
+    cfgs = _gemm.candidates(m, n, k, DT, _gemm.LOOP_TUNED, plain=True)
     for spec in filter(None, os.environ.get("PROBE_EXTRA", "").split(",")):
         fields = spec.split("-")
         cfg = _gemm._cfg(*(int(v) for v in fields[:5]))  # bm-bn-bk-warps-stages

@@ -188,7 +188,7 @@ def test_other_launches_pass_every_kernel_argument(op, every_argument):
     elif op == "stream":
         xs = torch.randn(600, 64, dtype=torch.bfloat16)
         ws, bs = w.to(torch.bfloat16), b.to(torch.bfloat16)
-        cfg = next(c for c in _gemm.candidates(600, 32, 64, xs.dtype, stream=True) if "STREAM" in c)
+        cfg = next(c for c in _gemm.candidates(600, 32, 64, xs.dtype, plain=True) if "STREAM" in c)
         _gemm.launch_linear(torch.empty(600, 32, dtype=xs.dtype), xs, ws, bs, None, 1.0, 1, cfg)
         kernel = _gemm._linear_stream_kernel
     else:  # a narrow 16-bit chain: the register-resident chain kernel

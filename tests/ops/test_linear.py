@@ -511,7 +511,7 @@ def test_linear_stream_kernel(device, backend, dtype, m, k, n):
     reference."""
     x, w, b, r = _inputs(m, k, n, dtype, device)
     x = torch.cat([x, x], dim=1)[:, ::2]  # a row stride of 2k, a column stride of 2
-    cands = [c for c in _gemm.candidates(m, n, k, dtype, stream=True) if c.get("STREAM")]
+    cands = [c for c in _gemm.candidates(m, n, k, dtype, plain=True) if c.get("STREAM")]
     assert cands
     for cfg in cands:
         grid = _gemm.stream_grid(m, n, cfg, _gemm.persistent_programs(x))
@@ -535,7 +535,7 @@ def test_last_choice_names_the_config_and_kernel(device, backend, monkeypatch):
     choice = linear_mod.last_choice()
     assert choice["kernel"] in ("ptr", "tma", "stream") and choice["BLOCK_M"] >= 16
     cfg = next(
-        c for c in _gemm.candidates(600, 16, 64, torch.bfloat16, stream=True) if "STREAM" in c
+        c for c in _gemm.candidates(600, 16, 64, torch.bfloat16, plain=True) if "STREAM" in c
     )
     monkeypatch.setattr(_gemm, "choose_config", lambda *a, **k: cfg)
     out = fuseml.ops.linear(x, w, b, "relu", backend=backend)
@@ -547,15 +547,15 @@ def test_stream_candidates_only_where_they_serve():
     def streams(m, n, k, **kw):
         return [c for c in _gemm.candidates(m, n, k, torch.bfloat16, **kw) if c.get("STREAM")]
 
-    assert streams(4096, 64, 256, stream=True) and streams(65536, 512, 13, stream=True)
+    assert streams(4096, 64, 256, plain=True) and streams(65536, 512, 13, plain=True)
     assert not streams(4096, 64, 256)  # LoRA and the others do not ask for them
-    assert not streams(256, 64, 256, stream=True)  # too few rows to stream
-    assert not streams(4096, 64, 512, stream=True)  # K past one step of STREAM_MAX_K
-    assert not streams(4096, 1024, 64, stream=True)  # too wide
+    assert not streams(256, 64, 256, plain=True)  # too few rows to stream
+    assert not streams(4096, 64, 512, plain=True)  # K past one step of STREAM_MAX_K
+    assert not streams(4096, 1024, 64, plain=True)  # too wide
     assert not any(
-        c.get("STREAM") for c in _gemm.candidates(4096, 64, 64, torch.float32, stream=True)
+        c.get("STREAM") for c in _gemm.candidates(4096, 64, 64, torch.float32, plain=True)
     )  # 16-bit only
-    for c in streams(4096, 64, 256, stream=True):
+    for c in streams(4096, 64, 256, plain=True):
         assert c["BLOCK_K"] == 256 and c["BLOCK_N"] == 64
         assert not _gemm.takes_tma(_gemm.LOOP_TMA, c)
 
@@ -597,6 +597,89 @@ def test_linear_tma_kernel_gpu(m, k, n, monkeypatch):
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         _gemm.launch_linear(out, x, w, b, r, 0.5, 4, cfg, tma=True)  # 4: gelu_tanh
         assert_close_verbose(out, _ref64(x, w, b, "gelu_tanh", r, 0.5), torch.bfloat16)
+
+
+def _store_pair(m, k, n, dtype, device, cfg, out_view=None):
+    """(output of the TMA kernel with cfg's descriptor stores, with the same tile's pointer
+    stores, the float64 reference): bias + GELU-tanh + 0.5 x residual. out_view(m, n): an
+    output tensor other than a fresh contiguous one (a strided view)."""
+    x, w, b, r = _inputs(m, k, n, dtype, device)
+    outs = []
+    for c in (cfg, {key: v for key, v in cfg.items() if key != "OUT_SUB"}):
+        out = out_view(m, n) if out_view else torch.empty(m, n, dtype=dtype, device=device)
+        out.fill_(float("nan"))
+        _gemm.launch_linear(out, x, w, b, r, 0.5, 4, c, tma=True)  # 4: gelu_tanh
+        outs.append(out)
+    return (*outs, _ref64(x, w, b, "gelu_tanh", r, 0.5))
+
+
+@pytest.mark.parametrize("sub", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_tma_store(sub, dtype, monkeypatch):
+    """The TMA kernel's descriptor stores (OUT_SUB column slices, _tma_store): the pointer
+    stores' values bit for bit, ragged last row and column tiles (the TMA drops what lies
+    past M and N), two tiles a program (the flattened tile loop); an output whose rows are
+    not 16-byte aligned takes the pointer stores."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    monkeypatch.setattr(_gemm, "persistent_programs", lambda x: 2)
+    described = []  # (shape, strides, block) of every descriptor made
+    make = TensorDescriptor.from_tensor
+
+    def from_tensor(t, block):
+        described.append((tuple(t.shape), t.stride(), tuple(block)))
+        return make(t, block)
+
+    monkeypatch.setattr(TensorDescriptor, "from_tensor", from_tensor)
+    cfg = dict(_gemm._cfg(32, 64, 16, 4, 2), OUT_SUB=sub, FLATTEN=True)
+    tma_out, ptr_out, ref = _store_pair(70, 48, 72, dtype, "cpu", cfg)
+    assert torch.equal(tma_out, ptr_out)
+    assert_close_verbose(tma_out, ref, dtype)
+    assert ((70, 72), (72, 1), (32, 64 // sub)) in described  # out's, in slices
+    described.clear()
+    wide = torch.empty(70, 77, dtype=dtype)  # 77-element rows: no descriptor over them
+    tma_out, ptr_out, ref = _store_pair(70, 48, 72, dtype, "cpu", cfg, lambda m, n: wide[:, :n])
+    assert torch.equal(tma_out, ptr_out)
+    assert_close_verbose(tma_out, ref, dtype)
+    assert described and not any(shape == (70, 72) for shape, _, _ in described)
+
+
+def test_tma_store_candidates():
+    """Plain layers on the TMA loop also time the descriptor-store tiles, with slices of at
+    least 16 columns; LoRA's launches (not plain) and the pointer loop do not."""
+    plain = _gemm.candidates(4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_TMA, plain=True)
+    stores = [c for c in plain if c.get("OUT_SUB")]
+    assert len(stores) == len(_gemm._TMA_STORE) and all(c["FLATTEN"] for c in stores)
+    assert not any(
+        c.get("OUT_SUB")
+        for c in _gemm.candidates(4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_TMA)
+        + _gemm.candidates(4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_PTR, plain=True)
+    )
+    for c in _gemm.candidates(512, 16, 1024, torch.bfloat16, _gemm.LOOP_TMA, plain=True):
+        if c.get("OUT_SUB"):
+            assert c["BLOCK_N"] == 16 and c["OUT_SUB"] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    ("m", "k", "n", "dtype"),
+    [
+        (4096, 1024, 1024, torch.bfloat16),
+        (300, 512, 1000, torch.bfloat16),
+        (1000, 256, 200, torch.float16),
+        (777, 384, 264, torch.float32),
+    ],
+)
+def test_linear_tma_store_gpu(m, k, n, dtype):
+    """Every descriptor-store candidate on the GPU: the pointer stores' values bit for bit
+    (the same tile and loop), and close to the float64 reference."""
+    for cfg in _gemm.candidates(m, n, k, dtype, _gemm.LOOP_TMA, plain=True):
+        if not cfg.get("OUT_SUB"):
+            continue
+        tma_out, ptr_out, ref = _store_pair(m, k, n, dtype, "cuda", cfg)
+        assert torch.equal(tma_out, ptr_out), cfg
+        assert_close_verbose(tma_out, ref, dtype)
 
 
 def test_gemm_path_choice(monkeypatch):

@@ -200,9 +200,11 @@ def _epilogue(
     BIAS_LOADED: tl.constexpr = False, RES_LOADED: tl.constexpr = False,
     b_v=0.0, B_LOADED: tl.constexpr = False,  # LORA 1: the B^T chunk (R_BLOCK, BLOCK_N)
     B3D: tl.constexpr = False,  # B as (adapters, N, RANK), see _bt_chunk
+    STORE: tl.constexpr = True,  # False: the caller stores the returned tile (_tma_store)
 ):  # fmt: skip
-    """out = act(acc [+ (s * xa) @ B^T] + bias + alpha * residual), stored once. Shared
-    by every GEMM kernel, so the epilogue cannot drift between them."""
+    """out = act(acc [+ (s * xa) @ B^T] + bias + alpha * residual), stored once (returned
+    too, in float32). Shared by every GEMM kernel, so the epilogue cannot drift between
+    them."""
     row_ok = rows < M
     col_ok = cols < N
     if LORA == 3:  # shrink: the tile's columns are stacked LoRA columns
@@ -243,11 +245,46 @@ def _epilogue(
         # alpha arrives as fp64 under torch.compile: pin the epilogue to fp32.
         acc += tl.cast(alpha, tl.float32) * res_v.to(tl.float32)
     acc = _activation(acc, ACTIVATION)
-    tl.store(
-        out_ptr + rows[:, None] * stride_om + cols[None, :],
-        acc.to(out_ptr.dtype.element_ty),
-        mask=mask,
-    )
+    if STORE:
+        tl.store(
+            out_ptr + rows[:, None] * stride_om + cols[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=mask,
+        )
+    return acc
+
+
+@triton.jit
+def _tma_store(
+    o_desc, y, off_m, off_n,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr,
+):  # fmt: skip
+    """The output tile y (BLOCK_M, BLOCK_N, float32) stored through o_desc (block (BLOCK_M,
+    BLOCK_N // SUB)) in SUB column slices, 1, 2 or 4: each slice goes from registers to
+    shared memory and out by the TMA (which drops what lies past M and N) while the next
+    is converted. Against pointer stores from registers: 1024 -> 1024 at 4096 rows, bf16
+    + bias + ReLU, 128 x 256 x 64 tiles with 4 stages, 4 slices, the tile loop flattened,
+    15.4 us against 16.9 for the tuned pointer-store tile and cuBLASLt's 15.4 (H100,
+    scripts/probe_tma_store.py, NOTES.md)."""
+    if SUB == 1:
+        o_desc.store([off_m, off_n], y.to(o_desc.dtype))
+    elif SUB == 2:
+        # (BLOCK_M, BLOCK_N) -> (BLOCK_M, BLOCK_N / 2, 2): the last axis picks the half
+        halves = tl.permute(tl.reshape(y, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+        h0, h1 = tl.split(halves)
+        o_desc.store([off_m, off_n], h0.to(o_desc.dtype))
+        o_desc.store([off_m, off_n + BLOCK_N // 2], h1.to(o_desc.dtype))
+    else:
+        # (BLOCK_M, 2, 2, BLOCK_N / 4) [m, a, b, j] = y[m, a * BLOCK_N / 2 + b * BLOCK_N / 4
+        # + j] -> [m, j, b, a]: split a (the half), then b (the quarter within it)
+        q = tl.permute(tl.reshape(y, (BLOCK_M, 2, 2, BLOCK_N // 4)), (0, 3, 2, 1))
+        first, second = tl.split(q)
+        q0, q1 = tl.split(first)
+        q2, q3 = tl.split(second)
+        o_desc.store([off_m, off_n], q0.to(o_desc.dtype))
+        o_desc.store([off_m, off_n + BLOCK_N // 4], q1.to(o_desc.dtype))
+        o_desc.store([off_m, off_n + BLOCK_N // 2], q2.to(o_desc.dtype))
+        o_desc.store([off_m, off_n + 3 * BLOCK_N // 4], q3.to(o_desc.dtype))
 
 
 @triton.jit
@@ -751,6 +788,9 @@ def _tma_body(
     PHASE: tl.constexpr = 0,  # LORA 6 under the interpreter (programs run one after the
     # other, so no tile can wait for a later one): 1 = K loops and xs slices only, 2 = the
     # rest, in a second launch; 0 = both (one launch)
+    o_desc=None,  # OUT_SUB > 0: a TensorDescriptor over out (M, N), block (BLOCK_M,
+    # BLOCK_N // OUT_SUB)
+    OUT_SUB: tl.constexpr = 0,  # 0: pointer stores; else TMA stores in OUT_SUB slices
 ):  # fmt: skip
     """Hopper+ (see gemm_loop): a persistent grid (one program per SM, tiles in grouped
     order) whose tiles are loaded by the tensor-memory accelerator (TMA), which zero-fills
@@ -869,13 +909,15 @@ def _tma_body(
         rows = off_m.to(tl.int64) + tl.arange(0, BLOCK_M)
         cols = off_n.to(tl.int64) + tl.arange(0, BLOCK_N)
         if PHASE != 1:
-            _epilogue(
+            y = _epilogue(
                 acc, rows, cols, M, N, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr,
                 scale_ptr, stride_rm, stride_om, stride_bn, alpha, lora_scale, xa,
                 HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK,
                 PER_ADAPTER_SCALE, PRECISION, UPCAST, bias_v, 0.0, EARLY, False,
-                b_v, B_EARLY and LORA == 1, B3D,
+                b_v, B_EARLY and LORA == 1, B3D, OUT_SUB == 0,
             )  # fmt: skip
+            if OUT_SUB > 0:
+                _tma_store(o_desc, y, off_m, off_n, BLOCK_M, BLOCK_N, OUT_SUB)
 
 
 @triton.jit
@@ -887,6 +929,7 @@ def _linear_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False, PDL: tl.constexpr = False,
+    o_desc=None, OUT_SUB: tl.constexpr = 0,  # as in _tma_body (o_desc: x_desc where unused)
 ):  # fmt: skip
     """Plain linear layers through _tma_body (the fewest launch arguments). PDL: as in
     _linear_kernel."""
@@ -898,6 +941,7 @@ def _linear_tma_kernel(
         M, N, K, stride_rm, stride_om, 0, alpha, 1.0, 0,
         HAS_BIAS, HAS_RES, ACTIVATION, 0, False, 1, 1, 16, 16, False, PRECISION, UPCAST,
         BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN, WARP_SPEC, False,
+        o_desc=o_desc, OUT_SUB=OUT_SUB,
     )  # fmt: skip
 
 
@@ -1057,8 +1101,9 @@ def _launch_tma(
         row_tiles = cdiv(m, bm)
     if flatten is None:
         # One tile a program: nothing to flatten, and the epilogue's loads go before the
-        # main loop (see _tma_body)
-        flatten = tiles > programs
+        # main loop (see _tma_body); unless the config says (the TMA-store tiles, measured
+        # flattened, _TMA_STORE)
+        flatten = config.get("FLATTEN", tiles > programs)
     x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
     w_desc = TensorDescriptor.from_tensor(weight, [bn, bk])
     bias_arg = out if bias is None else bias
@@ -1074,8 +1119,12 @@ def _launch_tma(
         dep = pdl_launch(x)
         if dep:
             options["launch_pdl"] = True
-        args = (x_desc, w_desc, *ptrs, *ints, float(alpha), *common, dep)
-        key = (x.dtype, out.dtype, common, dep, *options.values(), *map(int_spec, ints))
+        # TMA stores where the config asks and out's layout allows (else pointer stores of
+        # the same values); x_desc stands in for an unused o_desc
+        sub = config.get("OUT_SUB", 0) if tma_eligible(out) else 0
+        o_desc = TensorDescriptor.from_tensor(out, [bm, bn // sub]) if sub else x_desc
+        args = (x_desc, w_desc, *ptrs, *ints, float(alpha), *common, dep, o_desc, sub)
+        key = (x.dtype, out.dtype, common, dep, sub, *options.values(), *map(int_spec, ints))
         _linear_tma_launches((programs,), key, aligned16(*ptrs), args, options)
         return
     mode, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block = lora
@@ -1541,6 +1590,19 @@ _FEW_TILES = [  # 65+ rows where 128 x 128 tiles would not fill one wave (FEW_TI
     # before (128 x 64) and cuBLAS's 7.3 (F.linear + GELU); 32 programs of 128 x 128: 9.4
     _cfg(64, 64, 128, 4, 4), _cfg(64, 64, 64, 4, 6), _cfg(64, 64, 64, 4, 4),
 ]  # fmt: skip
+_TMA_STORE = [  # TMA-kernel tiles whose epilogue stores through a descriptor in OUT_SUB
+    # column slices (see _tma_store), the tile loop flattened (FLATTEN) even where a
+    # program has one tile: plain layers from TMA_MIN_M rows (LOOP_TMA). H100, 1024 ->
+    # 1024 at 4096 rows, bf16 + bias + ReLU, inputs rotating past the L2, graph replay
+    # (scripts/probe_tma_store.py): 128 x 256 x 64 / 4 stages / 4 slices 15.4 us, 2 slices
+    # 15.6, 3 stages 15.9; 256 x 128 17.0; 128 x 128 17.7; against 16.9 for the tuned
+    # pointer-store tile (64 x 256 x 64 / 4 stages) and cuBLASLt's 15.4
+    dict(_cfg(128, 256, 64, 8, 4), OUT_SUB=4, FLATTEN=True),
+    dict(_cfg(128, 256, 64, 8, 4), OUT_SUB=2, FLATTEN=True),
+    dict(_cfg(128, 256, 64, 8, 3), OUT_SUB=4, FLATTEN=True),
+    dict(_cfg(256, 128, 64, 8, 3), OUT_SUB=4, FLATTEN=True),
+    dict(_cfg(128, 128, 64, 8, 4), OUT_SUB=4, FLATTEN=True),
+]  # fmt: skip
 _STREAM = [  # (BLOCK_M, warps, stages, programs an SM) of _linear_stream_kernel, for many
     # rows, a K of one step up to STREAM_MAX_K and outputs up to STREAM_MAX_N wide, 16-bit:
     # the weight tile stays on chip and row tiles stream through it; BLOCK_N is min(N, 64).
@@ -1560,12 +1622,14 @@ SMEM_LIMIT = 232448  # bytes of shared memory a block may use on Hopper (the lar
 
 
 def candidates(
-    m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR, *, stream: bool = False
+    m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR, *, plain: bool = False
 ) -> list[dict]:
     """Shape-pruned candidate configs (tile dims never far above the problem's, pipeline
     buffers within SMEM_LIMIT); with LOOP_TUNED also TMA-kernel configs (flagged "TMA")
-    up to TMA_TUNED_MAX_M rows. stream (plain layers): also ``_linear_stream_kernel``'s
-    configs (flagged "STREAM", programs an SM) where the shape is one it serves."""
+    up to TMA_TUNED_MAX_M rows. plain (plain layers, not LoRA's launches): also
+    ``_linear_stream_kernel``'s configs (flagged "STREAM", programs an SM) where the shape
+    is one it serves, and with LOOP_TMA the tiles that store through a descriptor
+    (``_TMA_STORE``)."""
     mb = max(16, _tune.m_bucket(m))
     cap_n = max(16, next_pow2(n))
     cap_k = max(16, next_pow2(k))
@@ -1590,6 +1654,8 @@ def candidates(
             base += [dict(c, TMA=True) for c in _MID_TMA]
         elif loop == LOOP_TUNED and n <= TMA_TUNED_N:  # from TMA_MIN_M rows: both kernels
             base += [dict(c, TMA=True) for c in base]
+        if loop == LOOP_TMA and plain:
+            base += _TMA_STORE
     es = torch.empty((), dtype=dtype).element_size()
     out = []
     for c in base:
@@ -1600,9 +1666,15 @@ def candidates(
         c["BLOCK_N"] = min(c["BLOCK_N"], cap_n)
         c["BLOCK_K"] = min(c["BLOCK_K"], cap_k)
         smem = c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * es
+        if c.get("OUT_SUB"):
+            # slices of at least 16 columns; one slice's buffer (the output is x's dtype)
+            # and the barriers beside the main loop's (offline, sm_90: 213,024 bytes for
+            # 128 x 256 x 64 / 4 stages / 4 slices in bf16)
+            c["OUT_SUB"] = max(1, min(c["OUT_SUB"], c["BLOCK_N"] // 16))
+            smem += c["BLOCK_M"] * c["BLOCK_N"] // c["OUT_SUB"] * es + 1024
         if c not in out and smem <= SMEM_LIMIT:
             out.append(c)
-    if stream and es == 2 and m >= STREAM_MIN_M and cap_k <= STREAM_MAX_K and n <= STREAM_MAX_N:
+    if plain and es == 2 and m >= STREAM_MIN_M and cap_k <= STREAM_MAX_K and n <= STREAM_MAX_N:
         bn, bk = min(cap_n, 64), cap_k
         for bm, warps, stages, per_sm in _STREAM:
             # x's buffers, W's tile and the epilogue's layout change (a float32 tile, the
@@ -1646,13 +1718,14 @@ def choose_config(
     tma_only: bool = False,
     more: list[dict] = (),
     fits: Callable[[dict], bool] | None = None,
-    stream: bool = False,
+    plain: bool = False,
 ) -> dict:
     """The launch config of an (M, N, K) problem; ``launch(cfg)`` runs it (for tuning).
     tma_only: only the candidates that take the TMA kernel (LoRA's joint mode). more:
     candidates beside the GEMM's own (LoRA's segmented shrink). fits: only the candidates
     it accepts (LoRA's spread mode: one wave); the untuned default may not be one.
-    stream: plain layers also time ``_linear_stream_kernel``'s configs (see candidates).
+    plain: plain layers, which also time the streaming kernel's and the TMA-store tiles
+    (see candidates).
 
     See ``fuseml.ops._tune.choose``: memo, then the on-disk table, then tuning.
     """
@@ -1680,7 +1753,7 @@ def choose_config(
 
     def listed() -> list[dict]:
         own = [
-            c for c in candidates(m, n, k, x.dtype, loop, stream=stream)
+            c for c in candidates(m, n, k, x.dtype, loop, plain=plain)
             if not tma_only or takes_tma(loop, c)
         ]  # fmt: skip
         return [c for c in own if fits is None or fits(c)] + list(more)

@@ -5,8 +5,8 @@ bucket times a short, shape-pruned list of candidate configs (compile + a few
 milliseconds each) and stores the winner in a JSON file, so a new process finds it
 instead of re-tuning:
 
-    $FUSEML_CACHE/tune/<gpu>-triton<version>-l2cold.json   (default ~/.cache/fuseml, the
-                                                    folder of fuseml's other caches)
+    $FUSEML_CACHE/tune/<gpu>-triton<version>-t<TABLE_VERSION>-l2cold.json
+        (default ~/.cache/fuseml, the folder of fuseml's other caches)
 
 M is bucketed by powers of two (the best tile changes slowly with M; N and K are model
 constants and stay exact). ``FUSEML_AUTOTUNE=0`` turns tuning off: the heuristic config
@@ -31,6 +31,8 @@ from fuseml.runtime import gpu_slug, triton_interpreting, triton_version
 
 log = logging.getLogger("fuseml")
 
+TABLE_VERSION = 2  # raised when the candidate lists change, so that a table tuned over
+# older lists is not taken as the answer for the new ones (2: the TMA-store tiles)
 _lock = threading.Lock()
 _tables: dict[str, dict] = {}  # file path -> {key: config}
 
@@ -63,7 +65,7 @@ def _table_path(device: torch.device) -> Path:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     # Each way of timing keeps its own table: warm and cold timings rank tiles differently
     cold = "-l2cold" if l2_mode() == "cold" else ""
-    return cache_dir() / f"{gpu_slug(name)}-triton{triton_version()}{cold}.json"
+    return cache_dir() / f"{gpu_slug(name)}-triton{triton_version()}-t{TABLE_VERSION}{cold}.json"
 
 
 def _table(path: Path) -> dict:

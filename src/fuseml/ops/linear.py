@@ -113,7 +113,7 @@ def linear_rows(
         _gemm.launch_linear(out, x2, weight, b, res2, alpha, code, cfg, traced=traced, tma=tma)
 
     if x2.shape[0] and n:
-        cfg = _gemm.choose_config("linear", x2, n, k, run, _gemm.loop_key(loop), loop, stream=True)
+        cfg = _gemm.choose_config("linear", x2, n, k, run, _gemm.loop_key(loop), loop, plain=True)
         _last = (cfg, loop)
         run(cfg)
     return out if flat else out.view(*x.shape[:-1], n)
