@@ -478,7 +478,7 @@ def test_every_candidate_config_is_correct(dtype, m, k, n, lora):
         xa = (x.float() @ a.float().t()) if lora == "precomputed" else None
         kw = dict(lora=mode, lora_a=a, lora_b=bb, xa=xa, lora_scale=0.25, rank=rank)
     code = fuseml.ops.ACTIVATIONS.index("gelu")
-    for cfg in _gemm.candidates(m, n, k, dtype, stream=lora == "none"):
+    for cfg in _gemm.candidates(m, n, k, dtype, plain=lora == "none"):
         out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
         _gemm.launch_linear(out, x, w, b, r, 0.5, code, cfg, **kw)
         try:
@@ -601,11 +601,14 @@ def test_linear_tma_kernel_gpu(m, k, n, monkeypatch):
 
 def _store_pair(m, k, n, dtype, device, cfg, out_view=None):
     """(output of the TMA kernel with cfg's descriptor stores, with the same tile's pointer
-    stores, the float64 reference): bias + GELU-tanh + 0.5 x residual. out_view(m, n): an
-    output tensor other than a fresh contiguous one (a strided view)."""
+    stores, the float64 reference): bias + GELU-tanh + 0.5 x residual. The pointer-store
+    twin takes 2 stages and no flattened loop (the same K order; cfg's own stages may not
+    fit beside the pointer stores' layout change). out_view(m, n): an output tensor other
+    than a fresh contiguous one (a strided view)."""
     x, w, b, r = _inputs(m, k, n, dtype, device)
+    twin = {key: v for key, v in cfg.items() if key not in ("OUT_SUB", "FLATTEN")}
     outs = []
-    for c in (cfg, {key: v for key, v in cfg.items() if key != "OUT_SUB"}):
+    for c in (cfg, dict(twin, num_stages=2)):
         out = out_view(m, n) if out_view else torch.empty(m, n, dtype=dtype, device=device)
         out.fill_(float("nan"))
         _gemm.launch_linear(out, x, w, b, r, 0.5, 4, c, tma=True)  # 4: gelu_tanh
@@ -645,8 +648,8 @@ def test_linear_tma_store(sub, dtype, monkeypatch):
 
 
 def test_tma_store_candidates():
-    """Plain layers on the TMA loop also time the descriptor-store tiles, with slices of at
-    least 16 columns; LoRA's launches (not plain) and the pointer loop do not."""
+    """Plain 16-bit layers on the TMA loop also time the descriptor-store tiles, with slices
+    of at least 16 columns; LoRA's launches (not plain) and the pointer loop do not."""
     plain = _gemm.candidates(4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_TMA, plain=True)
     stores = [c for c in plain if c.get("OUT_SUB")]
     assert len(stores) == len(_gemm._TMA_STORE) and all(c["FLATTEN"] for c in stores)
@@ -658,6 +661,10 @@ def test_tma_store_candidates():
     for c in _gemm.candidates(512, 16, 1024, torch.bfloat16, _gemm.LOOP_TMA, plain=True):
         if c.get("OUT_SUB"):
             assert c["BLOCK_N"] == 16 and c["OUT_SUB"] == 1
+    assert not any(  # 16-bit only
+        c.get("OUT_SUB")
+        for c in _gemm.candidates(4096, 1024, 1024, torch.float32, _gemm.LOOP_TMA, plain=True)
+    )
 
 
 @pytest.mark.gpu
@@ -668,7 +675,7 @@ def test_tma_store_candidates():
         (4096, 1024, 1024, torch.bfloat16),
         (300, 512, 1000, torch.bfloat16),
         (1000, 256, 200, torch.float16),
-        (777, 384, 264, torch.float32),
+        (777, 384, 264, torch.bfloat16),
     ],
 )
 def test_linear_tma_store_gpu(m, k, n, dtype):
