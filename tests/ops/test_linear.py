@@ -658,6 +658,10 @@ def test_tma_store_candidates():
         for c in _gemm.candidates(4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_TMA)
         + _gemm.candidates(4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_PTR, plain=True)
     )
+    with_res = _gemm.candidates(4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_TMA, plain=True,
+                                residual=True)  # fmt: skip
+    # 128 x 256 x 64 / 4 stages does not fit beside a residual's tile (245,792 bytes)
+    assert 1 <= len([c for c in with_res if c.get("OUT_SUB")]) < len(stores)
     for c in _gemm.candidates(512, 16, 1024, torch.bfloat16, _gemm.LOOP_TMA, plain=True):
         if c.get("OUT_SUB"):
             assert c["BLOCK_N"] == 16 and c["OUT_SUB"] == 1
@@ -681,10 +685,10 @@ def test_tma_store_candidates():
 def test_linear_tma_store_gpu(m, k, n, dtype):
     """Every descriptor-store candidate on the GPU: the pointer stores' values bit for bit
     (the same tile and loop), and close to the float64 reference."""
-    for cfg in _gemm.candidates(m, n, k, dtype, _gemm.LOOP_TMA, plain=True):
+    for cfg in _gemm.candidates(m, n, k, dtype, _gemm.LOOP_TMA, plain=True, residual=True):
         if not cfg.get("OUT_SUB"):
             continue
-        tma_out, ptr_out, ref = _store_pair(m, k, n, dtype, "cuda", cfg)
+        tma_out, ptr_out, ref = _store_pair(m, k, n, dtype, "cuda", cfg)  # (with a residual)
         assert torch.equal(tma_out, ptr_out), cfg
         assert_close_verbose(tma_out, ref, dtype)
 
@@ -924,3 +928,20 @@ def test_linear_padded_k_gpu(dtype, m):
     w.mul_(-1.0)
     graph.replay()
     assert_close_verbose(out, _ref64(x, w, b, "relu", r, 0.5), dtype)
+
+
+def test_residual_layers_are_tuned_apart(monkeypatch):
+    """A layer with a residual has its own tuning entry and candidates (some TMA-store tiles
+    do not fit beside the residual's tile): an entry tuned without one never serves it."""
+    seen = []
+    choose = _gemm.choose_config
+
+    def spy(op, x, n, k, launch, extra="", loop=_gemm.LOOP_PTR, **kw):
+        seen.append((extra, kw.get("residual")))
+        return choose(op, x, n, k, launch, extra, loop, **kw)
+
+    monkeypatch.setattr(_gemm, "choose_config", spy)
+    x, w, b, r = _inputs(20, 16, 24, torch.float32, "cpu")
+    fuseml.ops.linear(x, w, b, "relu", backend="triton")
+    fuseml.ops.linear(x, w, b, "relu", r, 0.5, backend="triton")
+    assert seen == [("", False), ("res", True)]

@@ -1623,14 +1623,22 @@ SMEM_LIMIT = 232448  # bytes of shared memory a block may use on Hopper (the lar
 
 
 def candidates(
-    m: int, n: int, k: int, dtype: torch.dtype, loop: int = LOOP_PTR, *, plain: bool = False
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    loop: int = LOOP_PTR,
+    *,
+    plain: bool = False,
+    residual: bool = False,
 ) -> list[dict]:
     """Shape-pruned candidate configs (tile dims never far above the problem's, pipeline
     buffers within SMEM_LIMIT); with LOOP_TUNED also TMA-kernel configs (flagged "TMA")
     up to TMA_TUNED_MAX_M rows. plain (plain layers, not LoRA's launches): also
     ``_linear_stream_kernel``'s configs (flagged "STREAM", programs an SM) where the shape
     is one it serves, and with LOOP_TMA the tiles that store through a descriptor
-    (``_TMA_STORE``)."""
+    (``_TMA_STORE``); residual: the layer adds one (its tile's layout change takes shared
+    memory beside a TMA-store tile's)."""
     mb = max(16, _tune.m_bucket(m))
     cap_n = max(16, next_pow2(n))
     cap_k = max(16, next_pow2(k))
@@ -1675,6 +1683,8 @@ def candidates(
             # 128 x 256 x 64 / 4 stages / 4 slices in bf16)
             c["OUT_SUB"] = max(1, min(c["OUT_SUB"], c["BLOCK_N"] // 16))
             smem += c["BLOCK_M"] * c["BLOCK_N"] // c["OUT_SUB"] * es + 1024
+            if residual:  # 245,792 bytes with one for 128 x 256 x 64 / 4 stages (H100)
+                smem += c["BLOCK_M"] * c["BLOCK_N"] * es // 2
         if c not in out and smem <= SMEM_LIMIT:
             out.append(c)
     if plain and es == 2 and m >= STREAM_MIN_M and cap_k <= STREAM_MAX_K and n <= STREAM_MAX_N:
@@ -1722,13 +1732,15 @@ def choose_config(
     more: list[dict] = (),
     fits: Callable[[dict], bool] | None = None,
     plain: bool = False,
+    residual: bool = False,
 ) -> dict:
     """The launch config of an (M, N, K) problem; ``launch(cfg)`` runs it (for tuning).
     tma_only: only the candidates that take the TMA kernel (LoRA's joint mode). more:
     candidates beside the GEMM's own (LoRA's segmented shrink). fits: only the candidates
     it accepts (LoRA's spread mode: one wave); the untuned default may not be one.
     plain: plain layers, which also time the streaming kernel's and the TMA-store tiles
-    (see candidates).
+    (see candidates); residual: the layer adds one (see candidates; the caller keys its
+    tuning on it through ``extra``).
 
     See ``fuseml.ops._tune.choose``: memo, then the on-disk table, then tuning.
     """
@@ -1756,7 +1768,7 @@ def choose_config(
 
     def listed() -> list[dict]:
         own = [
-            c for c in candidates(m, n, k, x.dtype, loop, plain=plain)
+            c for c in candidates(m, n, k, x.dtype, loop, plain=plain, residual=residual)
             if not tma_only or takes_tma(loop, c)
         ]  # fmt: skip
         return [c for c in own if fits is None or fits(c)] + list(more)

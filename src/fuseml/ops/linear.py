@@ -113,7 +113,12 @@ def linear_rows(
         _gemm.launch_linear(out, x2, weight, b, res2, alpha, code, cfg, traced=traced, tma=tma)
 
     if x2.shape[0] and n:
-        cfg = _gemm.choose_config("linear", x2, n, k, run, _gemm.loop_key(loop), loop, plain=True)
+        # Layers with a residual are tuned apart: some tiles that fit without one do not fit
+        # with it (see _gemm.candidates), so one table entry cannot serve both
+        extra = ":".join(filter(None, (_gemm.loop_key(loop), "res" if res2 is not None else "")))
+        cfg = _gemm.choose_config(
+            "linear", x2, n, k, run, extra, loop, plain=True, residual=res2 is not None
+        )  # fmt: skip
         _last = (cfg, loop)
         run(cfg)
     return out if flat else out.view(*x.shape[:-1], n)
