@@ -184,9 +184,9 @@ def bench_graph_ms(
 
 # Heavy cases: arms timed in turns (see the module docstring). 0.5 ms: the large GEMMs
 # (4096 -> 11008 at 4096 rows, 0.56 ms a call, measured 0.948x cuBLASLt timed after four
-# other arms on an H100 at 83358b5, 1.002x in an earlier run (c97227b): likely the clocks'
-# drop under the power cap; 4096 -> 4096 / 11008 at 65536 rows: 3-10 ms), large model batches, the
-# largest elementwise and softmax cases (268M elements, 262,144-column rows).
+# other arms on an H100 at 83358b5 and 0.984x in turns at ca4df5c: likely the clocks' drop
+# under the power cap; 4096 -> 4096 / 11008 at 65536 rows: 3-10 ms), large model batches,
+# the largest elementwise and softmax cases (268M elements, 262,144-column rows).
 TURNS_MIN_MS = 0.5
 TURNS_ROUNDS = 5
 

@@ -1597,8 +1597,8 @@ _TMA_STORE = [  # TMA-kernel tiles whose epilogue stores through a descriptor in
     # (scripts/probe_tma_store.py): 128 x 256 x 64 / 4 stages / 4 slices 15.4 us, 2 slices
     # 15.6, 3 stages 15.9; 256 x 128 17.0; 128 x 128 17.7; against 16.9 for the tuned
     # pointer-store tile (64 x 256 x 64 / 4 stages) and cuBLASLt's 15.4. (2 slices of 128 x
-    # 256 at 4 stages: 229,920 bytes of shared memory, 245,792 with a residual, over the
-    # limit)
+    # 256 at 4 stages: 229,920 bytes of shared memory offline without a residual, no room
+    # for one's tile; 4 slices took 245,792 with one on the H100, see candidates)
     dict(_cfg(128, 256, 64, 8, 4), OUT_SUB=4, FLATTEN=True),
     dict(_cfg(128, 256, 64, 8, 3), OUT_SUB=4, FLATTEN=True),
     dict(_cfg(256, 128, 64, 8, 3), OUT_SUB=4, FLATTEN=True),
@@ -1679,7 +1679,7 @@ def candidates(
         smem = c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * es
         if c.get("OUT_SUB"):
             # slices of at least 16 columns; one slice's buffer (the output is x's dtype)
-            # and the barriers beside the main loop's (offline, sm_90: 213,024 bytes for
+            # and the barriers beside the main loop's (offline, sm_90: 213,536 bytes for
             # 128 x 256 x 64 / 4 stages / 4 slices in bf16)
             c["OUT_SUB"] = max(1, min(c["OUT_SUB"], c["BLOCK_N"] // 16))
             smem += c["BLOCK_M"] * c["BLOCK_N"] // c["OUT_SUB"] * es + 1024
