@@ -89,3 +89,68 @@ def test_cuda_build_warns_about_a_leftover_lock_file(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="fuseml"):
         assert _cuda_ext._warn_if_locked(str(tmp_path))
     assert str(tmp_path / "lock") in caplog.text and "delete that file" in caplog.text
+
+
+def test_env_helpers(monkeypatch):
+    monkeypatch.delenv("FUSEML_T", raising=False)
+    assert runtime.env_choice("FUSEML_T", "b", ("a", "b", "c")) == "b"
+    monkeypatch.setenv("FUSEML_T", "")  # empty: the default
+    assert runtime.env_flag("FUSEML_T") and not runtime.env_flag("FUSEML_T", default=False)
+    assert runtime.env_int("FUSEML_T", 3, 1) == 3
+    monkeypatch.setenv("FUSEML_T", "c")
+    assert runtime.env_choice("FUSEML_T", "b", ("a", "b", "c")) == "c"
+    for value, call, message in [
+        ("d", lambda: runtime.env_choice("FUSEML_T", "b", ("a", "b", "c")), "one of a, b, c"),
+        ("on", lambda: runtime.env_flag("FUSEML_T"), "0 or 1, got 'on'"),
+        ("2.5", lambda: runtime.env_int("FUSEML_T", 3, 1), "an integer >= 1, got '2.5'"),
+        ("0", lambda: runtime.env_int("FUSEML_T", 3, 1), "an integer >= 1, got '0'"),
+    ]:
+        monkeypatch.setenv("FUSEML_T", value)
+        with pytest.raises(ValueError, match=f"FUSEML_T must be {message}"):
+            call()
+    monkeypatch.setenv("FUSEML_T", "-2")
+    assert runtime.env_int("FUSEML_T", 3, -5) == -2
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "call"),
+    [
+        ("FUSEML_GEMM", "fast", "fuseml.ops._gemm.gemm_mode"),
+        ("FUSEML_FP32_DOT", "tf32x9", "fuseml.ops._gemm.fp32_dot"),
+        ("FUSEML_EXPAND_STAGES_MAX", "1", "fuseml.ops._gemm.expand_stages_max"),
+        ("FUSEML_AUTOTUNE", "no", "fuseml.ops._tune.autotune_enabled"),
+        ("FUSEML_TUNE_L2", "hot", "fuseml.ops._tune.l2_mode"),
+        ("FUSEML_COMPILE_THREADS", "many", "fuseml.ops._tune._compile_threads"),
+        ("FUSEML_TRITON_KEY_CACHE", "yes", "fuseml._triton_key.enabled"),
+    ],
+)
+def test_knobs_read_per_call_reject_bad_values(monkeypatch, name, value, call):
+    import importlib
+
+    module, fn = call.rsplit(".", 1)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"{name} must be .*got '{value}'"):
+        getattr(importlib.import_module(module), fn)()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("FUSEML_EW_GRID", "3d"),
+        ("FUSEML_SOFTMAX_GRID", "2D"),
+        ("FUSEML_GEMM_PREFETCH", "off"),
+        ("FUSEML_GEMM_TILE_SHORTCUT", "no"),
+        ("FUSEML_JOINT_SHRINK_STAGES", "x"),
+        ("FUSEML_JOINT_SPLIT", "0"),
+        ("FUSEML_DIRECT_LAUNCH", "false"),
+    ],
+)
+def test_knobs_read_at_import_reject_bad_values(name, value):
+    import os
+
+    env = {**os.environ, name: value}
+    run = subprocess.run(
+        [sys.executable, "-c", "import fuseml.ops"], env=env, capture_output=True, text=True
+    )
+    assert run.returncode != 0
+    assert f"{name} must be" in run.stderr and f"got '{value}'" in run.stderr

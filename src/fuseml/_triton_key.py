@@ -47,10 +47,9 @@ _DEFINERS = ("triton.runtime.cache", "triton.compiler.compiler")
 
 
 def enabled() -> bool:
-    value = os.environ.get("FUSEML_TRITON_KEY_CACHE", "1") or "1"
-    if value not in ("0", "1"):
-        raise ValueError(f"FUSEML_TRITON_KEY_CACHE must be '0' or '1', got {value!r}")
-    return value == "1"
+    from fuseml.runtime import env_flag  # (torch only when asked)
+
+    return env_flag("FUSEML_TRITON_KEY_CACHE")
 
 
 def fingerprint(triton_dir: Path, defining_file: Path) -> str:

@@ -25,6 +25,30 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INTERPRETING: list = []  # read once: kernels are bound to the mode when they are defined
 
 
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """The environment variable ``name`` (``default`` where unset or empty), which must be
+    one of ``choices``: a mistyped setting raises instead of quietly taking another path."""
+    value = os.environ.get(name, "") or default
+    if value not in choices:
+        expected = " or ".join(choices) if len(choices) == 2 else f"one of {', '.join(choices)}"
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return value
+
+
+def env_flag(name: str, default: bool = True) -> bool:
+    """An on / off environment variable: 1 or 0 (``default`` where unset or empty)."""
+    return env_choice(name, "1" if default else "0", ("0", "1")) == "1"
+
+
+def env_int(name: str, default: int, minimum: int) -> int:
+    """An integer environment variable of at least ``minimum`` (``default`` where unset or
+    empty)."""
+    value = os.environ.get(name, "") or str(default)
+    if not re.fullmatch(r"-?\d+", value) or int(value) < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
 @contextlib.contextmanager
 def tf32_matmuls(allow: bool):
     """torch's TF32 matmul flag (``torch.backends.cuda.matmul.allow_tf32``) set for the

@@ -16,7 +16,6 @@ only when no such view exists), and the bias is broadcast along rows.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -40,6 +39,7 @@ from fuseml.ops._utils import (
     rows_view,
     vec_width,
 )
+from fuseml.runtime import env_choice
 
 # Activation names and their codes; the CUDA twin (csrc/elementwise.cu) uses the same codes.
 ACTIVATIONS = ("none", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
@@ -320,7 +320,7 @@ def _bias_act_backward_kernel(
 # order as one axis would give them, but with no divide of the program id (see _tile);
 # more row blocks than the grid's second axis takes (65535) go on one axis.
 # FUSEML_EW_GRID=1d: one axis always (probes; read at import).
-GRID_2D = os.environ.get("FUSEML_EW_GRID", "2d") != "1d"
+GRID_2D = env_choice("FUSEML_EW_GRID", "2d", ("1d", "2d")) == "2d"
 TILE_BYTES = 2048  # flat path: one 16-byte vector for each of NUM_WARPS * 32 threads
 NUM_WARPS = 4
 # Flat path without an activation (add) from HALF_PACK_MIN_NUMEL elements: the same tile

@@ -62,7 +62,6 @@ only), timed by the tuner beside the stacked product.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 
 import torch
@@ -86,7 +85,7 @@ from fuseml.ops._utils import (
     slab_counters,
     sm_count,
 )
-from fuseml.runtime import triton_interpreting
+from fuseml.runtime import env_choice, env_flag, env_int, triton_interpreting
 
 LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND, LORA_JOINT = 0, 1, 2, 3, 4, 5
 LORA_SPREAD = 6
@@ -95,17 +94,17 @@ LORA_SPREAD = 6
 # where no launch overlaps) are issued before it, so their round trip to memory overlaps
 # the loop instead of following it. FUSEML_GEMM_PREFETCH=0 issues them after the loop
 # (probes; read at import).
-PREFETCH = tl.constexpr(os.environ.get("FUSEML_GEMM_PREFETCH", "1") != "0")
+PREFETCH = tl.constexpr(env_flag("FUSEML_GEMM_PREFETCH"))
 # Tile coordinates without the grouped order's divisions where the output is one tile wide
 # or tall (see _tile_coords). FUSEML_GEMM_TILE_SHORTCUT=0 keeps the divisions (probes;
 # read at import).
-TILE_SHORTCUT = tl.constexpr(os.environ.get("FUSEML_GEMM_TILE_SHORTCUT", "1") != "0")
+TILE_SHORTCUT = tl.constexpr(env_flag("FUSEML_GEMM_TILE_SHORTCUT"))
 # LORA 5: the fewest K steps of the joint shrink's loop that fit the GEMM's buffers (see
 # _launch_tma; FUSEML_JOINT_SHRINK_STAGES, for probes)
-JOINT_SHRINK_STAGES = int(os.environ.get("FUSEML_JOINT_SHRINK_STAGES", "3"))
+JOINT_SHRINK_STAGES = env_int("FUSEML_JOINT_SHRINK_STAGES", 3, 1)
 # LORA 5: the most parts K is split into for the shrink where free SMs outnumber row tiles
 # (see _launch_tma; FUSEML_JOINT_SPLIT=1: no split, for probes)
-JOINT_SPLIT = int(os.environ.get("FUSEML_JOINT_SPLIT", "4"))
+JOINT_SPLIT = env_int("FUSEML_JOINT_SPLIT", 4, 1)
 
 
 @triton.jit
@@ -988,10 +987,7 @@ LOOP_PTR, LOOP_TMA, LOOP_TUNED = 0, 1, 2  # gemm_loop's answers
 
 def gemm_mode() -> str:
     """FUSEML_GEMM: auto (TMA kernel where it applies, see gemm_loop), tma or ptr (force)."""
-    mode = os.environ.get("FUSEML_GEMM", "auto") or "auto"
-    if mode not in ("auto", "tma", "ptr"):
-        raise ValueError(f"FUSEML_GEMM must be 'auto', 'tma' or 'ptr', got {mode!r}")
-    return mode
+    return env_choice("FUSEML_GEMM", "auto", ("auto", "tma", "ptr"))
 
 
 @functools.cache
@@ -1244,10 +1240,7 @@ def spread_fits(config: dict, m: int, n: int, r_pad: int, elem_size: int, sms: i
 def expand_stages_max() -> int:
     """FUSEML_EXPAND_STAGES_MAX (default 8): the most buffers of the expand mode's xs @ B^T
     loop (for probes)."""
-    value = os.environ.get("FUSEML_EXPAND_STAGES_MAX", "8")
-    if not value.isdigit() or int(value) < 2:
-        raise ValueError(f"FUSEML_EXPAND_STAGES_MAX must be an integer >= 2, got {value!r}")
-    return int(value)
+    return env_int("FUSEML_EXPAND_STAGES_MAX", 8, 2)
 
 
 def expand_stages(config: dict, r_pad: int, r_block: int, elem_size: int) -> int:
@@ -1303,10 +1296,7 @@ def fp32_dot() -> str:
     K = 512 / 1024: 1.1-2.4e-7 against 1.3-4.0e-7) at 1.6-2.4x its speed. ieee: plain fp32
     FMA dots (Triton's, about half of cuBLAS's speed; always the pointer-load kernel).
     """
-    mode = os.environ.get("FUSEML_FP32_DOT", "tf32x3") or "tf32x3"
-    if mode not in FP32_DOTS:
-        raise ValueError(f"FUSEML_FP32_DOT must be one of {FP32_DOTS}, got {mode!r}")
-    return mode
+    return env_choice("FUSEML_FP32_DOT", "tf32x3", FP32_DOTS)
 
 
 def lora_cols(lora_b: torch.Tensor) -> int:

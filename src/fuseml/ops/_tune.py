@@ -27,7 +27,14 @@ from pathlib import Path
 import torch
 
 from fuseml.ops._utils import compile_only, compiling_only
-from fuseml.runtime import gpu_slug, triton_interpreting, triton_version
+from fuseml.runtime import (
+    env_choice,
+    env_flag,
+    env_int,
+    gpu_slug,
+    triton_interpreting,
+    triton_version,
+)
 
 log = logging.getLogger("fuseml")
 
@@ -43,7 +50,7 @@ def cache_dir() -> Path:
 
 
 def autotune_enabled() -> bool:
-    return os.environ.get("FUSEML_AUTOTUNE", "1") != "0" and not triton_interpreting()
+    return env_flag("FUSEML_AUTOTUNE") and not triton_interpreting()
 
 
 def m_bucket(m: int) -> int:
@@ -55,10 +62,7 @@ def l2_mode() -> str:
     """FUSEML_TUNE_L2: "cold" (default: each timed call finds the L2 flushed, as a served
     model's layer finds its weights evicted by the layers before it, and as the bench
     suites time with inputs rotating past the L2) or "warm" (the same inputs replayed)."""
-    mode = os.environ.get("FUSEML_TUNE_L2", "cold") or "cold"
-    if mode not in ("cold", "warm"):
-        raise ValueError(f"FUSEML_TUNE_L2 must be 'cold' or 'warm', got {mode!r}")
-    return mode
+    return env_choice("FUSEML_TUNE_L2", "cold", ("cold", "warm"))
 
 
 def _table_path(device: torch.device) -> Path:
@@ -148,13 +152,7 @@ def gpu_time_ms(fn: Callable[[], object]) -> float:
 def _compile_threads() -> int:
     """Threads that compile candidate configs before tuning times them
     (``FUSEML_COMPILE_THREADS``, default: up to 8, one per CPU core; 0 or 1: none)."""
-    flag = os.environ.get("FUSEML_COMPILE_THREADS")
-    if flag is None:
-        return min(8, os.cpu_count() or 1)
-    try:
-        return max(0, int(flag))
-    except ValueError:
-        raise ValueError(f"FUSEML_COMPILE_THREADS must be an integer, got {flag!r}") from None
+    return env_int("FUSEML_COMPILE_THREADS", min(8, os.cpu_count() or 1), 0)
 
 
 def _async_compile_module():

@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from fuseml.runtime import FLOAT_DTYPES, log, triton_interpreting
+from fuseml.runtime import FLOAT_DTYPES, env_flag, log, triton_interpreting
 
 
 # --------------------------------------------------------------------------- validation
@@ -137,10 +137,7 @@ def pdl_launch(t: torch.Tensor, traced: bool = False) -> bool:
     """
     if traced or not t.is_cuda or triton_interpreting():
         return False
-    flag = os.environ.get("FUSEML_PDL", "1")
-    if flag not in ("0", "1"):
-        raise ValueError(f"FUSEML_PDL must be 0 or 1, got {flag!r}")
-    return flag == "1" and _hopper_or_later(t.get_device())
+    return env_flag("FUSEML_PDL") and _hopper_or_later(t.get_device())
 
 
 def fast_math(t: torch.Tensor) -> bool:
@@ -272,7 +269,7 @@ class CompiledLaunches:
         self.kernel = kernel
         self.compiled: dict = {}
         # (the interpreter runs kernels as Python: nothing compiled to launch)
-        self.enabled = os.environ.get("FUSEML_DIRECT_LAUNCH", "1") != "0"
+        self.enabled = env_flag("FUSEML_DIRECT_LAUNCH")
         self.enabled = self.enabled and not triton_interpreting()
 
     def __call__(self, grid: tuple, key, aligned: bool, args: tuple, options: dict) -> None:

@@ -14,8 +14,6 @@ Math in float32 whatever the storage dtype; the output has the input's dtype.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -42,7 +40,7 @@ from fuseml.ops._utils import (
     sm_count,
     vec_width,
 )
-from fuseml.runtime import resolve_backend, triton_interpreting
+from fuseml.runtime import env_choice, env_flag, resolve_backend, triton_interpreting
 
 
 def softmax_ref(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -794,15 +792,12 @@ SPLIT_HALF_GAIN = 0.05
 # 7184: pairs keep the block, see SPLIT_HALF_GAIN), 65536 379 against 430, 131072 779
 # against 866, 262144 level (1711 against 1697). FUSEML_SOFTMAX_PAIRS=0 turns it off
 # (probes; read at import).
-_pairs_flag = os.environ.get("FUSEML_SOFTMAX_PAIRS", "1")
-if _pairs_flag not in ("0", "1"):
-    raise ValueError(f"FUSEML_SOFTMAX_PAIRS must be 0 or 1, got {_pairs_flag!r}")
-SPLIT_PAIRS = _pairs_flag == "1"
+SPLIT_PAIRS = env_flag("FUSEML_SOFTMAX_PAIRS")
 # Two -inf of each 16-bit dtype as one int32 (the pairs' masked-off lanes)
 _NEG_PAIR = {torch.bfloat16: -0x007F0080, torch.float16: -0x03FF0400}
 # (chunks, rows) on two grid axes where the rows fit the second (GRID_Y_MAX), else one
 # axis (FUSEML_SOFTMAX_GRID=1d: always, for probes; read at import)
-SPLIT_GRID_2D = os.environ.get("FUSEML_SOFTMAX_GRID", "2d") != "1d"
+SPLIT_GRID_2D = env_choice("FUSEML_SOFTMAX_GRID", "2d", ("1d", "2d")) == "2d"
 # Tried and taken out: a persistent grid of resident programs taking (row, chunk) items in
 # turn and loading the next before the wait (scripts/probe_softmax_pipelined.py's scheme,
 # in this kernel with 4096-column items, H100, 621f360): 50256 columns 333.6 us against
