@@ -24,10 +24,8 @@ import tempfile
 
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from sm90 import compile_sm90
 
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 sm = importlib.import_module("fuseml.ops.softmax")  # the module, not the op
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -52,24 +50,12 @@ def main() -> None:
     )  # fmt: skip
     ptr_types = {"x_ptr": f"*{a.dtype}", "out_ptr": f"*{a.dtype}", "stats_ptr": "*fp32",
                  "count_ptr": "*i32"}  # fmt: skip
-    signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(kernel.arg_names):
-        if name in consts:
-            signature[name] = "constexpr"
-            constexprs[(i,)] = consts[name]
-        elif name in ptr_types:
-            signature[name] = ptr_types[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            signature[name] = "i32"
     options = {"num_warps": a.warps}
     if a.maxnreg:
         options["maxnreg"] = a.maxnreg
-    compiled = triton.compile(
-        ASTSource(kernel, signature, constexprs, attrs),
-        target=GPUTarget("cuda", 90, 32),
-        options=options,
-    )
+    compiled = compile_sm90(
+        kernel, consts, lambda name: ptr_types.get(name, "i32"), ptr_types.__contains__, **options
+    )  # fmt: skip
     ptx = compiled.asm["ptx"]
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.TemporaryDirectory() as tmp:

@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from sm90 import compile_sm90
 
 from fuseml.ops import _gemm
 from fuseml.ops._utils import next_pow2
 
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 DIVISIBLE = ("M", "N", "K", "stride_rm", "stride_om", "stride_bn")
 
 
@@ -71,27 +67,18 @@ def main() -> None:
         SHRINK_SPLIT=1, B3D=r > rank, EXPAND_STAGES=a.expand, SLICE=slice_w, PHASE=0,
     )  # fmt: skip
     ptr_types = {"ids_ptr": "*i64", "sync_ptr": "*i32"}
-    signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(kernel.arg_names):
-        if name in consts:
-            signature[name] = "constexpr"
-            constexprs[(i,)] = consts[name]
-        elif name in descs:
-            signature[name] = f"tensordesc<bf16[{descs[name][0]}, {descs[name][1]}]>"
-        elif name.endswith("_ptr"):
-            signature[name] = ptr_types.get(name, "*bf16")
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name in ("alpha", "lora_scale"):
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-            if name in DIVISIBLE:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    compiled = triton.compile(
-        ASTSource(kernel, signature, constexprs, attrs),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": a.warps, "num_stages": stages},
-    )
+
+    def arg_type(name: str) -> str:
+        if name in descs:
+            return f"tensordesc<bf16[{descs[name][0]}, {descs[name][1]}]>"
+        if name.endswith("_ptr"):
+            return ptr_types.get(name, "*bf16")
+        return "fp32" if name in ("alpha", "lora_scale") else "i32"
+
+    compiled = compile_sm90(
+        kernel, consts, arg_type, lambda name: name.endswith("_ptr") or name in DIVISIBLE,
+        num_warps=a.warps, num_stages=stages,
+    )  # fmt: skip
     ptx = compiled.asm["ptx"]
     if a.ptx:
         with open(a.ptx, "w") as f:
