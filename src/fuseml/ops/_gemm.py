@@ -1654,8 +1654,9 @@ def candidates(
         elif loop == LOOP_TUNED and n <= TMA_TUNED_N:  # from TMA_MIN_M rows: both kernels
             base += [dict(c, TMA=True) for c in base]
         if loop == LOOP_TMA and plain and dtype != torch.float32:
-            # (16-bit only: measured there; float32's split-operand dots need more shared
-            # memory, 311,352 bytes for one of these tiles on an H100)
+            # (16-bit only: measured there; a float32 layer with a residual asked for 311,352
+            # bytes of shared memory on an H100, with one of these tiles or the same tile's
+            # pointer stores: the failing test did not tell which)
             base += _TMA_STORE
     es = torch.empty((), dtype=dtype).element_size()
     out = []
