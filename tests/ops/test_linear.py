@@ -599,13 +599,13 @@ def test_linear_tma_kernel_gpu(m, k, n, monkeypatch):
         assert_close_verbose(out, _ref64(x, w, b, "gelu_tanh", r, 0.5), torch.bfloat16)
 
 
-def _store_pair(m, k, n, dtype, device, cfg, out_view=None):
+def _store_pair(m, k, n, dtype, device, cfg, out_view=None, residual=True):
     """(output of the TMA kernel with cfg's descriptor stores, with the same tile's pointer
-    stores, the float64 reference): bias + GELU-tanh + 0.5 x residual. The pointer-store
+    stores, the float64 reference): bias + GELU-tanh [+ 0.5 x residual]. The pointer-store
     twin takes 2 stages and no flattened loop (the same K order; cfg's own stages may not
     fit beside the pointer stores' layout change). out_view(m, n): an output tensor other
     than a fresh contiguous one (a strided view)."""
-    x, w, b, r = _inputs(m, k, n, dtype, device)
+    x, w, b, r = _inputs(m, k, n, dtype, device, residual=residual)
     twin = {key: v for key, v in cfg.items() if key not in ("OUT_SUB", "FLATTEN")}
     outs = []
     for c in (cfg, dict(twin, num_stages=2)):
@@ -647,7 +647,7 @@ def test_linear_tma_store(sub, dtype, monkeypatch):
     assert described and not any(shape == (70, 72) for shape, _, _ in described)
 
 
-def test_tma_store_candidates():
+def test_tma_store_candidates(monkeypatch):
     """Plain 16-bit layers on the TMA loop also time the descriptor-store tiles, with slices
     of at least 16 columns; LoRA's launches (not plain) and the pointer loop do not."""
     plain = _gemm.candidates(4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_TMA, plain=True)
@@ -658,10 +658,19 @@ def test_tma_store_candidates():
         for c in _gemm.candidates(4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_TMA)
         + _gemm.candidates(4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_PTR, plain=True)
     )
-    with_res = _gemm.candidates(4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_TMA, plain=True,
-                                residual=True)  # fmt: skip
-    # 128 x 256 x 64 / 4 stages does not fit beside a residual's tile (245,792 bytes)
-    assert 1 <= len([c for c in with_res if c.get("OUT_SUB")]) < len(stores)
+
+    def with_res(residual):
+        return [
+            c for c in _gemm.candidates(
+                4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_TMA, plain=True, residual=residual
+            ) if c.get("OUT_SUB")
+        ]  # fmt: skip
+
+    assert with_res(True) == stores
+    # 128 x 256 x 64 / 4 stages: 245,792 bytes beside a residual's tile (H100), left out
+    big = dict(_gemm._cfg(128, 256, 64, 8, 4), OUT_SUB=4, FLATTEN=True)
+    monkeypatch.setattr(_gemm, "_TMA_STORE", [big])
+    assert with_res(False) == [big] and with_res(True) == []
     for c in _gemm.candidates(512, 16, 1024, torch.bfloat16, _gemm.LOOP_TMA, plain=True):
         if c.get("OUT_SUB"):
             assert c["BLOCK_N"] == 16 and c["OUT_SUB"] == 1
@@ -682,13 +691,16 @@ def test_tma_store_candidates():
         (777, 384, 264, torch.bfloat16),
     ],
 )
-def test_linear_tma_store_gpu(m, k, n, dtype):
-    """Every descriptor-store candidate on the GPU: the pointer stores' values bit for bit
-    (the same tile and loop), and close to the float64 reference."""
-    for cfg in _gemm.candidates(m, n, k, dtype, _gemm.LOOP_TMA, plain=True, residual=True):
+@pytest.mark.parametrize("residual", [True, False])
+def test_linear_tma_store_gpu(m, k, n, dtype, residual):
+    """Every descriptor-store candidate on the GPU, with and without a residual (each has
+    its own candidates): the pointer stores' values bit for bit (the same tile and loop),
+    and close to the float64 reference."""
+    cands = _gemm.candidates(m, n, k, dtype, _gemm.LOOP_TMA, plain=True, residual=residual)
+    for cfg in cands:
         if not cfg.get("OUT_SUB"):
             continue
-        tma_out, ptr_out, ref = _store_pair(m, k, n, dtype, "cuda", cfg)  # (with a residual)
+        tma_out, ptr_out, ref = _store_pair(m, k, n, dtype, "cuda", cfg, residual=residual)
         assert torch.equal(tma_out, ptr_out), cfg
         assert_close_verbose(tma_out, ref, dtype)
 

@@ -1586,10 +1586,10 @@ _TMA_STORE = [  # TMA-kernel tiles whose epilogue stores through a descriptor in
     # 1024 at 4096 rows, bf16 + bias + ReLU, inputs rotating past the L2, graph replay
     # (scripts/probe_tma_store.py): 128 x 256 x 64 / 4 stages / 4 slices 15.4 us, 2 slices
     # 15.6, 3 stages 15.9; 256 x 128 17.0; 128 x 128 17.7; against 16.9 for the tuned
-    # pointer-store tile (64 x 256 x 64 / 4 stages) and cuBLASLt's 15.4. (2 slices of 128 x
-    # 256 at 4 stages: 229,920 bytes of shared memory offline without a residual, no room
-    # for one's tile; 4 slices took 245,792 with one on the H100, see candidates)
-    dict(_cfg(128, 256, 64, 8, 4), OUT_SUB=4, FLATTEN=True),
+    # pointer-store tile (64 x 256 x 64 / 4 stages) and cuBLASLt's 15.4. The 4-stage 128 x
+    # 256 tile is left out until a GPU test has checked it: with a residual it does not fit
+    # (245,792 bytes, H100), and the GPU test ran with one only (NOTES.md); the tuner took
+    # the 3-stage one in the suite (15.40 us)
     dict(_cfg(128, 256, 64, 8, 3), OUT_SUB=4, FLATTEN=True),
     dict(_cfg(256, 128, 64, 8, 3), OUT_SUB=4, FLATTEN=True),
     dict(_cfg(128, 128, 64, 8, 4), OUT_SUB=4, FLATTEN=True),
