@@ -23,12 +23,12 @@ table gives each arm's median per call, its spread over rounds, and GB/s.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 
 import torch
 import triton
 import triton.language as tl
+from graph_arms import report, time_arms
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import fuseml.ops
@@ -88,31 +88,6 @@ def _stream_tma(
         out_desc.store([tile_m * BLOCK_M, 0], acc.to(out_desc.dtype))
 
 
-def graph_us(fn, rounds: int = 10) -> list[float]:
-    """Per-call us of ``fn(i)`` for i in 0..CALLS-1 captured in one graph, per replay."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(CALLS):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / CALLS)
-    return times
-
-
 def main() -> None:
     m, k, n = (int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "65536,256,64").split(","))
     rounds = int(os.environ.get("PROBE_ROUNDS", "3"))
@@ -137,7 +112,7 @@ def main() -> None:
         "torch.sum of K / N column blocks": lambda i: torch.sum(
             xs[i % 3].view(m, k // n, n), 1, out=outs[i % 3]),
     }  # fmt: skip
-    checks = {}
+    checked = set()  # arms whose output is compared with the reference
 
     def ptr_arm(bm, stages, warps, per_sm, wloop=False, mem=False):
         grid = (min(triton.cdiv(m, bm), sms * per_sm),)
@@ -157,7 +132,7 @@ def main() -> None:
 
         arms[tag] = run
         if not mem:
-            checks[tag] = run
+            checked.add(tag)
 
     def tma_arm(bm, stages, warps, per_sm):
         grid = (min(triton.cdiv(m, bm), sms * per_sm),)
@@ -174,7 +149,7 @@ def main() -> None:
             )  # fmt: skip
 
         arms[tag] = run
-        checks[tag] = run
+        checked.add(tag)
 
     for bm, per_sm in ((64, 1), (32, 2), (64, 2), (128, 1), (32, 1)):
         for stages in (2, 3, 4, 5):
@@ -192,36 +167,9 @@ def main() -> None:
         arms = {t: f for t, f in arms.items() if t in keep}
     print(f"{torch.cuda.get_device_name(dev)}: {m} x {k} -> {n} bf16 + bias + ReLU, "
           f"{nbytes / 1e6:.1f} MB a call; {len(arms)} arms x {rounds} rounds", flush=True)  # fmt: skip
-    failed = {}
-    for tag, fn in list(arms.items()):
-        try:
-            outs[0].fill_(float("nan"))
-            fn(0)
-            torch.cuda.synchronize()
-        except Exception as e:  # a variant this Triton / GPU cannot build or run
-            failed[tag] = f"{type(e).__name__}: {str(e).splitlines()[0][:90]}"
-            del arms[tag]
-            continue
-        if tag in checks:
-            err = ((outs[0].double() - ref).abs().max() / ref.abs().max()).item()
-            if not err < 1e-2:
-                failed[tag] = f"wrong result: max error {err:.3g} of the largest output"
-                del arms[tag]
-    times = {tag: [] for tag in arms}
-    for r in range(rounds):
-        names = list(arms)
-        for tag in names[r % len(names) :] + names[: r % len(names)]:
-            times[tag] += graph_us(arms[tag])
-        print(f"  round {r + 1}/{rounds} done", flush=True)
-    rows = sorted((statistics.median(t), tag) for tag, t in times.items())
-    peer = statistics.median(times["cuBLASLt fused epilogue"])
-    for med, tag in rows:
-        t = sorted(times[tag])
-        p20, p80 = t[len(t) // 5], t[len(t) * 4 // 5]
-        print(f"  {tag:34s} {med:8.2f} us  (p20 {p20:7.2f}, p80 {p80:7.2f})  "
-              f"{nbytes / med / 1e3:7.0f} GB/s  {peer / med:5.2f}x cuBLASLt")  # fmt: skip
-    for tag, why in failed.items():
-        print(f"  {tag:34s} failed: {why}")
+    times, failed = time_arms(arms, checked, outs[0], ref, rounds, CALLS)
+    report(times, failed, "cuBLASLt fused epilogue",
+           lambda us: f"{nbytes / us / 1e3:7.0f} GB/s", 34)  # fmt: skip
 
 
 if __name__ == "__main__":

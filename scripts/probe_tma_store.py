@@ -16,12 +16,12 @@ and fuseml's tuned layer. Every arm runs in CUDA graphs of calls over input sets
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 
 import torch
 import triton
 import triton.language as tl
+from graph_arms import report, time_arms
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import fuseml.ops
@@ -76,31 +76,6 @@ def _gemm_tma_store(
             o_desc.store([off_m, off_n + BLOCK_N // 4], q1.to(o_desc.dtype))
             o_desc.store([off_m, off_n + BLOCK_N // 2], q2.to(o_desc.dtype))
             o_desc.store([off_m, off_n + 3 * BLOCK_N // 4], q3.to(o_desc.dtype))
-
-
-def graph_us(fn, rounds: int = 10) -> list[float]:
-    """Per-call us of ``fn(i)`` for i in 0..CALLS-1 captured in one graph, per replay."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(CALLS):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / CALLS)
-    return times
 
 
 def sweep(m: int, k: int, n: int, rounds: int) -> None:
@@ -159,36 +134,9 @@ def sweep(m: int, k: int, n: int, rounds: int) -> None:
     print(f"{torch.cuda.get_device_name(dev)}: {m} x {k} -> {n} bf16 + bias + ReLU, "
           f"{2 * m * n * k / 1e9:.2f} GFLOP; {nsets} input sets; {len(arms)} arms x {rounds} "
           "rounds", flush=True)  # fmt: skip
-    failed = {}
-    for tag, fn in list(arms.items()):
-        try:
-            o0.fill_(float("nan"))
-            fn(0)
-            torch.cuda.synchronize()
-        except Exception as e:  # a variant this Triton / GPU cannot build or run
-            failed[tag] = f"{type(e).__name__}: {str(e).splitlines()[0][:90]}"
-            del arms[tag]
-            continue
-        if tag in checked:
-            err = ((o0.double() - ref).abs().max() / ref.abs().max()).item()
-            if not err < 1e-2:
-                failed[tag] = f"wrong result: max error {err:.3g} of the largest output"
-                del arms[tag]
-    times = {tag: [] for tag in arms}
-    for r in range(rounds):
-        names = list(arms)
-        names = names[r % len(names) :] + names[: r % len(names)]
-        for tag in names:
-            times[tag] += graph_us(arms[tag])
-        print(f"  round {r + 1}/{rounds} done", flush=True)
-    peer = statistics.median(times["cuBLASLt fused epilogue"])
-    for med, tag in sorted((statistics.median(t), tag) for tag, t in times.items()):
-        t = sorted(times[tag])
-        p20, p80 = t[len(t) // 5], t[len(t) * 4 // 5]
-        print(f"  {tag:44s} {med:8.2f} us  (p20 {p20:7.2f}, p80 {p80:7.2f})  "
-              f"{2 * m * n * k / med / 1e6:6.0f} TFLOP/s  {peer / med:5.3f}x cuBLASLt")  # fmt: skip
-    for tag, why in failed.items():
-        print(f"  {tag:44s} failed: {why}")
+    times, failed = time_arms(arms, checked, o0, ref, rounds, CALLS)
+    report(times, failed, "cuBLASLt fused epilogue",
+           lambda us: f"{2 * m * n * k / us / 1e6:6.0f} TFLOP/s", 44)  # fmt: skip
 
 
 def main() -> None:
