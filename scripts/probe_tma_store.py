@@ -25,6 +25,7 @@ from graph_arms import report, time_arms
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import fuseml.ops
+from fuseml.ops._gemm import _grouped_coords, _tma_store
 from fuseml.ops._math import _pdl_begin
 
 DT = torch.bfloat16
@@ -41,15 +42,10 @@ def _gemm_tma_store(
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
-    per_group = GROUP_M * tiles_n
     for tile in tl.range(
         tl.program_id(0), tiles_m * tiles_n, PROGRAMS, flatten=FLATTEN, warp_specialize=WS
     ):
-        group = tile // per_group
-        first_m = group * GROUP_M
-        rows_in_group = min(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % per_group) % rows_in_group
-        pid_n = (tile % per_group) // rows_in_group
+        pid_m, pid_n = _grouped_coords(tile, tiles_m, tiles_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -60,22 +56,7 @@ def _gemm_tma_store(
         cols = off_n + tl.arange(0, BLOCK_N)
         bias = tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
         acc = tl.maximum(acc + bias[None, :], 0.0)
-        if SUB == 1:
-            o_desc.store([off_m, off_n], acc.to(o_desc.dtype))
-        elif SUB == 2:
-            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-            h0, h1 = tl.split(halves)
-            o_desc.store([off_m, off_n], h0.to(o_desc.dtype))
-            o_desc.store([off_m, off_n + BLOCK_N // 2], h1.to(o_desc.dtype))
-        else:
-            quarters = tl.permute(tl.reshape(acc, (BLOCK_M, 2, 2, BLOCK_N // 4)), (0, 3, 2, 1))
-            q01, q23 = tl.split(quarters)
-            q0, q1 = tl.split(q01)
-            q2, q3 = tl.split(q23)
-            o_desc.store([off_m, off_n], q0.to(o_desc.dtype))
-            o_desc.store([off_m, off_n + BLOCK_N // 4], q1.to(o_desc.dtype))
-            o_desc.store([off_m, off_n + BLOCK_N // 2], q2.to(o_desc.dtype))
-            o_desc.store([off_m, off_n + 3 * BLOCK_N // 4], q3.to(o_desc.dtype))
+        _tma_store(o_desc, acc, off_m, off_n, BLOCK_M, BLOCK_N, SUB)  # fuseml's slices
 
 
 def sweep(m: int, k: int, n: int, rounds: int) -> None:
