@@ -1117,7 +1117,9 @@ def _launch_tma(
             options["launch_pdl"] = True
         # TMA stores where the config asks and out's layout allows (else pointer stores of
         # the same values); x_desc stands in for an unused o_desc
-        sub = config.get("OUT_SUB", 0) if tma_eligible(out) else 0
+        sub = config.get("OUT_SUB", 0)
+        if sub and not tma_eligible(out):
+            sub = 0
         o_desc = TensorDescriptor.from_tensor(out, [bm, bn // sub]) if sub else x_desc
         args = (x_desc, w_desc, *ptrs, *ints, float(alpha), *common, dep, o_desc, sub)
         key = (x.dtype, out.dtype, common, dep, sub, *options.values(), *map(int_spec, ints))
