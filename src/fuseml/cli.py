@@ -55,6 +55,13 @@ def bench(
         bool, typer.Option(help="add to the existing results file (a suite run in parts)")
     ] = False,
     out: Annotated[Path | None, typer.Option(help="results root folder")] = None,
+    turns: Annotated[
+        bool,
+        typer.Option(
+            help="time every case's arms in turns, graph rows too (default: only cases of "
+            "0.5 ms a call or more)"
+        ),
+    ] = False,
 ) -> None:
     """Time a suite's arms side by side; write results JSON, a PNG plot and a table."""
     if suite == "readme":
@@ -72,6 +79,7 @@ def bench(
             cases=cases,
             merge=merge,
             out_root=out,
+            turns=turns,
         )
     except (ValueError, RuntimeError) as err:
         typer.echo(f"error: {err}", err=True)

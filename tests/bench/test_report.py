@@ -242,6 +242,49 @@ def test_run_cases_in_turns_on_gpu(monkeypatch):
         assert 0 < r["p20_ms"] <= r["p50_ms"] <= r["p80_ms"] <= r["p99_ms"]
 
 
+@requires_cuda
+@pytest.mark.gpu
+def test_run_cases_every_case_in_turns_on_gpu():
+    """Settings.turns (``fuseml bench --turns``): a light case's events rows and its graph
+    rows are timed in turns too."""
+    from fuseml.bench import harness
+
+    case = Case(
+        suite="t", name="neg", params={"numel": 1 << 12},
+        make_inputs=lambda: (torch.randn(1 << 12, device="cuda"),),
+        arms={"eager": torch.neg, "other": lambda x: -x}, bytes=8 << 12, graph=True,
+    )  # fmt: skip
+    settings = Settings.for_mode(True, turns=True)
+    rows = run_cases([case], ceilings={"copy_gbps": 1000.0}, settings=settings)
+    assert sorted((r["arm"], r["mode"]) for r in rows) == [
+        ("eager", "events"), ("eager", "graph"), ("other", "events"), ("other", "graph")
+    ]  # fmt: skip
+    for r in rows:
+        assert r["turns"] == harness.TURNS_ROUNDS
+        assert 0 < r["p20_ms"] <= r["p50_ms"] <= r["p80_ms"]
+    graph = {r["arm"]: r["p50_ms"] for r in rows if r["mode"] == "graph"}
+    events = {r["arm"]: r["p50_ms"] for r in rows if r["mode"] == "events"}
+    assert all(graph[a] < events[a] for a in graph)  # per call, without launch gaps
+
+
+def test_turns_setting_reaches_the_suite_runner(monkeypatch):
+    """``fuseml bench SUITE --turns`` asks run_suite for Settings with turns on."""
+    from typer.testing import CliRunner
+
+    import fuseml.bench
+    from fuseml.cli import app
+
+    assert not Settings.for_mode(False).turns and Settings.for_mode(True, turns=True).turns
+    assert Settings.for_mode(True, turns=True).rep_ms == Settings.for_mode(True).rep_ms
+    seen = {}
+    monkeypatch.setattr(fuseml.bench, "run_suite", lambda suite, **kw: seen.update(kw, suite=suite))
+    result = CliRunner().invoke(app, ["bench", "add-x", "--turns", "--quick"])
+    assert result.exit_code == 0, result.output
+    assert seen["turns"] is True and seen["quick"] is True and seen["suite"] == "add-x"
+    CliRunner().invoke(app, ["bench", "add-x"])
+    assert seen["turns"] is False
+
+
 def test_fusion_side_by_side_names_its_sources(tmp_path):
     """The README's fusion table: GELU and softmax rows of one GPU, five arms, and the
     run, commit and date each suite's rows come from."""

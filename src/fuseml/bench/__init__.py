@@ -21,6 +21,7 @@ def run_suite(
     merge: bool = False,
     out_root: Path | None = None,
     console=None,
+    turns: bool = False,
 ) -> tuple[Path, Path | None]:
     """Run suite ``name`` on CUDA device 0; write results JSON + PNG; print the table.
 
@@ -28,6 +29,7 @@ def run_suite(
     merge: add to / replace rows in the existing results file instead of starting anew.
     The file is rewritten after every case (meta "complete": false until the last), so a
     run cut short keeps what it measured; rerun the rest with --cases ... --merge.
+    turns: every case's arms timed in turns, graph rows too (see harness.Settings).
     Returns (results path, plot path or None for a suite without a plot).
     """
     import re
@@ -51,7 +53,7 @@ def run_suite(
         )
     console = console or Console()
     suite = SUITES[name]
-    settings = Settings.for_mode(quick)
+    settings = Settings.for_mode(quick, turns=turns)
     cuda_ok, why = runtime.cuda_backend_status("cuda")
     if not cuda_ok:
         console.print(f"[yellow]cuda arm skipped: {why}[/yellow]")

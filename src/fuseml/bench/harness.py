@@ -18,7 +18,9 @@ A suite yields :class:`Case` objects: a way to make one input set, the arms to c
   rounds, each giving every arm an equal slice of the timing, the order rotating, so that
   a board that slows under sustained load (an H100 at its power cap runs its clocks from
   1980 down to ~1100 MHz under a large GEMM) weighs on every arm alike instead of on the
-  arms timed last. Such rows carry ``turns`` (the rounds).
+  arms timed last. Such rows carry ``turns`` (the rounds). ``fuseml bench --turns``
+  (Settings.turns) times every case so, its graph rows too: for arms within 1% of each
+  other, where the order of timing can decide which reads faster.
 * For the smallest cases, host overhead per call (dispatch + launch, no GPU wait).
 * Each arm's output is compared with the first arm's (the reference) with the project's
   tolerance table; a mismatch is recorded in the row and reported, never hidden.
@@ -84,12 +86,18 @@ class Settings:
     rep_ms: float = 100.0
     graph_calls: int = 20
     overhead_iters: int = 2000
+    # Every case's arms timed in turns, graph rows included (``fuseml bench --turns``);
+    # else only heavy cases' events rows (see TURNS_MIN_MS)
+    turns: bool = False
 
     @classmethod
-    def for_mode(cls, quick: bool) -> Settings:
+    def for_mode(cls, quick: bool, *, turns: bool = False) -> Settings:
         if quick:
-            return cls(quick=True, warmup_ms=25.0, rep_ms=50.0, graph_calls=10, overhead_iters=500)
-        return cls()
+            return cls(
+                quick=True, warmup_ms=25.0, rep_ms=50.0, graph_calls=10, overhead_iters=500,
+                turns=turns,
+            )  # fmt: skip
+        return cls(turns=turns)
 
 
 def git_commit() -> str:
@@ -165,21 +173,28 @@ def bench_graph_ms(
     fn: Callable, input_sets: list[tuple], settings: Settings
 ) -> tuple[float, float, float]:
     """Per-call (p50, p20, p80) in ms of ``graph_calls`` calls captured in one CUDA graph."""
+    n = settings.graph_calls
+    graph = capture_graph(fn, input_sets, n)
+    p50, p20, p80 = bench_ms(graph.replay, settings)
+    del graph
+    return p50 / n, p20 / n, p80 / n
+
+
+def capture_graph(fn: Callable, input_sets: list[tuple], calls: int) -> torch.cuda.CUDAGraph:
+    """``calls`` calls of ``fn`` (over the input sets in turn) captured in one CUDA graph,
+    after a warm-up off the capture stream, as torch requires."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm up off the capture stream, as torch requires
+    with torch.cuda.stream(stream):
         for inputs in input_sets[:3]:
             fn(*inputs)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    n = settings.graph_calls
     with torch.cuda.graph(graph):
-        for k in range(n):
+        for k in range(calls):
             fn(*input_sets[k % len(input_sets)])
-    p50, p20, p80 = bench_ms(graph.replay, settings)
-    del graph
-    return p50 / n, p20 / n, p80 / n
+    return graph
 
 
 # Heavy cases: arms timed in turns (see the module docstring). 0.5 ms: the large GEMMs
@@ -383,22 +398,42 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
     arms = {arm: fn for arm, fn in arms.items() if arm not in failed}
     if not arms:
         return rows
-    # One call of each arm after its first; heavy cases are timed in turns (see
-    # TURNS_MIN_MS), the rest one arm after the other.
+    # One call of each arm after its first; heavy cases (or every case, settings.turns)
+    # are timed in turns (see TURNS_MIN_MS), the rest one arm after the other.
     per_call = {arm: spin_up(fn, sets[0], ms=0.0) for arm, fn in arms.items()}
     turns = None
-    if len(arms) > 1 and max(per_call.values()) >= TURNS_MIN_MS:
+    heavy = len(arms) > 1 and (settings.turns or max(per_call.values()) >= TURNS_MIN_MS)
+    graphed = [arm for arm in arms if case.graph is True or (case.graph and arm in case.graph)]
+    graph_in_turns = settings.turns and len(graphed) > 1
+    flush = None
+    if heavy or graph_in_turns:
+        flush = torch.empty(2 * max(l2, 1 << 20), dtype=torch.uint8, device="cuda")
+
+    def timer(fn, calls):
+        return event_times_ms(fn, calls, flush)
+
+    if heavy:
         for fn in arms.values():
             spin_up(fn, sets[0])
-        flush = torch.empty(2 * max(l2, 1 << 20), dtype=torch.uint8, device="cuda")
         cycles = {arm: itertools.cycle(sets) for arm in arms}
         calls = {
             arm: (lambda fn=fn, cycle=cycles[arm]: fn(*next(cycle))) for arm, fn in arms.items()
         }
-        turns = bench_turns_ms(
-            calls, per_call, settings, lambda fn, n: event_times_ms(fn, n, flush)
-        )
-        del flush
+        turns = bench_turns_ms(calls, per_call, settings, timer)
+    graph_turns = None
+    if graph_in_turns:
+        n = settings.graph_calls
+        graphs = {arm: capture_graph(arms[arm], sets, n) for arm in graphed}
+        replays = {arm: graph.replay for arm, graph in graphs.items()}
+        per_replay = {arm: spin_up(replay, (), ms=0.0) for arm, replay in replays.items()}
+        for replay in replays.values():
+            spin_up(replay, ())
+        graph_turns = {
+            arm: tuple(t / n for t in q[:3])
+            for arm, q in bench_turns_ms(replays, per_replay, settings, timer).items()
+        }
+        del graphs, replays
+    flush = None  # (freed before the rows' own timing)
     for arm, fn in arms.items():
         fields = fields_by_arm[arm]
         if turns is not None:
@@ -412,11 +447,19 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
         if case.overhead:
             fields["host_us"] = round(host_overhead_us(fn, sets[0], settings.overhead_iters), 2)
         rows.append(_row(case, arm, meta, ceilings, **fields))
-        if case.graph is True or (case.graph and arm in case.graph):
-            g50, g20, g80 = bench_graph_ms(fn, sets, settings)
+        if arm in graphed:
+            graph = {}
+            if graph_turns is not None:
+                g50, g20, g80 = graph_turns[arm]
+                graph["turns"] = TURNS_ROUNDS
+            else:
+                g50, g20, g80 = bench_graph_ms(fn, sets, settings)
             rows.append(
-                _row(case, arm, meta, ceilings, mode="graph", p50_ms=g50, p20_ms=g20, p80_ms=g80)
-            )
+                _row(
+                    case, arm, meta, ceilings, mode="graph", p50_ms=g50, p20_ms=g20, p80_ms=g80,
+                    **graph,
+                )
+            )  # fmt: skip
     if case.overhead:
         for arm, fn in case.overhead_arms.items():
             if wanted is not None and arm not in wanted:

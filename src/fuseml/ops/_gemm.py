@@ -363,6 +363,7 @@ def _gemm_body(
     PDL: tl.constexpr = False,  # programmatic dependent launch (LORA 3 / 4, see pdl_available)
     ONE_STEP: tl.constexpr = False,  # K <= BLOCK_K (LORA 0 only): see below
     B3D: tl.constexpr = False,  # B as (adapters, N, RANK), see _bt_chunk
+    REG_PIPE: tl.constexpr = False,  # LORA 0: each step's loads a step early (see below)
 ):
     if LORA == 3 and PDL:  # shrink: let the expand launch start now (it waits for xs)
         tl.extra.cuda.gdc_launch_dependents()
@@ -410,6 +411,23 @@ def _gemm_body(
         xt = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
         wt = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
         acc = mma(xt, wt, acc, PRECISION, UPCAST)
+    elif REG_PIPE:
+        # Rows that are not 16-byte aligned (K = 367) get no asynchronous copies, and then
+        # Triton's pipeliner leaves the loop as is: every step would wait for its own
+        # loads. Here each step's loads go out a step early, into registers, and arrive
+        # while the step before is multiplied (the last step's loads are all masked).
+        k_ok = ks < K
+        xt = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+        wt = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+        for k0 in range(BLOCK_K, K + BLOCK_K, BLOCK_K):
+            x_ptrs += BLOCK_K * stride_xk
+            w_ptrs += BLOCK_K * stride_wk
+            k_ok = ks < K - k0
+            x_next = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+            w_next = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+            acc = mma(xt, wt, acc, PRECISION, UPCAST)
+            xt = x_next
+            wt = w_next
     else:
         for k0 in range(0, K, BLOCK_K):
             if EVEN_K:
@@ -461,7 +479,7 @@ def _linear_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_STEP: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, REG_PIPE: tl.constexpr = False,
 ):  # fmt: skip
     """Plain linear layers: the GEMM body without the LoRA arguments (half the launch
     arguments, and Triton's host cost per launch grows with their number). ONE_STEP: K
@@ -475,7 +493,7 @@ def _linear_kernel(
         M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_om, 0, 0,
         alpha, 1.0,
         HAS_BIAS, HAS_RES, ACTIVATION, 0, False, 1, 1, 16, 16, False, PRECISION, UPCAST,
-        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, False, ONE_STEP,
+        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, False, ONE_STEP, False, REG_PIPE,
     )  # fmt: skip
 
 
@@ -1392,7 +1410,7 @@ def launch_linear(
         consts = (
             bias is not None, residual is not None, activation, precision, upcast,
             config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], even_k,
-            k <= config["BLOCK_K"], dep,
+            k <= config["BLOCK_K"], dep, bool(config.get("REG_PIPE")),
         )  # fmt: skip
         tensors = (x, weight, b_arg, r_arg, out)
         _launch_plain(
@@ -1589,9 +1607,9 @@ _TMA_STORE = [  # TMA-kernel tiles whose epilogue stores through a descriptor in
     # (scripts/probe_tma_store.py): 128 x 256 x 64 / 4 stages / 4 slices 15.4 us, 2 slices
     # 15.6, 3 stages 15.9; 256 x 128 17.0; 128 x 128 17.7; against 16.9 for the tuned
     # pointer-store tile (64 x 256 x 64 / 4 stages) and cuBLASLt's 15.4. The 4-stage 128 x
-    # 256 tile is left out until a GPU test has checked it: with a residual it does not fit
-    # (245,792 bytes, H100), and the GPU test ran with one only (NOTES.md); the tuner took
-    # the 3-stage one in the suite (15.40 us)
+    # 256 tile does not fit beside a residual's tile (245,792 bytes, H100): the candidate
+    # filter leaves it out of layers with one (see candidates)
+    dict(_cfg(128, 256, 64, 8, 4), OUT_SUB=4, FLATTEN=True),
     dict(_cfg(128, 256, 64, 8, 3), OUT_SUB=4, FLATTEN=True),
     dict(_cfg(256, 128, 64, 8, 3), OUT_SUB=4, FLATTEN=True),
     dict(_cfg(128, 128, 64, 8, 4), OUT_SUB=4, FLATTEN=True),

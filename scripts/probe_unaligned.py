@@ -1,0 +1,86 @@
+"""GPU sweep of the pointer GEMM loop on rows that are not 16-byte aligned (tuning work,
+not the benchmark).
+
+    PYTHONPATH=src:scripts python scripts/probe_unaligned.py [M,...]   (default 512,4096,65536)
+
+The DLRM's 367 -> 512 layer (bf16 + bias + ReLU): 367-element rows are 734 bytes, so
+neither TMA nor Triton's asynchronous copies can load them, and Triton's pipeliner leaves
+the K loop as it is (each step waits for its own loads). Arms, each at several tiles:
+
+- ``ptr``: the library's pointer loop on the raw rows, as is;
+- ``ptr reg``: the same loop with each step's loads issued a step early into registers
+  (``REG_PIPE``), so they arrive while the step before is multiplied;
+
+next to fuseml's tuned layer (which zero-pads x per call from PAD_K_MIN_M rows and W once,
+see fuseml.ops.linear) and cuBLASLt's fused epilogue. CUDA graphs of calls over 3 input
+sets in turn (past the L2 at 4096 rows and more), interleaved over PROBE_ROUNDS rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+from graph_arms import report, time_arms
+
+import fuseml.ops
+from fuseml.ops import _elementwise as ew
+from fuseml.ops import _gemm
+
+DT = torch.bfloat16
+K, N = 367, 512
+CALLS = 24
+TILES = [  # (BLOCK_M, BLOCK_N, BLOCK_K, warps)
+    (128, 128, 64, 8), (128, 128, 32, 8), (64, 128, 64, 4), (128, 64, 64, 4),
+    (64, 64, 64, 4), (128, 256, 64, 8), (64, 256, 64, 8), (256, 128, 64, 8),
+]  # fmt: skip
+
+
+def probe(m: int, rounds: int) -> None:
+    """Every arm at m rows, timed and reported."""
+    dev = torch.device("cuda")
+    relu = ew.ACT_CODE["relu"]
+    torch.manual_seed(0)
+    xs = [torch.randn(m, K, device=dev, dtype=DT) for _ in range(3)]
+    w = torch.randn(N, K, device=dev, dtype=DT) / K**0.5
+    b = torch.randn(N, device=dev, dtype=DT)
+    outs = [torch.empty(m, N, device=dev, dtype=DT) for _ in range(3)]
+    ref = torch.relu(xs[0].double() @ w.double().t() + b.double())
+    arms = {
+        "fuseml.ops.linear (tuned)": lambda i: fuseml.ops.linear(
+            xs[i % 3], w, b, activation="relu"),
+        "cuBLASLt fused epilogue": lambda i: torch._addmm_activation(b, xs[i % 3], w.t()),
+    }  # fmt: skip
+    checked = set()
+
+    def ptr_arm(bm, bn, bk, warps, reg):
+        cfg = dict(_gemm._cfg(bm, bn, bk, warps, 1 if reg else 3), REG_PIPE=reg)
+        tag = f"ptr{' reg' if reg else ''} {bm}x{bn}x{bk} w{warps}"
+
+        def run(i):
+            _gemm.launch_linear(outs[i % 3], xs[i % 3], w, b, None, 1.0, relu, cfg)
+
+        arms[tag] = run
+        checked.add(tag)
+
+    for tile in TILES:
+        ptr_arm(*tile, False)
+        ptr_arm(*tile, True)
+    flops = 2 * m * K * N
+    print(f"{torch.cuda.get_device_name(dev)}: {m} x {K} -> {N} bf16 + bias + ReLU; "
+          f"{len(arms)} arms x {rounds} rounds", flush=True)  # fmt: skip
+    times, failed = time_arms(arms, checked, outs[0], ref, rounds, CALLS)
+    report(times, failed, "cuBLASLt fused epilogue",
+           lambda us: f"{flops / us / 1e6:6.1f} TFLOP/s", 30)  # fmt: skip
+
+
+def main() -> None:
+    ms = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "512,4096,65536").split(",")]
+    rounds = int(os.environ.get("PROBE_ROUNDS", "3"))
+    for m in ms:
+        probe(m, rounds)
+
+
+if __name__ == "__main__":
+    main()
