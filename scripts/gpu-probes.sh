@@ -12,7 +12,8 @@
 # copy the suite's .json / .png into benchmarks/results/<gpu>/, then `fuseml bench readme`.
 # FUSEML_PROBE_LIMIT: seconds the bench may run (default 570); results measured by then
 # are kept and packed. FUSEML_PROBE_FULL=1: the full suite's cases (no --quick), for a
-# full suite run in parts (with CASES).
+# full suite run in parts (with CASES). FUSEML_PROBE_TURNS=1: every case's arms timed in
+# turns, graph rows too (`fuseml bench --turns`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-out/gpu-probes}"
@@ -21,6 +22,7 @@ CASES="${3:-}"
 LIMIT="${FUSEML_PROBE_LIMIT:-570}"
 QUICK=--quick
 [ "${FUSEML_PROBE_FULL:-0}" = 1 ] && QUICK=
+[ "${FUSEML_PROBE_TURNS:-0}" = 1 ] && QUICK="$QUICK --turns"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"

@@ -2,6 +2,7 @@
 not the benchmark).
 
     PYTHONPATH=src:scripts python scripts/probe_unaligned.py [M,...]   (default 512,4096,65536)
+    PROBE_TILES=0 ...: the library arms only (no fixed tiles)
 
 The DLRM's 367 -> 512 layer (bf16 + bias + ReLU): 367-element rows are 734 bytes, so
 neither TMA nor Triton's asynchronous copies can load them, and Triton's pipeliner leaves
@@ -11,9 +12,12 @@ the K loop as it is (each step waits for its own loads). Arms, each at several t
 - ``ptr reg``: the same loop with each step's loads issued a step early into registers
   (``REG_PIPE``), so they arrive while the step before is multiplied;
 
-next to fuseml's tuned layer (which zero-pads x per call from PAD_K_MIN_M rows and W once,
-see fuseml.ops.linear) and cuBLASLt's fused epilogue. CUDA graphs of calls over 3 input
-sets in turn (past the L2 at 4096 rows and more), interleaved over PROBE_ROUNDS rounds.
+next to fuseml's layer three ways: as the library runs it; on the raw rows, tuned
+(``REG_PIPE`` tiles among its candidates); and on rows zero-padded to 368 per call with W
+padded before (what the library does from PAD_K_MIN_M rows, see fuseml.ops.linear; inside
+a graph capture it pads W per call too); and cuBLASLt's fused epilogue. CUDA graphs of
+calls over 3 input sets in turn (past the L2 at 4096 rows and more), interleaved over
+PROBE_ROUNDS rounds.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ import os
 import sys
 
 import torch
+import torch.nn.functional as F
 from graph_arms import report, time_arms
 
 import fuseml.ops
 from fuseml.ops import _elementwise as ew
 from fuseml.ops import _gemm
+
+linear_mod = sys.modules["fuseml.ops.linear"]
 
 DT = torch.bfloat16
 K, N = 367, 512
@@ -47,9 +54,22 @@ def probe(m: int, rounds: int) -> None:
     b = torch.randn(N, device=dev, dtype=DT)
     outs = [torch.empty(m, N, device=dev, dtype=DT) for _ in range(3)]
     ref = torch.relu(xs[0].double() @ w.double().t() + b.double())
+    w_pad = F.pad(w, (0, 1))
+
+    def raw(i):  # the library with padding off: the raw rows, tuned
+        kept = linear_mod.PAD_K_MIN_M
+        linear_mod.PAD_K_MIN_M = 1 << 62
+        try:
+            fuseml.ops.linear(xs[i % 3], w, b, activation="relu")
+        finally:
+            linear_mod.PAD_K_MIN_M = kept
+
     arms = {
-        "fuseml.ops.linear (tuned)": lambda i: fuseml.ops.linear(
+        "fuseml.ops.linear (as is)": lambda i: fuseml.ops.linear(
             xs[i % 3], w, b, activation="relu"),
+        "fuseml raw rows (tuned)": raw,
+        "fuseml x padded, W before": lambda i: fuseml.ops.linear(
+            F.pad(xs[i % 3], (0, 1)), w_pad, b, activation="relu"),
         "cuBLASLt fused epilogue": lambda i: torch._addmm_activation(b, xs[i % 3], w.t()),
     }  # fmt: skip
     checked = set()
@@ -64,7 +84,7 @@ def probe(m: int, rounds: int) -> None:
         arms[tag] = run
         checked.add(tag)
 
-    for tile in TILES:
+    for tile in TILES if os.environ.get("PROBE_TILES", "1") == "1" else ():
         ptr_arm(*tile, False)
         ptr_arm(*tile, True)
     flops = 2 * m * K * N

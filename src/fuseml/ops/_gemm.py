@@ -1593,6 +1593,14 @@ _SHORT_K = [  # (BLOCK_M, BLOCK_N, warps, stages) for many rows and a K of one s
     # 5.4 us against cuBLASLt's 4.3)
     (64, 32, 4, 2), (64, 64, 4, 2), (32, 64, 4, 2), (128, 32, 4, 2),
 ]  # fmt: skip
+_REG_PIPE = [  # (BLOCK_M, BLOCK_N, BLOCK_K, warps) of the pointer loop with its loads a
+    # step early (REG_PIPE), for rows that are not 16-byte aligned (no asynchronous copies,
+    # so Triton does not pipeline the loop). H100, 367 -> 512 bf16 + bias + ReLU at 4096
+    # rows, graph replay (scripts/probe_unaligned.py): 128 x 128 x 32 / 8 warps 11.3 us
+    # against 13.2 without; 128 x 64 x 64 16.9 against 61.6; cuBLASLt 27.7. Some tiles
+    # lose with it (128 x 128 x 64: 20.0 against 13.6), so both are timed
+    (128, 128, 32, 8), (128, 64, 64, 4), (128, 64, 32, 4), (64, 128, 32, 4), (64, 64, 64, 4),
+]  # fmt: skip
 _FEW_TILES = [  # 65+ rows where 128 x 128 tiles would not fill one wave (FEW_TILES_WAVE
     # programs): 64 x 64 tiles, 4x the programs. H100, 1024 -> 1024 at 512 rows, bias +
     # GELU-tanh, weights rotating over 8 sets (scripts/probe_gemm.py cands): TMA 64 x 64 x
@@ -1641,6 +1649,7 @@ def candidates(
     *,
     plain: bool = False,
     residual: bool = False,
+    unaligned: bool = False,
 ) -> list[dict]:
     """Shape-pruned candidate configs (tile dims never far above the problem's, pipeline
     buffers within SMEM_LIMIT); with LOOP_TUNED also TMA-kernel configs (flagged "TMA")
@@ -1648,7 +1657,8 @@ def candidates(
     ``_linear_stream_kernel``'s configs (flagged "STREAM", programs an SM) where the shape
     is one it serves, and with LOOP_TMA the tiles that store through a descriptor
     (``_TMA_STORE``); residual: the layer adds one (its tile's layout change takes shared
-    memory beside a TMA-store tile's)."""
+    memory beside a TMA-store tile's); unaligned: x's or W's rows are not 16-byte aligned
+    (then the pointer loop also times the ``_REG_PIPE`` tiles)."""
     mb = max(16, _tune.m_bucket(m))
     cap_n = max(16, next_pow2(n))
     cap_k = max(16, next_pow2(k))
@@ -1669,6 +1679,8 @@ def candidates(
             base += [_cfg(bm, 32, bk, w, s) for bm, bk, w, s in _NARROW_N]
         if cap_k <= 64:
             base += [_cfg(bm, bn, cap_k, w, s) for bm, bn, w, s in _SHORT_K]
+        if unaligned and loop == LOOP_PTR and cap_k > 64:
+            base += [dict(_cfg(bm, bn, bk, w, 1), REG_PIPE=True) for bm, bn, bk, w in _REG_PIPE]
         if loop == LOOP_TUNED and mb <= TMA_TUNED_MAX_M:
             base += [dict(c, TMA=True) for c in _MID_TMA]
         elif loop == LOOP_TUNED and n <= TMA_TUNED_N:  # from TMA_MIN_M rows: both kernels
@@ -1744,14 +1756,15 @@ def choose_config(
     fits: Callable[[dict], bool] | None = None,
     plain: bool = False,
     residual: bool = False,
+    unaligned: bool = False,
 ) -> dict:
     """The launch config of an (M, N, K) problem; ``launch(cfg)`` runs it (for tuning).
     tma_only: only the candidates that take the TMA kernel (LoRA's joint mode). more:
     candidates beside the GEMM's own (LoRA's segmented shrink). fits: only the candidates
     it accepts (LoRA's spread mode: one wave); the untuned default may not be one.
     plain: plain layers, which also time the streaming kernel's and the TMA-store tiles
-    (see candidates); residual: the layer adds one (see candidates; the caller keys its
-    tuning on it through ``extra``).
+    (see candidates); residual: the layer adds one, unaligned: its rows are not 16-byte
+    aligned (see candidates; the caller keys its tuning on both through ``extra``).
 
     See ``fuseml.ops._tune.choose``: memo, then the on-disk table, then tuning.
     """
@@ -1779,7 +1792,9 @@ def choose_config(
 
     def listed() -> list[dict]:
         own = [
-            c for c in candidates(m, n, k, x.dtype, loop, plain=plain, residual=residual)
+            c for c in candidates(
+                m, n, k, x.dtype, loop, plain=plain, residual=residual, unaligned=unaligned
+            )
             if not tma_only or takes_tma(loop, c)
         ]  # fmt: skip
         return [c for c in own if fits is None or fits(c)] + list(more)

@@ -114,10 +114,13 @@ def linear_rows(
 
     if x2.shape[0] and n:
         # Layers with a residual are tuned apart: some tiles that fit without one do not fit
-        # with it (see _gemm.candidates), so one table entry cannot serve both
-        extra = ":".join(filter(None, (_gemm.loop_key(loop), "res" if res2 is not None else "")))
+        # with it (see _gemm.candidates), so one table entry cannot serve both; likewise rows
+        # that are not 16-byte aligned (their own candidates, see _gemm._REG_PIPE)
+        unaligned = loop == _gemm.LOOP_PTR and not traced and not _gemm.tma_eligible(x2, weight)
+        tags = (_gemm.loop_key(loop), "res" if res2 is not None else "", "u" if unaligned else "")
         cfg = _gemm.choose_config(
-            "linear", x2, n, k, run, extra, loop, plain=True, residual=res2 is not None
+            "linear", x2, n, k, run, ":".join(filter(None, tags)), loop, plain=True,
+            residual=res2 is not None, unaligned=unaligned,
         )  # fmt: skip
         _last = (cfg, loop)
         run(cfg)
