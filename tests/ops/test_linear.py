@@ -997,3 +997,52 @@ def test_residual_layers_are_tuned_apart(monkeypatch):
     fuseml.ops.linear(x, w, b, "relu", backend="triton")
     fuseml.ops.linear(x, w, b, "relu", r, 0.5, backend="triton")
     assert seen == [("", False), ("res", True)]
+
+
+def test_unaligned_rows_are_tuned_apart(monkeypatch):
+    """Rows that are not 16-byte aligned have their own tuning entry, whose pointer-loop
+    candidates include the REG_PIPE tiles (one stage: the loop's loads are not async)."""
+    seen = []
+    choose = _gemm.choose_config
+
+    def spy(op, x, n, k, launch, extra="", loop=_gemm.LOOP_PTR, **kw):
+        seen.append((extra, kw.get("unaligned")))
+        return choose(op, x, n, k, launch, extra, loop, **kw)
+
+    monkeypatch.setattr(_gemm, "choose_config", spy)
+    for k in (45, 64):  # 180-byte rows, 256-byte rows (float32)
+        x, w, b, _ = _inputs(20, k, 24, torch.float32, "cpu")
+        fuseml.ops.linear(x, w, b, "relu", backend="triton")
+    assert seen == [("u", True), ("", False)]
+    reg = [
+        c for c in _gemm.candidates(4096, 512, 367, torch.bfloat16, unaligned=True)
+        if c.get("REG_PIPE")
+    ]  # fmt: skip
+    assert len(reg) == len(_gemm._REG_PIPE) and all(c["num_stages"] == 1 for c in reg)
+    assert not any(
+        c.get("REG_PIPE")
+        for c in _gemm.candidates(4096, 512, 367, torch.bfloat16)
+        + _gemm.candidates(4096, 512, 367, torch.bfloat16, _gemm.LOOP_TMA, unaligned=True)
+        + _gemm.candidates(4096, 512, 48, torch.bfloat16, unaligned=True)  # one K step
+        + _gemm.candidates(32, 512, 367, torch.bfloat16, unaligned=True)  # few rows
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pad_k_copies_in_one_launch(dtype, monkeypatch):
+    """pad_k: each tensor (any strides) copied into contiguous rows of kp columns, the new
+    columns zero; two tensors in one launch (x and W inside a graph capture)."""
+    calls = []
+    launches = _gemm._pad_launches
+    monkeypatch.setattr(_gemm, "_pad_launches", lambda *a: calls.append(1) or launches(*a))
+    x = torch.randn(45, 37, dtype=dtype).t()  # (37, 45), column-major
+    w = torch.randn(70, 45, dtype=dtype)
+    xp, wp = _gemm.pad_k(64, x, w)
+    assert calls == [1]
+    for src, padded in ((x, xp), (w, wp)):
+        assert padded.shape == (src.shape[0], 64) and padded.is_contiguous()
+        assert torch.equal(padded[:, :45], src) and not padded[:, 45:].any()
+    (one,) = _gemm.pad_k(48, w[:3])
+    assert torch.equal(one[:, :45], w[:3]) and not one[:, 45:].any()
+    with pytest.raises(ValueError, match="one or two tensors"):
+        _gemm.pad_k(48, x, w, w)

@@ -333,22 +333,26 @@ def fused_op(name: str, *, mutates_args=()):
 _KEPT: dict[tuple[int, str], tuple] = {}
 
 
-def kept_derived(t: torch.Tensor, tag: str, derive) -> torch.Tensor:
-    """``derive(t)``, computed once per tensor, tag and version where that is safe.
-
-    The copy is kept for the next call with the same tensor object at the same version (an
-    in-place write bumps it). Not kept where it could go stale or break autograd: under
-    torch.compile (tracing, fake tensors), inference tensors (no version counter), a graph
-    capture (its allocations belong to the graph's pool, and a graph replayed after an
-    in-place write must see it), or a tensor that needs a gradient.
-    """
-    if (
+def keeps_derived(t: torch.Tensor) -> bool:
+    """Would ``kept_derived`` keep a copy derived from ``t`` (else it derives per call)?
+    Not where the copy could go stale or break autograd: under torch.compile (tracing,
+    fake tensors), inference tensors (no version counter), a graph capture (its
+    allocations belong to the graph's pool, and a graph replayed after an in-place write
+    must see it), or a tensor that needs a gradient."""
+    return not (
         torch.compiler.is_compiling()
         or is_fake(t)
         or t.is_inference()
         or (t.requires_grad and torch.is_grad_enabled())
         or (t.is_cuda and torch.cuda.is_current_stream_capturing())
-    ):
+    )
+
+
+def kept_derived(t: torch.Tensor, tag: str, derive) -> torch.Tensor:
+    """``derive(t)``, computed once per tensor, tag and version where that is safe (see
+    ``keeps_derived``): the copy is kept for the next call with the same tensor object at
+    the same version (an in-place write bumps it)."""
+    if not keeps_derived(t):
         return derive(t)
     key = (id(t), tag)
     hit = _KEPT.get(key)

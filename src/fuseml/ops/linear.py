@@ -24,6 +24,7 @@ from fuseml.ops._utils import (
     check_tensor,
     compiled,
     fused_op,
+    keeps_derived,
     kept_derived,
     needs_dispatch,
 )
@@ -102,8 +103,11 @@ def linear_rows(
     b = None if bias is None else bias.contiguous()
     kp = padded_k(x2, k, traced)
     if kp != k:  # zero columns: the same sums, from aligned rows
-        weight = kept_derived(weight, "padk", lambda w: F.pad(w, (0, kp - k)))
-        x2 = F.pad(x2, (0, kp - k))
+        if keeps_derived(weight):  # W padded once (per version), x per call
+            weight = kept_derived(weight, "padk", lambda w: _gemm.pad_k(kp, w)[0])
+            (x2,) = _gemm.pad_k(kp, x2)
+        else:  # (e.g. inside a graph capture) both, in one launch
+            x2, weight = _gemm.pad_k(kp, x2, weight)
         k = kp
 
     loop = _gemm.gemm_loop(x2, weight, traced)
