@@ -1,10 +1,12 @@
 """Host time per call of the fused linear path, broken down (GPU probe for dev work).
 
-PYTHONPATH=src python scripts/host_overhead.py [mlp]
+PYTHONPATH=src python scripts/host_overhead.py [mlp | elementwise | linear M,K,N]
 
 ``mlp``: the fused MLP's call path only, down to the compiled kernel's own launcher.
 ``elementwise``: GELU, bias_act and softmax per call, each backend, with the Triton
 kernels' repeat launches through the compiled kernel's launcher and through Triton's own.
+``linear M,K,N``: one bf16 + bias + ReLU layer's call (e.g. 512,367,512: K padded per call,
+see fuseml.ops.linear), its host time and a cProfile of it.
 """
 
 from __future__ import annotations
@@ -290,8 +292,31 @@ def elementwise_breakdown() -> None:
         pstats.Stats(pr).sort_stats("tottime").print_stats(20)
 
 
+def linear_breakdown(shape: str) -> None:
+    m, k, n = (int(v) for v in shape.split(","))
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(m, k, device=dev, dtype=dt)
+    w = torch.randn(n, k, device=dev, dtype=dt) / k**0.5
+    b = torch.randn(n, device=dev, dtype=dt)
+
+    def fn():
+        return fuseml.ops.linear(x, w, b, "relu")
+
+    print(torch.cuda.get_device_name(), f"{m} x {k} -> {n}: {host_us(fn, 2000):.1f} us/call (host)")
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(1000):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(20)
+
+
 if __name__ == "__main__":
     import sys
 
     modes = {"mlp": mlp_breakdown, "elementwise": elementwise_breakdown}
-    modes.get(sys.argv[1] if sys.argv[1:] else "", main)()
+    if sys.argv[1:2] == ["linear"]:
+        linear_breakdown(sys.argv[2] if sys.argv[2:] else "512,367,512")
+    else:
+        modes.get(sys.argv[1] if sys.argv[1:] else "", main)()

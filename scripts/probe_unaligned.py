@@ -12,10 +12,11 @@ the K loop as it is (each step waits for its own loads). Arms, each at several t
 - ``ptr reg``: the same loop with each step's loads issued a step early into registers
   (``REG_PIPE``), so they arrive while the step before is multiplied;
 
-next to fuseml's layer three ways: as the library runs it; on the raw rows, tuned
-(``REG_PIPE`` tiles among its candidates); and on rows zero-padded to 368 per call with W
-padded before (what the library does from PAD_K_MIN_M rows, see fuseml.ops.linear; inside
-a graph capture it pads W per call too); and cuBLASLt's fused epilogue. CUDA graphs of
+next to fuseml's layer four ways: as the library runs it; on the raw rows, tuned
+(``REG_PIPE`` tiles among its candidates); padded whatever the rows (what the library does
+from PAD_K_MIN_M rows, see fuseml.ops.linear: x, and inside a graph capture W too, padded
+in one launch); and on rows zero-padded to 368 by F.pad per call with W padded before;
+and cuBLASLt's fused epilogue. CUDA graphs of
 calls over 3 input sets in turn (past the L2 at 4096 rows and more), interleaved over
 PROBE_ROUNDS rounds.
 """
@@ -56,18 +57,22 @@ def probe(m: int, rounds: int) -> None:
     ref = torch.relu(xs[0].double() @ w.double().t() + b.double())
     w_pad = F.pad(w, (0, 1))
 
-    def raw(i):  # the library with padding off: the raw rows, tuned
-        kept = linear_mod.PAD_K_MIN_M
-        linear_mod.PAD_K_MIN_M = 1 << 62
-        try:
-            fuseml.ops.linear(xs[i % 3], w, b, activation="relu")
-        finally:
-            linear_mod.PAD_K_MIN_M = kept
+    def pad_from(rows):  # the library with padding from this many rows
+        def run(i):
+            kept = linear_mod.PAD_K_MIN_M
+            linear_mod.PAD_K_MIN_M = rows
+            try:
+                fuseml.ops.linear(xs[i % 3], w, b, activation="relu")
+            finally:
+                linear_mod.PAD_K_MIN_M = kept
+
+        return run
 
     arms = {
         "fuseml.ops.linear (as is)": lambda i: fuseml.ops.linear(
             xs[i % 3], w, b, activation="relu"),
-        "fuseml raw rows (tuned)": raw,
+        "fuseml raw rows (tuned)": pad_from(1 << 62),
+        "fuseml padded (one launch)": pad_from(1),
         "fuseml x padded, W before": lambda i: fuseml.ops.linear(
             F.pad(xs[i % 3], (0, 1)), w_pad, b, activation="relu"),
         "cuBLASLt fused epilogue": lambda i: torch._addmm_activation(b, xs[i % 3], w.t()),
