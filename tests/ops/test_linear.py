@@ -961,11 +961,12 @@ def test_linear_padded_k(device, backend, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [64, 600, 4096])
+@pytest.mark.parametrize("m", [64, 200, 600, 4096])
 def test_linear_padded_k_gpu(dtype, m):
-    """The DLRM's 367 -> 512 layer (padded from 512 rows) matches the reference, also
-    replayed from a CUDA graph after an in-place update of W (padded inside the graph)."""
-    assert linear_mod.pad_k_rule(m, 367) == (368 if m >= 512 else 367)
+    """The DLRM's 367 -> 512 layer (padded from PAD_K_MIN_M rows) matches the reference,
+    also replayed from a CUDA graph after an in-place update of W (padded inside the graph,
+    in x's launch)."""
+    assert linear_mod.pad_k_rule(m, 367) == (368 if m >= linear_mod.PAD_K_MIN_M else 367)
     x, w, b, r = _inputs(m, 367, 512, dtype, "cuda")
     out = fuseml.ops.linear(x, w, b, "relu", r, 0.5, backend="triton")
     assert_close_verbose(out, _ref64(x, w, b, "relu", r, 0.5), dtype)

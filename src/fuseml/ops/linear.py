@@ -52,16 +52,18 @@ def linear_ref(
 # ------------------------------------------------------------------------ launcher
 # A K whose rows are not 16-byte aligned leaves the GEMM unaligned, masked loads (and no
 # TMA): for K between 64 (one step: see _gemm's ONE_STEP) and PAD_K_MAX, from PAD_K_MIN_M
-# rows, x is zero-padded per call to a multiple of 16, and W once per tensor and version
-# (inside a CUDA graph capture W is padded by the graph itself: a kept copy would not see
-# in-place updates made after the capture). H100, bf16, 367 -> 512 (the DLRM's), CUDA
-# graph, us at M = 1 / 16 / 64 / 512 / 4096 / 65536: as is 4.9 / 6.7 / 12.0 / 18.2 /
-# 19.1 / 288.7; x padded per call with W padded beforehand (an eager call's case) 5.6 /
-# 6.6 / 6.3 / 7.9 / 13.1 / 139.1; both padded inside the graph 6.4 / 13.1 / 12.9 / 14.5 /
-# 20.2 / 142.9; cuBLASLt 2.7 / 4.7 / 7.7 / 12.5 / 27.9 / 256.3. One threshold for eager
-# and captured calls, so that a graph captured after an eager warm-up finds its K tuned.
-# At 1000 -> 1000, 4096 rows, padding lost (29.4 against 21.4 as is).
-PAD_K_MIN_M = 512
+# rows, x is zero-padded per call to a multiple of 16 (one launch of _gemm.pad_k), and W
+# once per tensor and version (inside a CUDA graph capture the graph pads W too, in the
+# same launch as x: a kept copy would not see in-place updates made after the capture).
+# H100, bf16, 367 -> 512 (the DLRM's), CUDA graph, us at M = 64 / 128 / 256 / 512 / 4096
+# / 8192 / 65536 (scripts/probe_unaligned.py): padded (x and W in one launch) 4.8 / 5.6 /
+# 5.7 / 5.6 / 9.6 / 13.6 / 93.1; the raw rows, tuned with the REG_PIPE tiles, 3.9 / 7.3 /
+# 7.1 / 7.0 / 11.7 / 22.1 / 177.8; cuBLASLt 7.8 / 8.0 / 12.2 / 12.4 / 28.4 / 33.4 / 260.8.
+# (Padded by two F.pad calls it took 14.5 / 20.2 / 142.9 at 512 / 4096 / 65536.) One
+# threshold for eager and captured calls, so that a graph captured after an eager warm-up
+# finds its K tuned; an eager call's pad is one more launch's host time. At 1000 -> 1000,
+# 4096 rows, padding (by F.pad) lost: 29.4 against 21.4 as is.
+PAD_K_MIN_M = 128
 PAD_K_MAX = 512
 PAD_K_TO = 16  # elements: row strides divisible by 16 (Triton's alignment specialization)
 
