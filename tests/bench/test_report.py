@@ -120,6 +120,25 @@ def test_overhead_table_and_summary():
     assert any("worst 1.05x" in line for line in lines)
 
 
+def test_summary_says_which_slower_cases_are_within_the_spread():
+    """A fused arm below 1.00x of the fastest peer: the summary says whether its p20-p80
+    spread meets the peer's (a tie within the run's noise) or not."""
+    base = {"suite": "s", "mode": "events", "numel": 1 << 24}
+    rows = [
+        {**base, "case": "tie", "arm": "builtin", "p50_ms": 1.00, "p20_ms": 0.99, "p80_ms": 1.01},
+        {**base, "case": "tie", "arm": "triton", "p50_ms": 1.005, "p20_ms": 1.0, "p80_ms": 1.02},
+        {**base, "case": "gap", "arm": "builtin", "p50_ms": 1.00, "p20_ms": 0.99, "p80_ms": 1.01},
+        {**base, "case": "gap", "arm": "triton", "p50_ms": 1.05, "p20_ms": 1.04, "p80_ms": 1.06},
+        {**base, "case": "won", "arm": "builtin", "p50_ms": 1.00, "p20_ms": 0.99, "p80_ms": 1.01},
+        {**base, "case": "won", "arm": "triton", "p50_ms": 0.90, "p20_ms": 0.89, "p80_ms": 0.91},
+    ]
+    lines = summarize({"suite": "s", "meta": {"gpu": "Test GPU"}, "rows": rows})
+    head = next(line for line in lines if "fastest peer" in line)
+    assert "1/3 cases >= 1.00x (1 of the 2 below within the peer's p20-p80)" in head
+    assert "    0.95x gap" in lines
+    assert "    1.00x tie (p20-p80 spreads overlap)" in lines
+
+
 def test_plot_suite_writes_png(tmp_path):
     from fuseml.bench.suites import elementwise
 
