@@ -1047,3 +1047,7 @@ def test_pad_k_copies_in_one_launch(dtype, monkeypatch):
     assert torch.equal(one[:, :45], w[:3]) and not one[:, 45:].any()
     with pytest.raises(ValueError, match="one or two tensors"):
         _gemm.pad_k(48, x, w, w)
+    with pytest.raises(ValueError, match="one K, dtype and device"):
+        _gemm.pad_k(64, x, w[:, :40])
+    with pytest.raises(ValueError, match="kp >= K"):
+        _gemm.pad_k(32, x)

@@ -1301,6 +1301,7 @@ def persistent_programs(x: torch.Tensor) -> int | None:
 _linear_tma_launches = CompiledLaunches(_linear_tma_kernel)
 _lora_tma_launches = CompiledLaunches(_lora_tma_kernel)
 _linear_launches = CompiledLaunches(_linear_kernel)  # plain linear layers' repeat launches
+_stream_launches = CompiledLaunches(_linear_stream_kernel)
 
 
 @triton.jit
@@ -1342,6 +1343,11 @@ def pad_k(kp: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     a = tensors[0]
     b = tensors[-1]
     k = a.shape[1]
+    if b.shape[1] != k or b.dtype != a.dtype or b.device != a.device or kp < k:
+        raise ValueError(
+            f"pad_k: tensors of one K, dtype and device, padded to kp >= K; got shapes "
+            f"{[tuple(t.shape) for t in tensors]}, dtypes {[t.dtype for t in tensors]}, kp {kp}"
+        )
     outs = tuple(torch.empty((t.shape[0], kp), dtype=t.dtype, device=t.device) for t in tensors)
     if launches_skipped():
         return outs
@@ -1361,9 +1367,6 @@ def pad_k(kp: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     key = (a.dtype, block_r, block_c, *map(int_spec, ints))
     _pad_launches(grid, key, aligned16(a, b, *outs), args, {"num_warps": 4})
     return outs
-
-
-_stream_launches = CompiledLaunches(_linear_stream_kernel)
 
 
 FP32_DOTS = ("tf32x3", "ieee")
