@@ -54,6 +54,18 @@ def host_us(fn, n=3000) -> float:
     return dt / n * 1e6
 
 
+def profile_calls(label: str, fn, top: int, calls: int = 1000) -> None:
+    """cProfile of ``calls`` calls of ``fn``: the ``top`` functions by their own time."""
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    print(f"== cProfile: {label}, {calls} calls")
+    pstats.Stats(pr).sort_stats("tottime").print_stats(top)
+
+
 def main():
     dev, dt = "cuda", torch.bfloat16
     x = torch.randn(64, 256, device=dev, dtype=dt)
@@ -152,14 +164,7 @@ def main():
             ("fused DLRM forward", lambda: fused_model(dense, sparse)),
             ("lora_linear expand", lambda: fuseml.ops.lora_linear(xl, wl, bl, al, bbl, 2.0)),
         ):
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(1000):
-                fn()
-            pr.disable()
-            torch.cuda.synchronize()
-            print(f"== cProfile: {label}, 1000 calls")
-            pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+            profile_calls(label, fn, 25)
 
     # TF32: how far is cuBLAS's own tf32 from float64 (the tolerance table's entry)?
     from fuseml.testing import rel_err
@@ -228,14 +233,7 @@ def mlp_breakdown() -> None:
     with torch.no_grad():
         for name, fn in rows.items():
             print(f"{name:40s} {host_us(fn):7.1f} us/call (host)", flush=True)
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(1000):
-            module(x)
-        pr.disable()
-        torch.cuda.synchronize()
-        print("== cProfile: FusedMLP module, 1000 calls")
-        pstats.Stats(pr).sort_stats("tottime").print_stats(30)
+        profile_calls("FusedMLP module", lambda: module(x), 30)
 
 
 def elementwise_breakdown() -> None:
@@ -282,14 +280,11 @@ def elementwise_breakdown() -> None:
             print(f"{name + ', ordinary launch':45s} {host_us(rows[name]):7.1f} us/call (host)")
         for launches in (ew._bias_act_launches, sm._rows_launches):
             launches.enabled = True
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(1000):
-            fuseml.ops.bias_act(x, b, r, 0.5, "relu", backend="triton")
-        pr.disable()
-        torch.cuda.synchronize()
-        print("== cProfile: fuseml.ops.bias_act (triton), 1000 calls")
-        pstats.Stats(pr).sort_stats("tottime").print_stats(20)
+        profile_calls(
+            "fuseml.ops.bias_act (triton)",
+            lambda: fuseml.ops.bias_act(x, b, r, 0.5, "relu", backend="triton"),
+            20,
+        )
 
 
 def linear_breakdown(shape: str) -> None:
@@ -303,13 +298,7 @@ def linear_breakdown(shape: str) -> None:
         return fuseml.ops.linear(x, w, b, "relu")
 
     print(torch.cuda.get_device_name(), f"{m} x {k} -> {n}: {host_us(fn, 2000):.1f} us/call (host)")
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(1000):
-        fn()
-    pr.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(pr).sort_stats("tottime").print_stats(20)
+    profile_calls(f"fuseml.ops.linear {m} x {k} -> {n}", fn, 20)
 
 
 if __name__ == "__main__":
