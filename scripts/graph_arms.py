@@ -9,6 +9,22 @@ from collections.abc import Callable
 import torch
 
 
+def relu_layer_sets(
+    m: int, k: int, n: int, dtype: torch.dtype, sets: int = 3
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """A bias + ReLU layer's inputs for arms over rotating input sets (seed 0): ``sets``
+    inputs x (m, k), W (n, k), the bias (n,), ``sets`` outputs (m, n), and the float64
+    reference of set 0."""
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    xs = [torch.randn(m, k, device=dev, dtype=dtype) for _ in range(sets)]
+    w = torch.randn(n, k, device=dev, dtype=dtype) / k**0.5
+    b = torch.randn(n, device=dev, dtype=dtype)
+    outs = [torch.empty(m, n, device=dev, dtype=dtype) for _ in range(sets)]
+    ref = torch.relu(xs[0].double() @ w.double().t() + b.double())
+    return xs, w, b, outs, ref
+
+
 def graph_us(fn: Callable[[int], object], calls: int, rounds: int = 10) -> list[float]:
     """Per-call us of ``fn(i)`` for i in 0..calls-1 captured in one graph, per replay."""
     s = torch.cuda.Stream()

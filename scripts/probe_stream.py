@@ -28,7 +28,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from graph_arms import report, time_arms
+from graph_arms import relu_layer_sets, report, time_arms
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import fuseml.ops
@@ -93,12 +93,7 @@ def main() -> None:
     rounds = int(os.environ.get("PROBE_ROUNDS", "3"))
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    torch.manual_seed(0)
-    xs = [torch.randn(m, k, device=dev, dtype=DT) for _ in range(3)]
-    w = torch.randn(n, k, device=dev, dtype=DT) / k**0.5
-    b = torch.randn(n, device=dev, dtype=DT)
-    outs = [torch.empty(m, n, device=dev, dtype=DT) for _ in range(3)]
-    ref = torch.relu(xs[0].double() @ w.double().t() + b.double())
+    xs, w, b, outs, ref = relu_layer_sets(m, k, n, DT)
     nbytes = (m * k + m * n) * 2
     half = nbytes // 4  # a copy of nbytes / 2 moves nbytes
     src = [torch.empty(half, device=dev, dtype=torch.int16) for _ in range(3)]

@@ -28,7 +28,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from graph_arms import report, time_arms
+from graph_arms import relu_layer_sets, report, time_arms
 
 import fuseml.ops
 from fuseml.ops import _elementwise as ew
@@ -49,12 +49,7 @@ def probe(m: int, rounds: int) -> None:
     """Every arm at m rows, timed and reported."""
     dev = torch.device("cuda")
     relu = ew.ACT_CODE["relu"]
-    torch.manual_seed(0)
-    xs = [torch.randn(m, K, device=dev, dtype=DT) for _ in range(3)]
-    w = torch.randn(N, K, device=dev, dtype=DT) / K**0.5
-    b = torch.randn(N, device=dev, dtype=DT)
-    outs = [torch.empty(m, N, device=dev, dtype=DT) for _ in range(3)]
-    ref = torch.relu(xs[0].double() @ w.double().t() + b.double())
+    xs, w, b, outs, ref = relu_layer_sets(m, K, N, DT)
     w_pad = F.pad(w, (0, 1))
 
     def pad_from(rows):  # the library with padding from this many rows
