@@ -983,17 +983,23 @@ def test_linear_padded_k_gpu(dtype, m):
     assert_close_verbose(out, _ref64(x, w, b, "relu", r, 0.5), dtype)
 
 
-def test_residual_layers_are_tuned_apart(monkeypatch):
-    """A layer with a residual has its own tuning entry and candidates (some TMA-store tiles
-    do not fit beside the residual's tile): an entry tuned without one never serves it."""
+def _spy_tuning_keys(monkeypatch, flag: str) -> list:
+    """Record (extra key, the ``flag`` keyword) of every choose_config call from now on."""
     seen = []
     choose = _gemm.choose_config
 
     def spy(op, x, n, k, launch, extra="", loop=_gemm.LOOP_PTR, **kw):
-        seen.append((extra, kw.get("residual")))
+        seen.append((extra, kw.get(flag)))
         return choose(op, x, n, k, launch, extra, loop, **kw)
 
     monkeypatch.setattr(_gemm, "choose_config", spy)
+    return seen
+
+
+def test_residual_layers_are_tuned_apart(monkeypatch):
+    """A layer with a residual has its own tuning entry and candidates (some TMA-store tiles
+    do not fit beside the residual's tile): an entry tuned without one never serves it."""
+    seen = _spy_tuning_keys(monkeypatch, "residual")
     x, w, b, r = _inputs(20, 16, 24, torch.float32, "cpu")
     fuseml.ops.linear(x, w, b, "relu", backend="triton")
     fuseml.ops.linear(x, w, b, "relu", r, 0.5, backend="triton")
@@ -1003,14 +1009,7 @@ def test_residual_layers_are_tuned_apart(monkeypatch):
 def test_unaligned_rows_are_tuned_apart(monkeypatch):
     """Rows that are not 16-byte aligned have their own tuning entry, whose pointer-loop
     candidates include the REG_PIPE tiles (one stage: the loop's loads are not async)."""
-    seen = []
-    choose = _gemm.choose_config
-
-    def spy(op, x, n, k, launch, extra="", loop=_gemm.LOOP_PTR, **kw):
-        seen.append((extra, kw.get("unaligned")))
-        return choose(op, x, n, k, launch, extra, loop, **kw)
-
-    monkeypatch.setattr(_gemm, "choose_config", spy)
+    seen = _spy_tuning_keys(monkeypatch, "unaligned")
     for k in (45, 64):  # 180-byte rows, 256-byte rows (float32)
         x, w, b, _ = _inputs(20, k, 24, torch.float32, "cpu")
         fuseml.ops.linear(x, w, b, "relu", backend="triton")
