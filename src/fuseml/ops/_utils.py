@@ -348,11 +348,12 @@ def keeps_derived(t: torch.Tensor) -> bool:
     )
 
 
-def kept_derived(t: torch.Tensor, tag: str, derive) -> torch.Tensor:
+def kept_derived(t: torch.Tensor, tag: str, derive, *, keep: bool | None = None) -> torch.Tensor:
     """``derive(t)``, computed once per tensor, tag and version where that is safe (see
     ``keeps_derived``): the copy is kept for the next call with the same tensor object at
-    the same version (an in-place write bumps it)."""
-    if not keeps_derived(t):
+    the same version (an in-place write bumps it). keep: ``keeps_derived(t)``, where the
+    caller has asked it already."""
+    if not (keeps_derived(t) if keep is None else keep):
         return derive(t)
     key = (id(t), tag)
     hit = _KEPT.get(key)

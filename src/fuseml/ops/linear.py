@@ -106,7 +106,7 @@ def linear_rows(
     kp = padded_k(x2, k, traced)
     if kp != k:  # zero columns: the same sums, from aligned rows
         if keeps_derived(weight):  # W padded once (per version), x per call
-            weight = kept_derived(weight, "padk", lambda w: _gemm.pad_k(kp, w)[0])
+            weight = kept_derived(weight, "padk", lambda w: _gemm.pad_k(kp, w)[0], keep=True)
             (x2,) = _gemm.pad_k(kp, x2)
         else:  # (e.g. inside a graph capture) both, in one launch
             x2, weight = _gemm.pad_k(kp, x2, weight)
