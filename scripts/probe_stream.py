@@ -12,7 +12,14 @@ with PDL as the library launches it:
   do not wait behind W's round trip;
 - ``tma``: x through a tensor descriptor (TMA), the output stored through one;
 - ``mem``: the pointer loop with the dot replaced by a sum of x's K / N column blocks:
-  the same bytes moved, no tensor cores (the loop's memory ceiling).
+  the same bytes moved, no tensor cores (the loop's memory ceiling);
+- ``hint``: any of the above with x's loads marked evict-first and the output's stores
+  streaming (``.cs``);
+- ``cuda rows`` / ``cuda read``: the memory floor outside Triton (PROBE_CUDA=1, the
+  default; built with nvcc on first run): a grid-stride CUDA C++ kernel with 16-byte
+  loads, eight threads a row, U rows a thread in flight, that writes each row's sum of
+  its four column blocks (the same bytes as the layer) / reads x alone (the floor for
+  its reads; 256 -> 64 only).
 
 Next to them: fuseml's tuned layer, cuBLASLt's fused epilogue (the suite's peer), torch's
 copy of the same bytes. Every arm runs in CUDA graphs of calls over 3 input sets in turn
@@ -38,14 +45,84 @@ from fuseml.ops._math import _pdl_begin
 DT = torch.bfloat16
 CALLS = 24  # calls a graph; 3 input sets in turn
 
+CUDA_SRC = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <cuda_bf16.h>
+
+// Eight threads a row of 256 bf16 (32 16-byte vectors): thread j reads vectors j, j + 8,
+// j + 16, j + 24 (its 8 columns of each 64-column block) and writes their sum, vector j
+// of the row's 64 outputs. U rows a thread are loaded before any is summed. READ: no
+// output but one word a thread, written only if the sums hit a value they cannot reach.
+template <int U, bool READ>
+__global__ void mem_rows(const uint4* __restrict__ x, uint4* __restrict__ out, long rows) {
+  const long tid = blockIdx.x * (long)blockDim.x + threadIdx.x;
+  const long groups = (long)gridDim.x * blockDim.x / 8;
+  const int j = threadIdx.x % 8;
+  __nv_bfloat162 keep = __float2bfloat162_rn(0.f);
+  for (long r0 = tid / 8; r0 < rows; r0 += groups * U) {
+    uint4 v[U][4];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const long r = r0 + u * groups;
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        v[u][c] = r < rows ? __ldcs(x + r * 32 + c * 8 + j) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      uint4 s = v[u][0];
+      auto* ps = reinterpret_cast<__nv_bfloat162*>(&s);
+#pragma unroll
+      for (int c = 1; c < 4; ++c) {
+        const auto* pc = reinterpret_cast<const __nv_bfloat162*>(&v[u][c]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ps[e] = __hadd2(ps[e], pc[e]);
+      }
+      const long r = r0 + u * groups;
+      if (READ) {
+        keep = __hadd2(keep, ps[0]);
+      } else if (r < rows) {
+        __stcs(out + r * 8 + j, s);
+      }
+    }
+  }
+  if (READ && __bfloat162float(keep.x) == 12345.f) out[tid % 8] = make_uint4(1, 1, 1, 1);
+}
+
+void mem_rows_launch(torch::Tensor x, torch::Tensor out, int64_t blocks, int64_t threads,
+                     int64_t unroll, bool read) {
+  TORCH_CHECK(x.size(1) == 256 && out.size(1) == 64, "x: (M, 256), out: (M, 64)");
+  auto px = reinterpret_cast<const uint4*>(x.data_ptr());
+  auto po = reinterpret_cast<uint4*>(out.data_ptr());
+  auto stream = at::cuda::getCurrentCUDAStream();
+  const long rows = x.size(0);
+#define FUSEML_GO(U, R) mem_rows<U, R><<<blocks, threads, 0, stream>>>(px, po, rows)
+  if (read) {
+    if (unroll == 1) FUSEML_GO(1, true); else if (unroll == 2) FUSEML_GO(2, true);
+    else FUSEML_GO(4, true);
+  } else {
+    if (unroll == 1) FUSEML_GO(1, false); else if (unroll == 2) FUSEML_GO(2, false);
+    else FUSEML_GO(4, false);
+  }
+#undef FUSEML_GO
+}
+"""
+CPP_DECL = (
+    "void mem_rows_launch(torch::Tensor x, torch::Tensor out, int64_t blocks, "
+    "int64_t threads, int64_t unroll, bool read);"
+)
+
 
 @triton.jit
 def _stream_ptr(
     x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-    WLOOP: tl.constexpr, MEM: tl.constexpr,
+    WLOOP: tl.constexpr, MEM: tl.constexpr, HINT: tl.constexpr = False,
 ):  # fmt: skip
     _pdl_begin()
+    policy: tl.constexpr = "evict_first" if HINT else ""
+    store_cache: tl.constexpr = ".cs" if HINT else ""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
@@ -60,15 +137,18 @@ def _stream_ptr(
             x_rows = x_ptr + tl.minimum(rows, M - 1)[:, None] * stride_xm + cols[None, :]
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for c in tl.static_range(BLOCK_K // BLOCK_N):
-                acc += tl.load(x_rows + c * BLOCK_N).to(tl.float32)
+                acc += tl.load(x_rows + c * BLOCK_N, eviction_policy=policy).to(tl.float32)
         else:
-            xt = tl.load(x_ptrs)
+            xt = tl.load(x_ptrs, eviction_policy=policy)
             if WLOOP:
                 wt = tl.load(w_ptrs)
             acc = tl.dot(xt, wt)
         acc = tl.maximum(acc + bias[None, :], 0.0)
         o_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
-        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None])
+        tl.store(
+            o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None],
+            cache_modifier=store_cache,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -109,19 +189,20 @@ def main() -> None:
     }  # fmt: skip
     checked = set()  # arms whose output is compared with the reference
 
-    def ptr_arm(bm, stages, warps, per_sm, wloop=False, mem=False):
+    def ptr_arm(bm, stages, warps, per_sm, wloop=False, mem=False, hint=False):
         grid = (min(triton.cdiv(m, bm), sms * per_sm),)
         smem = (stages * bm * k + (0 if wloop else n * k) + bm * n) * 2
         if wloop:
             smem += stages * n * k * 2
         if smem > SMEM_LIMIT:
             return
-        tag = f"{'mem' if mem else 'ptr'}{' wloop' if wloop else ''} bm{bm} s{stages} w{warps} {per_sm}/SM"
+        tag = (f"{'mem' if mem else 'ptr'}{' wloop' if wloop else ''}{' hint' if hint else ''}"
+               f" bm{bm} s{stages} w{warps} {per_sm}/SM")  # fmt: skip
 
         def run(i):
             _stream_ptr[grid](
                 xs[i % 3], w, b, outs[i % 3], m, n, k, k, k, n, BLOCK_M=bm, BLOCK_N=n,
-                BLOCK_K=k, STAGES=stages, WLOOP=wloop, MEM=mem,
+                BLOCK_K=k, STAGES=stages, WLOOP=wloop, MEM=mem, HINT=hint,
                 num_warps=warps, num_stages=stages, launch_pdl=True,
             )  # fmt: skip
 
@@ -155,6 +236,23 @@ def main() -> None:
     for stages in (3, 4):
         ptr_arm(128, stages, 8, 1)
         tma_arm(128, stages, 8, 1)
+    for bm, per_sm, stages in ((64, 1, 3), (64, 2, 4), (32, 2, 4), (64, 2, 3)):
+        ptr_arm(bm, stages, 4, per_sm, hint=True)
+        ptr_arm(bm, stages, 4, per_sm, mem=True, hint=True)
+    if os.environ.get("PROBE_CUDA", "1") == "1" and (k, n) == (256, 64):
+        from torch.utils.cpp_extension import load_inline
+
+        ext = load_inline(
+            "fuseml_probe_stream", cpp_sources=CPP_DECL, cuda_sources=CUDA_SRC,
+            functions=["mem_rows_launch"], extra_cuda_cflags=["-O3", "-arch=sm_90"],
+        )  # fmt: skip
+        for read in (False, True):
+            for per_sm, threads in ((4, 256), (8, 256), (2, 512), (16, 128)):
+                for unroll in (1, 2, 4):
+                    tag = f"cuda {'read' if read else 'rows'} {per_sm}x{threads} U{unroll}"
+                    arms[tag] = lambda i, a=(sms * per_sm, threads, unroll, read): (
+                        ext.mem_rows_launch(xs[i % 3], outs[i % 3], *a)
+                    )
 
     only = os.environ.get("PROBE_ONLY")
     if only:
