@@ -8,7 +8,8 @@ graph_calls per graph), inputs rotating past twice the L2, median of do_bench.
 Each line: the arm or config, us per call, and the output's relative error against the
 first arm's. Several rounds interleave the arms (PROBE_ROUNDS, default 3), so a drift of
 the board weighs on all alike; the table shows each arm's median over the rounds.
-PROBE_ADD="elements:warps,..." and PROBE_ROWS="rows:warps,..." pick the Triton configs;
+PROBE_ADD="elements:warps,..." (or PROBE_ADD_BYTES="tile bytes:warps,...") and
+PROBE_ROWS="rows:warps,..." pick the Triton configs;
 PROBE_CUDA=0 leaves out the softmax sweeps' CUDA-twin arm (no extension build).
 """
 
@@ -119,7 +120,10 @@ def add_sweep(dtype: torch.dtype, numel: int = 1_000_000, op: str = "add") -> No
     }
     arms["copy of the same bytes"] = copy
     act = 0 if op == "add" else ew.ACT_CODE[op]
-    for elems, warps in env_pairs("PROBE_ADD", "512:4,1024:4,2048:4,1024:8,2048:8,4096:8,256:2"):
+    pairs = env_pairs("PROBE_ADD", "512:4,1024:4,2048:4,1024:8,2048:8,4096:8,256:2")
+    if os.environ.get("PROBE_ADD_BYTES"):  # "bytes:warps,...": tiles in bytes, either dtype
+        pairs = [(nbytes // es, warps) for nbytes, warps in env_pairs("PROBE_ADD_BYTES", "")]
+    for elems, warps in pairs:
         cfg = {"BLOCK_M": 1, "BLOCK_N": elems, "num_warps": warps, "grid": (cdiv(numel, elems),)}
 
         def run(a, b=None, cfg=cfg):

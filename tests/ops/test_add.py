@@ -107,7 +107,7 @@ def test_add_triton_unavailable(monkeypatch):
 def test_flat_launch_half_packs_rule():
     """The flat path takes twice the warps for the same tile (8 bytes a thread) from
     HALF_PACK_MIN_NUMEL elements without an activation, and stays at one 16-byte vector a
-    thread below that and for any activation (erf-GELU lost 4-6% on 8 warps)."""
+    thread below that and with an activation (erf-GELU lost 4-6% on 8-byte packs)."""
     from fuseml.ops import _elementwise as ew
 
     big = ew.HALF_PACK_MIN_NUMEL
@@ -115,8 +115,33 @@ def test_flat_launch_half_packs_rule():
         cfg = ew.launch_config(1, big, es, 0)
         assert (cfg["BLOCK_N"], cfg["num_warps"]) == (block, 2 * ew.NUM_WARPS)
         assert ew.launch_config(1, big - 1, es, 0)["num_warps"] == ew.NUM_WARPS
-        assert ew.launch_config(1, big, es, ew.ACT_CODE["gelu"])["num_warps"] == ew.NUM_WARPS
-        assert ew.launch_config(1, big, es)["num_warps"] == ew.NUM_WARPS  # activation unknown
+        for act in (ew.ACT_CODE["relu"], None):  # None: activation unknown
+            cfg = ew.launch_config(1, big, es, act)
+            assert (cfg["BLOCK_N"], cfg["num_warps"]) == (block, ew.NUM_WARPS)
+        cfg = ew.launch_config(1, big, es, ew.ACT_CODE["gelu"])  # 16 bytes a thread
+        assert cfg["BLOCK_N"] * es == 32 * cfg["num_warps"] * 16
+
+
+def test_flat_launch_wide_rule():
+    """Transcendental activations take 4 KiB tiles on 8 warps (one 16-byte vector a thread)
+    from WIDE_FLAT_MIN_NUMEL elements; below it, and for add / ReLU, the 2 KiB tile on 4."""
+    from fuseml.ops import _elementwise as ew
+
+    n = ew.WIDE_FLAT_MIN_NUMEL
+    for es in (4, 2):
+        narrow = (ew.TILE_BYTES // es, ew.NUM_WARPS)
+        for name in ("gelu", "gelu_tanh", "silu", "sigmoid", "tanh"):
+            act = ew.ACT_CODE[name]
+            cfg = ew.launch_config(1, n, es, act)
+            assert (cfg["BLOCK_N"], cfg["num_warps"]) == (ew.WIDE_TILE_BYTES // es, 8), name
+            assert cfg["grid"] == (n * es // ew.WIDE_TILE_BYTES,)
+            cfg = ew.launch_config(1, n - 1, es, act)
+            assert (cfg["BLOCK_N"], cfg["num_warps"]) == narrow, name
+        for act in (0, ew.ACT_CODE["relu"], ew.ACT_CODE["leaky_relu"], None):
+            cfg = ew.launch_config(1, n, es, act)
+            assert (cfg["BLOCK_N"], cfg["num_warps"]) == narrow, act
+        # 2-D launches (rows > 1) keep their own rule
+        assert ew.launch_config(n // 512, 512, es, ew.ACT_CODE["gelu"])["BLOCK_N"] == 512
 
 
 @pytest.mark.gpu

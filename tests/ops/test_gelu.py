@@ -86,3 +86,23 @@ def test_gelu_bad_input():
         fuseml.ops.gelu(torch.arange(3))
     with pytest.raises(TypeError, match="x must have dtype"):
         fuseml.ops.gelu(torch.randn(3, dtype=torch.float64))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gelu_wide_flat_launch_on_gpu(backend, approximate, dtype):
+    """From WIDE_FLAT_MIN_NUMEL elements the flat path runs in wider programs / blocks (4
+    KiB tiles on 8 warps, 256-thread blocks in the twin): each element is computed as by
+    the narrow launch below that size (bit for bit on the shared prefix), with a tail
+    shorter than a vector, and within tolerance of float64."""
+    from fuseml.ops import _elementwise as ew
+
+    n = ew.WIDE_FLAT_MIN_NUMEL + 3
+    x = 3 * torch.randn(n, device="cuda", dtype=dtype)
+    wide = fuseml.ops.gelu(x, approximate, backend=backend)
+    narrow = fuseml.ops.gelu(x[: n // 2].clone(), approximate, backend=backend)
+    assert torch.equal(wide[: n // 2], narrow)
+    assert_close_verbose(wide, F.gelu(x.double(), approximate=approximate), dtype)

@@ -208,23 +208,21 @@ struct Args {
   float alpha;
 };
 
-// FLAT: a kernel of its own, thread v taking vector v (blockIdx.x * kFlatBlock +
-// threadIdx.x) and the threads just past the last vector one tail element each. I: the
-// index type, 32-bit wherever the tensor allows (picked on the host, so the loads wait on
-// a handful of instructions and no branch), its own launch bounds, no tail pass after
-// the vector. At 1M fp32 elements (graph replay, torch.profiler, H100,
-// scripts/probe_add_gap.py) the flat path inside the shared kernel took 4.78 us of GPU
-// time a call and this kernel 4.75, against 4.61 for an inline kernel of just the load,
-// add and store with the same launch shape (torch's own: 4.60-4.64): what the rest is has
-// not been found.
-template <class Tr, int ACT, int VEC, bool HAS_Y, typename I>
-__global__ void __launch_bounds__(kFlatBlock<typename Tr::Storage, VEC>)
-    bias_act_flat_kernel(const Args<typename Tr::Storage> a) {
+// FLAT: a kernel of its own, thread v taking vector v (blockIdx.x * BLOCK + threadIdx.x;
+// BLOCK is kFlatBlock, or kWideFlatThreads, see launch()) and the threads just past the
+// last vector one tail element each. I: the index type, 32-bit wherever the tensor allows
+// (picked on the host, so the loads wait on a handful of instructions and no branch), its
+// own launch bounds, no tail pass after the vector. At 1M fp32 elements (graph replay,
+// torch.profiler, H100, scripts/probe_add_gap.py) the flat path inside the shared kernel
+// took 4.78 us of GPU time a call and this kernel 4.75, against 4.61 for an inline kernel
+// of just the load, add and store with the same launch shape (torch's own: 4.60-4.64):
+// what the rest is has not been found.
+template <class Tr, int ACT, int VEC, bool HAS_Y, typename I, int BLOCK>
+__global__ void __launch_bounds__(BLOCK) bias_act_flat_kernel(const Args<typename Tr::Storage> a) {
   using S = typename Tr::Storage;
   using P = Pack<S, VEC>;
   pdl_begin();
-  const I v = static_cast<I>(blockIdx.x) * static_cast<I>(kFlatBlock<S, VEC>) +
-              static_cast<I>(threadIdx.x);
+  const I v = static_cast<I>(blockIdx.x) * static_cast<I>(BLOCK) + static_cast<I>(threadIdx.x);
   const I items = static_cast<I>(a.items);
   if (v < items) {
     const P xv = *reinterpret_cast<const P*>(a.x + static_cast<int64_t>(v) * VEC);
@@ -369,6 +367,12 @@ constexpr bool cheap_activation(int activation) {
   return activation == kNone || activation == kRelu || activation == kLeakyRelu;
 }
 
+// FLAT with a transcendental activation (not cheap_activation) from kWideFlatMinNumel
+// elements: 16-byte packs in blocks of kWideFlatThreads, as the Triton kernel's 4 KiB
+// tiles on 8 warps there (WIDE_FLAT_MIN_NUMEL in ops/_elementwise.py, with the numbers).
+constexpr int64_t kWideFlatMinNumel = int64_t{1} << 22;
+constexpr int kWideFlatThreads = 2 * kFlatThreads;
+
 bool half_packs_2d(int64_t operand_bytes, int activation) {
   if (!cheap_activation(activation)) return false;  // (not instantiated for the others)
   if (forced_pack_bytes_2d() > 0) return forced_pack_bytes_2d() == 8;
@@ -395,27 +399,38 @@ void launch_kernel(const Args<typename Tr::Storage>& a, dim3 blocks, int threads
 // One block per tile, as the Triton kernel has one program per tile. (A single resident
 // wave of blocks striding over the tensor was 4-6% slower at 268M elements on an H100:
 // its last stride step runs a few percent full; NOTES.md.)
+template <class Tr, int ACT, int VEC, bool HAS_Y, int BLOCK>
+void launch_flat(const Args<typename Tr::Storage>& a, const Launch& l) {
+  // A thread per vector and one per tail element (at least one block: a call may be all
+  // tail, items == 0).
+  const int64_t threads = a.items + a.tail;
+  const int64_t blocks = std::max<int64_t>(1, (threads + BLOCK - 1) / BLOCK);
+  TORCH_CHECK(blocks <= std::numeric_limits<int>::max(),
+              "bias_act_cuda_out: too many elements (", a.items * VEC, ") for one launch");
+  // 32-bit indices reach blocks * BLOCK (the last block's idle threads too).
+  const unsigned grid = static_cast<unsigned>(blocks);
+  if (blocks * BLOCK > std::numeric_limits<int32_t>::max()) {
+    launch_pdl(l.pdl, bias_act_flat_kernel<Tr, ACT, VEC, HAS_Y, int64_t, BLOCK>, dim3(grid),
+               dim3(BLOCK), l.stream, a);
+  } else {
+    launch_pdl(l.pdl, bias_act_flat_kernel<Tr, ACT, VEC, HAS_Y, int32_t, BLOCK>, dim3(grid),
+               dim3(BLOCK), l.stream, a);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, bool FLAT>
 void launch(Args<typename Tr::Storage> a, const Launch& l) {
   if constexpr (FLAT) {
     static_assert(!HAS_BIAS, "a bias needs the column, i.e. the 2-D path");
     constexpr int kBlock = kFlatBlock<typename Tr::Storage, VEC>;
-    // A thread per vector and one per tail element (at least one block: a call may be
-    // all tail, items == 0).
-    const int64_t threads = a.items + a.tail;
-    const int64_t blocks = std::max<int64_t>(1, (threads + kBlock - 1) / kBlock);
-    TORCH_CHECK(blocks <= std::numeric_limits<int>::max(),
-                "bias_act_cuda_out: too many elements (", a.items * VEC, ") for one launch");
-    // 32-bit indices reach blocks * kBlock (the last block's idle threads too).
-    const unsigned grid = static_cast<unsigned>(blocks);
-    if (blocks * kBlock > std::numeric_limits<int32_t>::max()) {
-      launch_pdl(l.pdl, bias_act_flat_kernel<Tr, ACT, VEC, HAS_Y, int64_t>, dim3(grid),
-                 dim3(kBlock), l.stream, a);
-    } else {
-      launch_pdl(l.pdl, bias_act_flat_kernel<Tr, ACT, VEC, HAS_Y, int32_t>, dim3(grid),
-                 dim3(kBlock), l.stream, a);
+    if constexpr (!cheap_activation(ACT) &&
+                  VEC * static_cast<int>(sizeof(typename Tr::Storage)) == kVecBytes) {
+      if (a.items * VEC + a.tail >= kWideFlatMinNumel) {
+        return launch_flat<Tr, ACT, VEC, HAS_Y, kWideFlatThreads>(a, l);
+      }
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_flat<Tr, ACT, VEC, HAS_Y, kBlock>(a, l);
   } else {
     // Up to kUnroll rows a thread, fewer where that would leave under kMinBlocksPerSm
     // blocks per SM (4096 x 512 fp32 at 4 rows are 512 blocks on 132 SMs, 3 or 4 an SM);

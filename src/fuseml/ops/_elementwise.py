@@ -332,6 +332,25 @@ NUM_WARPS = 4
 # ~23 instructions an element, loses 4-6% on 8 warps at 16M and 268M (fp32 16M 46.82 /
 # 48.55, bf16 16M 24.71 / 25.84).
 HALF_PACK_MIN_NUMEL = 1 << 24
+# Flat path with a transcendental activation (GELU, GELU-tanh, SiLU, sigmoid, tanh) from
+# WIDE_FLAT_MIN_NUMEL elements: 4 KiB tiles on 8 warps (one 16-byte vector a thread, in
+# programs of twice the threads). H100, graph replay, inputs rotating, 3 rounds
+# (scripts/probe_launch_bound.py add, PROBE_OP=gelu_tanh,gelu, PROBE_ADD_BYTES, ba6f588;
+# us, 2 KiB on 4 warps / 4 KiB on 8 warps):
+#
+#   GELU-tanh fp32  4M 11.17 / 10.31   16M 46.09 / 46.16   64M 178.78 / 178.35
+#                  268M 709.3 / 709.0;  bf16 4M 6.15 / 5.99  16M 24.10 / 23.96
+#                  268M 355.1 / 354.7
+#   erf-GELU  fp32  4M 11.22 / 10.39   16M 46.05 / 46.02   268M 708.7 / 708.2;
+#             bf16  4M 6.19 / 6.12     16M 23.96 / 23.96  64M 90.17 / 90.03  268M 355.0 / 354.6
+#
+# (torch's GELU-tanh fp32 at 4M: 11.18.) At 1M the 4 KiB tile loses (bf16 GELU 2.91 /
+# 3.00, GELU-tanh 2.78 / 2.84): not taken there. SiLU, sigmoid and tanh take it by
+# analogy (one exp2 and one reciprocal an element, as GELU-tanh); not measured.
+WIDE_FLAT_MIN_NUMEL = 1 << 22
+WIDE_FLAT_ACTIVATIONS = (3, 4, 5, 6, 7)
+WIDE_TILE_BYTES = 4096
+WIDE_FLAT_WARPS = 8
 TILE_BYTES_2D = 4096
 NUM_WARPS_2D = {4: 4, 2: 8}
 # 2-D path from HALF_PACK_2D_MIN_BYTES an operand, activations of a few instructions
@@ -375,6 +394,9 @@ def _config(n_rows, n_cols, elem_size: int, activation: int | None = None) -> di
         warps = NUM_WARPS
         if activation == 0 and n_cols >= HALF_PACK_MIN_NUMEL:
             warps = 2 * NUM_WARPS
+        elif activation in WIDE_FLAT_ACTIVATIONS and n_cols >= WIDE_FLAT_MIN_NUMEL:
+            block_n = min(WIDE_TILE_BYTES // elem_size, next_pow2(n_cols))
+            warps = WIDE_FLAT_WARPS
     else:
         tile = TILE_BYTES_2D // elem_size
         warps = NUM_WARPS_2D[min(elem_size, 4)]
