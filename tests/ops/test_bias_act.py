@@ -65,10 +65,11 @@ def test_bias_act_widths_of_whole_vectors(device, backend, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_bias_act_launch_geometry_on_gpu(backend, dtype):
     # Sizes that take each launch shape of the kernels: flat at 1M elements and more (a
-    # ragged tail at 1M + 3), 2-D with a bias over 4 blocks an SM or fewer (rows a thread
-    # reduced: the twin's 1-row kernel in bf16, its 2-row one in fp32) and over many
-    # (ragged rows, a ragged last column tile of 1 vector; the twin's 2-row kernel in bf16,
-    # its 4-row one in fp32), and 2-D with a single row.
+    # ragged tail at 1M + 3; GELU from 4M in the wide tiles), 2-D with a bias over 4 blocks
+    # an SM or fewer (rows a thread reduced: the twin's 1-row kernel in bf16, its 2-row one
+    # in fp32 with ReLU) and over many (ragged rows, a ragged last column tile of 1 vector;
+    # the twin's 2-row kernel in bf16, its 4-row one in fp32 with ReLU; fp32 GELU takes one
+    # row a thread), and 2-D with a single row.
     torch.manual_seed(0)
     for numel in (1_000_003, 4 << 20):
         x = torch.randn(numel, device="cuda", dtype=dtype)
@@ -77,8 +78,9 @@ def test_bias_act_launch_geometry_on_gpu(backend, dtype):
         assert_close_verbose(out, _ref64(x, None, y, 0.5, "gelu"), dtype)
     for shape in ((4096, 512), (3001, 4104), (37, 8200), (1, 4104)):
         x, b, r = _inputs(shape, dtype, "cuda")
-        out = fuseml.ops.bias_act(x, b, r, 0.5, "gelu", backend=backend)
-        assert_close_verbose(out, _ref64(x, b, r, 0.5, "gelu"), dtype)
+        for act in ("gelu", "relu"):
+            out = fuseml.ops.bias_act(x, b, r, 0.5, act, backend=backend)
+            assert_close_verbose(out, _ref64(x, b, r, 0.5, act), dtype)
 
 
 @pytest.mark.parametrize(("device", "backend"), fused_targets())

@@ -460,9 +460,15 @@ void launch(Args<typename Tr::Storage> a, const Launch& l) {
     // replay, inputs rotating (scripts/probe_elementwise.py --twin-rows, NOTES.md), bias +
     // GELU bf16 4096 x 4096 24.6 us at one row against 25.2 at two, 65536 x 512 46.7
     // against 47.0; at 65536 x 4096 two rows stay ahead (354.0 against 367.9).
+    // fp32 with a transcendental activation takes one row a thread too: bias + GELU fp32
+    // (same probe, NOTES.md "The twin's rows a thread") 4096 x 4096 47.02 us at one row
+    // against 47.53 at four, 65536 x 4096 708.5 against 713.8, 4096 x 512 7.85 against
+    // 7.83 at two; with two grid axes one row was ahead by 0.5-1.2% on these epilogues.
+    // The ReLU epilogue keeps the rule (one row was 2% behind at 4096 x 512).
     const bool small16 = sizeof(typename Tr::Storage) == 2 &&
                          a.rows * a.items * VEC < kTwoRowsMinElems;
-    int rows = small16 ? 1 : kMax;
+    const bool heavy32 = sizeof(typename Tr::Storage) == 4 && !cheap_activation(ACT);
+    int rows = small16 || heavy32 ? 1 : kMax;
     if (forced_rows() > 0) {
       rows = kMax;
       while (rows > 1 && rows > forced_rows()) rows /= 2;
