@@ -69,7 +69,7 @@ def table(title: str, arms: dict, sets: list[tuple]) -> None:
     for name, fn in arms.items():
         out = fn(*sets[0]).to(torch.float32, copy=True)  # arms may write one buffer
         ref = out if ref is None else ref
-        errs[name] = rel_err(out, ref) if out.shape == ref.shape else float("nan")
+        errs[name] = rel_err(out, ref)
     times = {name: [] for name in arms}
     for _ in range(ROUNDS):
         for name, fn in arms.items():
@@ -98,14 +98,6 @@ def add_sweep(dtype: torch.dtype, numel: int = 1_000_000, op: str = "add") -> No
         ref = functools.partial(torch.nn.functional.gelu, approximate=approx)
         fused = functools.partial(fuseml.ops.gelu, approximate=approx)
     compiled = torch.compile(ref, dynamic=False)
-    # a copy of the same bytes ((n_in + 1) * numel elements: half read, half written)
-    # for each input set (rotating past the L2 as they do), keyed by its first tensor
-    half = (n_in + 1) * numel // 2
-    copies = {t[0].data_ptr(): torch.empty(2, half, device="cuda", dtype=dtype) for t in sets}
-
-    def copy(a, *rest):
-        buf = copies[a.data_ptr()]
-        return buf[1].copy_(buf[0])
 
     # The twin's flat pack is the library's rule unless FUSEML_EW_CUDA_FLAT_BYTES=8|16 is
     # set for the process (read once): run the probe once per value to compare them.
@@ -118,7 +110,6 @@ def add_sweep(dtype: torch.dtype, numel: int = 1_000_000, op: str = "add") -> No
             lambda *t: fused(*t, backend="cuda")
         ),
     }
-    arms["copy of the same bytes"] = copy
     act = 0 if op == "add" else ew.ACT_CODE[op]
     pairs = env_pairs("PROBE_ADD", "512:4,1024:4,2048:4,1024:8,2048:8,4096:8,256:2")
     if os.environ.get("PROBE_ADD_BYTES"):  # "bytes:warps,...": tiles in bytes, either dtype

@@ -13,7 +13,8 @@ with PDL as the library launches it:
 - ``tma``: x through a tensor descriptor (TMA), the output stored through one;
 - ``mem``: the pointer loop with the dot replaced by a sum of x's K / N column blocks:
   the same bytes moved, no tensor cores (the loop's memory ceiling);
-- ``hint``: any of the above with x's loads marked evict-first and the output's stores
+- ``hint``: the pointer loop or ``mem`` with x's loads marked evict-first (Triton 3.6
+  drops the mark on loads it pipelines through cp.async) and the output's stores
   streaming (``.cs``);
 - ``cuda rows`` / ``cuda read``: the memory floor outside Triton (PROBE_CUDA=1, the
   default; built with nvcc on first run): a grid-stride CUDA C++ kernel with 16-byte
