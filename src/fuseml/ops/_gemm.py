@@ -1361,9 +1361,7 @@ def pad_k(kp: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     ints = (
         a.shape[0], a.stride(0), a.stride(1), rows_b, b.stride(0), b.stride(1), k, kp, tiles_a
     )  # fmt: skip
-    args = (
-        a, outs[0], *ints[:3], b, outs[-1], *ints[3:6], k, kp, tiles_a, block_r, block_c
-    )  # fmt: skip
+    args = (a, outs[0], *ints[:3], b, outs[-1], *ints[3:], block_r, block_c)
     key = (a.dtype, block_r, block_c, *map(int_spec, ints))
     _pad_launches(grid, key, aligned16(a, b, *outs), args, {"num_warps": 4})
     return outs
