@@ -335,12 +335,16 @@ _KEPT: dict[tuple[int, str], tuple] = {}
 
 def keeps_derived(t: torch.Tensor) -> bool:
     """Would ``kept_derived`` keep a copy derived from ``t`` (else it derives per call)?
-    Not where the copy could go stale or break autograd: under torch.compile (tracing,
-    fake tensors), inference tensors (no version counter), a graph capture (its
-    allocations belong to the graph's pool, and a graph replayed after an in-place write
-    must see it), or a tensor that needs a gradient."""
+    Not where the copy could go stale, be unwritten or break autograd: while launches are
+    skipped or only compiled (a fake implementation, the tuner's compile-only pass: a
+    derivation that launches a kernel then returns an unwritten tensor), under
+    torch.compile (tracing, fake tensors), inference tensors (no version counter), a graph
+    capture (its allocations belong to the graph's pool, and a graph replayed after an
+    in-place write must see it), or a tensor that needs a gradient."""
     return not (
-        torch.compiler.is_compiling()
+        launches_skipped()
+        or compiling_only()
+        or torch.compiler.is_compiling()
         or is_fake(t)
         or t.is_inference()
         or (t.requires_grad and torch.is_grad_enabled())
