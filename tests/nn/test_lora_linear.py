@@ -260,3 +260,38 @@ def test_lora_linear_bad_input():
         m.set_adapter("nope")
     with pytest.raises(ValueError, match="activation must be None or one of"):
         LoRALinear((4, 4), activation="swish")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("multi", [False, True])
+def test_lora_linear_cuda_graph_sees_adapter_writes_gpu(multi, fresh_tuning):
+    """Tuning on; a CUDA graph captured after an eager call: its replays must follow
+    adapter weights loaded in place after the capture (the stacked multi-adapter copy the
+    module keeps for eager calls is not what the graph reads), and a replay writes every
+    element of its output."""
+    m = LoRALinear((512, 384), activation="gelu", device="cuda", dtype=torch.bfloat16)
+    for i, r in enumerate((16, 8, 16) if multi else (16,)):
+        m.add_adapter(f"a{i}", r, lora_alpha=2 * r)
+        with torch.no_grad():
+            m.lora_B[f"a{i}"].weight.normal_(std=0.1)
+    m.set_adapter("a0")
+    x = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(-1, 3, (1024,), device="cuda") if multi else None
+    with torch.no_grad():
+        assert_close_verbose(m(x, ids), _ref64(m, x, ids), torch.bfloat16)  # tunes
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            m(x, ids)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = m(x, ids)
+        for name in m.adapters:  # new adapter weights, loaded into the same tensors
+            m.lora_A[name].weight.copy_(torch.randn_like(m.lora_A[name].weight) * 0.05)
+            m.lora_B[name].weight.copy_(torch.randn_like(m.lora_B[name].weight) * 0.1)
+        static.fill_(float("nan"))
+        graph.replay()
+        assert_close_verbose(static, _ref64(m, x, ids), torch.bfloat16)
+        assert_close_verbose(m(x, ids), _ref64(m, x, ids), torch.bfloat16)  # eager, after

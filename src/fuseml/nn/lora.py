@@ -14,6 +14,7 @@ from fuseml.ops._utils import check_same
 from fuseml.ops.linear import check_linear_args
 from fuseml.ops.linear import linear as fused_linear
 from fuseml.ops.lora import (
+    capturing,
     check_adapter_ids,
     check_adapter_ids_tensor,
     lora_linear,
@@ -327,7 +328,9 @@ class LoRALinear(nn.Module):
 
     def _check_ids(self, x: torch.Tensor, ids, n: int) -> None:
         check_adapter_ids_tensor(_OWNER, x, ids)
-        if not torch.compiler.is_compiling():
+        # (a host sync: not while tracing, nor inside a CUDA-graph capture, where the ids
+        # are checked by the eager call made before capturing, not by each replay)
+        if not (torch.compiler.is_compiling() or capturing(x)):
             check_adapter_ids(_OWNER, ids, n)  # names adapter_ids and the valid range
 
     def _padded(self, names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -343,11 +346,14 @@ class LoRALinear(nn.Module):
         The cache is valid while the adapter weights are the same tensor objects (held by
         the cache, so their ids cannot be reused) with the same storage and version
         counters (in-place updates bump them), and the scalings and W's dtype/device match.
+        Not used inside a CUDA-graph capture: the graph stacks the adapters itself, so that
+        its replays see in-place writes to them made after the capture (loading new adapter
+        weights into the same tensors), as the functional op's graphs do.
         """
         w = self.weight
         refs = [t for n in names for t in (self.lora_A[n].weight, self.lora_B[n].weight)]
         key = None
-        if not torch.compiler.is_compiling():
+        if not (torch.compiler.is_compiling() or capturing(w)):
             key = (
                 tuple(names),
                 tuple((t.data_ptr(), _version(t)) for t in refs),
