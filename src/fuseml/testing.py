@@ -70,6 +70,25 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(float("nan"))
 
 
+# Block sizes the caching allocator hands back to later allocations: small-pool blocks
+# (under 1 MiB) and large-pool ones, which later allocations may split.
+_POISON_BYTES = (
+    (64 << 10,) * 16 + (512 << 10,) * 16 + (2 << 20,) * 8 + (16 << 20,) * 4 + (256 << 20,)
+)
+
+
+def poison_allocator(device: torch.device | str = "cuda") -> None:
+    """Fill memory that the CUDA caching allocator holds free with NaN bits (all bytes
+    0xFF: NaN in float32, float16 and bfloat16), so that an op's output (``torch.empty``)
+    that a kernel leaves partly unwritten, or a kept copy that was never written, shows
+    as NaN instead of passing on stale values."""
+    blocks = [torch.empty(n, dtype=torch.uint8, device=device) for n in _POISON_BYTES]
+    for b in blocks:
+        b.fill_(255)
+    torch.cuda.synchronize(device)
+    del blocks  # back to the allocator's free blocks, poisoned
+
+
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
