@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # One command on a GPU machine (torch + triton preinstalled, no network, no pip install):
-# the environment report, the GPU tests, and every bench suite in quick mode. Logs and
-# result files go to OUTDIR; the last lines are a short pass/fail and speed summary.
+# the environment report, the GPU tests, `fuseml demo` (which fails when the optimized
+# model's predictions leave the tolerance) and the bench suites in quick mode. Logs and
+# result files go to OUTDIR; OUTDIR/gpu-check.txt is the machine-written summary (device,
+# torch, triton, commit, test counts, demo, suites; last line PASS or FAIL), committed per
+# GPU as benchmarks/gpu-checks/<gpu>.txt.
 #
 #   scripts/gpu-check.sh [OUTDIR]          (default: out/gpu-check)
 #
-# The whole check takes longer than one 10-minute GPU session call; split it with
-#   FUSEML_TESTS="tests/ops tests/nn"   pytest paths of the GPU tests ("none": skip them)
-#   FUSEML_SUITES="linear mlp"          bench suites to run ("none": skip them)
+# The whole check does not fit one 10-minute device call. Split it, each part with its own
+# OUTDIR, in this order:
+#   FUSEML_SUITES=none scripts/gpu-check.sh OUT            tests + demo (~5-7 min, 14 workers)
+#   FUSEML_TESTS=none FUSEML_DEMO=0 FUSEML_SUITES="linear mlp lora tuning" scripts/gpu-check.sh OUT
+#   FUSEML_TESTS=none FUSEML_DEMO=0 FUSEML_SUITES="elementwise softmax dlrm" scripts/gpu-check.sh OUT
+# FUSEML_TESTS: pytest paths of the GPU tests ("none": skip); FUSEML_TEST_WORKERS (default
+# 14); FUSEML_DEMO=0 skips the demo; FUSEML_SUITES: suites ("none": skip); FUSEML_COMMIT:
+# the commit to record (default: git rev-parse HEAD).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-out/gpu-check}"
 mkdir -p "$OUT"
+rm -f "$OUT/tests.xml" "$OUT/tests.paths" "$OUT/demo.rc"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
@@ -23,13 +32,21 @@ echo "== fuseml env" | tee "$OUT/env.txt"
 tests="${FUSEML_TESTS:-tests}"
 if [ "$tests" != "none" ]; then
     echo "== GPU tests ($tests)" | tee "$OUT/tests.txt"
+    echo "$tests" > "$OUT/tests.paths"
     # shellcheck disable=SC2086  # a list of paths
-    "$PY" -m pytest -q -m gpu -n "${FUSEML_TEST_WORKERS:-8}" -rf $tests 2>&1 | tee -a "$OUT/tests.txt"
-    tests_rc=${PIPESTATUS[0]}
-    [ "$tests_rc" -eq 0 ] || status=1
+    "$PY" -m pytest -q -m gpu -n "${FUSEML_TEST_WORKERS:-14}" -rfE -p no:cacheprovider \
+        --junitxml "$OUT/tests.xml" $tests 2>&1 | tee -a "$OUT/tests.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
-# FUSEML_SUITES="a b" limits the suites (default: every suite).
+if [ "${FUSEML_DEMO:-1}" != "0" ]; then
+    echo "== fuseml demo" | tee "$OUT/demo.txt"
+    "$PY" -m fuseml.cli demo 2>&1 | tee -a "$OUT/demo.txt"
+    demo_rc=${PIPESTATUS[0]}
+    echo "$demo_rc" > "$OUT/demo.rc"
+    [ "$demo_rc" -eq 0 ] || status=1
+fi
+
 suites="${FUSEML_SUITES:-$("$PY" -c "from fuseml.bench.suites import SUITES; print(' '.join(SUITES))")}"
 [ "$suites" = "none" ] && suites=""
 for suite in $suites; do
@@ -39,10 +56,9 @@ for suite in $suites; do
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done
 
-echo "== summary" | tee "$OUT/summary.txt"
-if [ -f "$OUT/tests.txt" ]; then
-    grep -E "passed|failed|error" "$OUT/tests.txt" | tail -1 | sed 's/^/tests: /' | tee -a "$OUT/summary.txt"
+echo "== summary"
+if [ -d "$OUT/results" ]; then
+    "$PY" -m fuseml.bench.summary "$OUT/results" 2>&1 | tee "$OUT/bench-summary.txt"
 fi
-"$PY" -m fuseml.bench.summary "$OUT/results" 2>&1 | tee -a "$OUT/summary.txt"
-echo "gpu-check: $([ $status -eq 0 ] && echo PASS || echo FAIL)" | tee -a "$OUT/summary.txt"
+"$PY" -m fuseml.bench.gpu_check "$OUT" || status=1
 exit $status

@@ -1,0 +1,49 @@
+"""The gpu-check summary: counts from pytest's JUnit report, the demo's exit code."""
+
+from fuseml.bench import gpu_check
+
+DEVICE = ("NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)", "2.11.0", "3.6.0")
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest"
+errors="{errors}" failures="{failures}" skipped="1" tests="5" time="12.5">
+<testcase classname="tests.ops.test_mlp" name="test_a"/>
+<testcase classname="tests.ops.test_mlp" name="test_b">{failure}</testcase>
+</testsuite></testsuites>"""
+
+
+def _run(tmp_path, *, failures=0, errors=0, demo_rc=None):
+    failure = '<failure message="boom"/>' if failures else ""
+    xml = JUNIT.format(errors=errors, failures=failures, failure=failure)
+    (tmp_path / "tests.xml").write_text(xml)
+    (tmp_path / "tests.paths").write_text("tests/ops\n")
+    if demo_rc is not None:
+        (tmp_path / "demo.rc").write_text(f"{demo_rc}\n")
+    return gpu_check.report(tmp_path, "abc123", DEVICE)
+
+
+def test_a_clean_run_passes(tmp_path):
+    text = _run(tmp_path, demo_rc=0)
+    assert "device:  NVIDIA H100 80GB HBM3" in text and "commit:  abc123" in text
+    assert "tests:   4 passed, 0 failed, 0 errors, 1 skipped of 5 (pytest -m gpu tests/ops" in text
+    assert "demo:    passed (fuseml demo, exit 0)" in text and "suites:  none run" in text
+    assert text.rstrip().endswith("result:  PASS")
+
+
+def test_a_failed_test_or_demo_fails_the_check(tmp_path):
+    text = _run(tmp_path, failures=1)
+    assert "1 failed" in text and "failed: tests.ops.test_mlp::test_b" in text
+    assert "demo:    not run" in text and text.rstrip().endswith("FAIL")
+    assert _run(tmp_path, demo_rc=1).rstrip().endswith("FAIL")
+    assert _run(tmp_path, errors=1, demo_rc=0).rstrip().endswith("FAIL")
+
+
+def test_no_tests_run_is_reported(tmp_path):
+    (tmp_path / "demo.rc").write_text("0")
+    text = gpu_check.report(tmp_path, "abc123", DEVICE)
+    assert "tests:   not run" in text and text.rstrip().endswith("PASS")
+
+
+def test_main_writes_the_summary_file(tmp_path, capsys, monkeypatch):
+    _run(tmp_path, demo_rc=0)
+    monkeypatch.setattr(gpu_check, "_device", lambda: DEVICE)
+    assert gpu_check.main([str(tmp_path), "--commit", "abc123"]) == 0
+    assert (tmp_path / "gpu-check.txt").read_text() == capsys.readouterr().out
