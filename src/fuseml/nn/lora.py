@@ -17,6 +17,7 @@ from fuseml.ops.lora import (
     capturing,
     check_adapter_ids,
     check_adapter_ids_tensor,
+    device_scales,
     lora_linear,
     lora_stacked,
     stack_adapters,
@@ -376,9 +377,8 @@ class LoRALinear(nn.Module):
                 check_same(_OWNER, "weight", w, f"lora_B[{n!r}]", self.lora_B[n].weight)
             a3, b3 = self._padded(names)
             a_s, b_s, rank = stack_adapters(a3, b3, in_place=False)  # kept: see there
-            scales = torch.tensor(
-                [self.scaling[n] for n in names], dtype=torch.float32, device=w.device
-            )
+            # (uploaded once and kept: a host-to-device copy cannot be captured)
+            scales = device_scales([self.scaling[n] for n in names], len(names), w.device)
         stack = (a_s, b_s, rank, scales)
         if key is not None:
             self._stack_cache = (tuple(refs), key, stack)

@@ -621,7 +621,7 @@ def lora_linear(
     scales = None
     scale = 1.0
     if adapter_ids is not None and not isinstance(scaling, numbers.Real):
-        scales = _device_scales(scaling, lora_a.shape[0], x.device)
+        scales = device_scales(scaling, lora_a.shape[0], x.device)
     else:
         scale = float(scaling)
     return lora_stacked(x, weight, bias, a_s, b_s, rank, scale, scales, adapter_ids, activation)
@@ -630,7 +630,7 @@ def lora_linear(
 _SCALES: dict[tuple, torch.Tensor] = {}  # (values, device) -> float32 tensor, reused
 
 
-def _device_scales(scaling, n: int, device: torch.device) -> torch.Tensor:
+def device_scales(scaling, n: int, device: torch.device) -> torch.Tensor:
     """Per-adapter scalings as a float32 tensor on ``device``, without a copy per call:
     a tensor already there is used as is; a list is uploaded once and kept (a host-to-
     device copy per call would also keep the call out of CUDA graphs)."""
