@@ -123,7 +123,8 @@ def test_dlrm_demo_end_to_end_small(cache):
     text = console.export_text()
     assert "DLRM demo summary" in text
     assert "fuseml.optimize" in text and "FusedMLP" in text  # the report of what it swapped
-    assert numbers["optimize_max_diff"] <= 1e-5  # same predictions (fp32)
+    assert numbers["checks"]["trained tiny model"]["ok"]
+    assert "PASS optimized model vs float64" in _flat(text)
 
 
 def test_eager_vs_compile_table_runs_on_cpu():
@@ -139,12 +140,99 @@ def test_eager_vs_compile_table_runs_on_cpu():
         return (time.perf_counter() - start) * 1e3
 
     console = Console(record=True, width=120)
-    rates = _eager_vs_compile(
+    rates, checks = _eager_vs_compile(
         console, config="tiny", batch_sizes=(32,), device="cpu", dtype=torch.float32,
         max_cardinality=20, bench=bench,
     )  # fmt: skip
     assert set(rates[32]) == {"eager", "compile", "fused"} and rates[32]["fused"] > 0
+    assert checks[32]["ok"] and checks[32]["tol"] == 1e-5
     assert "fuseml vs eager" in console.export_text()
+
+
+class _Off(torch.nn.Module):
+    """An optimized model whose probabilities are off by 0.5."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs) + 0.5
+
+
+@pytest.fixture
+def wrong_optimize(monkeypatch):
+    import fuseml
+
+    optimize = fuseml.optimize
+
+    def wrong(model, **kwargs):
+        fused, report = optimize(model, **kwargs)
+        return _Off(fused), report
+
+    monkeypatch.setattr(fuseml, "optimize", wrong)
+
+
+def test_demo_check_passes_for_the_optimized_model_and_fails_for_a_wrong_one():
+    from rich.console import Console
+
+    import fuseml
+    from fuseml.demo_dlrm import check_optimized
+    from fuseml.models import DLRM, DLRMConfig
+    from fuseml.models.bench_cases import random_inputs
+
+    model = DLRM(DLRMConfig.from_name("tiny", cardinalities=[4] * 26)).eval()
+    dense, sparse = random_inputs(model.config, 64)
+    fused, _ = fuseml.optimize(model)
+    console = Console(record=True, width=200)
+    check = check_optimized(console, model, fused, dense, sparse)
+    assert check["ok"] and check["rel_err"] <= 1e-5 and check["max_diff"] <= 1e-4
+    check = check_optimized(console, model, _Off(fused), dense, sparse)
+    assert not check["ok"] and check["max_diff"] == pytest.approx(0.5, abs=1e-4)
+    text = _flat(console.export_text())
+    assert "eager model vs float64 (for context): relative error" in text
+    assert "PASS optimized model vs float64: relative error" in text
+    assert "FAIL: the optimized model's predictions are wrong: relative error" in text
+    assert "worst probability difference 5.0e-01 (limit 1e-04)" in text
+
+
+def test_eager_vs_compile_flags_a_wrong_fused_model(monkeypatch, wrong_optimize):
+    from rich.console import Console
+
+    from fuseml.demo_dlrm import _eager_vs_compile
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)  # fast: not timed
+    console = Console(record=True, width=200)
+    _, checks = _eager_vs_compile(
+        console, config="tiny", batch_sizes=(32,), device="cpu", dtype=torch.float32,
+        max_cardinality=20, bench=lambda fn: 1.0,
+    )  # fmt: skip
+    assert not checks[32]["ok"]
+    text = _flat(console.export_text())
+    assert "WRONG" in text and "FAIL: at batch 32 the optimized model's predictions" in text
+
+
+def test_cli_demo_exits_1_when_the_optimized_model_is_wrong(cache, monkeypatch, wrong_optimize):
+    import functools
+
+    import fuseml.demo_dlrm
+    import fuseml.demo_elementwise
+    import fuseml.env
+
+    # only the DLRM part, on few rows: the check is what is tested
+    monkeypatch.setattr(fuseml.env, "print_env", lambda **kwargs: None)
+    monkeypatch.setattr(fuseml.demo_elementwise, "elementwise_demo", lambda console: None)
+    dlrm_demo = functools.partial(fuseml.demo_dlrm.dlrm_demo, rows=5000)
+    monkeypatch.setattr(fuseml.demo_dlrm, "dlrm_demo", dlrm_demo)
+    result = runner.invoke(app, ["demo"])
+    assert result.exit_code == 1
+    text = _flat(result.output)
+    assert "FAIL: the optimized model's predictions are wrong" in text
+    assert "DLRM demo summary" in text and "FAILED" in text  # printed before exiting
+    last = result.output.rstrip().splitlines()[-1]  # one line, no traceback
+    assert last.startswith("error: the optimized DLRM's predictions are wrong (trained tiny")
+    assert "worst probability difference 5.0e-01 (limit 1e-04)" in last
+    assert "Traceback" not in result.output
 
 
 def test_data_prepare_reports_file_and_line_of_a_bad_line(tmp_path):
@@ -159,3 +247,18 @@ def test_data_prepare_reports_file_and_line_of_a_bad_line(tmp_path):
     ok = runner.invoke(app, ["data", "prepare", str(raw), "--out", str(tmp_path / "d"),
                              "--max-ind-range", "8", "--skip-bad-lines"])  # fmt: skip
     assert ok.exit_code == 0, ok.output
+
+
+def test_demo_fails_on_a_wrong_elementwise_result(monkeypatch):
+    import fuseml.demo
+    import fuseml.demo_dlrm
+    import fuseml.demo_elementwise
+    import fuseml.env
+
+    monkeypatch.setattr(fuseml.env, "print_env", lambda console: None)
+    monkeypatch.setattr(fuseml.demo_dlrm, "dlrm_demo", lambda console: {})
+    monkeypatch.setattr(
+        fuseml.demo_elementwise, "elementwise_demo", lambda console: ["gelu (triton): ..."]
+    )
+    with pytest.raises(fuseml.demo_dlrm.DemoCheckFailed, match=r"elementwise.*gelu \(triton\)"):
+        fuseml.demo.run_demo()

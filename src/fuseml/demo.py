@@ -16,11 +16,13 @@ def run_demo(console=None) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from rich.console import Console
 
-    from fuseml.demo_dlrm import dlrm_demo
+    from fuseml.demo_dlrm import DemoCheckFailed, dlrm_demo
     from fuseml.demo_elementwise import elementwise_demo
     from fuseml.env import print_env
 
     console = console or Console()
     print_env(console=console)
-    elementwise_demo(console)
-    dlrm_demo(console)
+    wrong = elementwise_demo(console)
+    dlrm_demo(console)  # raises DemoCheckFailed itself
+    if wrong:
+        raise DemoCheckFailed(f"elementwise ops gave wrong results: {'; '.join(wrong)}")

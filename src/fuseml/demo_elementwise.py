@@ -31,7 +31,8 @@ def _cases(device: str, n: int, dtype: torch.dtype):
     ]
 
 
-def elementwise_demo(console) -> None:
+def elementwise_demo(console) -> list[str]:
+    """Prints the table; returns the (op, backend) cells whose result was wrong."""
     from rich.table import Table
 
     gpu = torch.cuda.is_available()
@@ -51,6 +52,7 @@ def elementwise_demo(console) -> None:
     for be in backends:
         table.add_column(be, justify="right")
     tol = tolerance(dtype)
+    wrong = []
     for name, call, ref in _cases(device, n, dtype):
         cells = []
         for be in backends:
@@ -60,6 +62,8 @@ def elementwise_demo(console) -> None:
             out = call(be)
             err = rel_err(out, ref)
             status = "[green]ok[/green]" if err <= tol else "[red]WRONG[/red]"
+            if not err <= tol:
+                wrong.append(f"{name} ({be}): relative error {err:.1e} > {tol:.0e}")
             cell = f"{status} err {err:.1e}"
             if gpu:
                 import triton.testing
@@ -78,3 +82,4 @@ def elementwise_demo(console) -> None:
             "Triton's interpreter to check correctness only. Run `fuseml bench elementwise` "
             "on a CUDA machine for speed."
         )
+    return wrong
