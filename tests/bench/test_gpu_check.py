@@ -37,6 +37,7 @@ def test_a_failed_test_or_demo_fails_the_check(tmp_path):
 
 
 def test_no_tests_run_is_reported(tmp_path):
+    assert gpu_check.report(tmp_path, "abc123", DEVICE).rstrip().endswith("FAIL")  # nothing ran
     (tmp_path / "demo.rc").write_text("0")
     text = gpu_check.report(tmp_path, "abc123", DEVICE)
     assert "tests:   not run" in text and text.rstrip().endswith("PASS")

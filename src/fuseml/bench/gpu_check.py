@@ -113,6 +113,7 @@ def report(out_dir: Path, commit: str | None = None, device: tuple | None = None
         lines.append("demo:    not run")
     suites = sorted(p.stem for p in (out_dir / "results").glob("*/*.json"))
     lines.append(f"suites:  {', '.join(suites) + ' (quick)' if suites else 'none run'}")
+    ok = ok and (counts is not None or rc_file.is_file() or bool(suites))  # nothing ran: FAIL
     lines.append(f"result:  {'PASS' if ok else 'FAIL'}")
     return "\n".join(lines) + "\n"
 
