@@ -48,3 +48,24 @@ def test_main_writes_the_summary_file(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(gpu_check, "_device", lambda: DEVICE)
     assert gpu_check.main([str(tmp_path), "--commit", "abc123"]) == 0
     assert (tmp_path / "gpu-check.txt").read_text() == capsys.readouterr().out
+
+
+def test_parts_of_a_split_check_are_summed_and_an_unfinished_one_fails(tmp_path):
+    a, b = tmp_path / "ops", tmp_path / "rest"
+    a.mkdir(), b.mkdir()
+    _run(a)
+    _run(b, demo_rc=0)
+    text = gpu_check.report([a, b], "abc123", DEVICE)
+    assert text.count("tests:   4 passed") == 2 and "demo:    passed" in text
+    assert text.rstrip().endswith("PASS")
+    (a / "tests.xml").unlink()  # pytest cut short: its paths file, no report
+    text = gpu_check.report([a, b], "abc123", DEVICE)
+    assert "NO REPORT (did not finish)" in text and text.rstrip().endswith("FAIL")
+
+
+def test_main_writes_where_asked(tmp_path, monkeypatch, capsys):
+    _run(tmp_path, demo_rc=0)
+    monkeypatch.setattr(gpu_check, "_device", lambda: DEVICE)
+    target = tmp_path / "h100.txt"
+    assert gpu_check.main([str(tmp_path), "--commit", "abc", "--write", str(target)]) == 0
+    assert target.read_text() == capsys.readouterr().out

@@ -1,6 +1,6 @@
 """The summary of one ``scripts/gpu-check.sh`` run, machine-written:
 
-    python -m fuseml.bench.gpu_check OUTDIR [--commit SHA]
+    python -m fuseml.bench.gpu_check OUTDIR [OUTDIR ...] [--commit SHA] [--write FILE]
 
 Reads what the script left in OUTDIR (``tests.xml``: pytest's JUnit report of the GPU
 tests; ``demo.rc``: ``fuseml demo``'s exit code; ``results/``: the quick suites' files),
@@ -78,8 +78,10 @@ def _device() -> tuple[str, str, str]:
     return name, torch.__version__, triton.__version__
 
 
-def report(out_dir: Path, commit: str | None = None, device: tuple | None = None) -> str:
-    """The summary text of the run in ``out_dir`` (its last line: PASS or FAIL)."""
+def report(out_dirs: Path | list[Path], commit: str | None = None, device=None) -> str:
+    """The summary text of the run in ``out_dirs`` (one folder, or one per part of a split
+    check: see scripts/gpu-check.sh); its last line: PASS or FAIL."""
+    parts = [out_dirs] if isinstance(out_dirs, Path) else list(out_dirs)
     name, torch_v, triton_v = device or _device()
     lines = [
         "fuseml gpu-check",
@@ -89,45 +91,59 @@ def report(out_dir: Path, commit: str | None = None, device: tuple | None = None
         f"commit:  {_commit(commit)}",
         f"date:    {datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}",
     ]
-    ok = True
-    counts = test_counts(out_dir / "tests.xml")
-    paths = (
-        (out_dir / "tests.paths").read_text().strip() if (out_dir / "tests.paths").is_file() else ""
-    )
-    if counts is None:
-        lines.append("tests:   not run")
-    else:
+    ok, ran, demo, suites = True, False, [], []
+    for part in parts:
+        counts = test_counts(part / "tests.xml")
+        listed = part / "tests.paths"
+        paths = listed.read_text().strip() if listed.is_file() else "tests"
+        if counts is None:
+            # (a paths file without a report: pytest did not finish, e.g. cut by a time limit)
+            if listed.is_file():
+                lines.append(f"tests:   pytest -m gpu {paths}: NO REPORT (did not finish)")
+                ok = False
+            continue
+        ran = True
         lines.append(
             f"tests:   {counts['passed']} passed, {counts['failed']} failed, {counts['errors']} "
             f"errors, {counts['skipped']} skipped of {counts['tests']} (pytest -m gpu "
-            f"{paths or 'tests'}; {counts['time']:.0f} s of test time)"
+            f"{paths}; {counts['time']:.0f} s of test time)"
         )
         ok = ok and counts["failed"] == counts["errors"] == 0 and counts["passed"] > 0
-        lines += [f"  failed: {t}" for t in failed_tests(out_dir / "tests.xml")]
-    rc_file = out_dir / "demo.rc"
-    if rc_file.is_file():
-        rc = int(rc_file.read_text().strip() or 1)
+        lines += [f"  failed: {t}" for t in failed_tests(part / "tests.xml")]
+    if not any(line.startswith("tests:") for line in lines):
+        lines.append("tests:   not run")
+    for part in parts:
+        rc_file = part / "demo.rc"
+        if rc_file.is_file():
+            demo.append(int(rc_file.read_text().strip() or 1))
+        suites += sorted(p.stem for p in (part / "results").glob("*/*.json"))
+    if demo:
+        rc = max(demo, key=abs)
         lines.append(f"demo:    {'passed' if rc == 0 else 'FAILED'} (fuseml demo, exit {rc})")
         ok = ok and rc == 0
     else:
         lines.append("demo:    not run")
-    suites = sorted(p.stem for p in (out_dir / "results").glob("*/*.json"))
     lines.append(f"suites:  {', '.join(suites) + ' (quick)' if suites else 'none run'}")
-    ok = ok and (counts is not None or rc_file.is_file() or bool(suites))  # nothing ran: FAIL
+    ok = ok and (ran or bool(demo) or bool(suites))  # nothing ran: FAIL
     lines.append(f"result:  {'PASS' if ok else 'FAIL'}")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fuseml.bench.gpu_check")
-    parser.add_argument("out_dir", type=Path, help="the folder scripts/gpu-check.sh wrote")
+    parser.add_argument(
+        "out_dirs", type=Path, nargs="+",
+        help="the folder scripts/gpu-check.sh wrote (several: the parts of a split check)",
+    )  # fmt: skip
     parser.add_argument("--commit", help="the commit tested (default: git rev-parse HEAD)")
+    parser.add_argument("--write", type=Path, help="summary file (default: OUT_DIR/gpu-check.txt)")
     args = parser.parse_args(argv)
-    if not args.out_dir.is_dir():
-        parser.error(f"out_dir: {args.out_dir} is not a folder")
-    text = report(args.out_dir, args.commit or os.environ.get("FUSEML_COMMIT"))
-    target = args.out_dir / "gpu-check.txt"
-    tmp = target.with_suffix(".tmp")
+    for d in args.out_dirs:
+        if not d.is_dir():
+            parser.error(f"out_dirs: {d} is not a folder")
+    text = report(args.out_dirs, args.commit or os.environ.get("FUSEML_COMMIT"))
+    target = args.write or args.out_dirs[0] / "gpu-check.txt"
+    tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, target)
     print(text, end="")
