@@ -639,9 +639,7 @@ def device_scales(scaling, n: int, device: torch.device) -> torch.Tensor:
     values = tuple(_scale_list(scaling, n))
     key = (values, device)
     found = _SCALES.get(key)
-    if found is None:
-        if len(_SCALES) >= 256:
-            _SCALES.clear()
+    if found is None:  # (never evicted: a CUDA graph may read it; a few bytes each)
         found = _SCALES[key] = torch.tensor(values, dtype=torch.float32, device=device)
     return found
 
