@@ -55,4 +55,5 @@ def fresh_tuning(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
     monkeypatch.setattr(_tune, "_memo", {})
     monkeypatch.setattr(_tune, "_tables", {})
+    monkeypatch.setattr(_tune, "_capture_misses", set())  # (warned once per key)
     return tmp_path
