@@ -16,9 +16,9 @@
 #   FUSEML_TESTS=none FUSEML_DEMO=0 FUSEML_SUITES="elementwise softmax dlrm" scripts/gpu-check.sh OUT/s2
 # then one summary of the parts: python -m fuseml.bench.gpu_check OUT/ops OUT/rest [...]
 #   --write benchmarks/gpu-checks/<gpu>.txt
-# FUSEML_TESTS: pytest paths (and options) of the GPU tests ("none": skip); FUSEML_TEST_WORKERS (default
-# 14); FUSEML_DEMO=0 skips the demo; FUSEML_SUITES: suites ("none": skip); FUSEML_COMMIT:
-# the commit to record (default: git rev-parse HEAD).
+# FUSEML_TESTS: pytest paths (and options) of the GPU tests ("none": skip);
+# FUSEML_TEST_WORKERS (default 14); FUSEML_DEMO=0 skips the demo; FUSEML_SUITES: suites
+# ("none": skip); FUSEML_COMMIT: the commit to record (default: git rev-parse HEAD).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-out/gpu-check}"

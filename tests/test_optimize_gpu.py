@@ -35,7 +35,13 @@ from fuseml.models.dlrm import CONFIG_NAMES
 from fuseml.nn import FusedMLP, LoRALinear
 from fuseml.ops import _tune
 from fuseml.runtime import tf32_matmuls
-from fuseml.testing import assert_close_verbose, requires_cuda, tolerance
+from fuseml.testing import (
+    assert_close_verbose,
+    capture_graph,
+    replay_poisoned,
+    requires_cuda,
+    tolerance,
+)
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 
@@ -160,28 +166,18 @@ def _check_graph(
     on ``new_inputs`` copied into the static ones."""
     static = tuple(t.clone() for t in inputs)
     monkeypatch.setattr(_tune, "_capture_misses", set())
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fused(*static)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fused(*static)
+    g, out = capture_graph(lambda: fused(*static), warmup=3)
     assert not _tune._capture_misses, (
         f"{label}, graph capture: first met inside the capture, so run untuned: "
         f"{sorted(_tune._capture_misses)}"
     )
     try:
-        out.fill_(float("nan"))
-        g.replay()
-        _check_both(out, expected, dtype, f"{label}, graph replay")
+        _check_both(replay_poisoned(g, out), expected, dtype, f"{label}, graph replay")
         for t, new in zip(static, new_inputs, strict=True):
             t.copy_(new)
-        out.fill_(float("nan"))
-        g.replay()
-        _check_both(out, new_expected, dtype, f"{label}, graph replay on new inputs")
+        _check_both(
+            replay_poisoned(g, out), new_expected, dtype, f"{label}, graph replay on new inputs"
+        )
     finally:
         del g
 

@@ -89,6 +89,29 @@ def poison_allocator(device: torch.device | str = "cuda") -> None:
     del blocks  # back to the allocator's free blocks, poisoned
 
 
+def capture_graph(fn, warmup: int = 1) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """(graph, its output) of ``fn()`` captured as the PyTorch docs do: ``warmup`` calls on
+    a side stream first, then the capture (under ``torch.no_grad``)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        out = fn()
+    return graph, out
+
+
+def replay_poisoned(graph: torch.cuda.CUDAGraph, out: torch.Tensor) -> torch.Tensor:
+    """``out`` (the graph's output) filled with NaN, then the graph replayed: an element a
+    replay does not write shows."""
+    poison_(out)
+    graph.replay()
+    return out
+
+
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 

@@ -8,7 +8,13 @@ from torch import nn
 import fuseml.nn._common
 from fuseml.nn import LoRALinear
 from fuseml.ops.bias_act import activation_ref
-from fuseml.testing import DTYPES, assert_close_verbose, fused_targets
+from fuseml.testing import (
+    DTYPES,
+    assert_close_verbose,
+    capture_graph,
+    fused_targets,
+    replay_poisoned,
+)
 
 TARGETS = fused_targets(cuda_twin=False)
 
@@ -280,18 +286,9 @@ def test_lora_linear_cuda_graph_sees_adapter_writes_gpu(multi, fresh_tuning):
     ids = torch.randint(-1, 3, (1024,), device="cuda") if multi else None
     with torch.no_grad():
         assert_close_verbose(m(x, ids), _ref64(m, x, ids), torch.bfloat16)  # tunes
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            m(x, ids)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static = m(x, ids)
+        graph, static = capture_graph(lambda: m(x, ids))
         for name in m.adapters:  # new adapter weights, loaded into the same tensors
             m.lora_A[name].weight.copy_(torch.randn_like(m.lora_A[name].weight) * 0.05)
             m.lora_B[name].weight.copy_(torch.randn_like(m.lora_B[name].weight) * 0.1)
-        static.fill_(float("nan"))
-        graph.replay()
-        assert_close_verbose(static, _ref64(m, x, ids), torch.bfloat16)
+        assert_close_verbose(replay_poisoned(graph, static), _ref64(m, x, ids), torch.bfloat16)
         assert_close_verbose(m(x, ids), _ref64(m, x, ids), torch.bfloat16)  # eager, after

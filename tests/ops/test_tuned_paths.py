@@ -17,7 +17,13 @@ import torch
 
 import fuseml
 from fuseml.ops import _tune, _utils
-from fuseml.testing import assert_close_verbose, poison_allocator, requires_cuda
+from fuseml.testing import (
+    assert_close_verbose,
+    capture_graph,
+    poison_allocator,
+    replay_poisoned,
+    requires_cuda,
+)
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 BF16 = torch.bfloat16
@@ -223,24 +229,13 @@ def test_tuned_path_gpu(name, fresh_tuning, monkeypatch):
     _check(path, warm, rows, params, "warm cache")
     assert _tune.entry_count()[0] == entries, "the warm call tuned again"
 
-    # In a CUDA graph, after the eager calls above (warm-up on a side stream first)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.no_grad():
-        path.call(rows, params)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.no_grad():
-        static = path.call(rows, params)
-    static.fill_(float("nan"))
-    graph.replay()
-    _check(path, static, rows, params, "graph replay")
+    # In a CUDA graph, after the eager calls above
+    graph, static = capture_graph(lambda: path.call(rows, params))
+    _check(path, replay_poisoned(graph, static), rows, params, "graph replay")
     fresh = path.rows(path.m, params)
     for key, t in rows.items():
         t.copy_(fresh[key])
-    static.fill_(float("nan"))
-    graph.replay()
-    _check(path, static, rows, params, "graph replay, new inputs")
+    _check(path, replay_poisoned(graph, static), rows, params, "graph replay, new inputs")
 
     # An in-place write to the weights: kept copies must follow it, and so must the graph
     if params:
@@ -248,9 +243,10 @@ def test_tuned_path_gpu(name, fresh_tuning, monkeypatch):
             for t in params.values():
                 t.mul_(0.5)
         _check(path, _eager(path, rows, params), rows, params, "after an in-place weight update")
-        static.fill_(float("nan"))
-        graph.replay()
-        _check(path, static, rows, params, "graph replay after an in-place weight update")
+        _check(
+            path, replay_poisoned(graph, static), rows, params,
+            "graph replay after an in-place weight update",
+        )  # fmt: skip
 
 
 SIDE_STREAM = ["linear-padded-k", "mlp-top", "mlp-chain", "lora-multi", "softmax-split"]
