@@ -9,7 +9,8 @@
 #   scripts/gpu-check.sh [OUTDIR]          (default: out/gpu-check)
 #
 # The whole check does not fit one 10-minute device call (on an H100 with 14 workers the
-# GPU tests alone were 95% done at 585 s). Split it, each part with its own OUTDIR:
+# GPU tests alone were 95% done at 585 s). Split it, each part with its own OUTDIR (on a
+# two-GPU machine, run the two test parts at once, CUDA_VISIBLE_DEVICES=0 and =1):
 #   FUSEML_SUITES=none FUSEML_DEMO=0 FUSEML_TESTS=tests/ops scripts/gpu-check.sh OUT/ops
 #   FUSEML_SUITES=none FUSEML_TESTS="tests --ignore=tests/ops" scripts/gpu-check.sh OUT/rest
 #   FUSEML_TESTS=none FUSEML_DEMO=0 FUSEML_SUITES="linear mlp lora tuning" scripts/gpu-check.sh OUT/s1
@@ -37,7 +38,7 @@ if [ "$tests" != "none" ]; then
     echo "== GPU tests ($tests)" | tee "$OUT/tests.txt"
     echo "$tests" > "$OUT/tests.paths"
     # shellcheck disable=SC2086  # a list of paths
-    "$PY" -m pytest -q -m gpu -n "${FUSEML_TEST_WORKERS:-14}" -rfE -p no:cacheprovider \
+    "$PY" -m pytest -q -m gpu -n "${FUSEML_TEST_WORKERS:-14}" -rfE -p no:cacheprovider --durations=25 \
         --junitxml "$OUT/tests.xml" $tests 2>&1 | tee -a "$OUT/tests.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
