@@ -8,15 +8,20 @@
 #
 #   scripts/gpu-check.sh [OUTDIR]          (default: out/gpu-check)
 #
-# The whole check does not fit one 10-minute device call (on an H100 with 14 workers the
-# GPU tests alone were 95% done at 585 s). Split it, each part with its own OUTDIR (on a
-# two-GPU machine, run the two test parts at once, CUDA_VISIBLE_DEVICES=0 and =1):
-#   FUSEML_SUITES=none FUSEML_DEMO=0 FUSEML_TESTS=tests/ops scripts/gpu-check.sh OUT/ops
-#   FUSEML_SUITES=none FUSEML_TESTS="tests --ignore=tests/ops" scripts/gpu-check.sh OUT/rest
+# The whole check does not fit one 10-minute call on one GPU (the ops tests alone ran past
+# 570 s with 15 workers on an H200). On a two-GPU machine (device kind nvidia-h200-x2) it
+# fits one call as three parts run at once, 10 workers each, each with its own OUTDIR:
+#   A="tests/ops/test_lora.py tests/ops/test_linear.py"
+#   CUDA_VISIBLE_DEVICES=0 FUSEML_SUITES=none FUSEML_DEMO=0 FUSEML_TEST_WORKERS=10 \
+#     FUSEML_TESTS="$A" scripts/gpu-check.sh OUT/a &
+#   CUDA_VISIBLE_DEVICES=1 FUSEML_SUITES=none FUSEML_DEMO=0 FUSEML_TEST_WORKERS=10 \
+#     FUSEML_TESTS="tests/ops --ignore=${A// / --ignore=}" scripts/gpu-check.sh OUT/b &
+#   CUDA_VISIBLE_DEVICES=1 FUSEML_SUITES=none FUSEML_TEST_WORKERS=10 \
+#     FUSEML_TESTS="tests --ignore=tests/ops" scripts/gpu-check.sh OUT/rest &
+#   wait   (about 550 s on two H200s), then one summary of the parts:
+#   python -m fuseml.bench.gpu_check OUT/a OUT/b OUT/rest --write benchmarks/gpu-checks/<gpu>.txt
+# On one GPU, run the same parts one after another, one call each. Bench suites run apart:
 #   FUSEML_TESTS=none FUSEML_DEMO=0 FUSEML_SUITES="linear mlp lora tuning" scripts/gpu-check.sh OUT/s1
-#   FUSEML_TESTS=none FUSEML_DEMO=0 FUSEML_SUITES="elementwise softmax dlrm" scripts/gpu-check.sh OUT/s2
-# then one summary of the parts: python -m fuseml.bench.gpu_check OUT/ops OUT/rest [...]
-#   --write benchmarks/gpu-checks/<gpu>.txt
 # FUSEML_TESTS: pytest paths (and options) of the GPU tests ("none": skip);
 # FUSEML_TEST_WORKERS (default 14); FUSEML_DEMO=0 skips the demo; FUSEML_SUITES: suites
 # ("none": skip); FUSEML_COMMIT: the commit to record (default: git rev-parse HEAD).
