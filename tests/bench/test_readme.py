@@ -135,6 +135,16 @@ def test_family_row_rule():
     assert readme.family_row(doc, {"op": "gelu"}) is None
 
 
+def test_committed_readme_and_pages_match_the_results():
+    """README.md's headline and every benchmarks/results/<gpu>/README.md are what
+    `fuseml bench readme` makes of the committed results."""
+    repo = Path(__file__).resolve().parents[2]
+    if not (repo / "README.md").exists():
+        return
+    stale = readme.regenerate(repo / "README.md", repo / "benchmarks" / "results", check=True)
+    assert stale == [], f"run `fuseml bench readme`: {stale} differ from the results"
+
+
 def test_ratio_marks_ties_and_noisy_rows():
     fused = {"p50_ms": 1.0}
     assert readme.ratio(fused, {"p50_ms": 1.5, "p20_ms": 1.4, "p80_ms": 1.6}) == "1.50x"
