@@ -30,6 +30,27 @@ def test_resolve_backend():
         runtime.resolve_backend("cuda", cpu, "op")
 
 
+def test_resolve_constant_is_marked_as_torch_marks_it():
+    """runtime marks _resolve_constant for dynamo without importing torch._dynamo: the
+    mark must be all that torch's own decorator does."""
+    import torch._dynamo  # (torch.compiler.assume_constant_result imports it anyway)
+
+    def f():
+        return None
+
+    assert vars(torch.compiler.assume_constant_result(f)) == {"_dynamo_marked_constant": True}
+    assert runtime._resolve_constant._dynamo_marked_constant is True
+
+
+def test_toolchain_probes_live_in_the_extension_module():
+    # runtime re-exports them; _cuda_ext needs nothing of runtime (no import cycle)
+    from fuseml import _cuda_ext
+
+    assert runtime.nvcc_path is _cuda_ext.nvcc_path
+    assert runtime.ninja_available is _cuda_ext.ninja_available
+    assert runtime.cuda_toolchain_available is _cuda_ext.cuda_toolchain_available
+
+
 def test_gpu_slug():
     assert runtime.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 
@@ -121,7 +142,7 @@ def test_env_helpers(monkeypatch):
         ("FUSEML_AUTOTUNE", "no", "fuseml.ops._tune.autotune_enabled"),
         ("FUSEML_TUNE_L2", "hot", "fuseml.ops._tune.l2_mode"),
         ("FUSEML_COMPILE_THREADS", "many", "fuseml.ops._tune._compile_threads"),
-        ("FUSEML_TRITON_KEY_CACHE", "yes", "fuseml._triton_key.enabled"),
+        ("FUSEML_PDL", "on", "fuseml.settings.pdl"),
     ],
 )
 def test_knobs_read_per_call_reject_bad_values(monkeypatch, name, value, call):

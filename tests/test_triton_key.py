@@ -9,8 +9,15 @@ import sys
 
 import pytest
 
-import fuseml.ops  # noqa: F401  (installs the cached key)
-from fuseml import _triton_key
+from fuseml import _triton_key, runtime
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _enabled():
+    """The opt-in the command line makes, undone after this module's tests."""
+    assert runtime.enable_triton_key_cache()
+    yield
+    _triton_key.uninstall()
 
 
 def _installed():
@@ -71,12 +78,19 @@ def test_fingerprint_follows_the_files(tmp_path):
     assert _triton_key.fingerprint(tmp_path, defining) not in (first, second)
 
 
-def test_env_switch_is_validated(monkeypatch):
-    monkeypatch.setenv("FUSEML_TRITON_KEY_CACHE", "yes")
-    with pytest.raises(ValueError, match="FUSEML_TRITON_KEY_CACHE"):
-        _triton_key.install()
-    monkeypatch.setenv("FUSEML_TRITON_KEY_CACHE", "0")
-    assert _triton_key.install() is False
+def test_opt_in_is_idempotent_and_reversible():
+    key_fn = _installed()
+    assert _triton_key.enabled()
+    assert runtime.enable_triton_key_cache() and _installed() is key_fn  # no second wrapper
+    _triton_key.uninstall()
+    try:
+        assert not _triton_key.enabled()
+        for name, mod in list(sys.modules.items()):
+            if name.startswith("triton") and hasattr(mod, "triton_key"):
+                assert mod.triton_key is key_fn.original, name
+    finally:
+        assert runtime.enable_triton_key_cache()
+    assert _installed() is not key_fn.original
 
 
 def _json_from_a_fresh_process(code: str) -> dict:

@@ -16,15 +16,22 @@ which writes the softmax (``log``: log-softmax) of each row of the 2-D ``x`` int
 Importing this module is free: torch is imported, and nvcc runs, only on the first call
 to :func:`status`, and the outcome, success or the reason
 for failure, is cached for the life of the process. A failed build logs one warning.
+The toolchain probes live here too (fuseml.runtime re-exports them), so that this module
+needs nothing of fuseml but its settings.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
+
+from fuseml import settings
 
 log = logging.getLogger("fuseml")
 
@@ -68,6 +75,32 @@ def build_seconds() -> float | None:
     return _build_seconds
 
 
+@functools.cache
+def nvcc_path() -> str | None:
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if cuda_home and os.path.exists(os.path.join(cuda_home, "bin", "nvcc")):
+        return os.path.join(cuda_home, "bin", "nvcc")
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = "/usr/local/cuda/bin/nvcc"
+    return default if os.path.exists(default) else None
+
+
+@functools.cache
+def ninja_available() -> bool:
+    if shutil.which("ninja"):
+        return True
+    return importlib.util.find_spec("ninja") is not None
+
+
+def cuda_toolchain_available() -> bool:
+    """nvcc + ninja + a CUDA build of torch: what building the CUDA C++ twins needs."""
+    import torch
+
+    return nvcc_path() is not None and ninja_available() and torch.version.cuda is not None
+
+
 # ----------------------------------------------------------------------------- internals
 def _missing_toolchain() -> str | None:
     """What building the extension lacks here, or None when nothing is missing."""
@@ -75,14 +108,12 @@ def _missing_toolchain() -> str | None:
 
     if torch.version.cuda is None:
         return "torch is a CPU-only build (torch.version.cuda is None); a CUDA build of torch is needed"
-    from fuseml import runtime
-
-    if runtime.cuda_toolchain_available():
+    if cuda_toolchain_available():
         return None
     missing = []
-    if runtime.nvcc_path() is None:
+    if nvcc_path() is None:
         missing.append("nvcc (install the CUDA toolkit, or set CUDA_HOME)")
-    if not runtime.ninja_available():
+    if not ninja_available():
         missing.append("ninja (pip install ninja)")
     return "cannot build the CUDA C++ extension, missing: " + (
         ", ".join(missing) or "part of the CUDA toolchain"
@@ -130,10 +161,10 @@ def _build() -> tuple[bool, str]:
     from torch.utils import cpp_extension
 
     kwargs = {}
-    ext_dir = os.environ.get("FUSEML_EXT_DIR")
     try:
-        if ext_dir:
-            ext_dir = os.path.abspath(os.path.expanduser(ext_dir))
+        ext_dir = settings.ext_dir()
+        if ext_dir is not None:
+            ext_dir = os.path.abspath(ext_dir)
             os.makedirs(ext_dir, exist_ok=True)
             kwargs["build_directory"] = ext_dir
         _warn_if_locked(ext_dir or _default_build_dir())

@@ -13,7 +13,8 @@ size and modification time of every file the hash reads: one ``stat`` each, a fe
 
 A reinstall or an edit changes the fingerprint and the key is computed again by Triton's
 own function. Triton's own parallel-compile helpers replace ``triton_key`` the same way.
-``FUSEML_TRITON_KEY_CACHE=0`` leaves Triton's function alone.
+This is opt-in (``fuseml.runtime.enable_triton_key_cache()``, which the command line
+calls): importing fuseml leaves Triton's function, and every module bound to it, alone.
 
 The other half of a kernel's disk-cache key is its function key (``JITFunction.cache_key``:
 its source and those of the functions it calls, and the global constexprs they read). Up
@@ -40,6 +41,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from fuseml import settings
+
 log = logging.getLogger("fuseml")
 
 # Where Triton defines triton_key (it moved between versions).
@@ -47,9 +50,11 @@ _DEFINERS = ("triton.runtime.cache", "triton.compiler.compiler")
 
 
 def enabled() -> bool:
-    from fuseml.runtime import env_flag  # (torch only when asked)
+    """True once :func:`install` has routed this process's triton_key through the disk."""
+    return _installed is not None
 
-    return env_flag("FUSEML_TRITON_KEY_CACHE")
+
+_installed = None  # the replacement function, once installed
 
 
 def fingerprint(triton_dir: Path, defining_file: Path) -> str:
@@ -72,14 +77,12 @@ def fingerprint(triton_dir: Path, defining_file: Path) -> str:
 
 
 def _cache_file(fp: str) -> Path:
-    root = os.environ.get("FUSEML_CACHE") or Path.home() / ".cache" / "fuseml"
-    return Path(root) / "triton-key" / f"{fp}.txt"
+    return settings.cache_dir() / "triton-key" / f"{fp}.txt"
 
 
 def install() -> bool:
     """Route Triton's triton_key() through the on-disk copy. Idempotent; True if installed."""
-    if not enabled():
-        return False
+    global _installed
     original = None
     defining = None
     for name in _DEFINERS:
@@ -91,6 +94,7 @@ def install() -> bool:
         if fn is None:
             continue
         if getattr(fn, "_fuseml_cached", False):
+            _installed = fn
             return True
         if getattr(fn, "__module__", None) == name:  # the defining module, not an import
             original, defining = fn, mod
@@ -129,7 +133,19 @@ def install() -> bool:
     for name, mod in list(sys.modules.items()):
         if name.startswith("triton") and getattr(mod, "triton_key", None) is original:
             mod.triton_key = cached_key
+    _installed = cached_key
     return True
+
+
+def uninstall() -> None:
+    """Give every Triton module its own triton_key back (tests; the reverse of install)."""
+    global _installed
+    if _installed is None:
+        return
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("triton") and getattr(mod, "triton_key", None) is _installed:
+            mod.triton_key = _installed.original
+    _installed = None
 
 
 def settle_function_keys(prefix: str = "fuseml.") -> list[str]:

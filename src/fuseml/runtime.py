@@ -7,16 +7,38 @@ initialises CUDA or compiles anything.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 import logging
 import os
 import re
-import shutil
+import sys
 
 import torch
 
+from fuseml._cuda_ext import cuda_toolchain_available, ninja_available, nvcc_path
+
 log = logging.getLogger("fuseml")
+__all__ = [
+    "BACKENDS",
+    "FLOAT_DTYPES",
+    "cuda_available",
+    "cuda_backend_status",
+    "cuda_toolchain_available",
+    "device_info",
+    "enable_triton_key_cache",
+    "env_choice",
+    "env_flag",
+    "env_int",
+    "gpu_slug",
+    "ninja_available",
+    "nvcc_path",
+    "resolve_backend",
+    "tf32_matmuls",
+    "triton_available",
+    "triton_interpreting",
+    "triton_version",
+    "versions",
+]
 
 BACKENDS = ("auto", "eager", "compile", "triton", "cuda")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -27,7 +49,8 @@ _INTERPRETING: list = []  # read once: kernels are bound to the mode when they a
 
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     """The environment variable ``name`` (``default`` where unset or empty), which must be
-    one of ``choices``: a mistyped setting raises instead of quietly taking another path."""
+    one of ``choices``: a mistyped setting raises instead of quietly taking another path.
+    (The user settings are read through fuseml.settings.)"""
     value = os.environ.get(name, "") or default
     if value not in choices:
         expected = " or ".join(choices) if len(choices) == 2 else f"one of {', '.join(choices)}"
@@ -107,30 +130,6 @@ def triton_available(device: torch.device | str) -> bool:
     return False
 
 
-@functools.cache
-def nvcc_path() -> str | None:
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if cuda_home and os.path.exists(os.path.join(cuda_home, "bin", "nvcc")):
-        return os.path.join(cuda_home, "bin", "nvcc")
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    default = "/usr/local/cuda/bin/nvcc"
-    return default if os.path.exists(default) else None
-
-
-@functools.cache
-def ninja_available() -> bool:
-    if shutil.which("ninja"):
-        return True
-    return importlib.util.find_spec("ninja") is not None
-
-
-def cuda_toolchain_available() -> bool:
-    """nvcc + ninja + a CUDA build of torch: what building the CUDA C++ twins needs."""
-    return nvcc_path() is not None and ninja_available() and torch.version.cuda is not None
-
-
 def cuda_backend_status(device: torch.device | str) -> tuple[bool, str]:
     """(usable, reason) for the CUDA C++ backend on ``device``; builds the extension lazily."""
     device = torch.device(device)
@@ -163,7 +162,17 @@ def resolve_backend(backend: str, device: torch.device, op: str, *, cuda_twin: b
 _RESOLVED: dict = {}  # (backend, device type, cuda_twin) -> backend: this runs on every call
 
 
-@torch.compiler.assume_constant_result
+def _assume_constant_result(fn):
+    """``torch.compiler.assume_constant_result(fn)`` without importing torch._dynamo (about
+    1 s) at fuseml's import: that decorator only marks ``fn`` with this attribute, which
+    dynamo reads when it meets a call of ``fn``."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_assume_constant_result
 def _resolve_constant(backend: str, device_type: str, op: str, cuda_twin: bool) -> str:
     # The first resolution may happen while torch.compile traces a caller (a model compiled
     # before any eager fuseml call): run it eagerly there and keep the answer as a constant,
@@ -192,6 +201,16 @@ def _resolve(backend: str, device: torch.device, op: str, cuda_twin: bool) -> st
         if not ok:
             raise ValueError(f"{op}: backend='cuda' is unavailable here: {reason}")
     return backend
+
+
+def enable_triton_key_cache() -> bool:
+    """Keep Triton's installation hash on disk (under FUSEML_CACHE) instead of recomputing
+    it in every process: 0.4 s of the first launch on an H100 host. Opt-in, since it
+    replaces ``triton_key`` in every loaded Triton module (Inductor's callers too); the
+    command line calls it. Idempotent; True where installed (see fuseml._triton_key)."""
+    from fuseml import _triton_key
+
+    return _triton_key.install()
 
 
 def gpu_slug(name: str) -> str:

@@ -33,3 +33,59 @@ def test_kept_derived_keeps_nothing_derived_while_launches_do_not_run(state):
     assert _utils.kept_derived(t, "x2", derive) is first and len(calls) == 3
     t.add_(1)  # an in-place write: the kept copy is stale
     assert torch.equal(_utils.kept_derived(t, "x2", derive), t * 2) and len(calls) == 4
+
+
+DEFERRED_SCAN = """
+import sys
+import torch
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from fuseml.ops import _utils
+
+
+@triton.jit
+def _twice(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, 2 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+@_utils.fused_op("fuseml_test::twice")
+def twice(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    wrap_triton(_twice)[(1,)](x, out, x.numel(), BLOCK=16)
+    return out
+
+
+from torch._library import triton as library
+
+kernels = library.get_triton_kernels_for_op("fuseml_test::twice")
+assert type(kernels) is _utils._DeferredKernels, type(kernels)
+assert "torch._inductor" not in sys.modules  # registered without torch's scan
+assert list(kernels) == [_twice], list(kernels)  # read: scanned then, as torch would
+assert len(kernels) == 1 and kernels[0] is _twice
+print("ok")
+"""
+
+
+def test_triton_op_kernels_are_found_on_first_read(tmp_path):
+    """fused_op (compiled Triton) registers through torch.library.triton_op without the
+    scan of the op's source that imports torch._inductor; the kernels are found when
+    torch.compile first reads them."""
+    import os
+    import subprocess
+    import sys
+
+    import fuseml
+
+    script = tmp_path / "deferred_scan.py"  # (the scan reads the op's source from a file)
+    script.write_text(DEFERRED_SCAN)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.dirname(os.path.dirname(fuseml.__file__))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")

@@ -1,7 +1,8 @@
 """Fused ops. Each takes ``backend="auto"|"eager"|"compile"|"triton"|"cuda"``.
 
 Importing registers the ``fuseml::*`` custom ops with torch; nothing is compiled or
-launched until an op is called.
+launched until an op is called, and nothing of Triton's is changed (the on-disk copy of
+Triton's own key is opt-in: fuseml.runtime.enable_triton_key_cache).
 """
 
 from fuseml import _triton_key
@@ -33,5 +34,4 @@ __all__ = [
     "softmax_ref",
 ]
 
-_triton_key.install()  # before any kernel launch: see fuseml._triton_key
 _triton_key.settle_function_keys()  # the same kernel keys in every process (ditto)

@@ -26,15 +26,9 @@ from pathlib import Path
 
 import torch
 
+from fuseml import settings
 from fuseml.ops._utils import compile_only, compiling_only
-from fuseml.runtime import (
-    env_choice,
-    env_flag,
-    env_int,
-    gpu_slug,
-    triton_interpreting,
-    triton_version,
-)
+from fuseml.runtime import gpu_slug, triton_interpreting, triton_version
 
 log = logging.getLogger("fuseml")
 
@@ -45,12 +39,11 @@ _tables: dict[str, dict] = {}  # file path -> {key: config}
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("FUSEML_CACHE") or Path.home() / ".cache" / "fuseml"
-    return Path(root) / "tune"
+    return settings.cache_dir() / "tune"
 
 
 def autotune_enabled() -> bool:
-    return env_flag("FUSEML_AUTOTUNE") and not triton_interpreting()
+    return settings.autotune() and not triton_interpreting()
 
 
 def m_bucket(m: int) -> int:
@@ -62,7 +55,7 @@ def l2_mode() -> str:
     """FUSEML_TUNE_L2: "cold" (default: each timed call finds the L2 flushed, as a served
     model's layer finds its weights evicted by the layers before it, and as the bench
     suites time with inputs rotating past the L2) or "warm" (the same inputs replayed)."""
-    return env_choice("FUSEML_TUNE_L2", "cold", ("cold", "warm"))
+    return settings.tune_l2()
 
 
 def _table_path(device: torch.device) -> Path:
@@ -152,7 +145,7 @@ def gpu_time_ms(fn: Callable[[], object]) -> float:
 def _compile_threads() -> int:
     """Threads that compile candidate configs before tuning times them
     (``FUSEML_COMPILE_THREADS``, default: up to 8, one per CPU core; 0 or 1: none)."""
-    return env_int("FUSEML_COMPILE_THREADS", min(8, os.cpu_count() or 1), 0)
+    return settings.compile_threads()
 
 
 def _async_compile_module():

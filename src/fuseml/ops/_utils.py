@@ -12,7 +12,8 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from fuseml.runtime import FLOAT_DTYPES, env_flag, log, triton_interpreting
+from fuseml import settings
+from fuseml.runtime import FLOAT_DTYPES, log, triton_interpreting
 
 
 # --------------------------------------------------------------------------- validation
@@ -137,7 +138,7 @@ def pdl_launch(t: torch.Tensor, traced: bool = False) -> bool:
     """
     if traced or not t.is_cuda or triton_interpreting():
         return False
-    return env_flag("FUSEML_PDL") and _hopper_or_later(t.get_device())
+    return settings.pdl() and _hopper_or_later(t.get_device())
 
 
 def fast_math(t: torch.Tensor) -> bool:
@@ -269,8 +270,7 @@ class CompiledLaunches:
         self.kernel = kernel
         self.compiled: dict = {}
         # (the interpreter runs kernels as Python: nothing compiled to launch)
-        self.enabled = env_flag("FUSEML_DIRECT_LAUNCH")
-        self.enabled = self.enabled and not triton_interpreting()
+        self.enabled = settings.direct_launch() and not triton_interpreting()
 
     def __call__(self, grid: tuple, key, aligned: bool, args: tuple, options: dict) -> None:
         if not (aligned and self.enabled) or compiling_only():
@@ -314,7 +314,8 @@ def fused_op(name: str, *, mutates_args=()):
 
     def register(fn):
         if not triton_interpreting():
-            return torch.library.triton_op(name, mutates_args=mutates_args)(fn)
+            with _kernel_scan_deferred():
+                return torch.library.triton_op(name, mutates_args=mutates_args)(fn)
         op = torch.library.custom_op(name, mutates_args=mutates_args)(fn)
 
         def fake(*args, **kwargs):
@@ -325,6 +326,52 @@ def fused_op(name: str, *, mutates_args=()):
         return op
 
     return register
+
+
+class _DeferredKernels(list):
+    """The Triton kernels of a triton_op body, found on first read: torch's scan imports
+    torch._inductor (and torch._dynamo: about 2 s), which only torch.compile needs, and
+    torch.compile reads the list (its AOTAutograd cache key) with both already loaded."""
+
+    def __init__(self, scan, fn) -> None:
+        super().__init__()
+        self._scan: tuple | None = (scan, fn)
+
+    def _fill(self) -> None:
+        if self._scan is not None:
+            scan, fn = self._scan
+            self._scan = None
+            self.extend(scan(fn))
+
+    def __iter__(self):
+        self._fill()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._fill()
+        return super().__len__()
+
+    def __getitem__(self, index):
+        self._fill()
+        return super().__getitem__(index)
+
+
+@contextlib.contextmanager
+def _kernel_scan_deferred():
+    """Inside the block, ``torch.library.triton_op`` records its body's kernels as a
+    ``_DeferredKernels`` instead of scanning the body's source at registration (where
+    this torch scans there). Restored after the block: nothing of torch stays changed."""
+    from torch._library import triton as library
+
+    scan = getattr(library, "get_inner_triton_kernels", None)
+    if scan is None:  # a torch that does not scan at registration
+        yield
+        return
+    library.get_inner_triton_kernels = lambda fn: _DeferredKernels(scan, fn)
+    try:
+        yield
+    finally:
+        library.get_inner_triton_kernels = scan
 
 
 # (id(tensor), tag) -> (weak reference, version, derived tensor): a copy derived from a
@@ -434,15 +481,20 @@ class CounterSlab:
         return piece
 
 
-def slab_counters(slab: CounterSlab, x: torch.Tensor, count: int, knob: str) -> torch.Tensor:
+def slab_counters(
+    slab: CounterSlab, x: torch.Tensor, count: int, knob: str | None = None, *, fresh=False
+) -> torch.Tensor:
     """``count`` zeroed int32 counters on x's device for a launch on its current stream,
-    from ``slab`` (see CounterSlab), else a fresh zeroed buffer. The environment variable
-    ``knob`` set to "zeros" takes the fresh buffer every call (probes)."""
-    flag = os.environ.get(knob, "slab")
-    if flag not in ("slab", "zeros"):
-        raise ValueError(f"{knob} must be 'slab' or 'zeros', got {flag!r}")
+    from ``slab`` (see CounterSlab), else a fresh zeroed buffer. ``fresh=True`` takes the
+    fresh buffer every call (probes). ``knob``: the name of an environment variable whose
+    value "zeros" means ``fresh`` (an old probe switch; callers pass ``fresh`` instead)."""
+    if knob is not None:
+        flag = os.environ.get(knob, "slab")
+        if flag not in ("slab", "zeros"):
+            raise ValueError(f"{knob} must be 'slab' or 'zeros', got {flag!r}")
+        fresh = fresh or flag == "zeros"
     # (fake tensors, torch.compile tracing: nothing to keep in the slab)
-    if x.is_cuda and not is_fake(x) and flag == "slab":
+    if x.is_cuda and not is_fake(x) and not fresh:
         piece = slab.take(x, count)
         if piece is not None:
             return piece
