@@ -24,7 +24,7 @@
 #   FUSEML_TESTS=none FUSEML_DEMO=0 FUSEML_SUITES="linear mlp lora tuning" scripts/gpu-check.sh OUT/s1
 # FUSEML_TESTS: pytest paths (and options) of the GPU tests ("none": skip);
 # FUSEML_TEST_WORKERS (default 14); FUSEML_DEMO=0 skips the demo; FUSEML_SUITES: suites
-# ("none": skip); FUSEML_COMMIT: the commit to record (default: git rev-parse HEAD).
+# ("none": skip). The commit recorded is asked of git ("unknown (no git)" in a copied tree).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-out/gpu-check}"

@@ -28,6 +28,8 @@ A suite yields :class:`Case` objects: a way to make one input set, the arms to c
   (GEMM suites); a GEMM case that also gives its bytes gets GB/s and % of the roofline
   (the larger of % of the matmul and % of the copy ceiling) as extra fields, since at
   small M it is bound by reading the weights, not by the tensor cores.
+* Every row is stamped with the commit it ran from, asked of git (commit.py): marked
+  ``+dirty`` where the tree differs from it, ``unknown (no git)`` in a copied tree.
 * A case with ``measure`` is not a kernel timing (e.g. the first call of a fresh process,
   timed in a subprocess): it returns its rows' fields itself and skips all of the above.
 """
@@ -38,8 +40,6 @@ import datetime as _dt
 import itertools
 import logging
 import math
-import os
-import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fuseml import runtime
+from fuseml.bench.commit import git_commit
 from fuseml.testing import rel_err, tolerance
 
 log = logging.getLogger("fuseml")
@@ -98,31 +99,6 @@ class Settings:
                 turns=turns,
             )  # fmt: skip
         return cls(turns=turns)
-
-
-def git_commit() -> str:
-    """Short commit of the checkout (FUSEML_COMMIT wins: a copied tree has no .git; a full
-    hex sha there is shortened to 7 characters, as the other stamps)."""
-    given = os.environ.get("FUSEML_COMMIT", "").strip()
-    if given:
-        full_sha = len(given) == 40 and all(c in "0123456789abcdef" for c in given.lower())
-        return given[:7] if full_sha else given
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-        sha = out.stdout.strip()
-        if not sha:
-            return "unknown"
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def pdl_on() -> bool:
