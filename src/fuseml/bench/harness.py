@@ -6,8 +6,10 @@ A suite yields :class:`Case` objects: a way to make one input set, the arms to c
 
 * ``triton.testing.do_bench`` median with p20/p80, after warm-up (which also triggers
   Triton / torch.compile compilation and CUDA extension builds, so those stay out of the
-  numbers). do_bench clears L2 before every timed call; on top of that, inputs that fit in
-  L2 are rotated over several sets so that no arm is timed on cache-resident data.
+  numbers). do_bench clears L2 before every timed call (a write of a 256 MB buffer; the
+  turns timer below writes the same buffer, so both time equally cold calls); on top of
+  that, inputs that fit in L2 are rotated over several sets (past twice the L2) so that no
+  arm is timed on cache-resident data.
 * For launch-bound cases a CUDA-graph arm: N calls captured in one graph and replayed, so
   the per-call time is GPU time without launch gaps. At such sizes the event timing
   includes whatever host time per call the flush does not hide, so comparisons of kernels
@@ -182,9 +184,18 @@ TURNS_MIN_MS = 0.5
 TURNS_ROUNDS = 5
 
 
+def l2_flush_buffer() -> torch.Tensor:
+    """The buffer do_bench writes before each timed call to clear the L2 (256 MB on CUDA):
+    the turns timer writes the same one, so both timers start each call equally cold."""
+    from triton import runtime as triton_runtime
+
+    return triton_runtime.driver.active.get_empty_cache_for_benchmark()
+
+
 def event_times_ms(fn: Callable[[], object], calls: int, flush: torch.Tensor) -> list[float]:
     """GPU ms of each of ``calls`` calls of ``fn`` (CUDA events), the L2 flushed (a write
-    of ``flush``) before each, as do_bench times; one untimed call first."""
+    of ``flush``, see l2_flush_buffer) before each, as do_bench times; one untimed call
+    first."""
     fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
@@ -383,7 +394,7 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
     graph_in_turns = settings.turns and len(graphed) > 1
     flush = None
     if heavy or graph_in_turns:
-        flush = torch.empty(2 * max(l2, 1 << 20), dtype=torch.uint8, device="cuda")
+        flush = l2_flush_buffer()  # do_bench's own: the same flush in both timers
 
     def timer(fn, calls):
         return event_times_ms(fn, calls, flush)
