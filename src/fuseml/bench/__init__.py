@@ -41,6 +41,7 @@ def run_suite(
     from fuseml import runtime
     from fuseml.bench import report
     from fuseml.bench.harness import Settings, run_cases, run_metadata
+    from fuseml.bench.noise import committed_history
     from fuseml.bench.roofline import measure_ceilings
     from fuseml.bench.suites import SUITES
 
@@ -70,6 +71,8 @@ def run_suite(
         if not case_list:
             raise ValueError(f"--cases {cases!r} matches no case of suite {name}")
     root = Path(out_root) if out_root else report.RESULTS_DIR
+    # the committed timings of this suite on this GPU, read before this run writes any
+    history = committed_history(report.results_path(name, runtime.device_info()["slug"]))
     meta = run_metadata() | {"run": "quick" if quick else "full", "complete": False}
     if cases:
         meta["cases"] = cases  # a subset of the suite (merged into a whole file, dropped)
@@ -85,7 +88,7 @@ def run_suite(
         for case in case_list:
             torch._dynamo.reset()  # see suites: one static compilation per case
             rows.extend(run_cases([case], ceilings=ceilings, settings=settings, arms=arms,
-                                  progress=progress))  # fmt: skip
+                                  progress=progress, history=history))  # fmt: skip
             bar.advance(task)
             report.write_results(name, rows, ceilings, meta, root, merge=merge)
     meta["complete"] = True
@@ -94,6 +97,12 @@ def run_suite(
     if suite.PLOT is not None:
         png = report.plot_suite(report.load_results(path), suite.PLOT, path.with_suffix(".png"))
     report.print_table(rows, f"{name} on {meta['gpu']}", console)
+    for r in rows:
+        if r.get("noisy"):
+            console.print(
+                f"[yellow]NOISY[/yellow] {r['case']} arm {r['arm']} ({r['mode']}), timed "
+                f"{1 + r.get('reruns', 0)} times: {r['noisy']}"
+            )
     bad = [r for r in rows if r.get("matches_ref") is False]
     for r in bad:
         console.print(

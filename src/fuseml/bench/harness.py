@@ -30,6 +30,9 @@ A suite yields :class:`Case` objects: a way to make one input set, the arms to c
   (GEMM suites); a GEMM case that also gives its bytes gets GB/s and % of the roofline
   (the larger of % of the matmul and % of the copy ceiling) as extra fields, since at
   small M it is bound by reading the weights, not by the tensor cores.
+* A timing whose p20-p80 spread is over 10% of its median, or whose median is far from
+  the same arm's committed run on this GPU, is timed again before its row is written; the
+  row records ``reruns``, and ``noisy`` (why) if it stays so (noise.py).
 * Every row is stamped with the commit it ran from, asked of git (commit.py): marked
   ``+dirty`` where the tree differs from it, ``unknown (no git)`` in a copied tree.
 * A case with ``measure`` is not a kernel timing (e.g. the first call of a fresh process,
@@ -50,6 +53,7 @@ import torch
 
 from fuseml import runtime
 from fuseml.bench.commit import git_commit
+from fuseml.bench.noise import History, settle
 from fuseml.testing import rel_err, tolerance
 
 log = logging.getLogger("fuseml")
@@ -266,8 +270,12 @@ def run_cases(
     settings: Settings,
     arms: Iterable[str] | None = None,
     progress=None,
+    history: History | None = None,
 ) -> list[dict]:
-    """Time every (case, arm) and return one row per measurement."""
+    """Time every (case, arm) and return one row per measurement.
+
+    history: (case, arm, mode) -> the committed median in ms (noise.committed_history):
+    a timing far from it is timed again (noise.py)."""
     meta = run_metadata()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     wanted = set(arms) if arms else None
@@ -275,7 +283,7 @@ def run_cases(
     for case in cases:
         if progress is not None:
             progress(case)
-        rows.extend(_run_case(case, ceilings, settings, wanted, meta, l2))
+        rows.extend(_run_case(case, ceilings, settings, wanted, meta, l2, history))
     return rows
 
 
@@ -340,7 +348,7 @@ def spin_up(fn: Callable, inputs: tuple, ms: float = 50.0) -> float:
     return per_call
 
 
-def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
+def _run_case(case, ceilings, settings, wanted, meta, l2, history=None) -> list[dict]:
     if case.measure is not None:
         measured = case.measure(settings)
         return [
@@ -386,9 +394,14 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
     if not arms:
         return rows
     # One call of each arm after its first; heavy cases (or every case, settings.turns)
-    # are timed in turns (see TURNS_MIN_MS), the rest one arm after the other.
+    # are timed in turns (see TURNS_MIN_MS), the rest one arm after the other. Unsettled
+    # timings (noise.py) are timed again before the rows are written.
+    history = history or {}
+
+    def past(mode: str) -> dict[str, float | None]:
+        return {arm: history.get((case.name, arm, mode)) for arm in arms}
+
     per_call = {arm: spin_up(fn, sets[0], ms=0.0) for arm, fn in arms.items()}
-    turns = None
     heavy = len(arms) > 1 and (settings.turns or max(per_call.values()) >= TURNS_MIN_MS)
     graphed = [arm for arm in arms if case.graph is True or (case.graph and arm in case.graph)]
     graph_in_turns = settings.turns and len(graphed) > 1
@@ -406,8 +419,23 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
         calls = {
             arm: (lambda fn=fn, cycle=cycles[arm]: fn(*next(cycle))) for arm, fn in arms.items()
         }
-        turns = bench_turns_ms(calls, per_call, settings, timer)
-    graph_turns = None
+        # a re-run times every arm in turns again, so a drift still weighs on all alike
+        events = settle(
+            lambda names: bench_turns_ms(calls, per_call, settings, timer), arms, past("events")
+        )
+    else:
+
+        def time_each(names):
+            out = {}
+            for arm in names:
+                fn = arms[arm]
+                spin_up(fn, sets[0])
+                cycle = itertools.cycle(sets)
+                out[arm] = bench_ms_p99(lambda fn=fn, cycle=cycle: fn(*next(cycle)), settings)
+            return out
+
+        events = settle(time_each, arms, past("events"))
+    graph_times = {}
     if graph_in_turns:
         n = settings.graph_calls
         graphs = {arm: capture_graph(arms[arm], sets, n) for arm in graphed}
@@ -415,36 +443,39 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
         per_replay = {arm: spin_up(replay, (), ms=0.0) for arm, replay in replays.items()}
         for replay in replays.values():
             spin_up(replay, ())
-        graph_turns = {
-            arm: tuple(t / n for t in q[:3])
-            for arm, q in bench_turns_ms(replays, per_replay, settings, timer).items()
-        }
+
+        def graph_turns(names):
+            timed = bench_turns_ms(replays, per_replay, settings, timer)
+            return {arm: tuple(t / n for t in q[:3]) for arm, q in timed.items()}
+
+        graph_times = settle(graph_turns, graphed, past("graph"))
         del graphs, replays
-    flush = None  # (freed before the rows' own timing)
+    elif graphed:
+        graph_times = settle(
+            lambda names: {arm: bench_graph_ms(arms[arm], sets, settings) for arm in names},
+            graphed,
+            past("graph"),
+        )
+    flush = None  # (freed before the host-overhead loops)
     for arm, fn in arms.items():
         fields = fields_by_arm[arm]
-        if turns is not None:
-            p50, p20, p80, p99 = turns[arm]
+        timing = events[arm]
+        p50, p20, p80, p99 = timing.quantiles
+        if heavy:
             fields["turns"] = TURNS_ROUNDS
-        else:
-            spin_up(fn, sets[0])
-            cycle = itertools.cycle(sets)
-            p50, p20, p80, p99 = bench_ms_p99(lambda fn=fn, cycle=cycle: fn(*next(cycle)), settings)
         fields.update(mode="events", p50_ms=p50, p20_ms=p20, p80_ms=p80, p99_ms=p99)
+        fields.update(timing.fields())
         if case.overhead:
             fields["host_us"] = round(host_overhead_us(fn, sets[0], settings.overhead_iters), 2)
         rows.append(_row(case, arm, meta, ceilings, **fields))
         if arm in graphed:
-            graph = {}
-            if graph_turns is not None:
-                g50, g20, g80 = graph_turns[arm]
-                graph["turns"] = TURNS_ROUNDS
-            else:
-                g50, g20, g80 = bench_graph_ms(fn, sets, settings)
+            g = graph_times[arm]
+            g50, g20, g80 = g.quantiles[:3]
+            graph = {"turns": TURNS_ROUNDS} if graph_in_turns else {}
             rows.append(
                 _row(
                     case, arm, meta, ceilings, mode="graph", p50_ms=g50, p20_ms=g20, p80_ms=g80,
-                    **graph,
+                    **graph, **g.fields(),
                 )
             )  # fmt: skip
     if case.overhead:
