@@ -22,6 +22,7 @@ def run_suite(
     out_root: Path | None = None,
     console=None,
     turns: bool = False,
+    sweep: bool = False,
 ) -> tuple[Path, Path | None]:
     """Run suite ``name`` on CUDA device 0; write results JSON + PNG; print the table.
 
@@ -30,6 +31,9 @@ def run_suite(
     The file is rewritten after every case (meta "complete": false until the last), so a
     run cut short keeps what it measured; rerun the rest with --cases ... --merge.
     turns: every case's arms timed in turns, graph rows too (see harness.Settings).
+    sweep: only the cases with a sweep (harness.Case.sweep), each with one more arm per
+    candidate launch config of fuseml's kernel, every output checked; written to
+    ``<suite>-sweep.json`` beside the suite's results, never into them.
     Returns (results path, plot path or None for a suite without a plot).
     """
     import re
@@ -58,24 +62,30 @@ def run_suite(
     cuda_ok, why = runtime.cuda_backend_status("cuda")
     if not cuda_ok:
         console.print(f"[yellow]cuda arm skipped: {why}[/yellow]")
-    console.print(f"measuring ceilings on {torch.cuda.get_device_name()} ...")
-    ceilings = measure_ceilings(quick=quick)
-    console.print(
-        f"copy {ceilings['copy_gbps']:,.0f} GB/s, bf16 matmul "
-        f"{ceilings['matmul_bf16_tflops']:,.0f} TFLOP/s"
-    )
     case_list = list(suite.cases(quick=quick, cuda=cuda_ok))
     if cases:
         pattern = re.compile(cases)
         case_list = [c for c in case_list if pattern.search(c.name)]
         if not case_list:
             raise ValueError(f"--cases {cases!r} matches no case of suite {name}")
+    if sweep:
+        case_list = with_sweeps(case_list, name)
+        arms = arms and sweep_arms(arms, case_list)
+    console.print(f"measuring ceilings on {torch.cuda.get_device_name()} ...")
+    ceilings = measure_ceilings(quick=quick)
+    console.print(
+        f"copy {ceilings['copy_gbps']:,.0f} GB/s, bf16 matmul "
+        f"{ceilings['matmul_bf16_tflops']:,.0f} TFLOP/s"
+    )
     root = Path(out_root) if out_root else report.RESULTS_DIR
     # the committed timings of this suite on this GPU, read before this run writes any
     history = committed_history(report.results_path(name, runtime.device_info()["slug"]))
     meta = run_metadata() | {"run": "quick" if quick else "full", "complete": False}
     if cases:
         meta["cases"] = cases  # a subset of the suite (merged into a whole file, dropped)
+    if sweep:
+        meta["sweep"] = True
+        name, history = f"{name}-sweep", {}
     rows: list[dict] = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console
@@ -94,7 +104,7 @@ def run_suite(
     meta["complete"] = True
     path = report.write_results(name, rows, ceilings, meta, root, merge=merge)
     png = None  # a suite without PLOT (e.g. tuning latency) is a table only
-    if suite.PLOT is not None:
+    if suite.PLOT is not None and not sweep:
         png = report.plot_suite(report.load_results(path), suite.PLOT, path.with_suffix(".png"))
     report.print_table(rows, f"{name} on {meta['gpu']}", console)
     for r in rows:
@@ -114,3 +124,22 @@ def run_suite(
     written = f"{path} and {png}" if png else str(path)
     console.print(f"wrote {written} ({len(rows)} rows, {len(bad)} mismatches)")
     return path, png
+
+
+def with_sweeps(case_list: list, suite: str) -> list:
+    """The cases that have a sweep, its arms added to theirs (ValueError if none has)."""
+    swept = [c for c in case_list if c.sweep is not None]
+    if not swept:
+        raise ValueError(
+            f"--sweep: no selected case of suite {suite} has a sweep of launch configs"
+        )
+    for case in swept:
+        case.arms = {**case.arms, **case.sweep()}
+    return swept
+
+
+def sweep_arms(arms: list[str], case_list: list) -> list[str]:
+    """``arms`` and the sweep arms of the named arms ("triton" brings "triton@...")."""
+    named = set(arms)
+    extra = {a for c in case_list for a in c.arms if "@" in a and a.split("@", 1)[0] in named}
+    return [*arms, *sorted(extra)]

@@ -84,6 +84,9 @@ class Case:
     # describe(arm) -> more row fields, asked right after the arm's first call (e.g. the
     # launch config the tuner chose for it)
     describe: Callable[[str], dict] | None = None
+    # sweep() -> {arm: fn}: one more arm per candidate launch config of fuseml's kernel,
+    # named "<arm>@<config>" (``fuseml bench SUITE --sweep``); None: the case has no sweep
+    sweep: Callable[[], dict[str, Callable]] | None = None
 
 
 @dataclass

@@ -17,6 +17,12 @@ Arms
 The GELU is the tanh form ("gelu_tanh"): that is the one cuBLASLt's epilogue computes, so
 all arms compute one function and every output is checked against the reference.
 
+Sweep (``--sweep``): the Triton GEMM at every candidate config its tuner times for the
+shape (fuseml.ops._gemm.candidates, on the main loop the layer takes), arms
+``triton@BMxBNxBK/wW/sS[/flags]``: for keeping the candidate table, not for the tables.
+Rows as given: where the library pads K per call (an unaligned K at many rows), the
+sweep times the kernel on the unpadded rows.
+
 Rate: TFLOP/s at 2 M N K FLOPs against the matmul ceiling of the dtype (fp32: TF32 off).
 Rows also carry GB/s for the fewest bytes a call moves (x, W, b read, out written once)
 and % of the roofline (the larger of the two percentages): small M is bound by the
@@ -35,6 +41,8 @@ import fuseml
 from fuseml.bench.harness import Case
 from fuseml.bench.suites._common import dtype_name, launch_bound, linear_params, no_tf32
 from fuseml.models.dlrm import DLRMConfig
+from fuseml.ops import _elementwise as ew
+from fuseml.ops import _gemm
 from fuseml.ops._gemm import TMA_MIN_M, TMA_TUNED_MAX_M
 
 linear_mod = importlib.import_module("fuseml.ops.linear")  # (fuseml.ops.linear: the function)
@@ -83,6 +91,49 @@ def describe(arm: str) -> dict:
     """The fused arms' rows record the launch config (and kernel) their first call took."""
     choice = linear_mod.last_choice() if arm in ("triton", "triton-ptr") else None
     return {} if choice is None else {"config": choice}
+
+
+_CONFIG_FLAGS = ("TMA", "STREAM", "OUT_SUB", "REG_PIPE")
+
+
+def config_label(cfg: dict) -> str:
+    """A candidate config as a short arm suffix: BMxBNxBK/wW/sS[/flags]."""
+    label = (
+        f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}/w{cfg['num_warps']}"
+        f"/s{cfg.get('num_stages', 1)}"
+    )
+    for key in _CONFIG_FLAGS:
+        value = cfg.get(key)
+        if value:
+            label += f"/{key.lower()}" + ("" if value is True else str(value))
+    return label
+
+
+def _sweep(make, m: int, n: int, k: int, dtype: torch.dtype, act: str):
+    """sweep() of one case: one arm per candidate config of the GEMM for this shape."""
+
+    def sweep() -> dict:
+        x, w, _ = make()  # (the main loop the layer takes depends on its tensors' layout)
+        loop = _gemm.gemm_loop(x, w, False)
+        unaligned = loop == _gemm.LOOP_PTR and not _gemm.tma_eligible(x, w)
+        configs = _gemm.candidates(m, n, k, dtype, loop, plain=True, unaligned=unaligned)
+        code = ew.ACT_CODE[act]
+        arms = {}
+        for cfg in configs:
+
+            def call(x, w, b, cfg=cfg):
+                out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+                tma = _gemm.takes_tma(loop, cfg)
+                _gemm.launch_linear(out, x, w, b, None, 1.0, code, cfg, tma=tma)
+                return out
+
+            name = f"triton@{config_label(cfg)}"
+            while name in arms:  # (two configs that differ only in a field not labelled)
+                name += "'"
+            arms[name] = no_tf32(call) if dtype == torch.float32 else call
+        return arms
+
+    return sweep
 
 
 def linear_case(
@@ -153,6 +204,7 @@ def linear_case(
         dtype=dtype,
         compile_arms=("compile", "compile-max"),
         describe=describe,
+        sweep=_sweep(make, m, n, k, dtype, act),
     )
 
 
