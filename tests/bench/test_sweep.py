@@ -99,3 +99,46 @@ def test_bench_command_takes_cases_and_sweep(monkeypatch):
     result = CliRunner().invoke(cli.app, ["bench", "linear", "--cases", "m4096$", "--sweep"])
     assert result.exit_code == 0, result.output
     assert seen["name"] == "linear" and seen["cases"] == "m4096$" and seen["sweep"] is True
+
+
+@needs_triton
+def test_softmax_sweep_splits_long_rows_at_each_width(monkeypatch):
+    from fuseml.bench.suites import softmax
+
+    monkeypatch.setattr(softmax.sm, "MAX_ONCHIP_COLS", 1024)  # small rows past the on-chip width
+    x = 3 * torch.randn(3, 5000, device=DEVICE)
+    for log in (False, True):
+        arms = softmax._sweep(5000, log)()
+        assert list(arms) == ["triton@split2048", "triton@split4096"]  # 3 and 2 pieces a row
+        ref = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+        for name, fn in arms.items():
+            out = fn(x)
+            assert rel_err(out, ref) <= tolerance(x.dtype), name
+            assert (out.double() - ref).abs().max() <= 1e-5, name
+    assert softmax._sweep(1000, False)() == {}  # on-chip rows: nothing to split
+
+
+@needs_triton
+def test_mlp_sweep_arms_are_the_candidates_and_compute_the_chain(monkeypatch):
+    from fuseml.bench.suites import mlp
+
+    monkeypatch.setenv("FUSEML_AUTOTUNE", "0")
+    case = mlp.mlp_case("kaggle-bottom", 6, torch.bfloat16, device=DEVICE)
+    arms = case.sweep()
+    assert arms and all(name.startswith("triton@") for name in arms)
+    x, ws, bs = case.make_inputs()
+    ref = case.arms["eager"](x, ws, bs)
+    for name, fn in arms.items():
+        assert rel_err(fn(x, ws, bs), ref) <= tolerance(torch.bfloat16), name
+
+
+def test_config_label_names_kinds_and_programs_an_sm():
+    from fuseml.bench.suites._common import config_label, unique_name
+
+    chain = {"kind": "chain", "BLOCK_M": 64, "CHUNK": 64, "BLOCK_K": 32, "num_warps": 4,
+             "num_stages": 3}  # fmt: skip
+    assert config_label(chain) == "chain/64x64x32/w4/s3"
+    scratch = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "per_sm": 2}
+    assert config_label(scratch) == "32x128x64/w4/p2"
+    assert config_label({"kind": "layers"}) == "layers"
+    assert unique_name("a", {"a": 1, "a'": 2}) == "a''"

@@ -39,7 +39,14 @@ import torch
 
 import fuseml
 from fuseml.bench.harness import Case
-from fuseml.bench.suites._common import dtype_name, launch_bound, linear_params, no_tf32
+from fuseml.bench.suites._common import (
+    config_label,
+    dtype_name,
+    launch_bound,
+    linear_params,
+    no_tf32,
+    unique_name,
+)
 from fuseml.models.dlrm import DLRMConfig
 from fuseml.ops import _elementwise as ew
 from fuseml.ops import _gemm
@@ -93,22 +100,6 @@ def describe(arm: str) -> dict:
     return {} if choice is None else {"config": choice}
 
 
-_CONFIG_FLAGS = ("TMA", "STREAM", "OUT_SUB", "REG_PIPE")
-
-
-def config_label(cfg: dict) -> str:
-    """A candidate config as a short arm suffix: BMxBNxBK/wW/sS[/flags]."""
-    label = (
-        f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}/w{cfg['num_warps']}"
-        f"/s{cfg.get('num_stages', 1)}"
-    )
-    for key in _CONFIG_FLAGS:
-        value = cfg.get(key)
-        if value:
-            label += f"/{key.lower()}" + ("" if value is True else str(value))
-    return label
-
-
 def _sweep(make, m: int, n: int, k: int, dtype: torch.dtype, act: str):
     """sweep() of one case: one arm per candidate config of the GEMM for this shape."""
 
@@ -127,10 +118,9 @@ def _sweep(make, m: int, n: int, k: int, dtype: torch.dtype, act: str):
                 _gemm.launch_linear(out, x, w, b, None, 1.0, code, cfg, tma=tma)
                 return out
 
-            name = f"triton@{config_label(cfg)}"
-            while name in arms:  # (two configs that differ only in a field not labelled)
-                name += "'"
-            arms[name] = no_tf32(call) if dtype == torch.float32 else call
+            arms[unique_name(f"triton@{config_label(cfg)}", arms)] = (
+                no_tf32(call) if dtype == torch.float32 else call
+            )
         return arms
 
     return sweep
