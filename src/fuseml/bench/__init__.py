@@ -1,7 +1,8 @@
-"""Benchmark harness: ``fuseml bench SUITE [--quick] [--arms ...]``.
+"""Benchmark harness: ``fuseml bench SUITE [--quick] [--arms ...] [--cases REGEX] [--sweep]``.
 
-See harness.py for how timing works, roofline.py for the ceilings and report.py for the
-files, plots and README tables.
+See harness.py for how timing works, noise.py for when an arm is timed again, commit.py
+for the commit each row is stamped with, roofline.py for the ceilings and report.py for
+the files, plots and README tables.
 """
 
 from __future__ import annotations
