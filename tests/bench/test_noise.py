@@ -182,3 +182,21 @@ def test_harness_reruns_an_outlier_arm_before_writing_its_row(monkeypatch):
     assert by_arm["compile"]["reruns"] == noise.RERUNS_MAX
     assert by_arm["compile"]["p50_ms"] == 0.1150  # the nearest to settled of three
     assert "off the committed 85.0 us" in by_arm["compile"]["noisy"]
+
+
+def test_summary_counts_noisy_rows_and_the_wins_that_rest_on_them():
+    from fuseml.bench.summary import summarize
+
+    base = {"suite": "s", "mode": "events", "numel": 1 << 24}
+    rows = [
+        {**base, "case": "a", "arm": "compile", "p50_ms": 0.1172, "reruns": 2,
+         "noisy": "median +38% off the committed 85.0 us"},
+        {**base, "case": "a", "arm": "triton", "p50_ms": 0.08},
+        {**base, "case": "b", "arm": "compile", "p50_ms": 0.09},
+        {**base, "case": "b", "arm": "triton", "p50_ms": 0.08},
+    ]  # fmt: skip
+    lines = summarize({"suite": "s", "meta": {"gpu": "Test GPU"}, "rows": rows})
+    assert "  noisy rows (timed again, still unsettled): 1" in lines
+    assert "    a compile (events): median +38% off the committed 85.0 us" in lines
+    head = next(line for line in lines if "fastest peer" in line)
+    assert "2/2 cases >= 1.00x; a noisy row in 1 of them" in head
