@@ -182,11 +182,10 @@ def capture_graph(fn: Callable, input_sets: list[tuple], calls: int) -> torch.cu
     return graph
 
 
-# Heavy cases: arms timed in turns (see the module docstring). 0.5 ms: the large GEMMs
-# (4096 -> 11008 at 4096 rows, 0.56 ms a call, measured 0.948x cuBLASLt timed after four
-# other arms on an H100 at 83358b5 and 0.984x in turns at ca4df5c: likely the clocks' drop
-# under the power cap; 4096 -> 4096 / 11008 at 65536 rows: 3-10 ms), large model batches,
-# the largest elementwise and softmax cases (268M elements, 262,144-column rows).
+# Heavy cases: arms timed in turns (see the module docstring), so that the clocks' drop
+# under the power cap weighs on every arm alike: the large GEMMs (4096 -> 11008 at 4096
+# rows read 0.948x cuBLASLt timed after four other arms, 0.984x in turns, on an H100),
+# large model batches, the largest elementwise and softmax cases.
 TURNS_MIN_MS = 0.5
 TURNS_ROUNDS = 5
 
