@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
+# Usage: scripts/gpu-check.sh [OUTDIR]          (default: out/gpu-check)
+#
 # One command on a GPU machine (torch + triton preinstalled, no network, no pip install):
 # the environment report, the GPU tests, `fuseml demo` (which fails when the optimized
 # model's predictions leave the tolerance) and the bench suites in quick mode. Logs and
 # result files go to OUTDIR; OUTDIR/gpu-check.txt is the machine-written summary (device,
 # torch, triton, commit, test counts, demo, suites; last line PASS or FAIL), committed per
 # GPU as benchmarks/gpu-checks/<gpu>.txt.
-#
-#   scripts/gpu-check.sh [OUTDIR]          (default: out/gpu-check)
 #
 # The whole check does not fit one 10-minute call on one GPU (the ops tests alone ran past
 # 570 s with 15 workers on an H200). On a two-GPU machine (device kind nvidia-h200-x2) it
@@ -24,7 +24,7 @@
 #   FUSEML_TESTS=none FUSEML_DEMO=0 FUSEML_SUITES="linear mlp lora tuning" scripts/gpu-check.sh OUT/s1
 # FUSEML_TESTS: pytest paths (and options) of the GPU tests ("none": skip);
 # FUSEML_TEST_WORKERS (default 14); FUSEML_DEMO=0 skips the demo; FUSEML_SUITES: suites
-# ("none": skip); FUSEML_COMMIT: the commit to record (default: git rev-parse HEAD).
+# ("none": skip). The commit recorded is asked of git ("unknown (no git)" in a copied tree).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-out/gpu-check}"

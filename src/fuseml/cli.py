@@ -62,6 +62,13 @@ def bench(
             "0.5 ms a call or more)"
         ),
     ] = False,
+    sweep: Annotated[
+        bool,
+        typer.Option(
+            help="also time every candidate launch config of fuseml's kernel (arms named "
+            "ARM@CONFIG) in the cases that have one; written to SUITE-sweep.json"
+        ),
+    ] = False,
 ) -> None:
     """Time a suite's arms side by side; write results JSON, a PNG plot and a table."""
     if suite == "readme":
@@ -80,6 +87,7 @@ def bench(
             merge=merge,
             out_root=out,
             turns=turns,
+            sweep=sweep,
         )
     except (ValueError, RuntimeError) as err:
         typer.echo(f"error: {err}", err=True)

@@ -348,12 +348,3 @@ def test_commits_note_names_every_commit_of_merged_rows():
     assert report.commits_note(rows, meta) == (
         "rows from commits aaa (2 rows), bbb (1 rows); last run 2026-01-02"
     )
-
-
-def test_git_commit_shortens_a_full_sha(monkeypatch):
-    from fuseml.bench.harness import git_commit
-
-    monkeypatch.setenv("FUSEML_COMMIT", "fa1198b2cf09221d0eb862651cab1e78f01404cf")
-    assert git_commit() == "fa1198b"
-    monkeypatch.setenv("FUSEML_COMMIT", "release-1")
-    assert git_commit() == "release-1"

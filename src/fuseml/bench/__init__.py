@@ -1,7 +1,8 @@
-"""Benchmark harness: ``fuseml bench SUITE [--quick] [--arms ...]``.
+"""Benchmark harness: ``fuseml bench SUITE [--quick] [--arms ...] [--cases REGEX] [--sweep]``.
 
-See harness.py for how timing works, roofline.py for the ceilings and report.py for the
-files, plots and README tables.
+See harness.py for how timing works, noise.py for when an arm is timed again, commit.py
+for the commit each row is stamped with, roofline.py for the ceilings and report.py for
+the files, plots and README tables.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def run_suite(
     out_root: Path | None = None,
     console=None,
     turns: bool = False,
+    sweep: bool = False,
 ) -> tuple[Path, Path | None]:
     """Run suite ``name`` on CUDA device 0; write results JSON + PNG; print the table.
 
@@ -30,6 +32,9 @@ def run_suite(
     The file is rewritten after every case (meta "complete": false until the last), so a
     run cut short keeps what it measured; rerun the rest with --cases ... --merge.
     turns: every case's arms timed in turns, graph rows too (see harness.Settings).
+    sweep: only the cases with a sweep (harness.Case.sweep), each with one more arm per
+    candidate launch config of fuseml's kernel, every output checked; written to
+    ``<suite>-sweep.json`` beside the suite's results, never into them.
     Returns (results path, plot path or None for a suite without a plot).
     """
     import re
@@ -41,6 +46,7 @@ def run_suite(
     from fuseml import runtime
     from fuseml.bench import report
     from fuseml.bench.harness import Settings, run_cases, run_metadata
+    from fuseml.bench.noise import committed_history
     from fuseml.bench.roofline import measure_ceilings
     from fuseml.bench.suites import SUITES
 
@@ -57,22 +63,30 @@ def run_suite(
     cuda_ok, why = runtime.cuda_backend_status("cuda")
     if not cuda_ok:
         console.print(f"[yellow]cuda arm skipped: {why}[/yellow]")
-    console.print(f"measuring ceilings on {torch.cuda.get_device_name()} ...")
-    ceilings = measure_ceilings(quick=quick)
-    console.print(
-        f"copy {ceilings['copy_gbps']:,.0f} GB/s, bf16 matmul "
-        f"{ceilings['matmul_bf16_tflops']:,.0f} TFLOP/s"
-    )
     case_list = list(suite.cases(quick=quick, cuda=cuda_ok))
     if cases:
         pattern = re.compile(cases)
         case_list = [c for c in case_list if pattern.search(c.name)]
         if not case_list:
             raise ValueError(f"--cases {cases!r} matches no case of suite {name}")
+    if sweep:
+        case_list = with_sweeps(case_list, name)
+        arms = arms and sweep_arms(arms, case_list)
+    console.print(f"measuring ceilings on {torch.cuda.get_device_name()} ...")
+    ceilings = measure_ceilings(quick=quick)
+    console.print(
+        f"copy {ceilings['copy_gbps']:,.0f} GB/s, bf16 matmul "
+        f"{ceilings['matmul_bf16_tflops']:,.0f} TFLOP/s"
+    )
     root = Path(out_root) if out_root else report.RESULTS_DIR
+    # the committed timings of this suite on this GPU, read before this run writes any
+    history = committed_history(report.results_path(name, runtime.device_info()["slug"]))
     meta = run_metadata() | {"run": "quick" if quick else "full", "complete": False}
     if cases:
         meta["cases"] = cases  # a subset of the suite (merged into a whole file, dropped)
+    if sweep:
+        meta["sweep"] = True
+        name, history = f"{name}-sweep", {}
     rows: list[dict] = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console
@@ -85,15 +99,21 @@ def run_suite(
         for case in case_list:
             torch._dynamo.reset()  # see suites: one static compilation per case
             rows.extend(run_cases([case], ceilings=ceilings, settings=settings, arms=arms,
-                                  progress=progress))  # fmt: skip
+                                  progress=progress, history=history))  # fmt: skip
             bar.advance(task)
             report.write_results(name, rows, ceilings, meta, root, merge=merge)
     meta["complete"] = True
     path = report.write_results(name, rows, ceilings, meta, root, merge=merge)
     png = None  # a suite without PLOT (e.g. tuning latency) is a table only
-    if suite.PLOT is not None:
+    if suite.PLOT is not None and not sweep:
         png = report.plot_suite(report.load_results(path), suite.PLOT, path.with_suffix(".png"))
     report.print_table(rows, f"{name} on {meta['gpu']}", console)
+    for r in rows:
+        if r.get("noisy"):
+            console.print(
+                f"[yellow]NOISY[/yellow] {r['case']} arm {r['arm']} ({r['mode']}), timed "
+                f"{1 + r.get('reruns', 0)} times: {r['noisy']}"
+            )
     bad = [r for r in rows if r.get("matches_ref") is False]
     for r in bad:
         console.print(
@@ -105,3 +125,22 @@ def run_suite(
     written = f"{path} and {png}" if png else str(path)
     console.print(f"wrote {written} ({len(rows)} rows, {len(bad)} mismatches)")
     return path, png
+
+
+def with_sweeps(case_list: list, suite: str) -> list:
+    """The cases that have a sweep, its arms added to theirs (ValueError if none has)."""
+    swept = [c for c in case_list if c.sweep is not None]
+    if not swept:
+        raise ValueError(
+            f"--sweep: no selected case of suite {suite} has a sweep of launch configs"
+        )
+    for case in swept:
+        case.arms = {**case.arms, **case.sweep()}
+    return swept
+
+
+def sweep_arms(arms: list[str], case_list: list) -> list[str]:
+    """``arms`` and the sweep arms of the named arms ("triton" brings "triton@...")."""
+    named = set(arms)
+    extra = {a for c in case_list for a in c.arms if "@" in a and a.split("@", 1)[0] in named}
+    return [*arms, *sorted(extra)]

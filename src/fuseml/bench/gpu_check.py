@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
+
+from fuseml.bench.commit import git_commit
 
 
 def test_counts(xml_path: Path) -> dict[str, float] | None:
@@ -54,17 +55,8 @@ def failed_tests(xml_path: Path, limit: int = 20) -> list[str]:
 
 
 def _commit(given: str | None) -> str:
-    if given:
-        return given
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "tests"],
-                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-        return sha + (" (with uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git here: pass --commit)"
+    """The commit tested: given on the command line, else asked of git (full sha)."""
+    return given or git_commit(short=False)
 
 
 def _device() -> tuple[str, str, str]:
@@ -135,13 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         "out_dirs", type=Path, nargs="+",
         help="the folder scripts/gpu-check.sh wrote (several: the parts of a split check)",
     )  # fmt: skip
-    parser.add_argument("--commit", help="the commit tested (default: git rev-parse HEAD)")
+    parser.add_argument("--commit", help="the commit tested (default: asked of git)")
     parser.add_argument("--write", type=Path, help="summary file (default: OUT_DIR/gpu-check.txt)")
     args = parser.parse_args(argv)
     for d in args.out_dirs:
         if not d.is_dir():
             parser.error(f"out_dirs: {d} is not a folder")
-    text = report(args.out_dirs, args.commit or os.environ.get("FUSEML_COMMIT"))
+    text = report(args.out_dirs, args.commit)
     target = args.write or args.out_dirs[0] / "gpu-check.txt"
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(text)

@@ -6,8 +6,10 @@ A suite yields :class:`Case` objects: a way to make one input set, the arms to c
 
 * ``triton.testing.do_bench`` median with p20/p80, after warm-up (which also triggers
   Triton / torch.compile compilation and CUDA extension builds, so those stay out of the
-  numbers). do_bench clears L2 before every timed call; on top of that, inputs that fit in
-  L2 are rotated over several sets so that no arm is timed on cache-resident data.
+  numbers). do_bench clears L2 before every timed call (a write of a 256 MB buffer; the
+  turns timer below writes the same buffer, so both time equally cold calls); on top of
+  that, inputs that fit in L2 are rotated over several sets (past twice the L2) so that no
+  arm is timed on cache-resident data.
 * For launch-bound cases a CUDA-graph arm: N calls captured in one graph and replayed, so
   the per-call time is GPU time without launch gaps. At such sizes the event timing
   includes whatever host time per call the flush does not hide, so comparisons of kernels
@@ -28,6 +30,11 @@ A suite yields :class:`Case` objects: a way to make one input set, the arms to c
   (GEMM suites); a GEMM case that also gives its bytes gets GB/s and % of the roofline
   (the larger of % of the matmul and % of the copy ceiling) as extra fields, since at
   small M it is bound by reading the weights, not by the tensor cores.
+* A timing whose p20-p80 spread is over 10% of its median, or whose median is far from
+  the same arm's committed run on this GPU, is timed again before its row is written; the
+  row records ``reruns``, and ``noisy`` (why) if it stays so (noise.py).
+* Every row is stamped with the commit it ran from, asked of git (commit.py): marked
+  ``+dirty`` where the tree differs from it, ``unknown (no git)`` in a copied tree.
 * A case with ``measure`` is not a kernel timing (e.g. the first call of a fresh process,
   timed in a subprocess): it returns its rows' fields itself and skips all of the above.
 """
@@ -38,8 +45,6 @@ import datetime as _dt
 import itertools
 import logging
 import math
-import os
-import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -47,6 +52,8 @@ from dataclasses import dataclass, field
 import torch
 
 from fuseml import runtime
+from fuseml.bench.commit import git_commit
+from fuseml.bench.noise import History, settle
 from fuseml.testing import rel_err, tolerance
 
 log = logging.getLogger("fuseml")
@@ -77,6 +84,9 @@ class Case:
     # describe(arm) -> more row fields, asked right after the arm's first call (e.g. the
     # launch config the tuner chose for it)
     describe: Callable[[str], dict] | None = None
+    # sweep() -> {arm: fn}: one more arm per candidate launch config of fuseml's kernel,
+    # named "<arm>@<config>" (``fuseml bench SUITE --sweep``); None: the case has no sweep
+    sweep: Callable[[], dict[str, Callable]] | None = None
 
 
 @dataclass
@@ -98,31 +108,6 @@ class Settings:
                 turns=turns,
             )  # fmt: skip
         return cls(turns=turns)
-
-
-def git_commit() -> str:
-    """Short commit of the checkout (FUSEML_COMMIT wins: a copied tree has no .git; a full
-    hex sha there is shortened to 7 characters, as the other stamps)."""
-    given = os.environ.get("FUSEML_COMMIT", "").strip()
-    if given:
-        full_sha = len(given) == 40 and all(c in "0123456789abcdef" for c in given.lower())
-        return given[:7] if full_sha else given
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-        sha = out.stdout.strip()
-        if not sha:
-            return "unknown"
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def pdl_on() -> bool:
@@ -197,18 +182,26 @@ def capture_graph(fn: Callable, input_sets: list[tuple], calls: int) -> torch.cu
     return graph
 
 
-# Heavy cases: arms timed in turns (see the module docstring). 0.5 ms: the large GEMMs
-# (4096 -> 11008 at 4096 rows, 0.56 ms a call, measured 0.948x cuBLASLt timed after four
-# other arms on an H100 at 83358b5 and 0.984x in turns at ca4df5c: likely the clocks' drop
-# under the power cap; 4096 -> 4096 / 11008 at 65536 rows: 3-10 ms), large model batches,
-# the largest elementwise and softmax cases (268M elements, 262,144-column rows).
+# Heavy cases: arms timed in turns (see the module docstring), so that the clocks' drop
+# under the power cap weighs on every arm alike: the large GEMMs (4096 -> 11008 at 4096
+# rows read 0.948x cuBLASLt timed after four other arms, 0.984x in turns, on an H100),
+# large model batches, the largest elementwise and softmax cases.
 TURNS_MIN_MS = 0.5
 TURNS_ROUNDS = 5
 
 
+def l2_flush_buffer() -> torch.Tensor:
+    """The buffer do_bench writes before each timed call to clear the L2 (256 MB on CUDA):
+    the turns timer writes the same one, so both timers start each call equally cold."""
+    from triton import runtime as triton_runtime
+
+    return triton_runtime.driver.active.get_empty_cache_for_benchmark()
+
+
 def event_times_ms(fn: Callable[[], object], calls: int, flush: torch.Tensor) -> list[float]:
     """GPU ms of each of ``calls`` calls of ``fn`` (CUDA events), the L2 flushed (a write
-    of ``flush``) before each, as do_bench times; one untimed call first."""
+    of ``flush``, see l2_flush_buffer) before each, as do_bench times; one untimed call
+    first."""
     fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
@@ -279,8 +272,12 @@ def run_cases(
     settings: Settings,
     arms: Iterable[str] | None = None,
     progress=None,
+    history: History | None = None,
 ) -> list[dict]:
-    """Time every (case, arm) and return one row per measurement."""
+    """Time every (case, arm) and return one row per measurement.
+
+    history: (case, arm, mode) -> the committed median in ms (noise.committed_history):
+    a timing far from it is timed again (noise.py)."""
     meta = run_metadata()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     wanted = set(arms) if arms else None
@@ -288,7 +285,7 @@ def run_cases(
     for case in cases:
         if progress is not None:
             progress(case)
-        rows.extend(_run_case(case, ceilings, settings, wanted, meta, l2))
+        rows.extend(_run_case(case, ceilings, settings, wanted, meta, l2, history))
     return rows
 
 
@@ -353,7 +350,7 @@ def spin_up(fn: Callable, inputs: tuple, ms: float = 50.0) -> float:
     return per_call
 
 
-def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
+def _run_case(case, ceilings, settings, wanted, meta, l2, history=None) -> list[dict]:
     if case.measure is not None:
         measured = case.measure(settings)
         return [
@@ -399,15 +396,20 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
     if not arms:
         return rows
     # One call of each arm after its first; heavy cases (or every case, settings.turns)
-    # are timed in turns (see TURNS_MIN_MS), the rest one arm after the other.
+    # are timed in turns (see TURNS_MIN_MS), the rest one arm after the other. Unsettled
+    # timings (noise.py) are timed again before the rows are written.
+    history = history or {}
+
+    def past(mode: str) -> dict[str, float | None]:
+        return {arm: history.get((case.name, arm, mode)) for arm in arms}
+
     per_call = {arm: spin_up(fn, sets[0], ms=0.0) for arm, fn in arms.items()}
-    turns = None
     heavy = len(arms) > 1 and (settings.turns or max(per_call.values()) >= TURNS_MIN_MS)
     graphed = [arm for arm in arms if case.graph is True or (case.graph and arm in case.graph)]
     graph_in_turns = settings.turns and len(graphed) > 1
     flush = None
     if heavy or graph_in_turns:
-        flush = torch.empty(2 * max(l2, 1 << 20), dtype=torch.uint8, device="cuda")
+        flush = l2_flush_buffer()  # do_bench's own: the same flush in both timers
 
     def timer(fn, calls):
         return event_times_ms(fn, calls, flush)
@@ -419,8 +421,23 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
         calls = {
             arm: (lambda fn=fn, cycle=cycles[arm]: fn(*next(cycle))) for arm, fn in arms.items()
         }
-        turns = bench_turns_ms(calls, per_call, settings, timer)
-    graph_turns = None
+        # a re-run times every arm in turns again, so a drift still weighs on all alike
+        events = settle(
+            lambda names: bench_turns_ms(calls, per_call, settings, timer), arms, past("events")
+        )
+    else:
+
+        def time_each(names):
+            out = {}
+            for arm in names:
+                fn = arms[arm]
+                spin_up(fn, sets[0])
+                cycle = itertools.cycle(sets)
+                out[arm] = bench_ms_p99(lambda fn=fn, cycle=cycle: fn(*next(cycle)), settings)
+            return out
+
+        events = settle(time_each, arms, past("events"))
+    graph_times = {}
     if graph_in_turns:
         n = settings.graph_calls
         graphs = {arm: capture_graph(arms[arm], sets, n) for arm in graphed}
@@ -428,36 +445,39 @@ def _run_case(case, ceilings, settings, wanted, meta, l2) -> list[dict]:
         per_replay = {arm: spin_up(replay, (), ms=0.0) for arm, replay in replays.items()}
         for replay in replays.values():
             spin_up(replay, ())
-        graph_turns = {
-            arm: tuple(t / n for t in q[:3])
-            for arm, q in bench_turns_ms(replays, per_replay, settings, timer).items()
-        }
+
+        def graph_turns(names):
+            timed = bench_turns_ms(replays, per_replay, settings, timer)
+            return {arm: tuple(t / n for t in q[:3]) for arm, q in timed.items()}
+
+        graph_times = settle(graph_turns, graphed, past("graph"))
         del graphs, replays
-    flush = None  # (freed before the rows' own timing)
+    elif graphed:
+        graph_times = settle(
+            lambda names: {arm: bench_graph_ms(arms[arm], sets, settings) for arm in names},
+            graphed,
+            past("graph"),
+        )
+    flush = None  # (freed before the host-overhead loops)
     for arm, fn in arms.items():
         fields = fields_by_arm[arm]
-        if turns is not None:
-            p50, p20, p80, p99 = turns[arm]
+        timing = events[arm]
+        p50, p20, p80, p99 = timing.quantiles
+        if heavy:
             fields["turns"] = TURNS_ROUNDS
-        else:
-            spin_up(fn, sets[0])
-            cycle = itertools.cycle(sets)
-            p50, p20, p80, p99 = bench_ms_p99(lambda fn=fn, cycle=cycle: fn(*next(cycle)), settings)
         fields.update(mode="events", p50_ms=p50, p20_ms=p20, p80_ms=p80, p99_ms=p99)
+        fields.update(timing.fields())
         if case.overhead:
             fields["host_us"] = round(host_overhead_us(fn, sets[0], settings.overhead_iters), 2)
         rows.append(_row(case, arm, meta, ceilings, **fields))
         if arm in graphed:
-            graph = {}
-            if graph_turns is not None:
-                g50, g20, g80 = graph_turns[arm]
-                graph["turns"] = TURNS_ROUNDS
-            else:
-                g50, g20, g80 = bench_graph_ms(fn, sets, settings)
+            g = graph_times[arm]
+            g50, g20, g80 = g.quantiles[:3]
+            graph = {"turns": TURNS_ROUNDS} if graph_in_turns else {}
             rows.append(
                 _row(
                     case, arm, meta, ceilings, mode="graph", p50_ms=g50, p20_ms=g20, p80_ms=g80,
-                    **graph,
+                    **graph, **g.fields(),
                 )
             )  # fmt: skip
     if case.overhead:

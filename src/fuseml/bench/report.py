@@ -134,7 +134,7 @@ def print_table(rows: list[dict], title: str, console=None) -> None:
         spread = f"{r['p20_ms'] * 1e3:,.1f}-{r['p80_ms'] * 1e3:,.1f}" if r.get("p20_ms") else ""
         rate = f"{r['rate']:,.0f} {r['rate_unit']}" if r.get("rate") else ""
         pct = f"{r['pct_of_ceiling']:.0f}%" if r.get("pct_of_ceiling") is not None else ""
-        ok = {True: "yes", False: "NO", None: ""}[r.get("matches_ref")]
+        ok = {True: "yes", False: "NO", None: ""}[r.get("matches_ref")] + _noisy_mark(r)
         host = f"{r['host_us']:.1f}" if r.get("host_us") is not None else ""
         table.add_row(
             r["case"], r["arm"], r["mode"], _fmt_us(r.get("p50_ms")), spread, rate, pct, host, ok
@@ -249,7 +249,18 @@ def _cell(r: dict, spec: dict) -> str:
     else:
         text = f"{r['p50_ms'] * 1e3:,.1f} us"
     pct = r.get(spec.get("pct", "pct_of_ceiling"))
-    return text + (f", {pct:.0f}%" if pct is not None else "")
+    return text + (f", {pct:.0f}%" if pct is not None else "") + _noisy_mark(r)
+
+
+def _noisy_mark(*rows: dict) -> str:
+    """' (noisy)' where a row's timing stayed unsettled after its re-runs (noise.py)."""
+    return " (noisy)" if any(r.get("noisy") for r in rows) else ""
+
+
+NOISY_NOTE = (
+    " (noisy): timed again and still unsettled (p20-p80 spread over 10% of the median, or "
+    "median over 15% off the committed run); not a result to rely on."
+)
 
 
 def markdown_table(doc: dict, spec: dict, *, footer: bool = True) -> str:
@@ -297,7 +308,8 @@ def markdown_table(doc: dict, spec: dict, *, footer: bool = True) -> str:
             fused = by_arm.get(spec.get("fused", "triton"))
             if peer_times and fused and fused.get("p50_ms"):
                 best_ms, best = min(peer_times)
-                cells += [best, f"{best_ms / fused['p50_ms']:.2f}x"]
+                ratio = f"{best_ms / fused['p50_ms']:.2f}x" + _noisy_mark(by_arm[best], fused)
+                cells += [best, ratio]
             else:
                 cells += ["", ""]
         lines.append("| " + " | ".join(cells) + " |")
@@ -319,6 +331,7 @@ def markdown_table(doc: dict, spec: dict, *, footer: bool = True) -> str:
         + (ceilings if spec.get("ceilings", True) else "")
         + spec.get("note", DEFAULT_CELLS_NOTE)
         + _first_calls(rows, spec)
+        + (NOISY_NOTE if any(r.get("noisy") for r in rows) else "")
     )
     return "\n".join(lines)
 

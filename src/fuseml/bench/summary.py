@@ -25,6 +25,10 @@ def summarize(doc: dict) -> list[str]:
     if failed:  # (the tuning suite's failed first calls are counted per arm below)
         lines.append(f"  failed arms: {len(failed)}")
         lines.extend(f"    {r['case']} {r['arm']}: {r['error']}" for r in failed)
+    noisy = [r for r in doc["rows"] if r.get("noisy")]
+    if noisy:  # timed again and still unsettled (noise.py): no result to rest a claim on
+        lines.append(f"  noisy rows (timed again, still unsettled): {len(noisy)}")
+        lines.extend(f"    {r['case']} {r['arm']} ({r['mode']}): {r['noisy']}" for r in noisy)
     by_case = defaultdict(dict)
     for r in timed:
         by_case[r["case"]][r["arm"]] = r
@@ -52,11 +56,14 @@ def summarize(doc: dict) -> list[str]:
             )
         ratios = []
         overlap = set()  # cases below 1.00x whose p20-p80 spread meets the fastest peer's
+        unsettled = set()  # cases whose ratio rests on a noisy row (ours or the peer's)
         for case, arms in by_case.items():
             peers = [r for a, r in arms.items() if a not in (*FUSED, *REFERENCE_ARMS)]
             if arm in arms and peers and arms[arm].get("numel", 0) >= 1_000_000:
                 ours, peer = arms[arm], min(peers, key=lambda r: r["p50_ms"])
                 ratios.append((peer["p50_ms"] / ours["p50_ms"], case))
+                if ours.get("noisy") or peer.get("noisy"):
+                    unsettled.add(case)
                 if ours.get("p20_ms", ours["p50_ms"]) <= peer.get("p80_ms", peer["p50_ms"]):
                     overlap.add(case)
         if ratios:
@@ -72,6 +79,7 @@ def summarize(doc: dict) -> list[str]:
                     if below
                     else ""
                 )
+                + (f"; a noisy row in {len(unsettled)} of them" if unsettled else "")
             )
             slow = sorted(ratios)[:5]
             lines += [

@@ -49,3 +49,32 @@ def linear_params(
     w = torch.empty(n_out, n_in, device=device).uniform_(-bound, bound)
     b = torch.empty(n_out, device=device).uniform_(-bound, bound)
     return w.to(dtype), b.to(dtype)
+
+
+_DIMS = ("BLOCK_M", ("BLOCK_N", "CHUNK"), "BLOCK_K")
+_FLAGS = ("TMA", "STREAM", "OUT_SUB", "REG_PIPE")
+
+
+def config_label(cfg: dict) -> str:
+    """A candidate launch config as a short arm suffix: [kind/]BMxBNxBK/wW[/sS][/pP][/flags]
+    (p: programs an SM; flags: the kernel variants a config selects)."""
+    parts = [cfg["kind"]] if "kind" in cfg else []
+    dims = [next((str(cfg[k]) for k in ((d,) if isinstance(d, str) else d) if k in cfg), "")
+            for d in _DIMS]  # fmt: skip
+    if any(dims):
+        parts.append("x".join(dims))
+    for key, tag in (("num_warps", "w"), ("num_stages", "s"), ("per_sm", "p")):
+        if key in cfg:
+            parts.append(f"{tag}{cfg[key]}")
+    for key in _FLAGS:
+        if cfg.get(key):
+            parts.append(key.lower() + ("" if cfg[key] is True else str(cfg[key])))
+    return "/".join(parts)
+
+
+def unique_name(name: str, taken) -> str:
+    """``name``, primed until it is not in ``taken`` (configs that differ in a field the
+    label leaves out)."""
+    while name in taken:
+        name += "'"
+    return name

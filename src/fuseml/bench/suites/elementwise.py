@@ -10,6 +10,10 @@ Arms
   triton-op torch.ops.fuseml.* through the dispatcher (host overhead only: same kernel)
   copy      a device-to-device copy of the input (GELU only): what moving the same bytes
             costs at that size, the practical ceiling there
+
+Sweep (``--sweep``): the Triton kernel at every tile size (bytes of each operand a program
+moves) and warp count of SWEEP_TILE_BYTES x SWEEP_WARPS, arms ``triton@<bytes>B/w<warps>``:
+the sweep the launch heuristic (fuseml.ops._elementwise.launch_config) was picked from.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ import math
 
 import torch
 import torch.nn.functional as F
+import triton
 
 import fuseml
 from fuseml.bench.harness import Case
 from fuseml.bench.suites._common import launch_bound
+from fuseml.ops import _elementwise as ew
 
 SIZES_FULL = [10_000, 100_000, 1_000_000, 4_194_304, 16_777_216, 67_108_864, 268_435_456]
 SIZES_QUICK = [10_000, 1_000_000, 16_777_216, 268_435_456]
@@ -35,6 +41,51 @@ DTYPES_FULL = [torch.float32, torch.bfloat16]
 DTYPES_QUICK = [torch.float32, torch.bfloat16]
 SQRT1_2 = 1.0 / math.sqrt(2.0)
 SQRT_2_PI = math.sqrt(2.0 / math.pi)
+
+
+SWEEP_TILE_BYTES = (2048, 4096, 8192, 16384, 32768)
+SWEEP_WARPS = (4, 8)
+# op -> (activation, alpha) of the one kernel every op of this suite launches
+_KERNEL_ARGS = {
+    "add": ("none", 1.0), "gelu": ("gelu", 1.0), "gelu_tanh": ("gelu_tanh", 1.0),
+    "bias_residual_relu": ("relu", 0.5), "bias_gelu": ("gelu", 1.0),
+}  # fmt: skip
+
+
+def sweep_config(shape: tuple, elem_size: int, tile_bytes: int, warps: int) -> dict:
+    """The launch config of a ``tile_bytes`` tile of each operand on ``warps`` warps: flat
+    inputs one row of BLOCK_N, 2-D ones rows of up to the row's width."""
+    rows = 1 if len(shape) == 1 else shape[0]
+    cols = shape[-1]
+    block_n = min(tile_bytes // elem_size, triton.next_power_of_2(cols))
+    block_m = 1 if rows == 1 else min(max(1, tile_bytes // elem_size // block_n),
+                                      triton.next_power_of_2(rows))  # fmt: skip
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps}
+
+
+def _sweep(op: str, kind: str, shape: tuple, dtype: torch.dtype):
+    """sweep() of one case: {"triton@<bytes>B/w<warps>": fn(*inputs)}."""
+    act, alpha = _KERNEL_ARGS[op]
+    code = ew.ACT_CODE[act]
+    es = torch.empty((), dtype=dtype).element_size()
+
+    def arm(cfg: dict):
+        def call(*inputs):
+            x = inputs[0]
+            bias = inputs[1] if "b" in kind else None
+            y = inputs[-1] if ("y" in kind or "r" in kind) else None
+            return ew.bias_act_into(torch.empty_like(x), x, y, bias, alpha, code, config=cfg)
+
+        return call
+
+    def sweep() -> dict:
+        return {
+            f"triton@{tile}B/w{warps}": arm(sweep_config(shape, es, tile, warps))
+            for tile in SWEEP_TILE_BYTES
+            for warps in SWEEP_WARPS
+        }
+
+    return sweep
 
 
 def _gelu_manual(x):
@@ -161,6 +212,7 @@ def cases(quick: bool = False, cuda: bool = True):
                     overhead=numel == min(n for _, n in grid),
                     overhead_arms={"triton-op": spec["op"]},
                     dtype=dtype,
+                    sweep=_sweep(name, spec["inputs"], shape, dtype),
                 )
 
 

@@ -17,6 +17,12 @@ Arms
 The GELU is the tanh form ("gelu_tanh"): that is the one cuBLASLt's epilogue computes, so
 all arms compute one function and every output is checked against the reference.
 
+Sweep (``--sweep``): the Triton GEMM at every candidate config its tuner times for the
+shape (fuseml.ops._gemm.candidates, on the main loop the layer takes), arms
+``triton@BMxBNxBK/wW/sS[/flags]``: for keeping the candidate table, not for the tables.
+Rows as given: where the library pads K per call (an unaligned K at many rows), the
+sweep times the kernel on the unpadded rows.
+
 Rate: TFLOP/s at 2 M N K FLOPs against the matmul ceiling of the dtype (fp32: TF32 off).
 Rows also carry GB/s for the fewest bytes a call moves (x, W, b read, out written once)
 and % of the roofline (the larger of the two percentages): small M is bound by the
@@ -33,8 +39,17 @@ import torch
 
 import fuseml
 from fuseml.bench.harness import Case
-from fuseml.bench.suites._common import dtype_name, launch_bound, linear_params, no_tf32
+from fuseml.bench.suites._common import (
+    config_label,
+    dtype_name,
+    launch_bound,
+    linear_params,
+    no_tf32,
+    unique_name,
+)
 from fuseml.models.dlrm import DLRMConfig
+from fuseml.ops import _elementwise as ew
+from fuseml.ops import _gemm
 from fuseml.ops._gemm import TMA_MIN_M, TMA_TUNED_MAX_M
 
 linear_mod = importlib.import_module("fuseml.ops.linear")  # (fuseml.ops.linear: the function)
@@ -83,6 +98,32 @@ def describe(arm: str) -> dict:
     """The fused arms' rows record the launch config (and kernel) their first call took."""
     choice = linear_mod.last_choice() if arm in ("triton", "triton-ptr") else None
     return {} if choice is None else {"config": choice}
+
+
+def _sweep(make, m: int, n: int, k: int, dtype: torch.dtype, act: str):
+    """sweep() of one case: one arm per candidate config of the GEMM for this shape."""
+
+    def sweep() -> dict:
+        x, w, _ = make()  # (the main loop the layer takes depends on its tensors' layout)
+        loop = _gemm.gemm_loop(x, w, False)
+        unaligned = loop == _gemm.LOOP_PTR and not _gemm.tma_eligible(x, w)
+        configs = _gemm.candidates(m, n, k, dtype, loop, plain=True, unaligned=unaligned)
+        code = ew.ACT_CODE[act]
+        arms = {}
+        for cfg in configs:
+
+            def call(x, w, b, cfg=cfg):
+                out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+                tma = _gemm.takes_tma(loop, cfg)
+                _gemm.launch_linear(out, x, w, b, None, 1.0, code, cfg, tma=tma)
+                return out
+
+            arms[unique_name(f"triton@{config_label(cfg)}", arms)] = (
+                no_tf32(call) if dtype == torch.float32 else call
+            )
+        return arms
+
+    return sweep
 
 
 def linear_case(
@@ -153,6 +194,7 @@ def linear_case(
         dtype=dtype,
         compile_arms=("compile", "compile-max"),
         describe=describe,
+        sweep=_sweep(make, m, n, k, dtype, act),
     )
 
 

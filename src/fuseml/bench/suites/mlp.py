@@ -23,20 +23,34 @@ the plot show those of eager and triton as arms of their own, "eager+graph" (eag
 graph: what capturing the unfused chain buys without fusing) and "triton+graph". The
 smallest batch of each MLP also measures host time per call.
 
+Sweep (``--sweep``): the fused MLP at every candidate config its tuner times for the
+batch (fuseml.ops.mlp.candidates: chain and scratch kernels, and the layers one by one),
+arms ``triton@<kind>/BMxBNxBK/...``.
+
 Rate: TFLOP/s (2 B sum(in x out)) against the dtype's matmul ceiling; rows also carry GB/s
 for weights + x + out moved once and % of the roofline (the larger of the two).
 """
 
 from __future__ import annotations
 
+import importlib
 import itertools
 
 import torch
 
 import fuseml
 from fuseml.bench.harness import Case
-from fuseml.bench.suites._common import dtype_name, launch_bound, linear_params, no_tf32
+from fuseml.bench.suites._common import (
+    config_label,
+    dtype_name,
+    launch_bound,
+    linear_params,
+    no_tf32,
+    unique_name,
+)
 from fuseml.models.dlrm import DLRMConfig
+
+mlp_mod = importlib.import_module("fuseml.ops.mlp")  # (fuseml.ops.mlp: the function)
 
 BATCHES_FULL = [64, 256, 4096, 32768, 65536]
 CEILINGS = {torch.bfloat16: "matmul_bf16_tflops", torch.float32: "matmul_fp32_tflops"}
@@ -58,6 +72,26 @@ MLPS = dlrm_mlps()
 QUICK = {"kaggle-bottom": [256, 4096, 65536], "kaggle-top": [4096], "mlperf-top": [4096]}
 MAX_AUTOTUNE_BATCH = 4096  # compile-max at this batch, bf16 (kaggle-bottom only when quick)
 # and at 65536 for kaggle-bottom (the MLP the targets name)
+
+
+def _sweep(widths: tuple, batch: int, dtype: torch.dtype, codes: list[int]):
+    """sweep() of one case: one arm per candidate config of the fused MLP for this batch
+    (none where the chain is not one fused group)."""
+
+    def sweep() -> dict:
+        if max(widths) > mlp_mod.MAX_WIDTH or len(widths) - 1 > mlp_mod.MAX_FUSED_LAYERS:
+            return {}
+        arms = {}
+        for cfg in mlp_mod.candidates(batch, widths, dtype):
+
+            def call(x, ws, bs, cfg=cfg):
+                return mlp_mod._run_group(x, ws, bs, codes, cfg, False)
+
+            name = unique_name(f"triton@{config_label(cfg)}", arms)
+            arms[name] = no_tf32(call) if dtype == torch.float32 else call
+        return arms
+
+    return sweep
 
 
 def mlp_case(
@@ -119,6 +153,7 @@ def mlp_case(
         overhead_arms=overhead_arms,
         dtype=dtype,
         compile_arms=("compile", "compile-max"),
+        sweep=_sweep(tuple(widths), batch, dtype, codes),
     )
 
 

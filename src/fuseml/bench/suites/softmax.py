@@ -11,15 +11,57 @@ Arms
   copy     a device-to-device copy of the input (softmax only): what moving the same
            bytes once costs at this size, the practical ceiling of a one-read, one-write
            op (the copy_gbps ceiling is measured at 1 GiB). A reference, not a peer.
+
+Sweep (``--sweep``): rows past the on-chip kernel's width, through the split-row kernel at
+every width of a row's piece (columns a program: SWEEP_SPLIT_BLOCKS, the warps following
+it), arms ``triton@split<columns>``.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import torch
 
 import fuseml
 from fuseml.bench.harness import Case
 from fuseml.bench.suites._common import launch_bound
+
+sm = importlib.import_module("fuseml.ops.softmax")  # (fuseml.ops.softmax: the function)
+SWEEP_SPLIT_BLOCKS = (2048, 4096, 8192, 16384, 32768)
+
+
+def _sweep(n: int, log: bool):
+    """sweep() of one case: one arm per width of the split kernel's pieces that splits a
+    row of ``n`` columns into 2 or more pieces within the kernel's limit of pieces a row
+    (at most half the SMs: a row's programs wait on each other, so all must be resident)."""
+
+    def sweep() -> dict:
+        if n <= sm.MAX_ONCHIP_COLS:
+            return {}
+        sms = (
+            torch.cuda.get_device_properties(0).multi_processor_count
+            if torch.cuda.is_available()
+            else 2 * sm.SPLIT_MAX_CHUNKS  # (the interpreter runs one program at a time)
+        )
+        limit = min(sm.SPLIT_MAX_CHUNKS, sms // 2)
+        arms = {}
+        for block in SWEEP_SPLIT_BLOCKS:
+            chunks = -(-n // block)
+            if not 1 < chunks <= limit:
+                continue
+
+            def call(x, block=block, chunks=chunks):
+                out = torch.empty_like(x)
+                pairs = sm._split_pairs(x, out)
+                sm._launch_split(x, out, (block, chunks), log, False, pairs)
+                return out
+
+            arms[f"triton@split{block}"] = call
+        return arms
+
+    return sweep
+
 
 ROWS = 4096
 N_FULL = [128, 256, 512, 1000, 1024, 2048, 3000, 4096, 8192, 16384, 32768, 50257, 65536,
@@ -63,6 +105,7 @@ def _case(op: str, n: int, dtype: torch.dtype, cuda: bool) -> Case:
         # Small N: a few microseconds of GPU work, so host launch time would dominate the
         # events timing; CUDA-graph replays show the kernels' own time as well.
         graph=launch_bound(0, 2 * ROWS * n * es),
+        sweep=_sweep(n, log),
     )
 
 

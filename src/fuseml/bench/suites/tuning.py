@@ -106,22 +106,11 @@ def child(spec_json: str) -> None:
     torch.cuda.synchronize()
     before, _ = _tune.entry_count()
     built_before = _triton_entries()
-    profile = os.environ.get("FUSEML_TUNING_PROFILE")  # diagnosis: where the first call goes
-    if profile:
-        import cProfile
-
-        prof = cProfile.Profile()
-        prof.enable()
     t0 = time.perf_counter()
     fn()
     torch.cuda.synchronize()
     first = time.perf_counter() - t0
     built = _triton_entries() - built_before
-    if profile:
-        import pstats
-
-        prof.disable()
-        pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(int(profile))
     t0 = time.perf_counter()
     fn()
     torch.cuda.synchronize()

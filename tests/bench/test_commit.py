@@ -1,0 +1,90 @@
+"""The commit stamp comes from git itself: clean, dirty, or plainly unknown."""
+
+import subprocess
+
+import pytest
+
+from fuseml.bench import gpu_check
+from fuseml.bench.commit import DIRTY, NO_GIT, dirty_paths, git_commit
+
+
+def _git(repo, *args):
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A repository with src/, tests/ and a benchmarks results file, all committed."""
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "config", "user.email", "t@example.com")
+    _git(tmp_path, "config", "user.name", "t")
+    for rel in ("src/pkg/a.py", "tests/test_a.py", "benchmarks/results/gpu/suite.json"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "init")
+    return tmp_path
+
+
+def test_clean_tree_is_its_commit(repo, monkeypatch):
+    monkeypatch.setenv("FUSEML_COMMIT", "1234567")  # a hand-set value is never used
+    head = _git(repo, "rev-parse", "--short", "HEAD")
+    assert git_commit(repo) == head
+    assert git_commit(repo / "src" / "pkg") == head  # asked from a subfolder
+    assert git_commit(repo, short=False) == _git(repo, "rev-parse", "HEAD")
+
+
+def test_changed_tracked_file_marks_dirty(repo):
+    head = _git(repo, "rev-parse", "--short", "HEAD")
+    (repo / "src/pkg/a.py").write_text("x = 2\n")
+    assert git_commit(repo) == head + DIRTY
+    _git(repo, "checkout", "--", "src/pkg/a.py")
+    (repo / "tests/test_a.py").write_text("x = 2\n")  # the tree differs outside src/ too
+    assert git_commit(repo) == head + DIRTY
+
+
+def test_untracked_source_marks_dirty_other_untracked_files_do_not(repo):
+    head = _git(repo, "rev-parse", "--short", "HEAD")
+    (repo / "notes.txt").write_text("scratch\n")
+    assert git_commit(repo) == head
+    (repo / "src/pkg/b.py").write_text("y = 1\n")
+    assert git_commit(repo) == head + DIRTY
+
+
+def test_results_written_by_the_run_do_not_mark_dirty(repo):
+    head = _git(repo, "rev-parse", "--short", "HEAD")
+    (repo / "benchmarks/results/gpu/suite.json").write_text("[]\n")
+    (repo / "benchmarks/results/gpu/other.json").write_text("[]\n")
+    assert git_commit(repo) == head
+
+
+def test_no_repository_or_no_git_is_said_plainly(tmp_path_factory, monkeypatch, repo):
+    copied = tmp_path_factory.mktemp("copy")
+    assert git_commit(copied) == NO_GIT  # a copied tree: no .git above it
+    assert git_commit(copied / "missing") == NO_GIT
+    monkeypatch.setenv("PATH", "")  # no git executable at all
+    assert git_commit(repo) == NO_GIT
+
+
+def test_dirty_paths_reads_porcelain():
+    porcelain = "\n".join([
+        " M src/fuseml/ops/add.py",
+        "M  README.md",
+        " M benchmarks/results/h100/linear.json",
+        "?? benchmarks/results/h100/new.json",
+        "?? scratch.py",
+        "?? src/fuseml/new.py",
+        "R  src/old.py -> src/new.py",
+    ])  # fmt: skip
+    assert dirty_paths(porcelain) == [
+        "src/fuseml/ops/add.py", "README.md", "src/fuseml/new.py", "src/new.py",
+    ]  # fmt: skip
+
+
+def test_gpu_check_asks_git_when_no_commit_is_given(repo, monkeypatch):
+    monkeypatch.setenv("FUSEML_COMMIT", "typed-by-hand")
+    monkeypatch.setattr(gpu_check, "git_commit", lambda short: git_commit(repo, short=short))
+    assert gpu_check._commit(None) == _git(repo, "rev-parse", "HEAD")
+    assert gpu_check._commit("abc123") == "abc123"
