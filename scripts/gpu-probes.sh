@@ -35,10 +35,10 @@ run() {  # name, timeout in seconds, command...
 }
 if [ -n "$CASES" ]; then
     rm -rf "$OUT/results" && cp -r benchmarks/results "$OUT/results"
-    run "bench-$SUITE" "$LIMIT" "$PY" -m fuseml.cli bench "$SUITE" $QUICK --merge \
+    run "bench-$SUITE" "$LIMIT" "$PY" -m fuseml bench "$SUITE" $QUICK --merge \
         --cases "$CASES" --out "$OUT/results"
 else
-    run "bench-$SUITE" "$LIMIT" "$PY" -m fuseml.cli bench "$SUITE" $QUICK --out "$OUT/results"
+    run "bench-$SUITE" "$LIMIT" "$PY" -m fuseml bench "$SUITE" $QUICK --out "$OUT/results"
 fi
 tail -5 "$OUT/bench-$SUITE.txt"
 tar czf "$OUT/../probes.tgz" -C "$OUT" . && mv "$OUT/../probes.tgz" "$OUT/"

@@ -36,7 +36,7 @@ def env(
     ] = True,
 ) -> None:
     """Versions, device, working backends and (on a GPU) the measured ceilings."""
-    from fuseml.env import print_env
+    from fuseml.apps.env import print_env
 
     print_env(remeasure=remeasure, build_cuda=build_cuda)
 
@@ -89,8 +89,8 @@ def bench(
 @app.command()
 def demo() -> None:
     """Environment, elementwise ops through every backend, then DLRM end to end (synthetic)."""
-    from fuseml.demo import run_demo
-    from fuseml.demo_dlrm import DemoCheckFailed
+    from fuseml.apps.demo import run_demo
+    from fuseml.apps.demo_dlrm import DemoCheckFailed
 
     try:
         run_demo()
@@ -140,9 +140,9 @@ def train(
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
     """Train a DLRM (BCE with logits); validation AUC after each epoch, test AUC at the end."""
+    from fuseml.apps.train import TrainOptions, resolve_device, synthetic_dataset
+    from fuseml.apps.train import train as run_train
     from fuseml.models.dlrm import CONFIG_NAMES
-    from fuseml.train import TrainOptions, resolve_device, synthetic_dataset
-    from fuseml.train import train as run_train
 
     if (data is None) == (synthetic is None):
         _fail(ValueError("give exactly one of --data DIR and --synthetic ROWS"))
@@ -195,7 +195,7 @@ def predict(
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Write click probabilities (row id, probability, label if known) for every row."""
-    from fuseml.predict import predict as run_predict
+    from fuseml.apps.predict import predict as run_predict
 
     try:
         run_predict(
@@ -301,7 +301,7 @@ def profile_dlrm(
     device: Annotated[str | None, typer.Option(help="default: cuda if available")] = None,
 ) -> None:
     """torch.profiler trace of DLRM inference, ranges per stage, top-10 kernels (or ops)."""
-    from fuseml.profile import profile_dlrm as run_profile
+    from fuseml.apps.profile import profile_dlrm as run_profile
 
     try:
         run_profile(

@@ -31,9 +31,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from fuseml.apps.train import DTYPES, resolve_device
 from fuseml.models.bench_cases import random_inputs
 from fuseml.models.dlrm import DLRM, DLRMConfig
-from fuseml.train import DTYPES, resolve_device
 
 __all__ = ["STAGES", "ProfileResult", "profile_dlrm", "stage_ranges"]
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from rich.console import Console
 
+from fuseml.apps.predict import predict
+from fuseml.apps.train import TrainOptions, load_checkpoint, model_from_checkpoint, train
 from fuseml.data import CriteoDataset, CriteoReader, Vocabulary, prepare, synth, transform_dense
-from fuseml.predict import predict
-from fuseml.train import TrainOptions, load_checkpoint, model_from_checkpoint, train
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,14 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from fuseml.apps.train import (
+    _RateColumn,
+    check_data_matches,
+    load_checkpoint,
+    metrics_from_logits,
+    model_from_checkpoint,
+    resolve_device,
+)
 from fuseml.data import (
     NUM_DENSE,
     NUM_SPARSE,
@@ -59,14 +67,6 @@ from fuseml.data import (
 )
 from fuseml.data.criteo import open_maybe_gzip
 from fuseml.models.dlrm import DLRM
-from fuseml.train import (
-    _RateColumn,
-    check_data_matches,
-    load_checkpoint,
-    metrics_from_logits,
-    model_from_checkpoint,
-    resolve_device,
-)
 
 __all__ = ["BACKENDS", "PredictSummary", "predict"]
 
