@@ -10,8 +10,9 @@ import pytest
 import torch
 from rich.console import Console
 
+from fuseml.apps.common import load_checkpoint, model_from_checkpoint
 from fuseml.apps.predict import predict
-from fuseml.apps.train import TrainOptions, load_checkpoint, model_from_checkpoint, train
+from fuseml.apps.train import TrainOptions, train
 from fuseml.data import CriteoDataset, CriteoReader, Vocabulary, prepare, synth, transform_dense
 
 

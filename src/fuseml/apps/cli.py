@@ -140,7 +140,8 @@ def train(
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
     """Train a DLRM (BCE with logits); validation AUC after each epoch, test AUC at the end."""
-    from fuseml.apps.train import TrainOptions, resolve_device, synthetic_dataset
+    from fuseml.apps.common import resolve_device
+    from fuseml.apps.train import TrainOptions, synthetic_dataset
     from fuseml.apps.train import train as run_train
     from fuseml.models.dlrm import CONFIG_NAMES
 

@@ -38,14 +38,9 @@ class DemoCheckFailed(RuntimeError):
 
 def dlrm_demo(console: Console | None = None, *, rows: int = DEMO_ROWS) -> dict:
     """Run the demo; returns its numbers (also printed as a summary table)."""
+    from fuseml.apps.common import cache_dir
     from fuseml.apps.predict import predict
-    from fuseml.apps.train import (
-        TrainOptions,
-        cache_dir,
-        split_oracle_auc,
-        synthetic_dataset,
-        train,
-    )
+    from fuseml.apps.train import TrainOptions, split_oracle_auc, synthetic_dataset, train
 
     console = console or Console()
     console.rule("DLRM: synthetic Criteo data -> train -> evaluate -> predict")
@@ -137,7 +132,7 @@ def _optimized_matches(console: Console, checkpoint, *, batch: int = 4096) -> di
     """fuseml.optimize on the trained model: what it swapped, and that the predictions of
     the optimized model are the original's (``check_optimized``)."""
     import fuseml
-    from fuseml.apps.train import load_checkpoint, model_from_checkpoint
+    from fuseml.apps.common import load_checkpoint, model_from_checkpoint
     from fuseml.models.bench_cases import random_inputs
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

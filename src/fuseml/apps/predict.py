@@ -47,8 +47,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from fuseml.apps.train import (
-    _RateColumn,
+from fuseml.apps.common import (
+    RateColumn,
     check_data_matches,
     load_checkpoint,
     metrics_from_logits,
@@ -262,7 +262,7 @@ def predict(
         TextColumn(f"predicting {source.name}"),
         BarColumn(),
         MofNCompleteColumn() if stream.unit == "rows" else DownloadColumn(),
-        _RateColumn() if stream.unit == "rows" else TransferSpeedColumn(),
+        RateColumn() if stream.unit == "rows" else TransferSpeedColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=console,

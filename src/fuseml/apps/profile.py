@@ -31,7 +31,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from fuseml.apps.train import DTYPES, resolve_device
+from fuseml.apps.common import DTYPES, resolve_device
 from fuseml.models.bench_cases import random_inputs
 from fuseml.models.dlrm import DLRM, DLRMConfig
 
