@@ -86,9 +86,10 @@ def test_profile_dlrm_writes_a_chrome_trace(tmp_path):
     assert "Device (kernel) times need a CUDA GPU" in output
 
 
-def test_profile_dlrm_fused_backend(tmp_path):
-    _ok(["profile", "dlrm", "--config", "tiny", "--backend", "fused", "--batch-size", "64", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)])  # fmt: skip
-    (trace,) = tmp_path.glob("dlrm-tiny-fused-fp32-bs64-cpu.json")
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_profile_dlrm_optimized_backend(tmp_path, backend):
+    _ok(["profile", "dlrm", "--config", "tiny", "--backend", backend, "--batch-size", "64", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)])  # fmt: skip
+    (trace,) = tmp_path.glob(f"dlrm-tiny-{backend}-fp32-bs64-*.json")
     names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     assert {"dlrm.bottom_mlp", "dlrm.top_mlp"} <= names  # stage ranges on the fused model
 
@@ -104,11 +105,21 @@ def test_errors_are_clear(tmp_path, cache):
     assert result.exit_code == 2 and "neither a named config" in _flat(result.output)
     result = runner.invoke(app, ["predict", "--checkpoint", str(tmp_path / "x.pt"), "--data", str(tmp_path), "--out", "p.csv"])  # fmt: skip
     assert result.exit_code == 2 and "not found" in _flat(result.output)
+    expected = "--backend must be one of ('auto', 'eager', 'compile', 'triton'), got 'tvm'"
     result = runner.invoke(app, ["profile", "dlrm", "--backend", "tvm"])
-    assert (
-        result.exit_code == 2
-        and "backend must be one of ('eager', 'compile', 'fused')" in _flat(result.output)
-    )
+    assert result.exit_code == 2 and expected in _flat(result.output)
+    result = runner.invoke(app, ["predict", "--checkpoint", str(tmp_path / "x.pt"), "--data", str(tmp_path), "--out", "p.csv", "--backend", "tvm"])  # fmt: skip
+    assert result.exit_code == 2 and expected in _flat(result.output)
+
+
+def test_backend_help_lists_every_model_backend():
+    from fuseml.apps.common import MODEL_BACKENDS
+
+    for command in (["predict"], ["profile", "dlrm"]):
+        result = runner.invoke(app, [*command, "--help"])
+        assert result.exit_code == 0
+        help_text = _flat(result.output)
+        assert all(name in help_text for name in MODEL_BACKENDS), help_text
 
 
 def test_dlrm_demo_end_to_end_small(cache):

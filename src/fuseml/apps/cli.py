@@ -14,6 +14,14 @@ import typer
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
+# The --backend of predict and profile: fuseml.apps.common.MODEL_BACKENDS (kept as text
+# here so that ``fuseml --help`` imports no torch).
+_BACKEND_HELP = (
+    "eager (the model as is) | compile (torch.compile) | auto | triton (fuseml.optimize "
+    "with that op backend; auto: Triton on a GPU, the PyTorch reference on a CPU)"
+)
+
+
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -187,18 +195,18 @@ def predict(
     ],
     out: Annotated[Path, typer.Option(help="predictions file: .parquet or .csv")],
     split: Annotated[str, typer.Option(help="prepared data: which split")] = "test",
-    backend: Annotated[
-        str, typer.Option(help="eager | compile | fused (fuseml.optimize: fused kernels)")
-    ] = "eager",
+    backend: Annotated[str, typer.Option(help=_BACKEND_HELP)] = "eager",
     batch_size: Annotated[int, typer.Option(help="rows per model call")] = 16384,
     dtype: Annotated[str, typer.Option(help="fp32 | bf16 (autocast)")] = "fp32",
     device: Annotated[str | None, typer.Option(help="default: cuda if available")] = None,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Write click probabilities (row id, probability, label if known) for every row."""
+    from fuseml.apps.common import check_model_backend
     from fuseml.apps.predict import predict as run_predict
 
     try:
+        check_model_backend(backend, name="--backend")
         run_predict(
             checkpoint,
             data,
@@ -290,7 +298,7 @@ app.add_typer(profile_app, name="profile")
 @profile_app.command("dlrm")
 def profile_dlrm(
     config: Annotated[str, typer.Option(help="tiny | kaggle | terabyte | mlperf")] = "tiny",
-    backend: Annotated[str, typer.Option(help="eager | compile | fused")] = "eager",
+    backend: Annotated[str, typer.Option(help=_BACKEND_HELP)] = "eager",
     batch_size: Annotated[int, typer.Option(help="rows per forward pass")] = 2048,
     steps: Annotated[int, typer.Option(help="profiled forward passes")] = 10,
     warmup: Annotated[int, typer.Option(help="unprofiled passes first")] = 3,
@@ -302,9 +310,11 @@ def profile_dlrm(
     device: Annotated[str | None, typer.Option(help="default: cuda if available")] = None,
 ) -> None:
     """torch.profiler trace of DLRM inference, ranges per stage, top-10 kernels (or ops)."""
+    from fuseml.apps.common import check_model_backend
     from fuseml.apps.profile import profile_dlrm as run_profile
 
     try:
+        check_model_backend(backend, name="--backend")
         run_profile(
             config,
             backend=backend,

@@ -1,9 +1,11 @@
-"""What the apps share: device choice, the cache folder, DLRM checkpoints, the check that a
-dataset was preprocessed like a model's training data, metrics, and a progress column.
+"""What the apps share: device choice, the model backends, the cache folder, DLRM
+checkpoints, the check that a dataset was preprocessed like a model's training data,
+metrics, and a progress column.
 
 Public API::
 
     device = resolve_device(None)  # cuda when available, else cpu
+    check_model_backend(backend)  # one of MODEL_BACKENDS; OPTIMIZE_BACKENDS: fuseml.optimize
     ckpt = load_checkpoint(path); model = model_from_checkpoint(ckpt)
     save_checkpoint(path, model, optimizer, epoch=1, data=data_record(data_dir), ...)
     check_data_matches(config, ckpt["data"], data_dir)  # same tables and id mapping?
@@ -30,9 +32,12 @@ __all__ = [
     "CHECKPOINT_FILE",
     "CHECKPOINT_FORMAT",
     "DTYPES",
+    "MODEL_BACKENDS",
+    "OPTIMIZE_BACKENDS",
     "RateColumn",
     "cache_dir",
     "check_data_matches",
+    "check_model_backend",
     "data_record",
     "load_checkpoint",
     "metrics_from_logits",
@@ -46,6 +51,12 @@ CHECKPOINT_FORMAT = "fuseml-dlrm-checkpoint-v1"
 CHECKPOINT_FILE = "checkpoint.pt"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
+# How predict and profile run a model, in fuseml.runtime.BACKENDS' words: "eager" the model
+# as is, "compile" torch.compile(model), and the op backends fuseml.optimize(model, backend=)
+# with that backend. "cuda" is left out: no fused module has a CUDA C++ twin.
+OPTIMIZE_BACKENDS = ("auto", "triton")
+MODEL_BACKENDS = ("auto", "eager", "compile", "triton")
+
 
 # -- devices, caches ----------------------------------------------------------------------
 
@@ -58,6 +69,13 @@ def resolve_device(device: str | None) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for, but no CUDA device is visible to torch")
     return dev
+
+
+def check_model_backend(backend: str, *, name: str = "backend") -> str:
+    """``backend`` if it is one of MODEL_BACKENDS; a ValueError naming ``name`` otherwise."""
+    if backend not in MODEL_BACKENDS:
+        raise ValueError(f"{name} must be one of {MODEL_BACKENDS}, got {backend!r}")
+    return backend
 
 
 def cache_dir() -> Path:
