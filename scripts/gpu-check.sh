@@ -36,7 +36,7 @@ PY="${PYTHON:-python3}"
 status=0
 
 echo "== fuseml env" | tee "$OUT/env.txt"
-"$PY" -m fuseml.cli env 2>&1 | tee -a "$OUT/env.txt" || status=1
+"$PY" -m fuseml env 2>&1 | tee -a "$OUT/env.txt" || status=1
 
 tests="${FUSEML_TESTS:-tests}"
 if [ "$tests" != "none" ]; then
@@ -50,7 +50,7 @@ fi
 
 if [ "${FUSEML_DEMO:-1}" != "0" ]; then
     echo "== fuseml demo" | tee "$OUT/demo.txt"
-    "$PY" -m fuseml.cli demo 2>&1 | tee -a "$OUT/demo.txt"
+    "$PY" -m fuseml demo 2>&1 | tee -a "$OUT/demo.txt"
     demo_rc=${PIPESTATUS[0]}
     echo "$demo_rc" > "$OUT/demo.rc"
     [ "$demo_rc" -eq 0 ] || status=1
@@ -60,7 +60,7 @@ suites="${FUSEML_SUITES:-$("$PY" -c "from fuseml.bench.suites import SUITES; pri
 [ "$suites" = "none" ] && suites=""
 for suite in $suites; do
     echo "== bench $suite (quick)" | tee "$OUT/bench-$suite.txt"
-    "$PY" -m fuseml.cli bench "$suite" --quick --out "$OUT/results" 2>&1 \
+    "$PY" -m fuseml bench "$suite" --quick --out "$OUT/results" 2>&1 \
         | tee -a "$OUT/bench-$suite.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done

@@ -1,8 +1,11 @@
-"""Test helpers: the one tolerance table, error norms, poisoning and device parameters."""
+"""Test helpers: the one tolerance table, error norms, poisoning and device parameters.
+
+The demo and the bench use this module in a plain install, without pytest: only the
+helpers that build pytest marks (``requires_cuda``, ``fused_targets``) import it.
+"""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from fuseml import runtime
@@ -112,7 +115,13 @@ def replay_poisoned(graph: torch.cuda.CUDAGraph, out: torch.Tensor) -> torch.Ten
     return out
 
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def __getattr__(name: str):
+    # requires_cuda: a pytest mark, so built on first use, when pytest is there
+    if name == "requires_cuda":
+        import pytest
+
+        return pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def fused_targets(*, cuda_twin: bool = True) -> list:
@@ -121,6 +130,8 @@ def fused_targets(*, cuda_twin: bool = True) -> list:
     ("cpu", "triton") under the Triton interpreter; ("cuda", "triton") and, for ops with a
     CUDA C++ twin, ("cuda", "cuda") carry the gpu marker and skip themselves without a GPU.
     """
+    import pytest
+
     gpu_marks = [
         pytest.mark.gpu,
         pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),

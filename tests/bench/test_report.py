@@ -291,7 +291,7 @@ def test_turns_setting_reaches_the_suite_runner(monkeypatch):
     from typer.testing import CliRunner
 
     import fuseml.bench
-    from fuseml.cli import app
+    from fuseml.apps.cli import app
 
     assert not Settings.for_mode(False).turns and Settings.for_mode(True, turns=True).turns
     assert Settings.for_mode(True, turns=True).rep_ms == Settings.for_mode(True).rep_ms

@@ -59,9 +59,9 @@ def test_cuda_out_of_range_ids_raise():
 
 
 def test_cuda_train_predict_profile(tmp_path):
-    from fuseml.predict import predict
-    from fuseml.profile import profile_dlrm
-    from fuseml.train import TrainOptions, synthetic_dataset, train
+    from fuseml.apps.predict import predict
+    from fuseml.apps.profile import profile_dlrm
+    from fuseml.apps.train import TrainOptions, synthetic_dataset, train
 
     data_dir, _ = synthetic_dataset(
         60_000, max_cardinality=30, root=tmp_path / "data", progress=False

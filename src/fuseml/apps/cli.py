@@ -14,6 +14,14 @@ import typer
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
+# The --backend of predict and profile: fuseml.apps.common.MODEL_BACKENDS (kept as text
+# here so that ``fuseml --help`` imports no torch).
+_BACKEND_HELP = (
+    "eager (the model as is) | compile (torch.compile) | auto | triton (fuseml.optimize "
+    "with that op backend; auto: Triton on a GPU, the PyTorch reference on a CPU)"
+)
+
+
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -36,7 +44,7 @@ def env(
     ] = True,
 ) -> None:
     """Versions, device, working backends and (on a GPU) the measured ceilings."""
-    from fuseml.env import print_env
+    from fuseml.apps.env import print_env
 
     print_env(remeasure=remeasure, build_cuda=build_cuda)
 
@@ -97,8 +105,8 @@ def bench(
 @app.command()
 def demo() -> None:
     """Environment, elementwise ops through every backend, then DLRM end to end (synthetic)."""
-    from fuseml.demo import run_demo
-    from fuseml.demo_dlrm import DemoCheckFailed
+    from fuseml.apps.demo import run_demo
+    from fuseml.apps.demo_dlrm import DemoCheckFailed
 
     try:
         run_demo()
@@ -148,9 +156,10 @@ def train(
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
     """Train a DLRM (BCE with logits); validation AUC after each epoch, test AUC at the end."""
+    from fuseml.apps.common import resolve_device
+    from fuseml.apps.train import TrainOptions, synthetic_dataset
+    from fuseml.apps.train import train as run_train
     from fuseml.models.dlrm import CONFIG_NAMES
-    from fuseml.train import TrainOptions, resolve_device, synthetic_dataset
-    from fuseml.train import train as run_train
 
     if (data is None) == (synthetic is None):
         _fail(ValueError("give exactly one of --data DIR and --synthetic ROWS"))
@@ -194,18 +203,18 @@ def predict(
     ],
     out: Annotated[Path, typer.Option(help="predictions file: .parquet or .csv")],
     split: Annotated[str, typer.Option(help="prepared data: which split")] = "test",
-    backend: Annotated[
-        str, typer.Option(help="eager | compile | fused (fuseml.optimize: fused kernels)")
-    ] = "eager",
+    backend: Annotated[str, typer.Option(help=_BACKEND_HELP)] = "eager",
     batch_size: Annotated[int, typer.Option(help="rows per model call")] = 16384,
     dtype: Annotated[str, typer.Option(help="fp32 | bf16 (autocast)")] = "fp32",
     device: Annotated[str | None, typer.Option(help="default: cuda if available")] = None,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Write click probabilities (row id, probability, label if known) for every row."""
-    from fuseml.predict import predict as run_predict
+    from fuseml.apps.common import check_model_backend
+    from fuseml.apps.predict import predict as run_predict
 
     try:
+        check_model_backend(backend, name="--backend")
         run_predict(
             checkpoint,
             data,
@@ -297,7 +306,7 @@ app.add_typer(profile_app, name="profile")
 @profile_app.command("dlrm")
 def profile_dlrm(
     config: Annotated[str, typer.Option(help="tiny | kaggle | terabyte | mlperf")] = "tiny",
-    backend: Annotated[str, typer.Option(help="eager | compile | fused")] = "eager",
+    backend: Annotated[str, typer.Option(help=_BACKEND_HELP)] = "eager",
     batch_size: Annotated[int, typer.Option(help="rows per forward pass")] = 2048,
     steps: Annotated[int, typer.Option(help="profiled forward passes")] = 10,
     warmup: Annotated[int, typer.Option(help="unprofiled passes first")] = 3,
@@ -309,9 +318,11 @@ def profile_dlrm(
     device: Annotated[str | None, typer.Option(help="default: cuda if available")] = None,
 ) -> None:
     """torch.profiler trace of DLRM inference, ranges per stage, top-10 kernels (or ops)."""
-    from fuseml.profile import profile_dlrm as run_profile
+    from fuseml.apps.common import check_model_backend
+    from fuseml.apps.profile import profile_dlrm as run_profile
 
     try:
+        check_model_backend(backend, name="--backend")
         run_profile(
             config,
             backend=backend,

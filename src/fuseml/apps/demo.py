@@ -1,6 +1,6 @@
 """``fuseml demo``: the environment, then each elementwise op through every backend that
 runs here, checked against a float64 reference (and timed, on a GPU), then DLRM end to end
-(synthetic data, training, evaluation, prediction; see ``fuseml.demo_dlrm``)."""
+(synthetic data, training, evaluation, prediction; see ``fuseml.apps.demo_dlrm``)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ def run_demo(console=None) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from rich.console import Console
 
-    from fuseml.demo_dlrm import DemoCheckFailed, dlrm_demo
-    from fuseml.demo_elementwise import elementwise_demo
-    from fuseml.env import print_env
+    from fuseml.apps.demo_dlrm import DemoCheckFailed, dlrm_demo
+    from fuseml.apps.demo_elementwise import elementwise_demo
+    from fuseml.apps.env import print_env
 
     console = console or Console()
     print_env(console=console)

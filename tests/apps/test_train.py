@@ -9,16 +9,16 @@ import pytest
 import torch
 from rich.console import Console
 
-from fuseml.data import load_metadata, prepare, synth
-from fuseml.demo_dlrm import DEMO_TRAIN
-from fuseml.models import DLRMConfig
-from fuseml.train import (
+from fuseml.apps.demo_dlrm import DEMO_TRAIN
+from fuseml.apps.train import (
     TrainOptions,
     load_checkpoint,
     split_oracle_auc,
     synthetic_dataset,
     train,
 )
+from fuseml.data import load_metadata, prepare, synth
+from fuseml.models import DLRMConfig
 
 
 def _quiet() -> Console:

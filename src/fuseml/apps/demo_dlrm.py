@@ -4,7 +4,7 @@
    $FUSEML_CACHE or ~/.cache/fuseml, so a second run skips this step) and prepare it;
 2. train the ``tiny`` DLRM on it (Adam, 3 epochs) and score the held-out test split,
    next to the best AUC any model can reach (that of the generator's true probabilities);
-3. write predictions for the test split with ``fuseml.predict``;
+3. write predictions for the test split with ``fuseml.apps.predict``;
 4. ``fuseml.optimize`` the trained model and check its predictions against float64;
 5. on a GPU, time inference of the Kaggle-sized model: eager, ``torch.compile`` and
    ``fuseml.optimize`` (checked likewise).
@@ -38,8 +38,9 @@ class DemoCheckFailed(RuntimeError):
 
 def dlrm_demo(console: Console | None = None, *, rows: int = DEMO_ROWS) -> dict:
     """Run the demo; returns its numbers (also printed as a summary table)."""
-    from fuseml.predict import predict
-    from fuseml.train import TrainOptions, cache_dir, split_oracle_auc, synthetic_dataset, train
+    from fuseml.apps.common import cache_dir
+    from fuseml.apps.predict import predict
+    from fuseml.apps.train import TrainOptions, split_oracle_auc, synthetic_dataset, train
 
     console = console or Console()
     console.rule("DLRM: synthetic Criteo data -> train -> evaluate -> predict")
@@ -131,8 +132,8 @@ def _optimized_matches(console: Console, checkpoint, *, batch: int = 4096) -> di
     """fuseml.optimize on the trained model: what it swapped, and that the predictions of
     the optimized model are the original's (``check_optimized``)."""
     import fuseml
+    from fuseml.apps.common import load_checkpoint, model_from_checkpoint
     from fuseml.models.bench_cases import random_inputs
-    from fuseml.train import load_checkpoint, model_from_checkpoint
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model_from_checkpoint(load_checkpoint(checkpoint)).to(device).eval()

@@ -11,7 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fuseml.cli import app
+from fuseml.apps.cli import app
 from fuseml.data import load_metadata, synth
 
 runner = CliRunner()
@@ -86,9 +86,10 @@ def test_profile_dlrm_writes_a_chrome_trace(tmp_path):
     assert "Device (kernel) times need a CUDA GPU" in output
 
 
-def test_profile_dlrm_fused_backend(tmp_path):
-    _ok(["profile", "dlrm", "--config", "tiny", "--backend", "fused", "--batch-size", "64", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)])  # fmt: skip
-    (trace,) = tmp_path.glob("dlrm-tiny-fused-fp32-bs64-cpu.json")
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_profile_dlrm_optimized_backend(tmp_path, backend):
+    _ok(["profile", "dlrm", "--config", "tiny", "--backend", backend, "--batch-size", "64", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)])  # fmt: skip
+    (trace,) = tmp_path.glob(f"dlrm-tiny-{backend}-fp32-bs64-*.json")
     names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     assert {"dlrm.bottom_mlp", "dlrm.top_mlp"} <= names  # stage ranges on the fused model
 
@@ -104,17 +105,27 @@ def test_errors_are_clear(tmp_path, cache):
     assert result.exit_code == 2 and "neither a named config" in _flat(result.output)
     result = runner.invoke(app, ["predict", "--checkpoint", str(tmp_path / "x.pt"), "--data", str(tmp_path), "--out", "p.csv"])  # fmt: skip
     assert result.exit_code == 2 and "not found" in _flat(result.output)
+    expected = "--backend must be one of ('auto', 'eager', 'compile', 'triton'), got 'tvm'"
     result = runner.invoke(app, ["profile", "dlrm", "--backend", "tvm"])
-    assert (
-        result.exit_code == 2
-        and "backend must be one of ('eager', 'compile', 'fused')" in _flat(result.output)
-    )
+    assert result.exit_code == 2 and expected in _flat(result.output)
+    result = runner.invoke(app, ["predict", "--checkpoint", str(tmp_path / "x.pt"), "--data", str(tmp_path), "--out", "p.csv", "--backend", "tvm"])  # fmt: skip
+    assert result.exit_code == 2 and expected in _flat(result.output)
+
+
+def test_backend_help_lists_every_model_backend():
+    from fuseml.apps.common import MODEL_BACKENDS
+
+    for command in (["predict"], ["profile", "dlrm"]):
+        result = runner.invoke(app, [*command, "--help"])
+        assert result.exit_code == 0
+        help_text = _flat(result.output)
+        assert all(name in help_text for name in MODEL_BACKENDS), help_text
 
 
 def test_dlrm_demo_end_to_end_small(cache):
     from rich.console import Console
 
-    from fuseml.demo_dlrm import dlrm_demo
+    from fuseml.apps.demo_dlrm import dlrm_demo
 
     console = Console(record=True, width=120)
     numbers = dlrm_demo(console, rows=20_000)
@@ -132,7 +143,7 @@ def test_eager_vs_compile_table_runs_on_cpu():
 
     from rich.console import Console
 
-    from fuseml.demo_dlrm import _eager_vs_compile
+    from fuseml.apps.demo_dlrm import _eager_vs_compile
 
     def bench(fn) -> float:
         start = time.perf_counter()
@@ -177,7 +188,7 @@ def test_demo_check_passes_for_the_optimized_model_and_fails_for_a_wrong_one():
     from rich.console import Console
 
     import fuseml
-    from fuseml.demo_dlrm import check_optimized
+    from fuseml.apps.demo_dlrm import check_optimized
     from fuseml.models import DLRM, DLRMConfig
     from fuseml.models.bench_cases import random_inputs
 
@@ -199,7 +210,7 @@ def test_demo_check_passes_for_the_optimized_model_and_fails_for_a_wrong_one():
 def test_eager_vs_compile_flags_a_wrong_fused_model(monkeypatch, wrong_optimize):
     from rich.console import Console
 
-    from fuseml.demo_dlrm import _eager_vs_compile
+    from fuseml.apps.demo_dlrm import _eager_vs_compile
 
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)  # fast: not timed
     console = Console(record=True, width=200)
@@ -215,15 +226,15 @@ def test_eager_vs_compile_flags_a_wrong_fused_model(monkeypatch, wrong_optimize)
 def test_cli_demo_exits_1_when_the_optimized_model_is_wrong(cache, monkeypatch, wrong_optimize):
     import functools
 
-    import fuseml.demo_dlrm
-    import fuseml.demo_elementwise
-    import fuseml.env
+    import fuseml.apps.demo_dlrm
+    import fuseml.apps.demo_elementwise
+    import fuseml.apps.env
 
     # only the DLRM part, on few rows: the check is what is tested
-    monkeypatch.setattr(fuseml.env, "print_env", lambda **kwargs: None)
-    monkeypatch.setattr(fuseml.demo_elementwise, "elementwise_demo", lambda console: None)
-    dlrm_demo = functools.partial(fuseml.demo_dlrm.dlrm_demo, rows=5000)
-    monkeypatch.setattr(fuseml.demo_dlrm, "dlrm_demo", dlrm_demo)
+    monkeypatch.setattr(fuseml.apps.env, "print_env", lambda **kwargs: None)
+    monkeypatch.setattr(fuseml.apps.demo_elementwise, "elementwise_demo", lambda console: None)
+    dlrm_demo = functools.partial(fuseml.apps.demo_dlrm.dlrm_demo, rows=5000)
+    monkeypatch.setattr(fuseml.apps.demo_dlrm, "dlrm_demo", dlrm_demo)
     result = runner.invoke(app, ["demo"])
     assert result.exit_code == 1
     text = _flat(result.output)
@@ -250,15 +261,17 @@ def test_data_prepare_reports_file_and_line_of_a_bad_line(tmp_path):
 
 
 def test_demo_fails_on_a_wrong_elementwise_result(monkeypatch):
-    import fuseml.demo
-    import fuseml.demo_dlrm
-    import fuseml.demo_elementwise
-    import fuseml.env
+    import fuseml.apps.demo
+    import fuseml.apps.demo_dlrm
+    import fuseml.apps.demo_elementwise
+    import fuseml.apps.env
 
-    monkeypatch.setattr(fuseml.env, "print_env", lambda console: None)
-    monkeypatch.setattr(fuseml.demo_dlrm, "dlrm_demo", lambda console: {})
+    monkeypatch.setattr(fuseml.apps.env, "print_env", lambda console: None)
+    monkeypatch.setattr(fuseml.apps.demo_dlrm, "dlrm_demo", lambda console: {})
     monkeypatch.setattr(
-        fuseml.demo_elementwise, "elementwise_demo", lambda console: ["gelu (triton): ..."]
+        fuseml.apps.demo_elementwise, "elementwise_demo", lambda console: ["gelu (triton): ..."]
     )
-    with pytest.raises(fuseml.demo_dlrm.DemoCheckFailed, match=r"elementwise.*gelu \(triton\)"):
-        fuseml.demo.run_demo()
+    with pytest.raises(
+        fuseml.apps.demo_dlrm.DemoCheckFailed, match=r"elementwise.*gelu \(triton\)"
+    ):
+        fuseml.apps.demo.run_demo()

@@ -10,9 +10,10 @@ import pytest
 import torch
 from rich.console import Console
 
+from fuseml.apps.common import load_checkpoint, model_from_checkpoint
+from fuseml.apps.predict import predict
+from fuseml.apps.train import TrainOptions, train
 from fuseml.data import CriteoDataset, CriteoReader, Vocabulary, prepare, synth, transform_dense
-from fuseml.predict import predict
-from fuseml.train import TrainOptions, load_checkpoint, model_from_checkpoint, train
 
 
 @pytest.fixture(scope="module")
@@ -101,14 +102,14 @@ def test_compile_backend_pads_the_last_batch(trained, tmp_path):
     )
 
 
-def test_fused_backend_predicts_the_same(trained, tmp_path):
+def test_optimized_backend_predicts_the_same(trained, tmp_path):
     _, _, data_dir, ckpt = trained
     console = Console(record=True, width=200)
     eager = predict(
         ckpt, data_dir, tmp_path / "e.parquet", batch_size=300, console=_quiet(), progress=False
     )
     fused = predict(
-        ckpt, data_dir, tmp_path / "f.parquet", backend="fused", batch_size=300,
+        ckpt, data_dir, tmp_path / "f.parquet", backend="auto", batch_size=300,
         console=console, progress=False,
     )  # fmt: skip
     assert "FusedMLP" in console.export_text()  # what fuseml.optimize swapped
@@ -120,10 +121,31 @@ def test_fused_backend_predicts_the_same(trained, tmp_path):
         atol=1e-7,
     )
     bf16 = predict(
-        ckpt, data_dir, tmp_path / "b.parquet", backend="fused", dtype="bf16",
+        ckpt, data_dir, tmp_path / "b.parquet", backend="auto", dtype="bf16",
         batch_size=300, console=_quiet(), progress=False,
     )  # fmt: skip
     assert bf16.metrics["auc"] == pytest.approx(eager.metrics["auc"], abs=0.01)
+
+
+def test_triton_backend_predicts_the_same(trained, tmp_path):
+    _, _, data_dir, ckpt = trained
+    console = Console(record=True, width=200)
+    eager = predict(
+        ckpt, data_dir, tmp_path / "e.parquet", batch_size=1024, console=_quiet(), progress=False
+    )
+    fused = predict(
+        ckpt, data_dir, tmp_path / "t.parquet", backend="triton", batch_size=1024,
+        console=console, progress=False,
+    )  # fmt: skip
+    text = console.export_text()
+    assert "FusedMLP" in text and "DLRM prediction (triton," in text
+    assert eager.rows == fused.rows
+    np.testing.assert_allclose(
+        pq.read_table(tmp_path / "t.parquet").column("probability").to_numpy(),
+        pq.read_table(tmp_path / "e.parquet").column("probability").to_numpy(),
+        rtol=1e-5,
+        atol=1e-7,
+    )
 
 
 def test_refuses_mismatched_data(trained, tmp_path):
@@ -149,8 +171,8 @@ def test_bad_arguments(trained, tmp_path):
     _, _raw, data_dir, ckpt = trained
     with pytest.raises(ValueError, match=r"--out must end in \.parquet or \.csv"):
         predict(ckpt, data_dir, tmp_path / "p.json", console=_quiet())
-    with pytest.raises(ValueError, match="backend must be one of"):
-        predict(ckpt, data_dir, tmp_path / "p.csv", backend="triton", console=_quiet())
+    with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'eager', 'compile'"):
+        predict(ckpt, data_dir, tmp_path / "p.csv", backend="fused", console=_quiet())
     bad = tmp_path / "bad.txt"
     bad.write_text("1\t2\t3\n")
     with pytest.raises(ValueError, match="has 3 tab-separated fields"):

@@ -17,10 +17,10 @@ Rows are streamed: at most one reader chunk (TSV) or one split (prepared data, a
 ``probability`` and, when the source has labels, ``label``.
 
 Backends: ``eager`` (the model as trained), ``compile`` (torch.compile, one static batch
-shape: the last batch is padded) and ``fused`` (``fuseml.optimize``: fused Triton MLPs and
-linear layers on a GPU; on a CPU they run their PyTorch reference). With ``dtype="bf16"``
-the eager and compile backends use autocast, the fused one casts the model to bfloat16
-(the custom kernels do not take part in autocast).
+shape: the last batch is padded), and ``auto`` or ``triton`` (``fuseml.optimize`` with that
+op backend: fused Triton MLPs and linear layers; ``auto`` runs their PyTorch reference on a
+CPU). With ``dtype="bf16"`` the eager and compile backends use autocast, the optimized ones
+cast the model to bfloat16 (the custom kernels do not take part in autocast).
 """
 
 from __future__ import annotations
@@ -47,6 +47,17 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from fuseml.apps.common import (
+    MODEL_BACKENDS,
+    OPTIMIZE_BACKENDS,
+    RateColumn,
+    check_data_matches,
+    check_model_backend,
+    load_checkpoint,
+    metrics_from_logits,
+    model_from_checkpoint,
+    resolve_device,
+)
 from fuseml.data import (
     NUM_DENSE,
     NUM_SPARSE,
@@ -59,18 +70,10 @@ from fuseml.data import (
 )
 from fuseml.data.criteo import open_maybe_gzip
 from fuseml.models.dlrm import DLRM
-from fuseml.train import (
-    _RateColumn,
-    check_data_matches,
-    load_checkpoint,
-    metrics_from_logits,
-    model_from_checkpoint,
-    resolve_device,
-)
 
 __all__ = ["BACKENDS", "PredictSummary", "predict"]
 
-BACKENDS = ("eager", "compile", "fused")
+BACKENDS = MODEL_BACKENDS
 _OUT_FORMATS = (".parquet", ".csv")
 
 
@@ -224,8 +227,7 @@ def predict(
 ) -> PredictSummary:
     """Score every row of ``source`` with the checkpoint's model; see the module doc."""
     console = console or Console()
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_model_backend(backend)
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     source, out = Path(source), Path(out)
@@ -243,14 +245,14 @@ def predict(
         raise FileNotFoundError(f"{source} is neither a prepared dataset folder nor a file")
     # One batch shape for the compiled model: the last batch is padded, not recompiled.
     run = torch.compile(model, dynamic=False) if backend == "compile" else model
-    use_autocast = dtype == "bf16" and backend != "fused"
+    use_autocast = dtype == "bf16" and backend not in OPTIMIZE_BACKENDS
     dense_dtype = torch.float32
-    if backend == "fused":
+    if backend in OPTIMIZE_BACKENDS:
         import fuseml
 
         if dtype == "bf16":
             model, dense_dtype = model.to(torch.bfloat16), torch.bfloat16
-        run, report = fuseml.optimize(model, inplace=True)
+        run, report = fuseml.optimize(model, backend=backend, inplace=True)
         swapped = ", ".join(f"{s.path or 'model'} -> {s.after}" for s in report.swapped)
         console.print(f"fuseml.optimize: {swapped or 'nothing to fuse'}")
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_autocast)
@@ -262,7 +264,7 @@ def predict(
         TextColumn(f"predicting {source.name}"),
         BarColumn(),
         MofNCompleteColumn() if stream.unit == "rows" else DownloadColumn(),
-        _RateColumn() if stream.unit == "rows" else TransferSpeedColumn(),
+        RateColumn() if stream.unit == "rows" else TransferSpeedColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=console,

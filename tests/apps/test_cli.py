@@ -3,7 +3,7 @@
 import torch
 from typer.testing import CliRunner
 
-from fuseml.cli import app
+from fuseml.apps.cli import app
 
 runner = CliRunner()
 
@@ -57,7 +57,7 @@ def test_bench_readme_regenerates_from_results(tmp_path, monkeypatch):
     import shutil
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     shutil.copytree(root / "benchmarks", tmp_path / "benchmarks")
     (tmp_path / "README.md").write_text(
         "x\n<!-- fuseml:results:elementwise -->\nold\n<!-- /fuseml:results:elementwise -->\n"

@@ -31,9 +31,15 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from fuseml.apps.common import (
+    DTYPES,
+    MODEL_BACKENDS,
+    OPTIMIZE_BACKENDS,
+    check_model_backend,
+    resolve_device,
+)
 from fuseml.models.bench_cases import random_inputs
 from fuseml.models.dlrm import DLRM, DLRMConfig
-from fuseml.train import DTYPES, resolve_device
 
 __all__ = ["STAGES", "ProfileResult", "profile_dlrm", "stage_ranges"]
 
@@ -42,7 +48,7 @@ _PREFIX = "dlrm."
 _COMPILED_RANGE = "dlrm.forward (compiled)"
 
 
-BACKENDS = ("eager", "compile", "fused")  # fused: the fuseml.optimize'd model
+BACKENDS = MODEL_BACKENDS  # auto, triton: the fuseml.optimize'd model
 
 
 @contextlib.contextmanager
@@ -116,8 +122,7 @@ def profile_dlrm(
 ) -> ProfileResult:
     """Profile ``steps`` inference batches of a randomly initialised named DLRM."""
     console = console or Console()
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_model_backend(backend)
     if steps < 1 or batch_size < 1 or warmup < 0:
         raise ValueError("steps and batch_size must be at least 1, warmup at least 0")
     if dtype not in DTYPES:
@@ -129,10 +134,10 @@ def profile_dlrm(
     model = DLRM(cfg).to(dev, DTYPES[dtype]).eval()
     model.embeddings.check_ids = False  # the random ids are valid; keep the sync out
     dense, sparse = random_inputs(cfg, batch_size, dev, DTYPES[dtype])
-    if backend == "fused":  # fuseml.optimize: fused MLPs / linear layers, same stage names
+    if backend in OPTIMIZE_BACKENDS:  # fused MLPs / linear layers, same stage names
         import fuseml
 
-        model, _ = fuseml.optimize(model, inplace=True)
+        model, _ = fuseml.optimize(model, backend=backend, inplace=True)
     run = torch.compile(model, dynamic=False) if backend == "compile" else model
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,9 @@ Public API::
     metrics = evaluate(model, CriteoDataset(root, "test"), device)  # auc, log_loss, accuracy
     data_dir, summary = synthetic_dataset(rows, max_cardinality=100)  # cached synth + prepare
     split_oracle_auc(data_dir, summary, "test")  # best achievable AUC on those rows
-    ckpt = load_checkpoint(path); model = model_from_checkpoint(ckpt)
-    check_data_matches(config, ckpt["data"], data_dir)  # same tables and id mapping?
+
+``load_checkpoint``, ``model_from_checkpoint``, ``check_data_matches`` and the other
+checkpoint and data helpers live in ``fuseml.apps.common`` and are re-exported here.
 
 The loss is BCE-with-logits (the reference's BCE on the sigmoid, computed stably); the
 default optimiser is plain SGD at lr 0.1 on all parameters, embeddings included (the
@@ -24,11 +25,9 @@ the number of finished epochs; ``resume`` continues from it.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,16 +42,29 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
-    ProgressColumn,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.table import Table
-from rich.text import Text
 
-from fuseml.data import CriteoDataset, SynthSummary, Vocabulary, load_metadata, prepare, synth
+from fuseml.apps.common import (
+    CHECKPOINT_FILE,
+    CHECKPOINT_FORMAT,
+    DTYPES,
+    RateColumn,
+    cache_dir,
+    check_data_matches,
+    data_record,
+    load_checkpoint,
+    metrics_from_logits,
+    model_from_checkpoint,
+    resolve_device,
+    save_checkpoint,
+    vocabulary_digest,
+)
+from fuseml.data import CriteoDataset, SynthSummary, load_metadata, prepare, synth
 from fuseml.models.dlrm import DLRM, DLRMConfig
 
 __all__ = [
@@ -75,10 +87,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT = "fuseml-dlrm-checkpoint-v1"
-CHECKPOINT_FILE = "checkpoint.pt"
 OPTIMIZERS = ("sgd", "adagrad", "adam")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Reference run scripts: Kaggle mini-batch 128, Terabyte 2048, both SGD at lr 0.1.
 _DEFAULT_BATCH_SIZE = {"kaggle": 128, "terabyte": 2048, "mlperf": 2048, "tiny": 256}
 _DEFAULT_LR = {"sgd": 0.1, "adagrad": 0.01, "adam": 1e-3}
@@ -134,22 +143,7 @@ class TrainResult:
     options: TrainOptions = field(repr=False)
 
 
-# -- devices, caches, synthetic data ------------------------------------------------------
-
-
-def resolve_device(device: str | None) -> torch.device:
-    """``None`` -> cuda when available, else cpu; a CUDA device without CUDA is an error."""
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but no CUDA device is visible to torch")
-    return dev
-
-
-def cache_dir() -> Path:
-    """$FUSEML_CACHE, else ~/.cache/fuseml (the same folder as the measured ceilings)."""
-    return Path(os.environ.get("FUSEML_CACHE", Path.home() / ".cache" / "fuseml"))
+# -- synthetic data -----------------------------------------------------------------------
 
 
 def synthetic_dataset(
@@ -221,112 +215,6 @@ def split_oracle_auc(data_dir: str | Path, summary: SynthSummary, split: str = "
     return float(roc_auc_score(labels, probs[rows]))
 
 
-# -- checkpoints --------------------------------------------------------------------------
-
-
-def _vocabulary_record(data_dir: Path) -> dict[str, Any] | None:
-    """The dataset's vocabulary as tensors (vocab mode), with a digest to compare by."""
-    path = data_dir / "vocabulary.npz"
-    if not path.is_file():
-        return None
-    vocab = Vocabulary.load(path)
-    return {
-        "min_freq": vocab.min_freq,
-        "digest": vocabulary_digest(vocab),
-        "keys": [torch.from_numpy(np.ascontiguousarray(k, dtype=np.int64)) for k in vocab.keys],
-    }
-
-
-def vocabulary_digest(vocab: Vocabulary) -> str:
-    h = hashlib.sha256(str(vocab.min_freq).encode())
-    for keys in vocab.keys:
-        h.update(np.ascontiguousarray(keys, dtype=np.int64).tobytes())
-        h.update(b"|")
-    return h.hexdigest()[:16]
-
-
-def _preprocessing(metadata: dict[str, Any]) -> dict[str, Any]:
-    """The options that decide which id a raw value gets."""
-    options = metadata["options"]
-    keys = ("mode", "max_ind_range") if options["mode"] == "hash" else ("mode", "min_freq")
-    return {k: options.get(k) for k in keys}
-
-
-def check_data_matches(
-    config: DLRMConfig,
-    trained_on: dict[str, Any],
-    data_dir: str | Path,
-    metadata: dict[str, Any] | None = None,
-) -> None:
-    """Raise ValueError unless the dataset in ``data_dir`` was preprocessed like the model's
-    training data: same table sizes, same id mapping (hash range or vocabulary)."""
-    metadata = metadata or load_metadata(data_dir)
-    config.check_cardinalities(metadata["cardinalities"], what=f"the data in {data_dir}")
-    ours, theirs = _preprocessing(trained_on["metadata"]), _preprocessing(metadata)
-    if ours != theirs:
-        raise ValueError(
-            f"the data in {data_dir} was preprocessed with {theirs}, the model was trained "
-            f"on data preprocessed with {ours}: its ids would mean other categories"
-        )
-    vocab = trained_on.get("vocabulary")
-    if vocab is not None:
-        path = Path(data_dir) / "vocabulary.npz"
-        if not path.is_file():
-            raise ValueError(f"{data_dir} has no vocabulary.npz, but the model used one")
-        if vocabulary_digest(Vocabulary.load(path)) != vocab["digest"]:
-            raise ValueError(
-                f"the vocabulary of {data_dir} differs from the one the model was trained "
-                "with (same sizes, other categories): prepare this data from the same "
-                "training files, or predict on raw TSV files, which are mapped with the "
-                "checkpoint's own vocabulary"
-            )
-
-
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint written by ``train``; checks its format."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} not found")
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:
-        raise ValueError(f"{path} is not a readable fuseml checkpoint: {err}") from err
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} is not a fuseml DLRM checkpoint ({CHECKPOINT_FORMAT})")
-    return ckpt
-
-
-def model_from_checkpoint(ckpt: dict[str, Any]) -> DLRM:
-    model = DLRM(DLRMConfig.from_dict(ckpt["config"]))
-    model.load_state_dict(ckpt["model"])
-    return model
-
-
-def _save_checkpoint(
-    path: Path,
-    model: DLRM,
-    optimizer: torch.optim.Optimizer,
-    epoch: int,
-    data: dict[str, Any],
-    options: TrainOptions,
-    history: list[dict[str, Any]],
-) -> None:
-    ckpt = {
-        "format": CHECKPOINT_FORMAT,
-        "config": model.config.to_dict(),
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "optimizer_name": options.optimizer,
-        "epoch": epoch,
-        "data": data,
-        "train_options": options.to_dict(),
-        "history": history,
-    }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(ckpt, tmp)
-    tmp.replace(path)  # never leave a half-written checkpoint under the real name
-
-
 # -- evaluation ---------------------------------------------------------------------------
 
 
@@ -356,24 +244,6 @@ def predict_logits(
     return torch.cat(logits).double().numpy(), torch.cat(labels).double().numpy()
 
 
-def metrics_from_logits(logits: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
-    """AUC (None if one class is absent), log loss and accuracy at 0.5."""
-    from sklearn.metrics import roc_auc_score
-
-    n = len(labels)
-    if n == 0:
-        return {"rows": 0, "auc": None, "log_loss": None, "accuracy": None}
-    both = 0 < labels.sum() < n
-    t_logits, t_labels = torch.from_numpy(logits), torch.from_numpy(labels)
-    return {
-        "rows": n,
-        "auc": float(roc_auc_score(labels, logits)) if both else None,
-        # from the logits: exact in float64, no clipping of probabilities needed
-        "log_loss": float(F.binary_cross_entropy_with_logits(t_logits, t_labels)),
-        "accuracy": float(((logits > 0) == (labels > 0.5)).mean()),
-    }
-
-
 def evaluate(
     model: torch.nn.Module, dataset: CriteoDataset, device: torch.device, dtype: str = "fp32"
 ) -> dict[str, Any]:
@@ -384,21 +254,12 @@ def evaluate(
 # -- training -----------------------------------------------------------------------------
 
 
-class _RateColumn(ProgressColumn):
-    """Samples (rows) per second of a task (rich measures the speed of ``completed``)."""
-
-    def render(self, task) -> Text:
-        speed = task.finished_speed or task.speed
-        # "12,345/s" rather than "12,345 samples/s": keeps the bar on one 80-column line
-        return Text("--/s" if speed is None else f"{speed:,.0f}/s", style="cyan")
-
-
 def _progress(enabled: bool, console: Console) -> Progress:
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        _RateColumn(),
+        RateColumn(),
         TextColumn("loss {task.fields[loss]}"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
@@ -535,7 +396,7 @@ def train(
         console.print(f"resumed from {options.resume} after epoch {start_epoch}")
     run = torch.compile(model) if options.compile else model
 
-    data_record = {"metadata": metadata, "vocabulary": _vocabulary_record(data_dir)}
+    trained_on = data_record(data_dir, metadata)
     train_set = CriteoDataset(data_dir, "train", batch_size=batch_size, seed=options.seed)
     val_set = CriteoDataset(data_dir, "validation", batch_size=options.eval_batch_size)
     test_set = CriteoDataset(data_dir, "test", batch_size=options.eval_batch_size)
@@ -576,8 +437,15 @@ def train(
                         writer.add_scalar(f"validation/{key}", record["validation"][key], epoch + 1)
                 writer.add_scalar("train/samples_per_s", record["samples_per_s"] or 0, epoch + 1)
             if checkpoint is not None:
-                _save_checkpoint(
-                    checkpoint, model, optimizer, epoch + 1, data_record, options, history
+                save_checkpoint(
+                    checkpoint,
+                    model,
+                    optimizer,
+                    optimizer_name=options.optimizer,
+                    epoch=epoch + 1,
+                    data=trained_on,
+                    train_options=options.to_dict(),
+                    history=history,
                 )
 
     test = evaluate(run, test_set, device, options.dtype)
