@@ -92,7 +92,7 @@ def test_with_sweeps_keeps_the_cases_that_have_one_and_adds_their_arms():
 def test_bench_command_takes_cases_and_sweep(monkeypatch):
     from typer.testing import CliRunner
 
-    from fuseml import cli
+    from fuseml.apps import cli
 
     seen = {}
     monkeypatch.setattr(bench, "run_suite", lambda name, **kw: seen.update(kw, name=name))

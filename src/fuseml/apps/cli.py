@@ -32,6 +32,11 @@ def _setup_logging(verbose: bool) -> None:
 @app.callback()
 def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
     _setup_logging(verbose)
+    # Triton's installation hash from disk, not rehashed in every process (opt-in: it
+    # replaces triton_key in the loaded Triton modules, so the library never does it).
+    from fuseml import runtime
+
+    runtime.enable_triton_key_cache()
 
 
 @app.command()

@@ -15,7 +15,6 @@ Public API::
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from rich.progress import ProgressColumn
 from rich.text import Text
 
+from fuseml import settings
 from fuseml.data import Vocabulary, load_metadata
 from fuseml.models.dlrm import DLRM, DLRMConfig
 
@@ -80,7 +80,7 @@ def check_model_backend(backend: str, *, name: str = "backend") -> str:
 
 def cache_dir() -> Path:
     """$FUSEML_CACHE, else ~/.cache/fuseml (the same folder as the measured ceilings)."""
-    return Path(os.environ.get("FUSEML_CACHE", Path.home() / ".cache" / "fuseml"))
+    return settings.cache_dir()
 
 
 # -- the data a model was trained on ------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fuseml import runtime
+from fuseml import runtime, settings
 
 
 def env_report(*, remeasure: bool = False, build_cuda: bool = True) -> dict:
@@ -53,6 +53,7 @@ def env_report(*, remeasure: bool = False, build_cuda: bool = True) -> dict:
     report["backends"] = backends
     report["tuning"] = _tuning_cache()
     report["triton_key"] = _triton_key_cache()
+    report["settings"] = settings.describe()
     report["gemm"] = _gemm_path(gpu)
     if gpu:
         from fuseml.bench.roofline import ceilings
@@ -85,12 +86,18 @@ def _gemm_path(gpu: bool) -> str:
 
 def _tuning_cache() -> str:
     """Where GEMM / MLP tile choices are kept, and how many (fuseml.ops._tune)."""
-    import os
-
     from fuseml.ops import _tune
 
     entries, files = _tune.entry_count()
-    if os.environ.get("FUSEML_AUTOTUNE") == "0":
+    try:
+        autotune = settings.autotune()
+    except ValueError as err:
+        autotune, bad = True, err
+    else:
+        bad = None
+    if bad is not None:
+        state = str(bad)
+    elif not autotune:
         state = "off (FUSEML_AUTOTUNE=0)"
     else:
         try:
@@ -105,17 +112,17 @@ def _tuning_cache() -> str:
 
 def _triton_key_cache() -> str:
     """Whether Triton's installation hash is read from disk (fuseml._triton_key)."""
-    import os
-
     from fuseml import _triton_key
 
+    if not _triton_key.enabled():
+        return (
+            "recomputed by Triton in every process (the command line keeps it on disk: "
+            "fuseml.runtime.enable_triton_key_cache())"
+        )
     try:
-        on = _triton_key.enabled()
+        root = settings.cache_dir()
     except ValueError as err:
         return str(err)
-    if not on:
-        return "recomputed by Triton in every process (FUSEML_TRITON_KEY_CACHE=0)"
-    root = os.environ.get("FUSEML_CACHE") or "~/.cache/fuseml"
     return f"kept on disk per Triton install ({root}/triton-key): no rehash per process"
 
 
@@ -145,6 +152,9 @@ def print_env(*, remeasure: bool = False, build_cuda: bool = True, console=None)
     t.add_row("tuning cache", rep["tuning"])
     t.add_row("Triton install hash", rep["triton_key"])
     t.add_row("GEMM main loop", rep["gemm"])
+    for row in rep["settings"]:
+        shown = f"[red]{row.error}[/red]" if row.error else f"{row.value} ({row.source})"
+        t.add_row(row.name, f"{shown}  {row.help}")
     if "ceilings" in rep:
         c = rep["ceilings"]
         t.add_row("copy bandwidth", f"{c['copy_gbps']:,.0f} GB/s (read + write)")

@@ -9,20 +9,18 @@ this GPU can do" instead of "% of a datasheet".
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 
-from fuseml import runtime
+from fuseml import runtime, settings
 
 COPY_BYTES = 1 << 30
 MATMUL_N = 8192
 
 
 def _cache_path(slug: str) -> Path:
-    root = Path(os.environ.get("FUSEML_CACHE", Path.home() / ".cache" / "fuseml"))
-    return root / "ceilings" / f"{slug}.json"
+    return settings.cache_dir() / "ceilings" / f"{slug}.json"
 
 
 def measure_ceilings(*, quick: bool = False) -> dict:
