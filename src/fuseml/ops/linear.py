@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 from fuseml.ops import _elementwise as ew
-from fuseml.ops import _gemm
 from fuseml.ops._utils import (
     PLAIN_TENSORS,
     as_rows,
@@ -29,6 +28,8 @@ from fuseml.ops._utils import (
     needs_dispatch,
 )
 from fuseml.ops.bias_act import activation_ref
+from fuseml.ops.gemm import launch as _gemm
+from fuseml.ops.gemm import pad_k
 from fuseml.runtime import FLOAT_DTYPES, resolve_backend
 
 ACTIVATIONS = ew.ACTIVATIONS
@@ -106,10 +107,10 @@ def linear_rows(
     kp = padded_k(x2, k, traced)
     if kp != k:  # zero columns: the same sums, from aligned rows
         if keeps_derived(weight):  # W padded once (per version), x per call
-            weight = kept_derived(weight, "padk", lambda w: _gemm.pad_k(kp, w)[0], keep=True)
-            (x2,) = _gemm.pad_k(kp, x2)
+            weight = kept_derived(weight, "padk", lambda w: pad_k(kp, w)[0], keep=True)
+            (x2,) = pad_k(kp, x2)
         else:  # (e.g. inside a graph capture) both, in one launch
-            x2, weight = _gemm.pad_k(kp, x2, weight)
+            x2, weight = pad_k(kp, x2, weight)
         k = kp
 
     loop = _gemm.gemm_loop(x2, weight, traced)

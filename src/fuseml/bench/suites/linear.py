@@ -35,7 +35,7 @@ import fuseml
 from fuseml.bench.harness import Case
 from fuseml.bench.suites._common import dtype_name, launch_bound, linear_params, no_tf32
 from fuseml.models.dlrm import DLRMConfig
-from fuseml.ops._gemm import TMA_MIN_M, TMA_TUNED_MAX_M
+from fuseml.ops.gemm import TMA_MIN_M, TMA_TUNED_MAX_M
 
 linear_mod = importlib.import_module("fuseml.ops.linear")  # (fuseml.ops.linear: the function)
 
