@@ -92,6 +92,7 @@ from fuseml.ops.gemm.lora_modes import (
     LORA_PRECOMPUTED,
     LORA_SHRINK,
     LORA_SPREAD,
+    LoraLaunch,
     joint_flags,
     spread_fits,
 )
@@ -113,6 +114,7 @@ __all__ = [
     "TMA_MIN_M",
     "TMA_TUNED_MAX_M",
     "TMA_TUNED_N",
+    "LoraLaunch",
     "candidates",
     "choose_config",
     "default_config",

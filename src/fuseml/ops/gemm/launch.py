@@ -47,6 +47,7 @@ from fuseml.ops.gemm.lora_modes import (
     LORA_SHRINK,
     LORA_SPREAD,
     SPREAD_EXPAND_STAGES,
+    LoraLaunch,
     _segment_rows_kernel,
     _shrink_segment_kernel,
     expand_stages,
@@ -125,14 +126,13 @@ def _launch_tma(
     out, x, weight, bias, residual, alpha, activation, config, lora=None, *, pdl=None,
     flatten=None, warp_spec=False,
 ) -> None:  # fmt: skip
-    """One launch of the TMA kernel. lora: None, or (mode, lora_a, lora_b, xa, ids,
-    scales, lora_scale, rank, r_block) with mode LORA_IN_LOOP (lora_a read through its own
-    descriptor), LORA_PRECOMPUTED (xa = x @ A^T given), LORA_SHRINK (weight is A),
-    LORA_EXPAND (xa is xs, read with lora_b through descriptors) or LORA_JOINT (xa unused:
-    its first programs fill an xs buffer made here, whose shape depends on the K split;
-    lora_a through a descriptor) or LORA_SPREAD (xa unused: an xs buffer made here; lora_a
-    through a descriptor of SLICE rows; one tile a program, which needs the tiles to fit
-    one wave). pdl (LoRA only): the
+    """One launch of the TMA kernel. lora: None, or a LoraLaunch whose mode is
+    LORA_IN_LOOP (A read through its own descriptor), LORA_PRECOMPUTED (xa = x @ A^T
+    given), LORA_SHRINK (weight is A), LORA_EXPAND (xa is xs, read with B through
+    descriptors), LORA_JOINT (xa unused: its first programs fill an xs buffer made here,
+    whose shape depends on the K split; A through a descriptor) or LORA_SPREAD (xa unused:
+    an xs buffer made here; A through a descriptor of SLICE rows; one tile a program, which
+    needs the tiles to fit one wave). pdl (LoRA only): the
     kernel's PDL flag, and for LORA_EXPAND with pdl the launch may start early. flatten,
     warp_spec: the kernels' FLATTEN / WARP_SPEC (for probes; flatten None: where a
     program has more than one tile; see ``_tma_body``).
@@ -150,8 +150,8 @@ def _launch_tma(
     tiles = cdiv(m, bm) * cdiv(n, bn)
     sms = persistent_programs(x)
     programs = tiles if sms is None else min(tiles, sms)
-    joint = lora is not None and lora[0] == LORA_JOINT
-    spread = lora is not None and lora[0] == LORA_SPREAD
+    joint = lora is not None and lora.mode == LORA_JOINT
+    spread = lora is not None and lora.mode == LORA_SPREAD
     n_shrink = 0
     if spread:
         # Every tile may wait for others of its row tile: all must be resident at once
@@ -200,7 +200,8 @@ def _launch_tma(
         key = (x.dtype, out.dtype, common, dep, sub, *options.values(), *map(int_spec, ints))
         _linear_tma_launches((programs,), key, aligned16(*ptrs), args, options)
         return
-    mode, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block = lora
+    mode, xa, lora_a, lora_b = lora.mode, lora.xa, lora.a, lora.b
+    ids, scales, lora_scale, rank = lora.ids, lora.scales, lora.scale, lora.rank
     r = 1 if lora_b is None else lora_cols(lora_b)
     b3d = lora_b is not None and lora_b.dim() == 3
     r_pad = max(16, next_pow2(r))
@@ -238,14 +239,14 @@ def _launch_tma(
         xa = torch.empty((m, r), dtype=x.dtype, device=x.device)
         sync = joint_flags(x, 2 * cdiv(m, bm))
     elif mode == LORA_EXPAND:
-        a_desc = TensorDescriptor.from_tensor(xa, [bm, r_block])
+        a_desc = TensorDescriptor.from_tensor(xa, [bm, lora.r_block])
         b2 = lora_b.reshape(-1, lora_b.shape[-1]) if b3d else lora_b  # (adapters * N, rank)
-        b_desc = TensorDescriptor.from_tensor(b2, [bn, r_block])
+        b_desc = TensorDescriptor.from_tensor(b2, [bn, lora.r_block])
     expand = 3
     if spread:
         expand = SPREAD_EXPAND_STAGES
     elif mode == LORA_EXPAND:
-        expand = expand_stages(config, r_pad, r_block, x.element_size())
+        expand = expand_stages(config, r_pad, lora.r_block, x.element_size())
     if pdl and mode == LORA_EXPAND:
         options["launch_pdl"] = True
     # PDL behind the kernel before (see _lora_tma_kernel's DEP): not for the expand launch
@@ -267,7 +268,7 @@ def _launch_tma(
     )  # fmt: skip
     ints += (0 if lora_b is None else lora_b.stride(-2),)
     consts = (
-        mode, ids is not None, r, max(rank, 1), r_pad, r_block, scales is not None,
+        mode, ids is not None, r, max(rank, 1), r_pad, lora.r_block, scales is not None,
     )  # fmt: skip
     args = (
         x_desc, w_desc, a_desc, b_desc, *ptrs, *more, *ints, float(alpha), float(lora_scale),
@@ -356,7 +357,7 @@ def launch_linear(
     if tma:
         extra = None
         if lora != LORA_NONE:
-            extra = (lora, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block)
+            extra = LoraLaunch(lora, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block)
         _launch_tma(out, x, weight, bias, residual, alpha, activation, config, extra, pdl=pdl)
         return
     # LoRA launches' PDL flag (passed even when False: torch.compile's wrap_triton takes no

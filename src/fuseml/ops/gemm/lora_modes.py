@@ -3,6 +3,8 @@ and their host-side sizing."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -14,6 +16,22 @@ from fuseml.runtime import env_int
 
 LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND, LORA_JOINT = 0, 1, 2, 3, 4, 5
 LORA_SPREAD = 6
+
+
+class LoraLaunch(NamedTuple):
+    """The LoRA part of one TMA-kernel launch (``_launch_tma``); the kernel takes its
+    tensors and ints one by one."""
+
+    mode: int  # LORA_IN_LOOP .. LORA_SPREAD
+    a: torch.Tensor | None  # stacked A (R, K)
+    b: torch.Tensor | None  # stacked B (N, R), or (adapters, N, rank) as given
+    xa: torch.Tensor | None  # LORA_PRECOMPUTED: x @ A^T in float32; LORA_EXPAND: xs
+    ids: torch.Tensor | None  # (M,) adapter id per row (-1: none), multi-adapter only
+    scales: torch.Tensor | None  # (adapters,) float32 scaling per adapter, or None
+    scale: float  # the scaling where scales is None
+    rank: int  # one adapter's rank
+    r_block: int  # stacked columns per step of the xs @ B^T product
+
 
 # LORA 5: the fewest K steps of the joint shrink's loop that fit the GEMM's buffers (see
 # _launch_tma; FUSEML_JOINT_SHRINK_STAGES, for probes)
