@@ -129,16 +129,20 @@ def every_argument(monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["in_loop", "expand", "joint", "spread", "linear"])
-def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch, every_argument):
+def test_tma_launches_pass_every_kernel_argument(
+    mode, monkeypatch, every_argument, tuned_gemm_call
+):
     """Each TMA launch form passes every kernel argument (see ``every_argument``)."""
+    import importlib
+
     import torch
 
     import fuseml
     from fuseml.ops import gemm
     from fuseml.ops import lora as lora_mod
 
+    linear_mod = importlib.import_module("fuseml.ops.linear")  # (the module, not the op)
     seen = every_argument
-    monkeypatch.setenv("FUSEML_GEMM", "tma")
     want = {"in_loop": gemm.LORA_IN_LOOP, "expand": gemm.LORA_EXPAND}.get(mode)
     want = {"joint": gemm.LORA_JOINT, "spread": gemm.LORA_SPREAD}.get(mode, want)
     monkeypatch.setattr(gemm.launch, "pdl_available", lambda x, traced: mode != "in_loop")
@@ -148,10 +152,11 @@ def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch, every_argume
     w, b = torch.randn(48, 64), torch.randn(48)
     a, bb = torch.randn(8, 64), torch.randn(48, 8)
     if mode == "linear":
-        fuseml.ops.linear(x, w, b, "relu", backend="triton")
+        linear_mod.linear_rows(x, w, b, None, 1.0, 1, loop="tma")  # 1: relu
         assert seen == [gemm.tma._linear_tma_kernel]
-    else:
-        fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend="triton")
+    else:  # every launch on the TMA kernel, as a tuned config on a Hopper GPU takes it
+        cfg = dict(gemm.default_config(40, 48, 64, x.dtype), TMA=True)
+        tuned_gemm_call(cfg, lambda: fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend="triton"))
         assert gemm.tma._lora_tma_kernel in seen
 
 

@@ -7,6 +7,7 @@ import torch
 
 import fuseml
 from fuseml.ops import ACTIVATIONS, _tune, _utils, gemm, linear_ref
+from fuseml.ops._elementwise import ACT_CODE
 from fuseml.runtime import tf32_matmuls
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, rel_err, tolerance
 
@@ -535,8 +536,7 @@ def test_last_choice_names_the_config_and_kernel(device, backend, monkeypatch):
     choice = linear_mod.last_choice()
     assert choice["kernel"] in ("ptr", "tma", "stream") and choice["BLOCK_M"] >= 16
     cfg = next(c for c in gemm.candidates(600, 16, 64, torch.bfloat16, plain=True) if "STREAM" in c)
-    monkeypatch.setattr(gemm.launch, "choose_config", lambda *a, **k: cfg)
-    out = fuseml.ops.linear(x, w, b, "relu", backend=backend)
+    out = linear_mod.linear_rows(x, w, b, None, 1.0, ACT_CODE["relu"], config=cfg)
     assert linear_mod.last_choice() == {**cfg, "kernel": "stream"}
     assert_close_verbose(out, _ref64(x, w, b, "relu"), torch.bfloat16)
 
@@ -560,20 +560,16 @@ def test_stream_candidates_only_where_they_serve():
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_linear_tma_kernel(device, backend, dtype, monkeypatch):
-    """FUSEML_GEMM=tma: the persistent TMA kernel where the layout allows it (16-byte
-    aligned rows), the pointer kernel elsewhere; the same results either way."""
-    monkeypatch.setenv("FUSEML_GEMM", "tma")
+def test_linear_tma_kernel(device, backend, dtype):
+    """loop="tma": the persistent TMA kernel where the layout allows it (16-byte aligned
+    rows), the pointer kernel elsewhere; the same results either way."""
     used = []
-    launch = gemm.launch._launch_tma
-    monkeypatch.setattr(
-        gemm.launch, "_launch_tma", lambda *a, **k: used.append(1) or launch(*a, **k)
-    )
     for m, k, n in [(37, 48, 70), (130, 64, 9), (5, 13, 8)]:
         x, w, b, r = _inputs(m, k, n, dtype, device)
-        out = fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
+        out = linear_mod.linear_rows(x, w, b, r, 0.5, ACT_CODE["gelu"], loop="tma")
         assert_close_verbose(out, _ref64(x, w, b, "gelu", r, 0.5), dtype)
-    assert len(used) == 2  # K = 13 rows are not 16-byte aligned: the pointer kernel
+        used.append(linear_mod.last_choice()["kernel"])
+    assert used == ["tma", "tma", "ptr"]  # K = 13 rows are not 16-byte aligned: pointers
 
 
 @pytest.mark.gpu
@@ -590,8 +586,7 @@ def test_linear_tma_kernel(device, backend, dtype, monkeypatch):
         (64, 4096, 4096),
     ],
 )
-def test_linear_tma_kernel_gpu(m, k, n, monkeypatch):
-    monkeypatch.setenv("FUSEML_GEMM", "tma")
+def test_linear_tma_kernel_gpu(m, k, n):
     x, w, b, r = _inputs(m, k, n, torch.bfloat16, "cuda")
     for cfg in gemm.candidates(m, n, k, torch.bfloat16, gemm.LOOP_TUNED):
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -746,12 +741,12 @@ def test_linear_reg_pipe_gpu(m, k, n, dtype, tile):
 
 
 def test_gemm_path_choice(monkeypatch):
-    """FUSEML_GEMM: auto takes TMA only on Hopper+ CUDA tensors with aligned rows, from
-    TMA_MIN_M rows, tuned up to TMA_TUNED_MAX_M rows and for outputs up to TMA_TUNED_N
-    wide; tma / ptr force it (where the layout allows); anything else is an error."""
+    """gemm_loop's loop: auto takes TMA only on Hopper+ CUDA tensors with aligned rows,
+    from TMA_MIN_M rows, tuned up to TMA_TUNED_MAX_M rows and for outputs up to
+    TMA_TUNED_N wide; tma / ptr force it (where the layout allows); anything else is an
+    error."""
     x = torch.randn(gemm.TMA_MIN_M, 64)
     w = torch.randn(gemm.TMA_TUNED_N + 8, 64)
-    monkeypatch.delenv("FUSEML_GEMM", raising=False)
     assert gemm.gemm_loop(x, w, False) == gemm.LOOP_PTR  # CPU tensors: pointer kernel
     monkeypatch.setattr(gemm.launch, "_tma_device", lambda t: True)  # as on a Hopper GPU
     assert gemm.gemm_loop(x, w, False) == gemm.LOOP_TMA
@@ -762,15 +757,11 @@ def test_gemm_path_choice(monkeypatch):
     assert gemm.gemm_loop(x, w, True) == gemm.LOOP_PTR  # traced by torch.compile
     x13, w13 = torch.randn(gemm.TMA_MIN_M, 13), torch.randn(4, 13)
     assert gemm.gemm_loop(x13, w13, False) == gemm.LOOP_PTR  # 52-byte rows: no TMA
-    monkeypatch.setenv("FUSEML_GEMM", "tma")
-    assert gemm.gemm_loop(x[:1], w, False) == gemm.LOOP_TMA
-    assert gemm.gemm_loop(torch.randn(8, 13), torch.randn(4, 13), False) == gemm.LOOP_PTR
-    monkeypatch.setenv("FUSEML_GEMM", "ptr")
-    assert gemm.gemm_loop(x, w, False) == gemm.LOOP_PTR
-    monkeypatch.setenv("FUSEML_GEMM", "wgmma")
-    with pytest.raises(ValueError, match="FUSEML_GEMM"):
-        gemm.gemm_loop(x, w, False)
-    monkeypatch.setenv("FUSEML_GEMM", "auto")
+    assert gemm.gemm_loop(x[:1], w, False, "tma") == gemm.LOOP_TMA
+    assert gemm.gemm_loop(torch.randn(8, 13), torch.randn(4, 13), False, "tma") == gemm.LOOP_PTR
+    assert gemm.gemm_loop(x, w, False, "ptr") == gemm.LOOP_PTR
+    with pytest.raises(ValueError, match="loop must be one of"):
+        gemm.gemm_loop(x, w, False, "wgmma")
     monkeypatch.setenv("FUSEML_FP32_DOT", "ieee")  # FMA dots: never the TMA kernel
     with tf32_matmuls(False):
         assert gemm.gemm_loop(x, w, False) == gemm.LOOP_PTR

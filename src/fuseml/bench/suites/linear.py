@@ -11,7 +11,7 @@ Arms
   triton       fuseml.ops.linear(backend="triton"): Triton GEMM with the epilogue in registers
                (on Hopper, from 512 rows with 16-byte aligned rows: the persistent TMA kernel)
   triton-op    torch.ops.fuseml.linear, the dispatcher path (host overhead rows only)
-  triton-ptr   the pointer-load kernel forced (FUSEML_GEMM=ptr) where `triton` takes the TMA
+  triton-ptr   the pointer-load kernel forced (loop="ptr") where `triton` takes the TMA
                kernel: a reference column, to show what TMA gains
 
 The GELU is the tanh form ("gelu_tanh"): that is the one cuBLASLt's epilogue computes, so
@@ -27,7 +27,6 @@ replays, and the smallest M of a shape measures host time per call.
 from __future__ import annotations
 
 import importlib
-import os
 
 import torch
 
@@ -35,6 +34,7 @@ import fuseml
 from fuseml.bench.harness import Case
 from fuseml.bench.suites._common import dtype_name, launch_bound, linear_params, no_tf32
 from fuseml.models.dlrm import DLRMConfig
+from fuseml.ops._elementwise import ACT_CODE
 from fuseml.ops.gemm import TMA_MIN_M, TMA_TUNED_MAX_M
 
 linear_mod = importlib.import_module("fuseml.ops.linear")  # (fuseml.ops.linear: the function)
@@ -63,18 +63,13 @@ def activation_of(k: int, n: int) -> str:
 
 
 def _ptr_arm(act: str):
-    """fuseml.ops.linear with the pointer-load kernel forced (FUSEML_GEMM=ptr)."""
+    """fuseml.ops.linear with the pointer-load kernel forced (``linear_rows``'s loop="ptr"),
+    its arguments checked as ``linear`` checks them, so that both arms pay the same."""
+    code = ACT_CODE[act]
 
     def call(x, w, b):
-        previous = os.environ.get("FUSEML_GEMM")
-        os.environ["FUSEML_GEMM"] = "ptr"
-        try:
-            return fuseml.ops.linear(x, w, b, act, backend="triton")
-        finally:
-            if previous is None:
-                del os.environ["FUSEML_GEMM"]
-            else:
-                os.environ["FUSEML_GEMM"] = previous
+        linear_mod.check_linear_args("linear", x, w, b, None, 1.0, act)
+        return linear_mod.linear_rows(x, w, b, None, 1.0, code, loop="ptr")
 
     return call
 

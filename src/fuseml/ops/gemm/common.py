@@ -8,27 +8,16 @@ import triton
 import triton.language as tl
 
 from fuseml.ops._elementwise import _activation
-from fuseml.runtime import env_choice, env_flag
-
-# Loads the epilogue needs that do not depend on the main loop (bias; LoRA's B tile, and xs
-# where no launch overlaps) are issued before it, so their round trip to memory overlaps
-# the loop instead of following it. FUSEML_GEMM_PREFETCH=0 issues them after the loop
-# (probes; read at import).
-PREFETCH = tl.constexpr(env_flag("FUSEML_GEMM_PREFETCH"))
-# Tile coordinates without the grouped order's divisions where the output is one tile wide
-# or tall (see _tile_coords). FUSEML_GEMM_TILE_SHORTCUT=0 keeps the divisions (probes;
-# read at import).
-TILE_SHORTCUT = tl.constexpr(env_flag("FUSEML_GEMM_TILE_SHORTCUT"))
+from fuseml.runtime import env_choice
 
 
 @triton.jit
 def round_tf32(v):
     """Round float32 to the nearest tf32 (10-bit mantissa), NaN kept as NaN.
 
-    Fed float32, the tensor cores drop the low 13 mantissa bits (truncation): on a
-    512-term dot that gave 5.5e-4 relative error where cuBLAS, which rounds, gives 2.1e-4
-    (H100). Adding half an ulp of tf32 to the bit pattern and clearing the low bits rounds
-    to nearest (ties away from zero, as cvt.rna.tf32.f32 does).
+    Fed float32, the tensor cores drop the low 13 mantissa bits (truncation), about 2.5x
+    the error of cuBLAS, which rounds. Adding half an ulp of tf32 to the bit pattern and
+    clearing the low bits rounds to nearest (ties away from zero, as cvt.rna.tf32.f32 does).
     """
     bits = v.to(tl.int32, bitcast=True)
     rounded = ((bits + 0x1000) & -8192).to(tl.float32, bitcast=True)
@@ -174,7 +163,7 @@ def _tile_coords(tile, n_tiles_m, n_tiles_n, GROUP_M: tl.constexpr, SHORTCUT: tl
     order is the plain one, so the tile number is used as it is. The grouped order's
     runtime divisions (about 25 instructions each, three in a row) sit ahead of the first
     load, and a skinny layer's kernel is about one round trip to memory long."""
-    if SHORTCUT and TILE_SHORTCUT:
+    if SHORTCUT:
         if n_tiles_n == 1:
             pid_m = tile
             pid_n = tile * 0
@@ -206,9 +195,8 @@ def fp32_dot() -> str:
 
     tf32x3 (default): each operand is split into a TF32 part and a TF32 remainder and three
     tensor-core products are summed (the small x small one dropped); its error against a
-    float64 reference was at or below cuBLAS's fp32 SGEMM on every shape measured (H100,
-    K = 512 / 1024: 1.1-2.4e-7 against 1.3-4.0e-7) at 1.6-2.4x its speed. ieee: plain fp32
-    FMA dots (Triton's, about half of cuBLAS's speed; always the pointer-load kernel).
+    float64 reference is at or below cuBLAS's fp32 SGEMM at about twice its speed. ieee:
+    plain fp32 FMA dots (about half of cuBLAS's speed; always the pointer-load kernel).
     """
     return env_choice("FUSEML_FP32_DOT", "tf32x3", FP32_DOTS)
 

@@ -58,12 +58,9 @@ from fuseml.ops.gemm.lora_modes import (
 from fuseml.ops.gemm.pointer import _linear_kernel, _lora_kernel
 from fuseml.ops.gemm.stream import _linear_stream_kernel
 from fuseml.ops.gemm.tma import _linear_tma_kernel, _lora_tma_kernel
-from fuseml.runtime import env_choice, triton_interpreting
+from fuseml.runtime import triton_interpreting
 
-
-def gemm_mode() -> str:
-    """FUSEML_GEMM: auto (TMA kernel where it applies, see gemm_loop), tma or ptr (force)."""
-    return env_choice("FUSEML_GEMM", "auto", ("auto", "tma", "ptr"))
+LOOPS = ("auto", "tma", "ptr")  # gemm_loop's choices: the default rule, or one forced
 
 
 @functools.cache
@@ -75,24 +72,25 @@ def _tma_device(x: torch.Tensor) -> bool:
     return x.is_cuda and _has_tma(x.get_device())
 
 
-def gemm_loop(x: torch.Tensor, weight: torch.Tensor, traced: bool) -> int:
+def gemm_loop(x: torch.Tensor, weight: torch.Tensor, traced: bool, loop: str = "auto") -> int:
     """Which main loop a linear call takes: LOOP_TMA (``_tma_body``), LOOP_PTR
     (``_gemm_body``) or LOOP_TUNED (the tuned config's "TMA" flag decides, see
     ``takes_tma``). Only direct launches take TMA (the op traced by torch.compile keeps
-    the pointer kernel), only for TMA-compatible layouts; by default on Hopper+ GPUs from
-    TMA_MIN_M rows, tuned up to TMA_TUNED_MAX_M rows and for outputs at most TMA_TUNED_N
-    wide (FUSEML_GEMM=tma / ptr force it)."""
+    the pointer kernel), only for TMA-compatible layouts. loop "auto": on Hopper+ GPUs
+    from TMA_MIN_M rows, tuned up to TMA_TUNED_MAX_M rows and for outputs at most
+    TMA_TUNED_N wide; "tma" / "ptr" force one (tests, the bench's pointer-loop arm)."""
     if traced:
         return LOOP_PTR
-    mode = gemm_mode()
-    if mode == "auto":  # cheapest checks first: this runs on every call
+    if loop == "auto":  # cheapest checks first: this runs on every call
         m = x.shape[0]
         if TMA_TUNED_MAX_M < m < TMA_MIN_M or not (_tma_device(x) and tma_eligible(x, weight)):
             return LOOP_PTR
         if x.dtype == torch.float32 and dot_precision(x.dtype) == "ieee":
-            return LOOP_PTR  # FMA dots: the TMA kernel's large tiles spill (H100: 12 ms vs 0.33)
+            return LOOP_PTR  # FMA dots: the TMA kernel's large tiles spill registers
         return LOOP_TMA if m >= TMA_MIN_M and weight.shape[0] > TMA_TUNED_N else LOOP_TUNED
-    return LOOP_TMA if mode == "tma" and tma_eligible(x, weight) else LOOP_PTR
+    if loop not in LOOPS:
+        raise ValueError(f"gemm_loop: loop must be one of {LOOPS}, got {loop!r}")
+    return LOOP_TMA if loop == "tma" and tma_eligible(x, weight) else LOOP_PTR
 
 
 def pdl_available(x: torch.Tensor, traced: bool) -> bool:
@@ -123,8 +121,7 @@ def tma_eligible(*tensors: torch.Tensor) -> bool:
 
 
 def _launch_tma(
-    out, x, weight, bias, residual, alpha, activation, config, lora=None, *, pdl=None,
-    flatten=None, warp_spec=False,
+    out, x, weight, bias, residual, alpha, activation, config, lora=None, *, pdl=None
 ) -> None:  # fmt: skip
     """One launch of the TMA kernel. lora: None, or a LoraLaunch whose mode is
     LORA_IN_LOOP (A read through its own descriptor), LORA_PRECOMPUTED (xa = x @ A^T
@@ -132,10 +129,8 @@ def _launch_tma(
     descriptors), LORA_JOINT (xa unused: its first programs fill an xs buffer made here,
     whose shape depends on the K split; A through a descriptor) or LORA_SPREAD (xa unused:
     an xs buffer made here; A through a descriptor of SLICE rows; one tile a program, which
-    needs the tiles to fit one wave). pdl (LoRA only): the
-    kernel's PDL flag, and for LORA_EXPAND with pdl the launch may start early. flatten,
-    warp_spec: the kernels' FLATTEN / WARP_SPEC (for probes; flatten None: where a
-    program has more than one tile; see ``_tma_body``).
+    needs the tiles to fit one wave). pdl (LoRA only): the kernel's PDL flag, and for
+    LORA_EXPAND with pdl the launch may start early.
 
     Repeat launches go through the compiled kernel's launcher (``CompiledLaunches``): a
     host descriptor specializes on its dtype and block shape only, both fixed by the
@@ -170,11 +165,9 @@ def _launch_tma(
         if tiles >= free_sms:
             programs = min(cdiv(tiles, cdiv(tiles, free_sms)), free_sms - 1)
         row_tiles = cdiv(m, bm)
-    if flatten is None:
-        # One tile a program: nothing to flatten, and the epilogue's loads go before the
-        # main loop (see _tma_body); unless the config says (the TMA-store tiles, measured
-        # flattened, _TMA_STORE)
-        flatten = config.get("FLATTEN", tiles > programs)
+    # One tile a program: nothing to flatten, and the epilogue's loads go before the main
+    # loop (see _tma_body); unless the config says (the TMA-store tiles, measured flattened)
+    flatten = config.get("FLATTEN", tiles > programs)
     x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
     w_desc = TensorDescriptor.from_tensor(weight, [bn, bk])
     bias_arg = out if bias is None else bias
@@ -182,7 +175,7 @@ def _launch_tma(
     ints = (m, n, k, 0 if residual is None else residual.stride(0), out.stride(0))
     common = (
         bias is not None, residual is not None, activation, dot_precision(x.dtype),
-        triton_interpreting(), bm, bn, bk, config["GROUP_M"], programs, flatten, warp_spec,
+        triton_interpreting(), bm, bn, bk, config["GROUP_M"], programs, flatten,
     )  # fmt: skip
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     ptrs = (bias_arg, res_arg, out)
@@ -214,9 +207,7 @@ def _launch_tma(
     if joint:
         # Two counters per row tile, zero (see joint_flags). The shrink's loop reads x
         # and A in K steps of up to 512 bytes, in the GEMM's buffers: shorter steps where
-        # fewer than JOINT_SHRINK_STAGES of them fit (a 128 x 256 x 64 tile with 3 stages
-        # holds one 512-byte step of a 128-row tile at rank 64: each step waited for its
-        # load)
+        # fewer than JOINT_SHRINK_STAGES of them fit (with one, each step waits for its load)
         sync = joint_flags(x, 2 * row_tiles)
         es = x.element_size()
         budget = config["num_stages"] * (bm + bn) * bk * es
@@ -224,8 +215,8 @@ def _launch_tma(
         while shrink_k > 32 and budget // ((bm + r_pad) * shrink_k * es) < JOINT_SHRINK_STAGES:
             shrink_k //= 2
         shrink_stages = max(1, min(8, budget // ((bm + r_pad) * shrink_k * es)))
-        # More free SMs than row tiles (decode-like rows: 1 row tile, 4 free SMs on an
-        # H100): K split over them, so that no one SM streams a whole row tile of x and A
+        # More free SMs than row tiles (decode-like rows): K split over them, so that no
+        # one SM streams a whole row tile of x and A
         split = max(1, min(JOINT_SPLIT, (free_sms - programs) // row_tiles, cdiv(k, shrink_k)))
         n_shrink = min(row_tiles, free_sms - programs) * split
         a_desc = TensorDescriptor.from_tensor(lora_a, [r_pad, shrink_k])
@@ -251,9 +242,7 @@ def _launch_tma(
         options["launch_pdl"] = True
     # PDL behind the kernel before (see _lora_tma_kernel's DEP): not for the expand launch
     # (above), the spread mode's cooperative one, nor the joint mode, whose programs wait
-    # for each other: with it, rank 64 at 256 / 512 rows took 23.2 / 30.6 us in the lora
-    # suite's graph rows (H100, 1bf0d27), against 21.2 / 28.4 in the rows before and
-    # 21.2 / 30.1 at c30880f without it (NOTES.md, "Fifteenth round")
+    # for each other: with PDL the joint launch measured about 2 us slower
     dep = mode in (LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK) and pdl_launch(x)
     if dep:
         options["launch_pdl"] = True

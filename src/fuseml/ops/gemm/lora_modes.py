@@ -1,5 +1,32 @@
-"""LoRA modes of the GEMM kernels: mode constants, the joint / spread / segment pieces
-and their host-side sizing."""
+"""LoRA modes of the GEMM kernels (constexpr LORA): the constants, the joint / spread /
+segment pieces and their host-side sizing. Why each mode and where the tuner takes it:
+docs/performance/lora.md.
+
+  1  in-loop: x @ A^T accumulated in the main K loop from the x tiles already loaded, then
+     one (BLOCK_M, R) x (R, BLOCK_N) dot. One launch; each column tile redoes the small
+     product, which is free while the GEMM waits on memory (few rows).
+  2  precomputed: xa = x @ A^T in float32 from a first launch; the epilogue adds
+     (s * xa) @ B^T. Two launches, the better trade once the GEMM is compute-bound.
+  3  shrink: the first launch of mode 4: x @ A^T with each row's scaling and adapter mask
+     applied in the epilogue, stored in the input dtype (xs).
+  4  expand (TMA kernel): xs and B tiles through their own descriptors after the K loop,
+     one more dot adds xs @ B^T: an extra K step, no masking in the epilogue.
+  5  joint (TMA kernel, one launch): the grid's first programs compute xs (as mode 3) on
+     the SMs the GEMM's tiles leave free and post a flag per row tile; the tiles wait for
+     their row tile's flag after the K loop (as mode 4). The last reader puts the flag
+     back to zero, so no memset precedes the launch. The shrink programs are the lowest
+     and the grid fits the SMs, so every wait ends. Where free SMs outnumber row tiles, K
+     is split over them (float32 parts the tiles sum in order).
+  6  spread (TMA kernel, one launch, one tile a program: the tiles must fit one wave):
+     each row tile's first R_PAD / SLICE column tiles accumulate a slice of x @ A^T in
+     their K loop and store it as xs; every tile waits for its row tile's slices and adds
+     xs @ B^T (``_spread_expand``). No program streams all of K for the shrink alone.
+
+Multi-adapter: A and B of every adapter are stacked along R (R = adapters x rank), and
+each row keeps only the columns of its own adapter (id -1: none), scaled per adapter:
+exact, since the other columns are multiplied by zero. A mixed batch's shrink may instead
+run per adapter segment (``launch_shrink_segments``), timed by the tuner beside it.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +39,6 @@ import triton.language as tl
 from fuseml.ops._utils import CounterSlab, cdiv, next_pow2, slab_counters
 from fuseml.ops.gemm.common import _adapter_scale, _bt_chunk, _xs_tile, mma
 from fuseml.ops.gemm.configs import SMEM_LIMIT
-from fuseml.runtime import env_int
 
 LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND, LORA_JOINT = 0, 1, 2, 3, 4, 5
 LORA_SPREAD = 6
@@ -34,11 +60,11 @@ class LoraLaunch(NamedTuple):
 
 
 # LORA 5: the fewest K steps of the joint shrink's loop that fit the GEMM's buffers (see
-# _launch_tma; FUSEML_JOINT_SHRINK_STAGES, for probes)
-JOINT_SHRINK_STAGES = env_int("FUSEML_JOINT_SHRINK_STAGES", 3, 1)
+# _launch_tma)
+JOINT_SHRINK_STAGES = 3
 # LORA 5: the most parts K is split into for the shrink where free SMs outnumber row tiles
-# (see _launch_tma; FUSEML_JOINT_SPLIT=1: no split, for probes)
-JOINT_SPLIT = env_int("FUSEML_JOINT_SPLIT", 4, 1)
+# (see _launch_tma)
+JOINT_SPLIT = 4
 
 
 @triton.jit
@@ -114,8 +140,8 @@ def _shrink_segment_kernel(
     b-th block of BLOCK_M rows of adapter a's list (``_segment_rows_kernel``), from those
     rows of x and adapter a's RANK rows of A only; xs (zeroed by the caller) keeps zeros
     in every other adapter's columns, as LORA 3's masked product does. The stacked
-    product does every adapter's columns for every row: 16 adapters x rank 16 at 1024
-    rows is 2.1 GFLOP, where this does 0.13. Programs past the list stop at once."""
+    product does every adapter's columns for every row, 16x the FLOPs of this one with
+    16 adapters. Programs past the list stop at once."""
     if PDL:  # the overlapped expand launch may start now (it waits for xs)
         tl.extra.cuda.gdc_launch_dependents()
     adapter = tl.program_id(0)
@@ -206,8 +232,8 @@ def _spread_expand(
     B^T: B (R_PAD, BLOCK_N) loaded before the K loop where it is one step (b_v), else
     steps of R_BLOCK stacked columns. Pointer loads (xs: after the acquire, its stores
     came from other SMs; B: a step spans several adapters of a B read in place, which
-    one descriptor box cannot: 4 steps of 64 columns for 16 adapters x rank 16 where the
-    expand mode's descriptor takes 16 of 16, each waiting on its load)."""
+    one descriptor box cannot: fewer, wider steps than the expand mode's descriptor
+    takes, one adapter a step)."""
     rows = off_m + tl.arange(0, BLOCK_M)
     if PHASE != 2 and pid_n < SLICES:
         rs = a_row + tl.arange(0, SLICE)
@@ -244,11 +270,9 @@ def _spread_expand(
     return acc
 
 
-SPREAD_EXPAND_STAGES = 4  # buffers of LORA_SPREAD's expand loop: up to 4 steps of 64
-# stacked columns in flight at once (cp.async; with 2, each step waited for its own load:
-# its dot is too short to hide the next one's). They take the main loop's shared memory,
-# free by then (Triton 3.9, sm_90, offline: 213,056 bytes for 64 x 128 x 128 / 4 stages
-# with 2 or 4 of them, the main loop's buffers and A's slice alone)
+# Buffers of LORA_SPREAD's expand loop: with 2, each step waits for its own load (its dot is
+# too short to hide the next one's); they reuse the main loop's shared memory, free by then
+SPREAD_EXPAND_STAGES = 4
 
 
 def spread_slice(r_pad: int, n: int, block_n: int) -> int:
@@ -269,27 +293,22 @@ def spread_fits(config: dict, m: int, n: int, r_pad: int, elem_size: int, sms: i
     return smem <= SMEM_LIMIT
 
 
-def expand_stages_max() -> int:
-    """FUSEML_EXPAND_STAGES_MAX (default 8): the most buffers of the expand mode's xs @ B^T
-    loop (for probes)."""
-    return env_int("FUSEML_EXPAND_STAGES_MAX", 8, 2)
+EXPAND_STAGES_MAX = 8  # the most buffers of the expand mode's xs @ B^T loop
 
 
 def expand_stages(config: dict, r_pad: int, r_block: int, elem_size: int) -> int:
     """Buffers of the expand mode's xs @ B^T loop (R_PAD / R_BLOCK steps of R_BLOCK
     stacked columns): as many steps in flight as fit beside the main loop's buffers, up to
-    expand_stages_max(). Each step is one small MMA on two TMA tiles, so with few buffers
-    the loop waits on each load in turn. 16 adapters read in place (16 steps of 16
-    columns), 4096 x 4096 at 256 rows: the main launch 30.0 us with 3 buffers, 28.0 with
-    up to 8 (H100, scripts/probe_gemm.py timeline; one adapter's whole layer: 18.8; the
-    rest is the wait for the shrink, NOTES.md)."""
+    EXPAND_STAGES_MAX. Each step is one small MMA on two TMA tiles, so with few buffers
+    the loop waits on each load in turn (16 adapters read in place: 30.0 -> 28.0 us for
+    up to 8 buffers instead of 3)."""
     steps = r_pad // r_block
     if steps <= 1:
         return 3
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     main = config["num_stages"] * (bm + bn) * bk * elem_size
     fit = (SMEM_LIMIT - main) // ((bm + bn) * r_block * elem_size)
-    return max(2, min(steps, expand_stages_max(), fit))
+    return max(2, min(steps, EXPAND_STAGES_MAX, fit))
 
 
 JOINT_FLAG_SLAB = 1 << 18  # counters per device (1 MiB)
@@ -299,5 +318,5 @@ _flag_slab = CounterSlab(JOINT_FLAG_SLAB, "the joint LoRA launch's flags")
 def joint_flags(x: torch.Tensor, count: int) -> torch.Tensor:
     """``count`` zeroed int32 counters for a joint launch on x's device and current stream
     (see CounterSlab; the kernel puts them back to zero before it exits, _joint_wait).
-    FUSEML_JOINT_FLAGS=zeros: a fresh zeroed buffer per call (probes)."""
+    FUSEML_JOINT_FLAGS=zeros, read by slab_counters: a fresh zeroed buffer per call."""
     return slab_counters(_flag_slab, x, count, "FUSEML_JOINT_FLAGS")

@@ -7,7 +7,6 @@ import triton.language as tl
 
 from fuseml.ops._math import _pdl_begin
 from fuseml.ops.gemm.common import (
-    PREFETCH,
     _bt_chunk,
     _epilogue,
     _tile_coords,
@@ -88,10 +87,11 @@ def _gemm_body(
     res_v = 0.0
     b_v = 0.0  # LORA 1 / 4: the B^T chunk (R_PAD, BLOCK_N), prefetched where one step
     s_v = 0.0  # LORA 4 without PDL: the xs tile (BLOCK_M, R_PAD), prefetched likewise
-    B_EARLY: tl.constexpr = (PREFETCH and (LORA == 1 or LORA == 4)) and R_PAD == R_BLOCK
-    # The epilogue's loads that do not wait on the loop go before it (see PREFETCH): a
-    # small-M kernel is a few round trips to memory long, and one after the loop adds one.
-    if HAS_BIAS and (ONE_STEP or PREFETCH):
+    B_EARLY: tl.constexpr = (LORA == 1 or LORA == 4) and R_PAD == R_BLOCK
+    # The epilogue's loads that do not wait on the loop (bias; LoRA's B tile, and xs where
+    # no launch overlaps) go before it: a small-M kernel is a few round trips to memory
+    # long, and a load issued after the loop adds one.
+    if HAS_BIAS:
         bias_v = tl.load(bias_ptr + cols, mask=cols < N, other=0.0)
     if B_EARLY:
         b_v = _bt_chunk(b_ptr, cols, N, stride_bn, rs, R, RANK, B3D)
@@ -165,7 +165,7 @@ def _gemm_body(
         acc, rows, cols, M, N, bias_ptr, res_ptr, out_ptr, b_ptr, xa_ptr, ids_ptr, scale_ptr,
         stride_rm, stride_om, stride_bn, alpha, lora_scale, xa,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
-        PRECISION, UPCAST, bias_v, res_v, ONE_STEP or PREFETCH,
+        PRECISION, UPCAST, bias_v, res_v, True,
         ONE_STEP and BLOCK_M * BLOCK_N <= 64 * 64, b_v, B_EARLY and LORA == 1, B3D,
     )  # fmt: skip
 

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from fuseml.ops._math import _pdl_begin
-from fuseml.ops.gemm.common import PREFETCH, _bt_chunk, _epilogue, _tile_coords, _xs_tile, mma
+from fuseml.ops.gemm.common import _bt_chunk, _epilogue, _tile_coords, _xs_tile, mma
 from fuseml.ops.gemm.lora_modes import _joint_shrink, _joint_wait, _joint_xs, _spread_expand
 
 
@@ -19,10 +19,8 @@ def _tma_store(
     """The output tile y (BLOCK_M, BLOCK_N, float32) stored through o_desc (block (BLOCK_M,
     BLOCK_N // SUB)) in SUB column slices, 1, 2 or 4: each slice goes from registers to
     shared memory and out by the TMA (which drops what lies past M and N) while the next
-    is converted. Against pointer stores from registers: 1024 -> 1024 at 4096 rows, bf16
-    + bias + ReLU, 128 x 256 x 64 tiles with 3 stages, 4 slices, the tile loop flattened,
-    15.40 us in the linear suite against 17.10 for the tuned pointer-store tile before and
-    cuBLASLt's 15.38 (H100, NOTES.md; scripts/probe_tma_store.py sweeps the forms)."""
+    is converted. Faster than pointer stores from registers on large plain layers (1024 ->
+    1024 at 4096 rows: 17.1 -> 15.4 us, level with cuBLASLt)."""
     if SUB == 1:
         o_desc.store([off_m, off_n], y.to(o_desc.dtype))
     elif SUB == 2:
@@ -63,7 +61,7 @@ def _tma_body(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-    FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr, PDL: tl.constexpr,
+    FLATTEN: tl.constexpr, PDL: tl.constexpr,
     SHRINK_K: tl.constexpr = 16, SHRINK_STAGES: tl.constexpr = 1,  # LORA 5, see _joint_shrink
     SHRINK_SPLIT: tl.constexpr = 1,
     B3D: tl.constexpr = False,  # B as (adapters, N, RANK): see _bt_chunk; LORA 4's b_desc
@@ -81,7 +79,7 @@ def _tma_body(
     """Hopper+ (see gemm_loop): a persistent grid (one program per SM, tiles in grouped
     order) whose tiles are loaded by the tensor-memory accelerator (TMA), which zero-fills
     past K, M and N: no masks or index math in the main loop. FLATTEN lets Triton pipeline
-    the tile and K loops as one (faster on H100: NOTES.md). LORA 1: x @ A^T accumulated
+    the tile and K loops as one (faster where a program has several tiles). LORA 1: x @ A^T accumulated
     from the x tiles already in shared memory (A's rows past R arrive as zeros); LORA 2:
     precomputed xa read by the epilogue; LORA 4: xs @ B^T as one more K step; LORA 5:
     the first n_shrink programs compute xs, the rest the tiles; LORA 6: each row tile's
@@ -89,17 +87,17 @@ def _tma_body(
     module docstring). PDL: as in _gemm_body."""
     if LORA == 3 and PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    # Prefetch (see PREFETCH) only where the tile loop is not flattened into the K loop:
-    # flattened, the pipeliner keeps one copy of each such load per stage in registers
-    # (64 x 128 x 64 tile, 8 stages: 140 -> 229 registers, sm_90, Triton 3.6)
-    EARLY: tl.constexpr = PREFETCH and not FLATTEN
+    # The epilogue's loads go before the K loop (as in _gemm_body) only where the tile loop
+    # is not flattened into it: flattened, the pipeliner keeps a copy of each per stage in
+    # registers (140 -> 229 registers for a 64 x 128 x 64 tile with 8 stages)
+    EARLY: tl.constexpr = not FLATTEN
     B_EARLY: tl.constexpr = (EARLY and (LORA == 1 or LORA >= 4)) and (R_PAD == R_BLOCK)
     XA_W: tl.constexpr = SLICE if LORA == 6 else R_PAD  # columns of the in-loop product
     SLICES: tl.constexpr = R_PAD // SLICE  # LORA 6: producing column tiles per row tile
     # The tile's coordinates without the grouped order's divisions where the output is one
     # tile wide or tall (see _tile_coords); not where the tile loop is flattened into the K
-    # loop or warp-specialized (probes), whose pipelining was measured without a branch
-    SHORTCUT: tl.constexpr = not (FLATTEN or WARP_SPEC)
+    # loop, whose pipelining was measured without a branch
+    SHORTCUT: tl.constexpr = not FLATTEN
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     xa = tl.zeros((BLOCK_M, XA_W), dtype=tl.float32)
@@ -114,10 +112,7 @@ def _tma_body(
             first = n_tiles_m * n_tiles_n  # no GEMM tiles for this program
         else:
             first -= n_shrink
-    for tile in tl.range(
-        first, n_tiles_m * n_tiles_n, NUM_PROGRAMS, flatten=FLATTEN,
-        warp_specialize=WARP_SPEC,
-    ):  # fmt: skip
+    for tile in tl.range(first, n_tiles_m * n_tiles_n, NUM_PROGRAMS, flatten=FLATTEN):
         pid_m, pid_n = _tile_coords(tile, n_tiles_m, n_tiles_n, GROUP_M, SHORTCUT)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -214,7 +209,7 @@ def _linear_tma_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-    FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False, PDL: tl.constexpr = False,
+    FLATTEN: tl.constexpr = True, PDL: tl.constexpr = False,
     o_desc=None, OUT_SUB: tl.constexpr = 0,  # as in _tma_body (o_desc: x_desc where unused)
 ):  # fmt: skip
     """Plain linear layers through _tma_body (the fewest launch arguments). PDL: as in
@@ -226,7 +221,7 @@ def _linear_tma_kernel(
         out_ptr, out_ptr,
         M, N, K, stride_rm, stride_om, 0, alpha, 1.0, 0,
         HAS_BIAS, HAS_RES, ACTIVATION, 0, False, 1, 1, 16, 16, False, PRECISION, UPCAST,
-        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN, WARP_SPEC, False,
+        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN, False,
         o_desc=o_desc, OUT_SUB=OUT_SUB,
     )  # fmt: skip
 
@@ -241,7 +236,7 @@ def _lora_tma_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-    FLATTEN: tl.constexpr = True, WARP_SPEC: tl.constexpr = False, PDL: tl.constexpr = False,
+    FLATTEN: tl.constexpr = True, PDL: tl.constexpr = False,
     SHRINK_K: tl.constexpr = 16, SHRINK_STAGES: tl.constexpr = 1,
     SHRINK_SPLIT: tl.constexpr = 1, B3D: tl.constexpr = False, EXPAND_STAGES: tl.constexpr = 3,
     SLICE: tl.constexpr = 16, DEP: tl.constexpr = False, PHASE: tl.constexpr = 0,
@@ -257,5 +252,5 @@ def _lora_tma_kernel(
         sync_ptr, M, N, K, stride_rm, stride_om, stride_bn, alpha, lora_scale, n_shrink,
         HAS_BIAS, HAS_RES, ACTIVATION, LORA, MULTI, R, RANK, R_PAD, R_BLOCK, PER_ADAPTER_SCALE,
         PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGRAMS, FLATTEN,
-        WARP_SPEC, PDL, SHRINK_K, SHRINK_STAGES, SHRINK_SPLIT, B3D, EXPAND_STAGES, SLICE, PHASE,
+        PDL, SHRINK_K, SHRINK_STAGES, SHRINK_SPLIT, B3D, EXPAND_STAGES, SLICE, PHASE,
     )  # fmt: skip
