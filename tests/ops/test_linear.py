@@ -419,7 +419,7 @@ def test_cold_tuning_flushes_the_l2_before_each_timed_call(monkeypatch):
     """Cold timing: every timed call follows a read of the flush buffer (twice the L2), and
     the flush's own time is subtracted; warm timing replays the call alone. (The effect on
     tile choice is measured, not tested: a timed test under parallel GPU test workers
-    compared noise; NOTES.md has the measurements.)"""
+    compared noise; docs/performance/tuning.md has the measurements.)"""
     import triton.testing
 
     events = []
@@ -661,7 +661,7 @@ def test_tma_store_candidates(monkeypatch):
             ) if c.get("OUT_SUB")
         ]  # fmt: skip
 
-    # 128 x 256 x 64 / 4 stages: 245,792 bytes beside a residual's tile (H100), left out
+    # 128 x 256 x 64 / 4 stages does not fit beside a residual's tile: left out
     big = dict(gemm.configs._cfg(128, 256, 64, 8, 4), OUT_SUB=4, FLATTEN=True)
     assert big in stores
     assert with_res(True) == [c for c in stores if c != big]
@@ -760,6 +760,8 @@ def test_gemm_path_choice(monkeypatch):
     assert gemm.gemm_loop(x[:1], w, False, "tma") == gemm.LOOP_TMA
     assert gemm.gemm_loop(torch.randn(8, 13), torch.randn(4, 13), False, "tma") == gemm.LOOP_PTR
     assert gemm.gemm_loop(x, w, False, "ptr") == gemm.LOOP_PTR
+    assert gemm.gemm_loop(x, w, False, "tuned") == gemm.LOOP_TUNED
+    assert gemm.gemm_loop(x13, w13, False, "tuned") == gemm.LOOP_PTR
     with pytest.raises(ValueError, match="loop must be one of"):
         gemm.gemm_loop(x, w, False, "wgmma")
     monkeypatch.setenv("FUSEML_FP32_DOT", "ieee")  # FMA dots: never the TMA kernel
@@ -815,19 +817,18 @@ def test_tuned_loop_adds_tma_candidates_up_to_tma_tuned_max_m():
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
-def test_tuned_loop_runs_the_chosen_kernel(device, backend, tuned_gemm_call):
+def test_tuned_loop_runs_the_chosen_kernel(device, backend):
     """LOOP_TUNED: a config flagged TMA launches the TMA kernel, any other the pointer
     kernel; both give the same result (small M, as on a Hopper GPU)."""
     x, w, b, r = _inputs(16, 64, 40, torch.bfloat16, device)
     ref = _ref64(x, w, b, "gelu", r, 0.5)
     cands = gemm.candidates(16, 40, 64, torch.bfloat16, gemm.LOOP_TUNED)
+    gelu = ACT_CODE["gelu"]
     for want_tma in (True, False):
         cfg = next(c for c in cands if bool(c.get("TMA")) == want_tma)
-        out, used = tuned_gemm_call(
-            cfg, lambda: fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
-        )
+        out = linear_mod.linear_rows(x, w, b, r, 0.5, gelu, loop="tuned", config=cfg)
         assert_close_verbose(out, ref, torch.bfloat16)
-        assert bool(used) == want_tma, cfg
+        assert (linear_mod.last_choice()["kernel"] == "tma") == want_tma, cfg
 
 
 def test_module_parameters_launch_directly_outside_autograd():

@@ -94,7 +94,7 @@ def linear_rows(
 ) -> torch.Tensor:
     """act(x @ W^T + bias + alpha * residual) for validated inputs, shaped (..., N).
 
-    loop: the main loop, "auto" or forced ("tma", "ptr"; see ``gemm_loop``). config: this
+    loop: the main loop, "auto" or forced ("tma", "ptr", "tuned"; see ``gemm_loop``). config: this
     launch config instead of the tuned one (tests).
     """
     global _last

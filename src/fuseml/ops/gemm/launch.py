@@ -60,7 +60,7 @@ from fuseml.ops.gemm.stream import _linear_stream_kernel
 from fuseml.ops.gemm.tma import _linear_tma_kernel, _lora_tma_kernel
 from fuseml.runtime import triton_interpreting
 
-LOOPS = ("auto", "tma", "ptr")  # gemm_loop's choices: the default rule, or one forced
+LOOPS = ("auto", "tma", "ptr", "tuned")  # gemm_loop's choices: the default rule, or one forced
 
 
 @functools.cache
@@ -78,7 +78,8 @@ def gemm_loop(x: torch.Tensor, weight: torch.Tensor, traced: bool, loop: str = "
     ``takes_tma``). Only direct launches take TMA (the op traced by torch.compile keeps
     the pointer kernel), only for TMA-compatible layouts. loop "auto": on Hopper+ GPUs
     from TMA_MIN_M rows, tuned up to TMA_TUNED_MAX_M rows and for outputs at most
-    TMA_TUNED_N wide; "tma" / "ptr" force one (tests, the bench's pointer-loop arm)."""
+    TMA_TUNED_N wide; "tma" / "ptr" / "tuned" force one (tests, the bench's pointer-loop
+    arm; "tuned" as "tma" where the layout allows)."""
     if traced:
         return LOOP_PTR
     if loop == "auto":  # cheapest checks first: this runs on every call
@@ -90,7 +91,9 @@ def gemm_loop(x: torch.Tensor, weight: torch.Tensor, traced: bool, loop: str = "
         return LOOP_TMA if m >= TMA_MIN_M and weight.shape[0] > TMA_TUNED_N else LOOP_TUNED
     if loop not in LOOPS:
         raise ValueError(f"gemm_loop: loop must be one of {LOOPS}, got {loop!r}")
-    return LOOP_TMA if loop == "tma" and tma_eligible(x, weight) else LOOP_PTR
+    if loop == "ptr" or not tma_eligible(x, weight):
+        return LOOP_PTR
+    return LOOP_TMA if loop == "tma" else LOOP_TUNED
 
 
 def pdl_available(x: torch.Tensor, traced: bool) -> bool:
