@@ -594,19 +594,19 @@ def test_linear_tma_kernel_gpu(m, k, n):
         assert_close_verbose(out, _ref64(x, w, b, "gelu_tanh", r, 0.5), torch.bfloat16)
 
 
-def _store_pair(m, k, n, dtype, device, cfg, out_view=None, residual=True):
+def _store_pair(m, k, n, dtype, device, cfg, out_view=None, residual=True, programs=None):
     """(output of the TMA kernel with cfg's descriptor stores, with the same tile's pointer
     stores, the float64 reference): bias + GELU-tanh [+ 0.5 x residual]. The pointer-store
     twin takes 2 stages and no flattened loop (the same K order; cfg's own stages may not
     fit beside the pointer stores' layout change). out_view(m, n): an output tensor other
-    than a fresh contiguous one (a strided view)."""
+    than a fresh contiguous one (a strided view); programs: the TMA kernel's grid size."""
     x, w, b, r = _inputs(m, k, n, dtype, device, residual=residual)
     twin = {key: v for key, v in cfg.items() if key not in ("OUT_SUB", "FLATTEN")}
     outs = []
     for c in (cfg, dict(twin, num_stages=2)):
         out = out_view(m, n) if out_view else torch.empty(m, n, dtype=dtype, device=device)
         out.fill_(float("nan"))
-        gemm.launch_linear(out, x, w, b, r, 0.5, 4, c, tma=True)  # 4: gelu_tanh
+        gemm.launch_linear(out, x, w, b, r, 0.5, 4, c, tma=True, programs=programs)  # gelu_tanh
         outs.append(out)
     return (*outs, _ref64(x, w, b, "gelu_tanh", r, 0.5))
 
@@ -620,7 +620,6 @@ def test_linear_tma_store(sub, dtype, monkeypatch):
     not 16-byte aligned takes the pointer stores."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    monkeypatch.setattr(gemm.launch, "persistent_programs", lambda x: 2)
     described = []  # (shape, strides, block) of every descriptor made
     make = TensorDescriptor.from_tensor
 
@@ -630,13 +629,15 @@ def test_linear_tma_store(sub, dtype, monkeypatch):
 
     monkeypatch.setattr(TensorDescriptor, "from_tensor", from_tensor)
     cfg = dict(gemm.configs._cfg(32, 64, 16, 4, 2), OUT_SUB=sub, FLATTEN=True)
-    tma_out, ptr_out, ref = _store_pair(70, 48, 72, dtype, "cpu", cfg)
+    tma_out, ptr_out, ref = _store_pair(70, 48, 72, dtype, "cpu", cfg, programs=2)
     assert torch.equal(tma_out, ptr_out)
     assert_close_verbose(tma_out, ref, dtype)
     assert ((70, 72), (72, 1), (32, 64 // sub)) in described  # out's, in slices
     described.clear()
     wide = torch.empty(70, 77, dtype=dtype)  # 77-element rows: no descriptor over them
-    tma_out, ptr_out, ref = _store_pair(70, 48, 72, dtype, "cpu", cfg, lambda m, n: wide[:, :n])
+    tma_out, ptr_out, ref = _store_pair(
+        70, 48, 72, dtype, "cpu", cfg, lambda m, n: wide[:, :n], programs=2
+    )
     assert torch.equal(tma_out, ptr_out)
     assert_close_verbose(tma_out, ref, dtype)
     assert described and not any(shape == (70, 72) for shape, _, _ in described)

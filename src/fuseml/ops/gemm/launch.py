@@ -124,7 +124,8 @@ def tma_eligible(*tensors: torch.Tensor) -> bool:
 
 
 def _launch_tma(
-    out, x, weight, bias, residual, alpha, activation, config, lora=None, *, pdl=None
+    out, x, weight, bias, residual, alpha, activation, config, lora=None, *, pdl=None,
+    programs=None,
 ) -> None:  # fmt: skip
     """One launch of the TMA kernel. lora: None, or a LoraLaunch whose mode is
     LORA_IN_LOOP (A read through its own descriptor), LORA_PRECOMPUTED (xa = x @ A^T
@@ -133,7 +134,8 @@ def _launch_tma(
     whose shape depends on the K split; A through a descriptor) or LORA_SPREAD (xa unused:
     an xs buffer made here; A through a descriptor of SLICE rows; one tile a program, which
     needs the tiles to fit one wave). pdl (LoRA only): the kernel's PDL flag, and for
-    LORA_EXPAND with pdl the launch may start early.
+    LORA_EXPAND with pdl the launch may start early. programs: the persistent grid's size
+    instead of ``persistent_programs`` (tests: several tiles a program on the CPU).
 
     Repeat launches go through the compiled kernel's launcher (``CompiledLaunches``): a
     host descriptor specializes on its dtype and block shape only, both fixed by the
@@ -146,7 +148,7 @@ def _launch_tma(
     n = weight.shape[0]
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     tiles = cdiv(m, bm) * cdiv(n, bn)
-    sms = persistent_programs(x)
+    sms = persistent_programs(x) if programs is None else programs
     programs = tiles if sms is None else min(tiles, sms)
     joint = lora is not None and lora.mode == LORA_JOINT
     spread = lora is not None and lora.mode == LORA_SPREAD
@@ -284,8 +286,7 @@ def _launch_tma(
 
 def persistent_programs(x: torch.Tensor) -> int | None:
     """Programs of the TMA kernel's persistent grid: x's SM count (None on the CPU, where
-    the interpreter runs one program per tile; tests set it to exercise several tiles a
-    program)."""
+    the interpreter runs one program per tile)."""
     return sm_count(x.get_device()) if x.is_cuda else None
 
 
@@ -316,6 +317,7 @@ def launch_linear(
     traced: bool = False,
     tma: bool = False,
     pdl: bool = False,
+    programs: int | None = None,
 ) -> None:
     """One launch of ``_linear_kernel``; x (M, K), weight (N, K), out (M, N), all validated.
 
@@ -323,7 +325,8 @@ def launch_linear(
     tma: through the TMA kernel (the caller checked ``gemm_loop``; for LORA_IN_LOOP also that
     lora_a can be read through a descriptor: see ``fuseml.ops.lora``). pdl (LORA_SHRINK and
     the LORA_EXPAND launch right after it; see ``pdl_available``): the expand launch starts while
-    the shrink runs and waits for xs only before its last K steps.
+    the shrink runs and waits for xs only before its last K steps. programs: the TMA
+    kernel's persistent grid size (see ``_launch_tma``).
     """
     if launches_skipped():
         return
@@ -350,7 +353,10 @@ def launch_linear(
         extra = None
         if lora != LORA_NONE:
             extra = LoraLaunch(lora, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block)
-        _launch_tma(out, x, weight, bias, residual, alpha, activation, config, extra, pdl=pdl)
+        _launch_tma(
+            out, x, weight, bias, residual, alpha, activation, config, extra, pdl=pdl,
+            programs=programs,
+        )  # fmt: skip
         return
     # LoRA launches' PDL flag (passed even when False: torch.compile's wrap_triton takes no
     # defaulted arguments); the expand launch may start while the shrink runs
