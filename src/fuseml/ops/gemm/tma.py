@@ -78,13 +78,13 @@ def _tma_body(
 ):  # fmt: skip
     """Hopper+ (see gemm_loop): a persistent grid (one program per SM, tiles in grouped
     order) whose tiles are loaded by the tensor-memory accelerator (TMA), which zero-fills
-    past K, M and N: no masks or index math in the main loop. FLATTEN lets Triton pipeline
-    the tile and K loops as one (faster where a program has several tiles). LORA 1: x @ A^T accumulated
-    from the x tiles already in shared memory (A's rows past R arrive as zeros); LORA 2:
-    precomputed xa read by the epilogue; LORA 4: xs @ B^T as one more K step; LORA 5:
-    the first n_shrink programs compute xs, the rest the tiles; LORA 6: each row tile's
-    first R_PAD / SLICE column tiles compute a slice of its xs in the K loop (see the
-    module docstring). PDL: as in _gemm_body."""
+    past K, M and N: no masks or index math in the main loop. FLATTEN lets Triton
+    pipeline the tile and K loops as one (faster where a program has several tiles).
+    LORA 1: x @ A^T accumulated from the x tiles already in shared memory (A's rows past
+    R arrive as zeros); LORA 2: precomputed xa read by the epilogue; LORA 4: xs @ B^T as
+    one more K step; LORA 5: the first n_shrink programs compute xs, the rest the tiles;
+    LORA 6: each row tile's first R_PAD / SLICE column tiles compute a slice of its xs in
+    the K loop (see lora_modes). PDL: as in _gemm_body."""
     if LORA == 3 and PDL:
         tl.extra.cuda.gdc_launch_dependents()
     # The epilogue's loads go before the K loop (as in _gemm_body) only where the tile loop
