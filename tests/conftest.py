@@ -26,19 +26,19 @@ def _seed():
 @pytest.fixture
 def tuned_gemm_call(monkeypatch):
     """As on a Hopper GPU at decode-like rows (LOOP_TUNED): ``run(cfg, fn)`` calls ``fn``
-    with the GEMM config forced to ``cfg`` and returns its output and the LoRA argument of
-    every TMA-kernel launch it made (None for a plain layer)."""
-    from fuseml.ops import _gemm
+    with the GEMM config forced to ``cfg`` and returns its output and the LoraLaunch of
+    every TMA-kernel launch it made (None for a plain layer). For calls that take no
+    ``loop=`` / ``config=`` of their own (plain layers: ``linear_rows`` takes both)."""
+    from fuseml.ops import gemm
 
-    monkeypatch.delenv("FUSEML_GEMM", raising=False)
-    monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)
-    launch = _gemm._launch_tma
+    monkeypatch.setattr(gemm.launch, "_tma_device", lambda t: True)
+    launch = gemm.launch._launch_tma
 
     def run(cfg, fn):
         used = []
-        monkeypatch.setattr(_gemm, "choose_config", lambda *a, **k: cfg)
+        monkeypatch.setattr(gemm.launch, "choose_config", lambda *a, **k: cfg)
         monkeypatch.setattr(
-            _gemm, "_launch_tma", lambda *a, **k: used.append(a[-1]) or launch(*a, **k)
+            gemm.launch, "_launch_tma", lambda *a, **k: used.append(a[-1]) or launch(*a, **k)
         )
         return fn(), used
 

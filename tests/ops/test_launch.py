@@ -93,18 +93,18 @@ def test_plain_linear_launch_key_holds_out_dtype(monkeypatch):
     # compiled kernels: the repeat-launch key must tell them apart.
     import torch
 
-    from fuseml.ops import _gemm
+    from fuseml.ops import gemm
 
     keys = []
     monkeypatch.setattr(
-        _gemm, "_linear_launches", lambda grid, key, aligned, args, options: keys.append(key)
+        gemm.launch, "_linear_launches", lambda grid, key, aligned, args, options: keys.append(key)
     )
     x = torch.randn(4, 32, dtype=torch.bfloat16)
     w = torch.randn(16, 32, dtype=torch.bfloat16)
-    cfg = _gemm.default_config(4, 16, 32, torch.bfloat16)
+    cfg = gemm.default_config(4, 16, 32, torch.bfloat16)
     for dtype in (torch.bfloat16, torch.float32):
         out = torch.empty(4, 16, dtype=dtype)
-        _gemm.launch_linear(out, x, w, None, None, 1.0, 0, cfg)
+        gemm.launch_linear(out, x, w, None, None, 1.0, 0, cfg)
     assert len(keys) == 2 and keys[0] != keys[1]
 
 
@@ -129,30 +129,35 @@ def every_argument(monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["in_loop", "expand", "joint", "spread", "linear"])
-def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch, every_argument):
+def test_tma_launches_pass_every_kernel_argument(
+    mode, monkeypatch, every_argument, tuned_gemm_call
+):
     """Each TMA launch form passes every kernel argument (see ``every_argument``)."""
+    import importlib
+
     import torch
 
     import fuseml
-    from fuseml.ops import _gemm
+    from fuseml.ops import gemm
     from fuseml.ops import lora as lora_mod
 
+    linear_mod = importlib.import_module("fuseml.ops.linear")  # (the module, not the op)
     seen = every_argument
-    monkeypatch.setenv("FUSEML_GEMM", "tma")
-    want = {"in_loop": _gemm.LORA_IN_LOOP, "expand": _gemm.LORA_EXPAND}.get(mode)
-    want = {"joint": _gemm.LORA_JOINT, "spread": _gemm.LORA_SPREAD}.get(mode, want)
-    monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: mode != "in_loop")
+    want = {"in_loop": gemm.LORA_IN_LOOP, "expand": gemm.LORA_EXPAND}.get(mode)
+    want = {"joint": gemm.LORA_JOINT, "spread": gemm.LORA_SPREAD}.get(mode, want)
+    monkeypatch.setattr(gemm.launch, "pdl_available", lambda x, traced: mode != "in_loop")
     monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
     monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: want)
     x = torch.randn(40, 64)
     w, b = torch.randn(48, 64), torch.randn(48)
     a, bb = torch.randn(8, 64), torch.randn(48, 8)
     if mode == "linear":
-        fuseml.ops.linear(x, w, b, "relu", backend="triton")
-        assert seen == [_gemm._linear_tma_kernel]
-    else:
-        fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend="triton")
-        assert _gemm._lora_tma_kernel in seen
+        linear_mod.linear_rows(x, w, b, None, 1.0, 1, loop="tma")  # 1: relu
+        assert seen == [gemm.tma._linear_tma_kernel]
+    else:  # every launch on the TMA kernel, as a tuned config on a Hopper GPU takes it
+        cfg = dict(gemm.default_config(40, 48, 64, x.dtype), TMA=True)
+        tuned_gemm_call(cfg, lambda: fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend="triton"))
+        assert gemm.tma._lora_tma_kernel in seen
 
 
 @pytest.mark.parametrize(
@@ -166,7 +171,7 @@ def test_other_launches_pass_every_kernel_argument(op, every_argument):
     import torch
 
     import fuseml
-    from fuseml.ops import _elementwise, _gemm
+    from fuseml.ops import _elementwise, gemm
 
     # (the modules, not the ops of the same names that fuseml.ops exports)
     softmax_mod = importlib.import_module("fuseml.ops.softmax")
@@ -184,13 +189,13 @@ def test_other_launches_pass_every_kernel_argument(op, every_argument):
         kernel = _elementwise._bias_act_kernel
     elif op == "linear":
         fuseml.ops.linear(x, w, b, "relu", backend="triton")
-        kernel = _gemm._linear_kernel
+        kernel = gemm.pointer._linear_kernel
     elif op == "stream":
         xs = torch.randn(600, 64, dtype=torch.bfloat16)
         ws, bs = w.to(torch.bfloat16), b.to(torch.bfloat16)
-        cfg = next(c for c in _gemm.candidates(600, 32, 64, xs.dtype, plain=True) if "STREAM" in c)
-        _gemm.launch_linear(torch.empty(600, 32, dtype=xs.dtype), xs, ws, bs, None, 1.0, 1, cfg)
-        kernel = _gemm._linear_stream_kernel
+        cfg = next(c for c in gemm.candidates(600, 32, 64, xs.dtype, plain=True) if "STREAM" in c)
+        gemm.launch_linear(torch.empty(600, 32, dtype=xs.dtype), xs, ws, bs, None, 1.0, 1, cfg)
+        kernel = gemm.stream._linear_stream_kernel
     else:  # a narrow 16-bit chain: the register-resident chain kernel
         bf = torch.bfloat16
         ws = [torch.randn(32, 16, dtype=bf), torch.randn(16, 32, dtype=bf)]

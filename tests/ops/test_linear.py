@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import fuseml
-from fuseml.ops import ACTIVATIONS, _gemm, _tune, _utils, linear_ref
+from fuseml.ops import ACTIVATIONS, _tune, _utils, gemm, linear_ref
+from fuseml.ops._elementwise import ACT_CODE
 from fuseml.runtime import tf32_matmuls
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, rel_err, tolerance
 
@@ -79,7 +80,7 @@ def test_linear_empty(device, backend):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("tf32", [False, True])
-@pytest.mark.parametrize("fp32_dot", _gemm.FP32_DOTS)
+@pytest.mark.parametrize("fp32_dot", gemm.common.FP32_DOTS)
 @pytest.mark.parametrize(("m", "k", "n"), [(300, 512, 256), (4096, 1024, 1024), (64, 13, 512)])
 def test_linear_fp32_follows_torch_tf32_flag(tf32, fp32_dot, m, k, n, monkeypatch):
     """TF32 only where torch allows it; otherwise fp32 accuracy through either dot
@@ -99,7 +100,7 @@ def test_linear_fp32_follows_torch_tf32_flag(tf32, fp32_dot, m, k, n, monkeypatc
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("fp32_dot", _gemm.FP32_DOTS)
+@pytest.mark.parametrize("fp32_dot", gemm.common.FP32_DOTS)
 @pytest.mark.parametrize("m", [64, 4096])
 def test_linear_fp32_dot_keeps_inf_and_nan(fp32_dot, m, monkeypatch):
     """tf32x3 splits each value into a TF32 part and a remainder (inf - inf is NaN): an
@@ -208,24 +209,24 @@ def test_linear_bad_input(kwargs, exc, words):
 # ------------------------------------------------------------------------------ tuning
 def test_candidates_are_pruned_to_the_problem():
     for m, n, k in [(1, 16, 13), (3, 4096, 4096), (65536, 64, 16), (4096, 11008, 4096)]:
-        cands = _gemm.candidates(m, n, k, torch.bfloat16)
+        cands = gemm.candidates(m, n, k, torch.bfloat16)
         bound = (
-            len(_gemm._LARGE) + len(_gemm._FEW_TILES) + len(_gemm._SKINNY_N)
-            + len(_gemm._NARROW_N) + len(_gemm._SHORT_K)
+            len(gemm.configs._LARGE) + len(gemm.configs._FEW_TILES) + len(gemm.configs._SKINNY_N)
+            + len(gemm.configs._NARROW_N) + len(gemm.configs._SHORT_K)
         )  # fmt: skip
         assert cands and len(cands) <= bound
         for c in cands:
             smem = c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * 2
-            assert smem <= _gemm.SMEM_LIMIT, c
+            assert smem <= gemm.SMEM_LIMIT, c
             assert 16 <= c["BLOCK_M"] <= max(16, _tune.m_bucket(m))
             assert 16 <= c["BLOCK_N"] <= max(16, 1 << (n - 1).bit_length())
             assert 16 <= c["BLOCK_K"] <= max(16, 1 << (k - 1).bit_length())
-    fp32 = _gemm.candidates(4096, 4096, 4096, torch.float32)
+    fp32 = gemm.candidates(4096, 4096, 4096, torch.float32)
     assert max(c["BLOCK_K"] for c in fp32) == 32  # half the 16-bit K step
     # a narrow output at 17-64 rows also gets 16-row tiles (more programs); a wide one not
-    assert {c["BLOCK_M"] for c in _gemm.candidates(64, 64, 256, torch.bfloat16)} == {16, 64}
-    assert {c["BLOCK_M"] for c in _gemm.candidates(64, 4096, 4096, torch.bfloat16)} == {64}
-    assert {c["BLOCK_M"] for c in _gemm.candidates(16, 64, 256, torch.bfloat16)} == {16}
+    assert {c["BLOCK_M"] for c in gemm.candidates(64, 64, 256, torch.bfloat16)} == {16, 64}
+    assert {c["BLOCK_M"] for c in gemm.candidates(64, 4096, 4096, torch.bfloat16)} == {64}
+    assert {c["BLOCK_M"] for c in gemm.candidates(16, 64, 256, torch.bfloat16)} == {16}
 
 
 def test_m_bucket():
@@ -418,7 +419,7 @@ def test_cold_tuning_flushes_the_l2_before_each_timed_call(monkeypatch):
     """Cold timing: every timed call follows a read of the flush buffer (twice the L2), and
     the flush's own time is subtracted; warm timing replays the call alone. (The effect on
     tile choice is measured, not tested: a timed test under parallel GPU test workers
-    compared noise; NOTES.md has the measurements.)"""
+    compared noise; docs/performance/tuning.md has the measurements.)"""
     import triton.testing
 
     events = []
@@ -474,13 +475,13 @@ def test_every_candidate_config_is_correct(dtype, m, k, n, lora):
     if lora != "none":
         ref = _ref64(x, w, b, None, r, 0.5) + (x.double() @ a.double().t() @ bb.double().t()) * 0.25
         ref = torch.nn.functional.gelu(ref)
-        mode = _gemm.LORA_IN_LOOP if lora == "in_loop" else _gemm.LORA_PRECOMPUTED
+        mode = gemm.LORA_IN_LOOP if lora == "in_loop" else gemm.LORA_PRECOMPUTED
         xa = (x.float() @ a.float().t()) if lora == "precomputed" else None
         kw = dict(lora=mode, lora_a=a, lora_b=bb, xa=xa, lora_scale=0.25, rank=rank)
     code = fuseml.ops.ACTIVATIONS.index("gelu")
-    for cfg in _gemm.candidates(m, n, k, dtype, plain=lora == "none"):
+    for cfg in gemm.candidates(m, n, k, dtype, plain=lora == "none"):
         out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-        _gemm.launch_linear(out, x, w, b, r, 0.5, code, cfg, **kw)
+        gemm.launch_linear(out, x, w, b, r, 0.5, code, cfg, **kw)
         try:
             assert_close_verbose(out, ref, dtype)
         except AssertionError as err:
@@ -493,10 +494,10 @@ def test_linear_one_step(device, backend, k):
     """K within one BLOCK_K step: the pointer kernel's one-step variant, its bias loaded
     with x and W, and its residual too for tiles up to 64 x 64 (else in the epilogue)."""
     x, w, b, r = _inputs(37, k, 70, torch.bfloat16, device)
-    for cfg in (_gemm._cfg(16, 32, 64, 4, 2), _gemm._cfg(64, 128, 64, 4, 2)):
+    for cfg in (gemm.configs._cfg(16, 32, 64, 4, 2), gemm.configs._cfg(64, 128, 64, 4, 2)):
         for bias, res in ((b, r), (None, r), (b, None)):
             out = torch.full((37, 70), float("nan"), dtype=torch.bfloat16, device=device)
-            _gemm.launch_linear(out, x, w, bias, res, 0.5, 3, cfg)  # 3: gelu
+            gemm.launch_linear(out, x, w, bias, res, 0.5, 3, cfg)  # 3: gelu
             ref = _ref64(x, w, bias, "gelu", res, 0.5)
             assert_close_verbose(out, ref, torch.bfloat16)
 
@@ -511,15 +512,15 @@ def test_linear_stream_kernel(device, backend, dtype, m, k, n):
     reference."""
     x, w, b, r = _inputs(m, k, n, dtype, device)
     x = torch.cat([x, x], dim=1)[:, ::2]  # a row stride of 2k, a column stride of 2
-    cands = [c for c in _gemm.candidates(m, n, k, dtype, plain=True) if c.get("STREAM")]
+    cands = [c for c in gemm.candidates(m, n, k, dtype, plain=True) if c.get("STREAM")]
     assert cands
     for cfg in cands:
-        grid = _gemm.stream_grid(m, n, cfg, _gemm.persistent_programs(x))
+        grid = gemm.launch.stream_grid(m, n, cfg, gemm.persistent_programs(x))
         assert grid[0] % -(-n // cfg["BLOCK_N"]) == 0
         # traced: the launch torch.compile's trace makes (wrap_triton), run eagerly here
         for bias, res, traced in ((b, r, False), (None, None, False), (b, r, True)):
             out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
-            _gemm.launch_linear(out, x, w, bias, res, 0.5, 3, cfg, traced=traced)  # 3: gelu
+            gemm.launch_linear(out, x, w, bias, res, 0.5, 3, cfg, traced=traced)  # 3: gelu
             try:
                 assert_close_verbose(out, _ref64(x, w, bias, "gelu", res, 0.5), dtype)
             except AssertionError as err:
@@ -534,18 +535,15 @@ def test_last_choice_names_the_config_and_kernel(device, backend, monkeypatch):
     fuseml.ops.linear(x, w, b, "relu", backend=backend)
     choice = linear_mod.last_choice()
     assert choice["kernel"] in ("ptr", "tma", "stream") and choice["BLOCK_M"] >= 16
-    cfg = next(
-        c for c in _gemm.candidates(600, 16, 64, torch.bfloat16, plain=True) if "STREAM" in c
-    )
-    monkeypatch.setattr(_gemm, "choose_config", lambda *a, **k: cfg)
-    out = fuseml.ops.linear(x, w, b, "relu", backend=backend)
+    cfg = next(c for c in gemm.candidates(600, 16, 64, torch.bfloat16, plain=True) if "STREAM" in c)
+    out = linear_mod.linear_rows(x, w, b, None, 1.0, ACT_CODE["relu"], config=cfg)
     assert linear_mod.last_choice() == {**cfg, "kernel": "stream"}
     assert_close_verbose(out, _ref64(x, w, b, "relu"), torch.bfloat16)
 
 
 def test_stream_candidates_only_where_they_serve():
     def streams(m, n, k, **kw):
-        return [c for c in _gemm.candidates(m, n, k, torch.bfloat16, **kw) if c.get("STREAM")]
+        return [c for c in gemm.candidates(m, n, k, torch.bfloat16, **kw) if c.get("STREAM")]
 
     assert streams(4096, 64, 256, plain=True) and streams(65536, 512, 13, plain=True)
     assert not streams(4096, 64, 256)  # LoRA and the others do not ask for them
@@ -553,27 +551,25 @@ def test_stream_candidates_only_where_they_serve():
     assert not streams(4096, 64, 512, plain=True)  # K past one step of STREAM_MAX_K
     assert not streams(4096, 1024, 64, plain=True)  # too wide
     assert not any(
-        c.get("STREAM") for c in _gemm.candidates(4096, 64, 64, torch.float32, plain=True)
+        c.get("STREAM") for c in gemm.candidates(4096, 64, 64, torch.float32, plain=True)
     )  # 16-bit only
     for c in streams(4096, 64, 256, plain=True):
         assert c["BLOCK_K"] == 256 and c["BLOCK_N"] == 64
-        assert not _gemm.takes_tma(_gemm.LOOP_TMA, c)
+        assert not gemm.takes_tma(gemm.LOOP_TMA, c)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_linear_tma_kernel(device, backend, dtype, monkeypatch):
-    """FUSEML_GEMM=tma: the persistent TMA kernel where the layout allows it (16-byte
-    aligned rows), the pointer kernel elsewhere; the same results either way."""
-    monkeypatch.setenv("FUSEML_GEMM", "tma")
+def test_linear_tma_kernel(device, backend, dtype):
+    """loop="tma": the persistent TMA kernel where the layout allows it (16-byte aligned
+    rows), the pointer kernel elsewhere; the same results either way."""
     used = []
-    launch = _gemm._launch_tma
-    monkeypatch.setattr(_gemm, "_launch_tma", lambda *a, **k: used.append(1) or launch(*a, **k))
     for m, k, n in [(37, 48, 70), (130, 64, 9), (5, 13, 8)]:
         x, w, b, r = _inputs(m, k, n, dtype, device)
-        out = fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
+        out = linear_mod.linear_rows(x, w, b, r, 0.5, ACT_CODE["gelu"], loop="tma")
         assert_close_verbose(out, _ref64(x, w, b, "gelu", r, 0.5), dtype)
-    assert len(used) == 2  # K = 13 rows are not 16-byte aligned: the pointer kernel
+        used.append(linear_mod.last_choice()["kernel"])
+    assert used == ["tma", "tma", "ptr"]  # K = 13 rows are not 16-byte aligned: pointers
 
 
 @pytest.mark.gpu
@@ -590,28 +586,27 @@ def test_linear_tma_kernel(device, backend, dtype, monkeypatch):
         (64, 4096, 4096),
     ],
 )
-def test_linear_tma_kernel_gpu(m, k, n, monkeypatch):
-    monkeypatch.setenv("FUSEML_GEMM", "tma")
+def test_linear_tma_kernel_gpu(m, k, n):
     x, w, b, r = _inputs(m, k, n, torch.bfloat16, "cuda")
-    for cfg in _gemm.candidates(m, n, k, torch.bfloat16, _gemm.LOOP_TUNED):
+    for cfg in gemm.candidates(m, n, k, torch.bfloat16, gemm.LOOP_TUNED):
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        _gemm.launch_linear(out, x, w, b, r, 0.5, 4, cfg, tma=True)  # 4: gelu_tanh
+        gemm.launch_linear(out, x, w, b, r, 0.5, 4, cfg, tma=True)  # 4: gelu_tanh
         assert_close_verbose(out, _ref64(x, w, b, "gelu_tanh", r, 0.5), torch.bfloat16)
 
 
-def _store_pair(m, k, n, dtype, device, cfg, out_view=None, residual=True):
+def _store_pair(m, k, n, dtype, device, cfg, out_view=None, residual=True, programs=None):
     """(output of the TMA kernel with cfg's descriptor stores, with the same tile's pointer
     stores, the float64 reference): bias + GELU-tanh [+ 0.5 x residual]. The pointer-store
     twin takes 2 stages and no flattened loop (the same K order; cfg's own stages may not
     fit beside the pointer stores' layout change). out_view(m, n): an output tensor other
-    than a fresh contiguous one (a strided view)."""
+    than a fresh contiguous one (a strided view); programs: the TMA kernel's grid size."""
     x, w, b, r = _inputs(m, k, n, dtype, device, residual=residual)
     twin = {key: v for key, v in cfg.items() if key not in ("OUT_SUB", "FLATTEN")}
     outs = []
     for c in (cfg, dict(twin, num_stages=2)):
         out = out_view(m, n) if out_view else torch.empty(m, n, dtype=dtype, device=device)
         out.fill_(float("nan"))
-        _gemm.launch_linear(out, x, w, b, r, 0.5, 4, c, tma=True)  # 4: gelu_tanh
+        gemm.launch_linear(out, x, w, b, r, 0.5, 4, c, tma=True, programs=programs)  # gelu_tanh
         outs.append(out)
     return (*outs, _ref64(x, w, b, "gelu_tanh", r, 0.5))
 
@@ -625,7 +620,6 @@ def test_linear_tma_store(sub, dtype, monkeypatch):
     not 16-byte aligned takes the pointer stores."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    monkeypatch.setattr(_gemm, "persistent_programs", lambda x: 2)
     described = []  # (shape, strides, block) of every descriptor made
     make = TensorDescriptor.from_tensor
 
@@ -634,14 +628,16 @@ def test_linear_tma_store(sub, dtype, monkeypatch):
         return make(t, block)
 
     monkeypatch.setattr(TensorDescriptor, "from_tensor", from_tensor)
-    cfg = dict(_gemm._cfg(32, 64, 16, 4, 2), OUT_SUB=sub, FLATTEN=True)
-    tma_out, ptr_out, ref = _store_pair(70, 48, 72, dtype, "cpu", cfg)
+    cfg = dict(gemm.configs._cfg(32, 64, 16, 4, 2), OUT_SUB=sub, FLATTEN=True)
+    tma_out, ptr_out, ref = _store_pair(70, 48, 72, dtype, "cpu", cfg, programs=2)
     assert torch.equal(tma_out, ptr_out)
     assert_close_verbose(tma_out, ref, dtype)
     assert ((70, 72), (72, 1), (32, 64 // sub)) in described  # out's, in slices
     described.clear()
     wide = torch.empty(70, 77, dtype=dtype)  # 77-element rows: no descriptor over them
-    tma_out, ptr_out, ref = _store_pair(70, 48, 72, dtype, "cpu", cfg, lambda m, n: wide[:, :n])
+    tma_out, ptr_out, ref = _store_pair(
+        70, 48, 72, dtype, "cpu", cfg, lambda m, n: wide[:, :n], programs=2
+    )
     assert torch.equal(tma_out, ptr_out)
     assert_close_verbose(tma_out, ref, dtype)
     assert described and not any(shape == (70, 72) for shape, _, _ in described)
@@ -650,34 +646,34 @@ def test_linear_tma_store(sub, dtype, monkeypatch):
 def test_tma_store_candidates(monkeypatch):
     """Plain 16-bit layers on the TMA loop also time the descriptor-store tiles, with slices
     of at least 16 columns; LoRA's launches (not plain) and the pointer loop do not."""
-    plain = _gemm.candidates(4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_TMA, plain=True)
+    plain = gemm.candidates(4096, 1024, 1024, torch.bfloat16, gemm.LOOP_TMA, plain=True)
     stores = [c for c in plain if c.get("OUT_SUB")]
-    assert len(stores) == len(_gemm._TMA_STORE) and all(c["FLATTEN"] for c in stores)
+    assert len(stores) == len(gemm.configs._TMA_STORE) and all(c["FLATTEN"] for c in stores)
     assert not any(
         c.get("OUT_SUB")
-        for c in _gemm.candidates(4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_TMA)
-        + _gemm.candidates(4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_PTR, plain=True)
+        for c in gemm.candidates(4096, 1024, 1024, torch.bfloat16, gemm.LOOP_TMA)
+        + gemm.candidates(4096, 1024, 1024, torch.bfloat16, gemm.LOOP_PTR, plain=True)
     )
 
     def with_res(residual):
         return [
-            c for c in _gemm.candidates(
-                4096, 1024, 1024, torch.bfloat16, _gemm.LOOP_TMA, plain=True, residual=residual
+            c for c in gemm.candidates(
+                4096, 1024, 1024, torch.bfloat16, gemm.LOOP_TMA, plain=True, residual=residual
             ) if c.get("OUT_SUB")
         ]  # fmt: skip
 
-    # 128 x 256 x 64 / 4 stages: 245,792 bytes beside a residual's tile (H100), left out
-    big = dict(_gemm._cfg(128, 256, 64, 8, 4), OUT_SUB=4, FLATTEN=True)
+    # 128 x 256 x 64 / 4 stages does not fit beside a residual's tile: left out
+    big = dict(gemm.configs._cfg(128, 256, 64, 8, 4), OUT_SUB=4, FLATTEN=True)
     assert big in stores
     assert with_res(True) == [c for c in stores if c != big]
-    monkeypatch.setattr(_gemm, "_TMA_STORE", [big])
+    monkeypatch.setattr(gemm.configs, "_TMA_STORE", [big])
     assert with_res(False) == [big] and with_res(True) == []
-    for c in _gemm.candidates(512, 16, 1024, torch.bfloat16, _gemm.LOOP_TMA, plain=True):
+    for c in gemm.candidates(512, 16, 1024, torch.bfloat16, gemm.LOOP_TMA, plain=True):
         if c.get("OUT_SUB"):
             assert c["BLOCK_N"] == 16 and c["OUT_SUB"] == 1
     assert not any(  # 16-bit only
         c.get("OUT_SUB")
-        for c in _gemm.candidates(4096, 1024, 1024, torch.float32, _gemm.LOOP_TMA, plain=True)
+        for c in gemm.candidates(4096, 1024, 1024, torch.float32, gemm.LOOP_TMA, plain=True)
     )
 
 
@@ -697,7 +693,7 @@ def test_linear_tma_store_gpu(m, k, n, dtype, residual):
     """Every descriptor-store candidate on the GPU, with and without a residual (each has
     its own candidates): the pointer stores' values bit for bit (the same tile and loop),
     and close to the float64 reference."""
-    cands = _gemm.candidates(m, n, k, dtype, _gemm.LOOP_TMA, plain=True, residual=residual)
+    cands = gemm.candidates(m, n, k, dtype, gemm.LOOP_TMA, plain=True, residual=residual)
     for cfg in cands:
         if not cfg.get("OUT_SUB"):
             continue
@@ -713,8 +709,8 @@ def _reg_pipe_pair(m, k, n, dtype, device, tile):
     outs = []
     for reg in (True, False):
         out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
-        cfg = dict(_gemm._cfg(*tile, 1 if reg else 2), REG_PIPE=reg)
-        _gemm.launch_linear(out, x, w, b, r, 0.5, 1, cfg)  # 1: relu
+        cfg = dict(gemm.configs._cfg(*tile, 1 if reg else 2), REG_PIPE=reg)
+        gemm.launch_linear(out, x, w, b, r, 0.5, 1, cfg)  # 1: relu
         outs.append(out)
     return (*outs, _ref64(x, w, b, "relu", r, 0.5))
 
@@ -746,38 +742,36 @@ def test_linear_reg_pipe_gpu(m, k, n, dtype, tile):
 
 
 def test_gemm_path_choice(monkeypatch):
-    """FUSEML_GEMM: auto takes TMA only on Hopper+ CUDA tensors with aligned rows, from
-    TMA_MIN_M rows, tuned up to TMA_TUNED_MAX_M rows and for outputs up to TMA_TUNED_N
-    wide; tma / ptr force it (where the layout allows); anything else is an error."""
-    x = torch.randn(_gemm.TMA_MIN_M, 64)
-    w = torch.randn(_gemm.TMA_TUNED_N + 8, 64)
-    monkeypatch.delenv("FUSEML_GEMM", raising=False)
-    assert _gemm.gemm_loop(x, w, False) == _gemm.LOOP_PTR  # CPU tensors: pointer kernel
-    monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)  # as on a Hopper GPU
-    assert _gemm.gemm_loop(x, w, False) == _gemm.LOOP_TMA
-    assert _gemm.gemm_loop(x, w[: _gemm.TMA_TUNED_N], False) == _gemm.LOOP_TUNED
-    assert _gemm.gemm_loop(x[: _gemm.TMA_TUNED_MAX_M], w, False) == _gemm.LOOP_TUNED
-    assert _gemm.gemm_loop(x[:1], w, False) == _gemm.LOOP_TUNED
-    assert _gemm.gemm_loop(x[: _gemm.TMA_TUNED_MAX_M + 1], w, False) == _gemm.LOOP_PTR
-    assert _gemm.gemm_loop(x, w, True) == _gemm.LOOP_PTR  # traced by torch.compile
-    x13, w13 = torch.randn(_gemm.TMA_MIN_M, 13), torch.randn(4, 13)
-    assert _gemm.gemm_loop(x13, w13, False) == _gemm.LOOP_PTR  # 52-byte rows: no TMA
-    monkeypatch.setenv("FUSEML_GEMM", "tma")
-    assert _gemm.gemm_loop(x[:1], w, False) == _gemm.LOOP_TMA
-    assert _gemm.gemm_loop(torch.randn(8, 13), torch.randn(4, 13), False) == _gemm.LOOP_PTR
-    monkeypatch.setenv("FUSEML_GEMM", "ptr")
-    assert _gemm.gemm_loop(x, w, False) == _gemm.LOOP_PTR
-    monkeypatch.setenv("FUSEML_GEMM", "wgmma")
-    with pytest.raises(ValueError, match="FUSEML_GEMM"):
-        _gemm.gemm_loop(x, w, False)
-    monkeypatch.setenv("FUSEML_GEMM", "auto")
+    """gemm_loop's loop: auto takes TMA only on Hopper+ CUDA tensors with aligned rows,
+    from TMA_MIN_M rows, tuned up to TMA_TUNED_MAX_M rows and for outputs up to
+    TMA_TUNED_N wide; tma / ptr force it (where the layout allows); anything else is an
+    error."""
+    x = torch.randn(gemm.TMA_MIN_M, 64)
+    w = torch.randn(gemm.TMA_TUNED_N + 8, 64)
+    assert gemm.gemm_loop(x, w, False) == gemm.LOOP_PTR  # CPU tensors: pointer kernel
+    monkeypatch.setattr(gemm.launch, "_tma_device", lambda t: True)  # as on a Hopper GPU
+    assert gemm.gemm_loop(x, w, False) == gemm.LOOP_TMA
+    assert gemm.gemm_loop(x, w[: gemm.TMA_TUNED_N], False) == gemm.LOOP_TUNED
+    assert gemm.gemm_loop(x[: gemm.TMA_TUNED_MAX_M], w, False) == gemm.LOOP_TUNED
+    assert gemm.gemm_loop(x[:1], w, False) == gemm.LOOP_TUNED
+    assert gemm.gemm_loop(x[: gemm.TMA_TUNED_MAX_M + 1], w, False) == gemm.LOOP_PTR
+    assert gemm.gemm_loop(x, w, True) == gemm.LOOP_PTR  # traced by torch.compile
+    x13, w13 = torch.randn(gemm.TMA_MIN_M, 13), torch.randn(4, 13)
+    assert gemm.gemm_loop(x13, w13, False) == gemm.LOOP_PTR  # 52-byte rows: no TMA
+    assert gemm.gemm_loop(x[:1], w, False, "tma") == gemm.LOOP_TMA
+    assert gemm.gemm_loop(torch.randn(8, 13), torch.randn(4, 13), False, "tma") == gemm.LOOP_PTR
+    assert gemm.gemm_loop(x, w, False, "ptr") == gemm.LOOP_PTR
+    assert gemm.gemm_loop(x, w, False, "tuned") == gemm.LOOP_TUNED
+    assert gemm.gemm_loop(x13, w13, False, "tuned") == gemm.LOOP_PTR
+    with pytest.raises(ValueError, match="loop must be one of"):
+        gemm.gemm_loop(x, w, False, "wgmma")
     monkeypatch.setenv("FUSEML_FP32_DOT", "ieee")  # FMA dots: never the TMA kernel
     with tf32_matmuls(False):
-        assert _gemm.gemm_loop(x, w, False) == _gemm.LOOP_PTR
-        assert _gemm.gemm_loop(x[:1], w, False) == _gemm.LOOP_PTR
-        assert _gemm.gemm_loop(x.bfloat16(), w.bfloat16(), False) == _gemm.LOOP_TMA
+        assert gemm.gemm_loop(x, w, False) == gemm.LOOP_PTR
+        assert gemm.gemm_loop(x[:1], w, False) == gemm.LOOP_PTR
+        assert gemm.gemm_loop(x.bfloat16(), w.bfloat16(), False) == gemm.LOOP_TMA
     with tf32_matmuls(True):  # TF32 allowed: no FMA dot
-        assert _gemm.gemm_loop(x, w, False) == _gemm.LOOP_TMA
+        assert gemm.gemm_loop(x, w, False) == gemm.LOOP_TMA
 
 
 def test_fp32_dot_choice(monkeypatch):
@@ -785,18 +779,18 @@ def test_fp32_dot_choice(monkeypatch):
     or 16-bit inputs, the dot is tf32 (ignored for 16-bit); other values are an error."""
     monkeypatch.delenv("FUSEML_FP32_DOT", raising=False)
     with tf32_matmuls(False):
-        assert _gemm.dot_precision(torch.float32) == "tf32x3"
-        assert _gemm.dot_precision(torch.bfloat16) == "tf32"
+        assert gemm.dot_precision(torch.float32) == "tf32x3"
+        assert gemm.dot_precision(torch.bfloat16) == "tf32"
         monkeypatch.setenv("FUSEML_FP32_DOT", "ieee")
-        assert _gemm.dot_precision(torch.float32) == "ieee"
+        assert gemm.dot_precision(torch.float32) == "ieee"
         monkeypatch.setenv("FUSEML_FP32_DOT", "fp64")
         with pytest.raises(ValueError, match="FUSEML_FP32_DOT"):
-            _gemm.dot_precision(torch.float32)
+            gemm.dot_precision(torch.float32)
     with tf32_matmuls(True):
-        assert _gemm.dot_precision(torch.float32) == "tf32"
+        assert gemm.dot_precision(torch.float32) == "tf32"
 
 
-@pytest.mark.parametrize("fp32_dot", _gemm.FP32_DOTS)
+@pytest.mark.parametrize("fp32_dot", gemm.common.FP32_DOTS)
 def test_linear_fp32_dots_interpreted(fp32_dot, monkeypatch):
     """Both fp32 dots build and run (the interpreter computes fp32 either way)."""
     monkeypatch.setenv("FUSEML_FP32_DOT", fp32_dot)
@@ -808,35 +802,34 @@ def test_linear_fp32_dots_interpreted(fp32_dot, monkeypatch):
 
 def test_tuned_loop_adds_tma_candidates_up_to_tma_tuned_max_m():
     for m in (1, 16, 64):
-        plain = _gemm.candidates(m, 4096, 4096, torch.bfloat16)
-        tuned = _gemm.candidates(m, 4096, 4096, torch.bfloat16, _gemm.LOOP_TUNED)
+        plain = gemm.candidates(m, 4096, 4096, torch.bfloat16)
+        tuned = gemm.candidates(m, 4096, 4096, torch.bfloat16, gemm.LOOP_TUNED)
         assert not any(c.get("TMA") for c in plain)
         assert [c for c in tuned if not c.get("TMA")] == plain
-        assert 1 <= len([c for c in tuned if c.get("TMA")]) <= len(_gemm._SMALL_TMA)
-    mid = _gemm.candidates(256, 4096, 4096, torch.bfloat16, _gemm.LOOP_TUNED)
-    assert [c for c in mid if not c.get("TMA")] == _gemm.candidates(256, 4096, 4096, torch.bfloat16)
-    assert len([c for c in mid if c.get("TMA")]) == len(_gemm._MID_TMA)
-    big = _gemm.candidates(4096, 4096, 4096, torch.bfloat16, _gemm.LOOP_TUNED)
+        assert 1 <= len([c for c in tuned if c.get("TMA")]) <= len(gemm.configs._SMALL_TMA)
+    mid = gemm.candidates(256, 4096, 4096, torch.bfloat16, gemm.LOOP_TUNED)
+    assert [c for c in mid if not c.get("TMA")] == gemm.candidates(256, 4096, 4096, torch.bfloat16)
+    assert len([c for c in mid if c.get("TMA")]) == len(gemm.configs._MID_TMA)
+    big = gemm.candidates(4096, 4096, 4096, torch.bfloat16, gemm.LOOP_TUNED)
     assert not any(c.get("TMA") for c in big)
-    narrow = _gemm.candidates(4096, 16, 64, torch.bfloat16, _gemm.LOOP_TUNED)
-    plain = _gemm.candidates(4096, 16, 64, torch.bfloat16)
+    narrow = gemm.candidates(4096, 16, 64, torch.bfloat16, gemm.LOOP_TUNED)
+    plain = gemm.candidates(4096, 16, 64, torch.bfloat16)
     assert narrow == plain + [dict(c, TMA=True) for c in plain]
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
-def test_tuned_loop_runs_the_chosen_kernel(device, backend, tuned_gemm_call):
+def test_tuned_loop_runs_the_chosen_kernel(device, backend):
     """LOOP_TUNED: a config flagged TMA launches the TMA kernel, any other the pointer
     kernel; both give the same result (small M, as on a Hopper GPU)."""
     x, w, b, r = _inputs(16, 64, 40, torch.bfloat16, device)
     ref = _ref64(x, w, b, "gelu", r, 0.5)
-    cands = _gemm.candidates(16, 40, 64, torch.bfloat16, _gemm.LOOP_TUNED)
+    cands = gemm.candidates(16, 40, 64, torch.bfloat16, gemm.LOOP_TUNED)
+    gelu = ACT_CODE["gelu"]
     for want_tma in (True, False):
         cfg = next(c for c in cands if bool(c.get("TMA")) == want_tma)
-        out, used = tuned_gemm_call(
-            cfg, lambda: fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
-        )
+        out = linear_mod.linear_rows(x, w, b, r, 0.5, gelu, loop="tuned", config=cfg)
         assert_close_verbose(out, ref, torch.bfloat16)
-        assert bool(used) == want_tma, cfg
+        assert (linear_mod.last_choice()["kernel"] == "tma") == want_tma, cfg
 
 
 def test_module_parameters_launch_directly_outside_autograd():
@@ -885,15 +878,15 @@ def test_linear_direct_launch_matches_the_ordinary_launch_gpu(monkeypatch):
     buf = torch.randn(100 * k + 1, device="cuda", dtype=torch.bfloat16)
     xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for m in (1, 32, 37)]
     xs += [buf[1 : 1 + 100 * k].view(100, k), buf[: 50 * k].view(k, 50).t()]
-    cfg = _gemm.default_config(64, n, k, torch.bfloat16)
-    launches = _gemm._linear_launches
+    cfg = gemm.default_config(64, n, k, torch.bfloat16)
+    launches = gemm.launch._linear_launches
     for x in xs:
         for bias, res in ((b, None), (None, torch.randn(x.shape[0], n, device="cuda").bfloat16())):
             outs = []
             for direct in (False, True, True):  # ordinary, then the first and a repeat
                 monkeypatch.setattr(launches, "enabled", direct)
                 out = torch.full((x.shape[0], n), float("nan"), device="cuda").bfloat16()
-                _gemm.launch_linear(out, x, w, bias, res, 0.5, 1, cfg)
+                gemm.launch_linear(out, x, w, bias, res, 0.5, 1, cfg)
                 outs.append(out)
             assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
             assert_close_verbose(outs[2], _ref64(x, w, bias, "relu", res, 0.5), torch.bfloat16)
@@ -906,22 +899,22 @@ def test_linear_tma_direct_launch_matches_the_ordinary_launch_gpu(monkeypatch):
     """The TMA kernel's repeat launches (host descriptors through the compiled kernel's
     launcher) give the ordinary launch's output: rows 1, 37 and 512, bias or residual, a
     bf16 and a float32 output (LoRA's precomputed x @ A^T is written in float32)."""
-    if not _gemm._has_tma(torch.cuda.current_device()):
+    if not gemm.launch._has_tma(torch.cuda.current_device()):
         pytest.skip("needs TMA (Hopper or later)")
     k, n = 64, 72
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    launches = _gemm._linear_tma_launches
+    launches = gemm.launch._linear_tma_launches
     for m in (1, 37, 512):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        cfg = _gemm.default_config(m, n, k, torch.bfloat16)
+        cfg = gemm.default_config(m, n, k, torch.bfloat16)
         res = torch.randn(m, n, device="cuda").bfloat16()
         for bias, r, out_dtype in ((b, None, torch.bfloat16), (None, res, torch.float32)):
             outs = []
             for direct in (False, True, True):  # ordinary, then the first and a repeat
                 monkeypatch.setattr(launches, "enabled", direct)
                 out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
-                _gemm.launch_linear(out, x, w, bias, r, 0.5, 1, cfg, tma=True)
+                gemm.launch_linear(out, x, w, bias, r, 0.5, 1, cfg, tma=True)
                 outs.append(out)
             assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
             assert_close_verbose(outs[2], _ref64(x, w, bias, "relu", r, 0.5), out_dtype)
@@ -986,13 +979,13 @@ def test_linear_padded_k_gpu(dtype, m):
 def _spy_tuning_keys(monkeypatch, flag: str) -> list:
     """Record (extra key, the ``flag`` keyword) of every choose_config call from now on."""
     seen = []
-    choose = _gemm.choose_config
+    choose = gemm.choose_config
 
-    def spy(op, x, n, k, launch, extra="", loop=_gemm.LOOP_PTR, **kw):
+    def spy(op, x, n, k, launch, extra="", loop=gemm.LOOP_PTR, **kw):
         seen.append((extra, kw.get(flag)))
         return choose(op, x, n, k, launch, extra, loop, **kw)
 
-    monkeypatch.setattr(_gemm, "choose_config", spy)
+    monkeypatch.setattr(gemm.launch, "choose_config", spy)
     return seen
 
 
@@ -1015,16 +1008,16 @@ def test_unaligned_rows_are_tuned_apart(monkeypatch):
         fuseml.ops.linear(x, w, b, "relu", backend="triton")
     assert seen == [("u", True), ("", False)]
     reg = [
-        c for c in _gemm.candidates(4096, 512, 367, torch.bfloat16, unaligned=True)
+        c for c in gemm.candidates(4096, 512, 367, torch.bfloat16, unaligned=True)
         if c.get("REG_PIPE")
     ]  # fmt: skip
-    assert len(reg) == len(_gemm._REG_PIPE) and all(c["num_stages"] == 1 for c in reg)
+    assert len(reg) == len(gemm.configs._REG_PIPE) and all(c["num_stages"] == 1 for c in reg)
     assert not any(
         c.get("REG_PIPE")
-        for c in _gemm.candidates(4096, 512, 367, torch.bfloat16)
-        + _gemm.candidates(4096, 512, 367, torch.bfloat16, _gemm.LOOP_TMA, unaligned=True)
-        + _gemm.candidates(4096, 512, 48, torch.bfloat16, unaligned=True)  # one K step
-        + _gemm.candidates(32, 512, 367, torch.bfloat16, unaligned=True)  # few rows
+        for c in gemm.candidates(4096, 512, 367, torch.bfloat16)
+        + gemm.candidates(4096, 512, 367, torch.bfloat16, gemm.LOOP_TMA, unaligned=True)
+        + gemm.candidates(4096, 512, 48, torch.bfloat16, unaligned=True)  # one K step
+        + gemm.candidates(32, 512, 367, torch.bfloat16, unaligned=True)  # few rows
     )
 
 
@@ -1033,20 +1026,20 @@ def test_pad_k_copies_in_one_launch(dtype, monkeypatch):
     """pad_k: each tensor (any strides) copied into contiguous rows of kp columns, the new
     columns zero; two tensors in one launch (x and W inside a graph capture)."""
     calls = []
-    launches = _gemm._pad_launches
-    monkeypatch.setattr(_gemm, "_pad_launches", lambda *a: calls.append(1) or launches(*a))
+    launches = gemm.pad._pad_launches
+    monkeypatch.setattr(gemm.pad, "_pad_launches", lambda *a: calls.append(1) or launches(*a))
     x = torch.randn(45, 37, dtype=dtype).t()  # (37, 45), column-major
     w = torch.randn(70, 45, dtype=dtype)
-    xp, wp = _gemm.pad_k(64, x, w)
+    xp, wp = gemm.pad_k(64, x, w)
     assert calls == [1]
     for src, padded in ((x, xp), (w, wp)):
         assert padded.shape == (src.shape[0], 64) and padded.is_contiguous()
         assert torch.equal(padded[:, :45], src) and not padded[:, 45:].any()
-    (one,) = _gemm.pad_k(48, w[:3])
+    (one,) = gemm.pad_k(48, w[:3])
     assert torch.equal(one[:, :45], w[:3]) and not one[:, 45:].any()
     with pytest.raises(ValueError, match="one or two tensors"):
-        _gemm.pad_k(48, x, w, w)
+        gemm.pad_k(48, x, w, w)
     with pytest.raises(ValueError, match="one K, dtype and device"):
-        _gemm.pad_k(64, x, w[:, :40])
+        gemm.pad_k(64, x, w[:, :40])
     with pytest.raises(ValueError, match="kp >= K"):
-        _gemm.pad_k(32, x)
+        gemm.pad_k(32, x)

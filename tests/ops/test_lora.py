@@ -46,7 +46,7 @@ def lora_mode(request, monkeypatch):
     first programs compute xs (ranks up to 64; wider ones take the expand mode).
     spread-tma: one launch whose tiles compute xs in slices (the interpreter runs it as two
     launches: see _launch_tma)."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     monkeypatch.setenv("FUSEML_GEMM", "tma" if request.param.endswith("-tma") else "ptr")
     if request.param.startswith(("expand", "joint", "spread")):
@@ -73,7 +73,7 @@ def lora_mode(request, monkeypatch):
 @pytest.fixture
 def tma_lora_modes(monkeypatch):
     """The LoRA mode of every TMA-kernel launch, in order (None for a plain layer)."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     used = []
     launch = _gemm._launch_tma
@@ -87,7 +87,7 @@ def tma_lora_modes(monkeypatch):
 def one_flag_slice(monkeypatch):
     """Every joint or spread launch takes the same counters, as eager calls on one GPU
     stream share a slice of the slab; the list holds them once the first launch took them."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     flags = []
     take = _gemm.joint_flags
@@ -324,7 +324,7 @@ def test_lora_small_rows_tuned_loop(device, backend, adapters, pdl, tuned_gemm_c
     """Decode-like rows on a Hopper GPU (LOOP_TUNED): a config flagged TMA runs the LoRA
     launches on the TMA kernel (in-loop: A through a descriptor; with PDL the shrink and
     expand launches), any other the pointer kernel."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     if pdl:
         monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
@@ -378,7 +378,7 @@ def test_lora_mid_rows_every_tma_tile_gpu(mode, tuned_gemm_call, monkeypatch):
     as the spread launch (one wave: every tile resident, waiting for its row tile's
     slices of xs; spread16: 16 adapters of rank 16 in a mixed batch, B read in place), on
     ragged sizes."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     if mode == "in_loop":
         monkeypatch.setenv("FUSEML_PDL", "0")
@@ -428,7 +428,7 @@ def test_lora_joint_persistent_every_tma_tile_gpu(adapters, tuned_gemm_call, mon
     """Past IN_LOOP_MAX_M rows the joint launch's GEMM programs walk several tiles each
     (a persistent grid smaller than the SM count, the SMs left computing xs) and wait per
     row tile: every large TMA tile, ragged sizes, single and mixed batches."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_JOINT)
     grids = []
@@ -501,7 +501,7 @@ def test_lora_spread_cuda_graph_gpu(m, tma_lora_modes, monkeypatch):
     into two CUDA graphs, each replayed in turn with new inputs between eager calls on the
     same stream: every output matches the reference, so each launch found its counters at
     zero (the eager calls share a slice of the counter slab, each capture has its own)."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_SPREAD)
     used = tma_lora_modes
@@ -576,8 +576,8 @@ def test_joint_flag_slab_slices(monkeypatch, caplog):
     own counters), the latter said once."""
     import logging
 
-    from fuseml.ops import _gemm
     from fuseml.ops._utils import CounterSlab
+    from fuseml.ops.gemm import launch as _gemm
 
     state = {"capturing": False, "stream": 1}
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state["capturing"])
@@ -629,7 +629,7 @@ def test_lora_joint_flags_per_stream_and_capture_gpu(monkeypatch):
     calls on one stream share one slice of the device's slab, and each launch captured
     into a CUDA graph has its own; two graphs replayed in turn, between eager calls, match
     the reference, and every slice is zero after each of them."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_JOINT)
     taken = []
@@ -683,7 +683,7 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
     default, untuned: expand) when the rank is a multiple of 8 and TMA reads the adapters,
     precomputed fp32 else; with PDL up to IN_LOOP_MAX_M rows the tuned choice of in-loop
     and overlapped expand in a CUDA-graph capture (forced here), in-loop for eager calls."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     monkeypatch.delenv("FUSEML_GEMM", raising=False)
     monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)
@@ -747,7 +747,7 @@ def test_lora_joint_mode_one_launch(
     tiles (the interpreter; the GPU keeps its own SM count). m = 40: one row tile, so K
     is split over the free SMs (2 parts on the interpreter, 4 on a GPU), the parts summed
     by the tiles."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     if lora_mode != "joint-tma":
         pytest.skip("the joint mode's own test")
@@ -800,7 +800,7 @@ def test_lora_spread_mode_one_launch(
     with B through pointers), 2 slices of 64 (5 x 16 = 80 columns, the last slice ragged;
     the expand in 2 steps of 64 columns, each over several adapters). The counters are
     back at zero after each launch. (The interpreter runs it as two launches.)"""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     if lora_mode != "spread-tma":
         pytest.skip("the spread mode's own test")
@@ -827,7 +827,8 @@ def test_lora_spread_mode_offered_to_wide_stacks(device, backend, monkeypatch):
     whose stack is wider than 64 columns (16 adapters x rank 16), and not for a single
     adapter (where it lost at every size measured); the wide stack's modes are keyed apart
     from entries made before the spread mode existed."""
-    from fuseml.ops import _gemm, _tune
+    from fuseml.ops import _tune
+    from fuseml.ops.gemm import launch as _gemm
 
     monkeypatch.setenv("FUSEML_GEMM", "tma")
     monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
@@ -869,7 +870,7 @@ def test_shrink_segments(device, backend, m, k, rank, adapters):
     -1, an id past the adapters (no adapter, as the stacked product treats it) and an
     adapter with no rows; xs starts as NaN (the launch zeroes it); a second call gives
     the same bits."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     dtype = torch.bfloat16
     r = rank * adapters
@@ -893,7 +894,7 @@ def test_lora_with_segmented_shrink(device, backend, monkeypatch):
     """Mixed batches whose shrink the tuner gave to the segmented kernel (forced here), in
     the overlapped expand mode and in stream order: match the reference; the segmented
     configs are candidates for mixed batches of several adapters only."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     monkeypatch.setenv("FUSEML_GEMM", "tma")  # the expand mode's TMA kernel, also past
     # IN_LOOP_MAX_M rows (the interpreter runs it on the CPU)
@@ -930,7 +931,7 @@ def test_joint_past_in_loop_rows_takes_the_expand_tile(
 ):
     """Past IN_LOOP_MAX_M rows the joint launch runs on the tile tuned for the expand
     mode's main launch (one tuning key for the same GEMM), and matches the reference."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     if lora_mode != "joint-tma":
         pytest.skip("the joint mode's own test")
@@ -961,7 +962,7 @@ def test_overlapped_shrink_is_tuned_with_the_main_launch(device, backend, adapte
     its own that names N), then, for a mixed batch of several adapters, the main tile
     again behind that shrink (a key of its own); the call then runs the shrink and the
     main launch once each."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     monkeypatch.delenv("FUSEML_GEMM", raising=False)
     monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)
@@ -1007,7 +1008,7 @@ def test_lora_tma_direct_launch_matches_the_ordinary_launch_gpu(lora_mode, adapt
     """Each LoRA mode's TMA launches (shrink, expand with PDL, in-loop, precomputed) give
     the same output through the compiled kernel's launcher as through Triton's ordinary
     launch, on the first direct call and a repeat."""
-    from fuseml.ops import _gemm
+    from fuseml.ops.gemm import launch as _gemm
 
     if not _gemm._has_tma(torch.cuda.current_device()):
         pytest.skip("needs TMA (Hopper or later)")

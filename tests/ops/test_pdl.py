@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fuseml
-from fuseml.ops import _elementwise, _gemm, _utils
+from fuseml.ops import _elementwise, _utils, gemm
 from fuseml.testing import rel_err, tolerance
 
 gpu = [
@@ -46,9 +46,9 @@ def _stream_linear(x, w):
     """x @ w^T + ReLU through the streaming kernel (a STREAM candidate, whatever the tuner
     would pick); 16-bit, K <= 256."""
     m, k = x.shape
-    cfg = next(c for c in _gemm.candidates(m, w.shape[0], k, x.dtype, plain=True) if "STREAM" in c)
+    cfg = next(c for c in gemm.candidates(m, w.shape[0], k, x.dtype, plain=True) if "STREAM" in c)
     out = torch.empty(m, w.shape[0], dtype=x.dtype, device=x.device)
-    _gemm.launch_linear(out, x, w, None, None, 1.0, _elementwise.ACT_CODE["relu"], cfg)
+    gemm.launch_linear(out, x, w, None, None, 1.0, _elementwise.ACT_CODE["relu"], cfg)
     return out
 
 

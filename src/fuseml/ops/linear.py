@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 from fuseml.ops import _elementwise as ew
-from fuseml.ops import _gemm
 from fuseml.ops._utils import (
     PLAIN_TENSORS,
     as_rows,
@@ -29,6 +28,8 @@ from fuseml.ops._utils import (
     needs_dispatch,
 )
 from fuseml.ops.bias_act import activation_ref
+from fuseml.ops.gemm import launch as gemm_launch
+from fuseml.ops.gemm import pad_k
 from fuseml.runtime import FLOAT_DTYPES, resolve_backend
 
 ACTIVATIONS = ew.ACTIVATIONS
@@ -51,18 +52,13 @@ def linear_ref(
 
 # ------------------------------------------------------------------------ launcher
 # A K whose rows are not 16-byte aligned leaves the GEMM unaligned, masked loads (and no
-# TMA): for K between 64 (one step: see _gemm's ONE_STEP) and PAD_K_MAX, from PAD_K_MIN_M
-# rows, x is zero-padded per call to a multiple of 16 (one launch of _gemm.pad_k), and W
+# TMA): for K between 64 (one step: see gemm's ONE_STEP) and PAD_K_MAX, from PAD_K_MIN_M
+# rows, x is zero-padded per call to a multiple of 16 (one launch of gemm.pad_k), and W
 # once per tensor and version (inside a CUDA graph capture the graph pads W too, in the
 # same launch as x: a kept copy would not see in-place updates made after the capture).
-# H100, bf16, 367 -> 512 (the DLRM's), CUDA graph, us at M = 64 / 128 / 256 / 512 / 4096
-# / 8192 / 65536 (scripts/probe_unaligned.py): padded (x and W in one launch) 4.8 / 5.6 /
-# 5.7 / 5.6 / 9.6 / 13.6 / 93.1; the raw rows, tuned with the REG_PIPE tiles, 3.9 / 7.3 /
-# 7.1 / 7.0 / 11.7 / 22.1 / 177.8; cuBLASLt 7.8 / 8.0 / 12.2 / 12.4 / 28.4 / 33.4 / 260.8.
-# (Padded by two F.pad calls it took 14.5 / 20.2 / 142.9 at 512 / 4096 / 65536.) One
-# threshold for eager and captured calls, so that a graph captured after an eager warm-up
-# finds its K tuned; an eager call's pad is one more launch's host time. At 1000 -> 1000,
-# 4096 rows, padding (by F.pad) lost: 29.4 against 21.4 as is.
+# The DLRM's 367 -> 512 at 4096 rows: 11.7 -> 9.6 us. One threshold for eager and captured
+# calls, so that a graph captured after an eager warm-up finds its K tuned. Wider K lost
+# (see docs/performance/gemm.md).
 PAD_K_MIN_M = 128
 PAD_K_MAX = 512
 PAD_K_TO = 16  # elements: row strides divisible by 16 (Triton's alignment specialization)
@@ -93,8 +89,14 @@ def linear_rows(
     *,
     traced: bool = False,
     out_dtype: torch.dtype | None = None,
+    loop: str = "auto",
+    config: dict | None = None,
 ) -> torch.Tensor:
-    """act(x @ W^T + bias + alpha * residual) for validated inputs, shaped (..., N)."""
+    """act(x @ W^T + bias + alpha * residual) for validated inputs, shaped (..., N).
+
+    loop: the main loop, "auto" or forced ("tma", "ptr", "tuned"; see ``gemm_loop``). config: this
+    launch config instead of the tuned one (tests).
+    """
     global _last
     k = x.shape[-1]
     n = weight.shape[0]
@@ -106,25 +108,33 @@ def linear_rows(
     kp = padded_k(x2, k, traced)
     if kp != k:  # zero columns: the same sums, from aligned rows
         if keeps_derived(weight):  # W padded once (per version), x per call
-            weight = kept_derived(weight, "padk", lambda w: _gemm.pad_k(kp, w)[0], keep=True)
-            (x2,) = _gemm.pad_k(kp, x2)
+            weight = kept_derived(weight, "padk", lambda w: pad_k(kp, w)[0], keep=True)
+            (x2,) = pad_k(kp, x2)
         else:  # (e.g. inside a graph capture) both, in one launch
-            x2, weight = _gemm.pad_k(kp, x2, weight)
+            x2, weight = pad_k(kp, x2, weight)
         k = kp
 
-    loop = _gemm.gemm_loop(x2, weight, traced)
+    loop = gemm_launch.gemm_loop(x2, weight, traced, loop)
 
     def run(cfg: dict) -> None:
-        tma = _gemm.takes_tma(loop, cfg)
-        _gemm.launch_linear(out, x2, weight, b, res2, alpha, code, cfg, traced=traced, tma=tma)
+        tma = gemm_launch.takes_tma(loop, cfg)
+        gemm_launch.launch_linear(
+            out, x2, weight, b, res2, alpha, code, cfg, traced=traced, tma=tma
+        )
 
     if x2.shape[0] and n:
         # Layers with a residual are tuned apart: some tiles that fit without one do not fit
-        # with it (see _gemm.candidates), so one table entry cannot serve both; likewise rows
-        # that are not 16-byte aligned (their own candidates, see _gemm._REG_PIPE)
-        unaligned = loop == _gemm.LOOP_PTR and not traced and not _gemm.tma_eligible(x2, weight)
-        tags = (_gemm.loop_key(loop), "res" if res2 is not None else "", "u" if unaligned else "")
-        cfg = _gemm.choose_config(
+        # with it (see gemm.candidates), so one table entry cannot serve both; likewise rows
+        # that are not 16-byte aligned (their own candidates, see gemm.configs._REG_PIPE)
+        unaligned = (
+            loop == gemm_launch.LOOP_PTR and not traced and not gemm_launch.tma_eligible(x2, weight)
+        )
+        tags = (
+            gemm_launch.loop_key(loop),
+            "res" if res2 is not None else "",
+            "u" if unaligned else "",
+        )
+        cfg = config or gemm_launch.choose_config(
             "linear", x2, n, k, run, ":".join(filter(None, tags)), loop, plain=True,
             residual=res2 is not None, unaligned=unaligned,
         )  # fmt: skip
@@ -143,7 +153,7 @@ def last_choice() -> dict | None:
     if _last is None:
         return None
     cfg, loop = _last
-    kernel = "stream" if cfg.get("STREAM") else "tma" if _gemm.takes_tma(loop, cfg) else "ptr"
+    kernel = "stream" if cfg.get("STREAM") else "tma" if gemm_launch.takes_tma(loop, cfg) else "ptr"
     return {**cfg, "kernel": kernel}
 
 
@@ -268,7 +278,7 @@ def linear(
     x: (..., in) float32/float16/bfloat16; weight: (out, in) as in nn.Linear; bias: (out,)
     or None; residual: (..., out) or None; activation: None or one of ACTIVATIONS.
     float32 uses TF32 only where ``torch.backends.cuda.matmul.allow_tf32`` allows it, else
-    fp32-accurate dots (see ``fuseml.ops._gemm.fp32_dot``).
+    fp32-accurate dots (see ``fuseml.ops.gemm.fp32_dot``).
     backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton.
     The first call of a new (M bucket, N, K) on a GPU tunes the tile (a few seconds) and
     stores the result on disk (see ``fuseml.ops._tune``).

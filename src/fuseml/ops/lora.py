@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 
 from fuseml.ops import _elementwise as ew
-from fuseml.ops import _gemm
 from fuseml.ops._utils import (
     check_same,
     check_tensor,
@@ -32,6 +31,7 @@ from fuseml.ops._utils import (
     next_pow2,
 )
 from fuseml.ops.bias_act import activation_ref
+from fuseml.ops.gemm import launch as _gemm
 from fuseml.ops.linear import check_linear_args, linear_rows
 from fuseml.runtime import resolve_backend
 

@@ -40,7 +40,6 @@ from torch._subclasses.fake_tensor import is_fake
 from fuseml.ops import _elementwise as ew
 from fuseml.ops import _tune
 from fuseml.ops._elementwise import _activation
-from fuseml.ops._gemm import dot_precision, mma
 from fuseml.ops._math import _pdl_begin
 from fuseml.ops._utils import (
     PLAIN_TENSORS,
@@ -60,6 +59,7 @@ from fuseml.ops._utils import (
     sm_count,
 )
 from fuseml.ops.bias_act import activation_ref
+from fuseml.ops.gemm import dot_precision, mma
 from fuseml.ops.linear import linear_rows
 from fuseml.runtime import FLOAT_DTYPES, triton_interpreting
 

@@ -11,14 +11,14 @@ Arms
   triton       fuseml.ops.linear(backend="triton"): Triton GEMM with the epilogue in registers
                (on Hopper, from 512 rows with 16-byte aligned rows: the persistent TMA kernel)
   triton-op    torch.ops.fuseml.linear, the dispatcher path (host overhead rows only)
-  triton-ptr   the pointer-load kernel forced (FUSEML_GEMM=ptr) where `triton` takes the TMA
+  triton-ptr   the pointer-load kernel forced (loop="ptr") where `triton` takes the TMA
                kernel: a reference column, to show what TMA gains
 
 The GELU is the tanh form ("gelu_tanh"): that is the one cuBLASLt's epilogue computes, so
 all arms compute one function and every output is checked against the reference.
 
 Sweep (``--sweep``): the Triton GEMM at every candidate config its tuner times for the
-shape (fuseml.ops._gemm.candidates, on the main loop the layer takes), arms
+shape (fuseml.ops.gemm.candidates, on the main loop the layer takes), arms
 ``triton@BMxBNxBK/wW/sS[/flags]``: for keeping the candidate table, not for the tables.
 Rows as given: where the library pads K per call (an unaligned K at many rows), the
 sweep times the kernel on the unpadded rows.
@@ -33,7 +33,6 @@ replays, and the smallest M of a shape measures host time per call.
 from __future__ import annotations
 
 import importlib
-import os
 
 import torch
 
@@ -48,9 +47,9 @@ from fuseml.bench.suites._common import (
     unique_name,
 )
 from fuseml.models.dlrm import DLRMConfig
-from fuseml.ops import _elementwise as ew
-from fuseml.ops import _gemm
-from fuseml.ops._gemm import TMA_MIN_M, TMA_TUNED_MAX_M
+from fuseml.ops import gemm as _gemm
+from fuseml.ops._elementwise import ACT_CODE
+from fuseml.ops.gemm import TMA_MIN_M, TMA_TUNED_MAX_M
 
 linear_mod = importlib.import_module("fuseml.ops.linear")  # (fuseml.ops.linear: the function)
 
@@ -78,18 +77,13 @@ def activation_of(k: int, n: int) -> str:
 
 
 def _ptr_arm(act: str):
-    """fuseml.ops.linear with the pointer-load kernel forced (FUSEML_GEMM=ptr)."""
+    """fuseml.ops.linear with the pointer-load kernel forced (``linear_rows``'s loop="ptr"),
+    its arguments checked as ``linear`` checks them, so that both arms pay the same."""
+    code = ACT_CODE[act]
 
     def call(x, w, b):
-        previous = os.environ.get("FUSEML_GEMM")
-        os.environ["FUSEML_GEMM"] = "ptr"
-        try:
-            return fuseml.ops.linear(x, w, b, act, backend="triton")
-        finally:
-            if previous is None:
-                del os.environ["FUSEML_GEMM"]
-            else:
-                os.environ["FUSEML_GEMM"] = previous
+        linear_mod.check_linear_args("linear", x, w, b, None, 1.0, act)
+        return linear_mod.linear_rows(x, w, b, None, 1.0, code, loop="ptr")
 
     return call
 
@@ -108,7 +102,7 @@ def _sweep(make, m: int, n: int, k: int, dtype: torch.dtype, act: str):
         loop = _gemm.gemm_loop(x, w, False)
         unaligned = loop == _gemm.LOOP_PTR and not _gemm.tma_eligible(x, w)
         configs = _gemm.candidates(m, n, k, dtype, loop, plain=True, unaligned=unaligned)
-        code = ew.ACT_CODE[act]
+        code = ACT_CODE[act]
         arms = {}
         for cfg in configs:
 
