@@ -6,6 +6,7 @@ import torch
 import triton
 
 import fuseml
+from fuseml.ops import _lora_modes as lora_modes
 from fuseml.ops import _utils, lora_linear_ref
 from fuseml.ops import lora as lora_mod
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets
@@ -57,9 +58,9 @@ def lora_mode(request, monkeypatch):
 
         def mode(args, loop, *_, **__):  # what tuning may pick: joint only where it can run
             x2, weight, a_stacked = args[1], args[2], args[4]
-            if spread and lora_mod._spread_ok(loop, x2, weight.shape[0], a_stacked):
+            if spread and lora_modes._spread_ok(loop, x2, weight.shape[0], a_stacked):
                 return _gemm.LORA_SPREAD
-            ok = joint and lora_mod._joint_ok(loop, args[4])
+            ok = joint and lora_modes._joint_ok(loop, args[4])
             return _gemm.LORA_JOINT if ok else _gemm.LORA_EXPAND
 
         monkeypatch.setattr(lora_mod, "_tuned_mode", mode)
@@ -402,7 +403,7 @@ def test_lora_mid_rows_every_tma_tile_gpu(mode, tuned_gemm_call, monkeypatch):
         (128, 64, 128, 4),
     }
     if mode.startswith("spread"):  # (the tiles that leave room for A's slice)
-        fits = lora_mod._spread_fits(x, n, a.reshape(-1, k))
+        fits = lora_modes._spread_fits(x, n, a.reshape(-1, k))
         tiles = [c for c in tiles if fits(c)]
         assert len(tiles) >= 3, tiles
     for cfg in tiles:
