@@ -28,12 +28,11 @@ def stack_adapters(
     Single: A (r, in), B (out, r). Multi: A (n, r, in), B (n, out, r) -> R = n * r, adapter
     a owning columns [a*r, (a+1)*r). With ``in_place`` a multi-adapter B is read as given
     (no copy) where it is contiguous and r is a power of two >= 16; else it is stacked
-    into (out, R) by a copy, kept between eager calls (``kept_derived``). The stacked copy makes
-    the faster kernels (H100, 16 adapters x rank 16, 4096 x 4096: the main launch 13.6 vs
-    15.5 us at 16 rows, 29.9 vs 33.3 at 256: its B steps go 64 columns at a time instead
-    of one adapter's 16), the copy itself 4 us a call: modules, which keep their stacked
-    form, pass ``in_place=False``; the functional op reads B in place up to B3D_MAX_M rows
-    (a CUDA graph of it then holds no copy).
+    into (out, R) by a copy, kept between eager calls (``kept_derived``). The stacked copy
+    makes the faster kernels (its B steps go 64 columns at a time instead of one adapter's
+    16), the copy itself ~4 us a call: modules, which keep their stacked form, pass
+    ``in_place=False``; the functional op reads B in place up to B3D_MAX_M rows (a CUDA
+    graph of it then holds no copy). See docs/performance/lora.md.
     """
     if lora_a.dim() == 2:
         return lora_a.contiguous(), lora_b.contiguous(), lora_a.shape[0]
@@ -41,7 +40,7 @@ def stack_adapters(
     a = lora_a.reshape(n * r, k).contiguous()  # a view when lora_a is contiguous
     if in_place and B3D_MIN_RANK <= r == next_pow2(r) and lora_b.is_contiguous():
         return a, lora_b, r
-    # 4 us of a 19 us layer at 16 rows with 16 adapters of rank 16 (H100, CUDA graph)
+    # (the copy is a fifth of a 16-row layer's time: kept, not redone per call)
     b = kept_derived(
         lora_b, "stacked", lambda t: t.permute(1, 0, 2).reshape(t.shape[1], n * r).contiguous()
     )

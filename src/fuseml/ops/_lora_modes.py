@@ -22,9 +22,8 @@ def _tuned_mode(
     IN_LOOP_MAX_M), LORA_EXPAND in stream order or LORA_JOINT. ``wide``: a stack past
     IN_LOOP_MAX_R columns (several adapters), where in-loop and joint cannot run: the
     overlapped LORA_EXPAND or LORA_SPREAD where it can run. (The spread launch is offered
-    to wide stacks only: for one adapter it lost at every size measured, H100, 4096 x
-    4096, ranks 8 to 64 at 64 to 512 rows, by 5-30%, and each mode timed adds to a first
-    call.)"""
+    to wide stacks only: for one adapter it lost at every size measured, and each mode
+    timed adds to a first call.)"""
     from fuseml.ops import _tune
 
     _out, x2, weight, *_rest, ids, _code, _traced = args
@@ -33,9 +32,9 @@ def _tuned_mode(
     bucket = _tune.m_bucket(m)
     multi = "m" if ids is not None else ""
     # Keyed on the stacked width itself, not r_pad: the launches each mode runs are tuned
-    # per width (the shrink's N), and timing the modes is what tunes them eagerly. Under
-    # r_pad, rank 8 and rank 16 shared the choice, so a rank-16 layer whose eager call
-    # found it made was first tuned inside a graph capture (which failed there).
+    # per width (the shrink's N), and timing the modes is what tunes them eagerly. Keyed on
+    # r_pad, rank 8 and rank 16 would share the choice, and a rank-16 layer whose eager
+    # call found it made would be tuned first inside a graph capture, which fails there.
     r = args[4].shape[0]
     memo_key = ("loramode", x2.dtype, bucket, n, k, r, multi, loop, x2.device)
 
@@ -141,7 +140,7 @@ def _run_mode(
         xa = linear_rows(x2, a_stacked, None, None, 1.0, 0, traced=traced, out_dtype=torch.float32)
         if r_pad > TMA_MAX_R:
             # More than one epilogue step of the fp32 mode overflows the TMA kernel's
-            # shared memory (H100: 466 KiB asked for 16 adapters x rank 16).
+            # shared memory (466 KiB asked for 16 adapters x rank 16).
             loop = _gemm.LOOP_PTR
 
     # (one launch, or the expand mode's in stream order: nothing overlaps from here on)
@@ -153,8 +152,8 @@ def _run_mode(
     if joint and not pdl:
         # Past IN_LOOP_MAX_M rows (the joint mode runs without overlap only there): the
         # tile the expand mode's main launch tuned (the same GEMM, timed first by
-        # _tuned_mode). Tuning the joint launch's own added 4.6 s to a first call at 4096
-        # rows, rank 64 (H100), for a tile that lost to the expand mode.
+        # _tuned_mode). Tuning the joint launch's own added seconds to a first call (4.6 s
+        # at 4096 rows, rank 64) for a tile that lost to the expand mode.
         expand, expand_extra = _main_launch(
             _gemm.LORA_EXPAND, loop, False, out, x2, weight, b, a_stacked, b_stacked, xa,
             ids, scales, scaling, rank, code, traced,
@@ -198,18 +197,16 @@ def _overlapped_expand(
     shrink writes xs while the main launch streams W, which waits for xs only before its
     last K steps. Both tiles are tuned as the pair runs: the shrink's programs hold SMs
     that the main launch's programs then wait for, so neither the fastest shrink alone
-    nor the fastest main launch alone makes the fastest pair. Shrink tiles (H100, 4096 x
-    4096, 1024 rows, rank 16): 16 programs of 64 rows 8.8 us alone, 61.4 us with the main
-    launch; 4 programs of 256 rows 22.0 us alone, 52.0 with it. Main tiles (256 rows, 16
-    adapters): the one tuned alone (64 x 128 x 128, 4 stages: 192 KiB of shared memory)
-    leaves no room for a shrink program beside it on an SM (NOTES.md). So the tiles are
-    chosen in three rounds: the main tile alone, the shrink's tile behind it, and, for
-    mixed batches of several adapters (whose shrink is as wide as all their ranks
-    together), the main tile again behind that shrink. The pair of the first two rounds
-    is among the third's candidates, so it can only keep or better it; timing the main
-    tile behind the shrink's untuned default instead chose a tile that made 16 adapters
-    at 1024 rows 14% slower. A single adapter's shrink (one rank wide) skips the third
-    round (0.2-0.3 s of timing on a first call: its candidates are compiled already)."""
+    nor the fastest main launch alone makes the fastest pair: a shrink tile fast alone
+    can be slow beside the main launch (8.8 against 61.4 us, H100), and a main tile tuned
+    alone can fill an SM's shared memory, leaving no room for a shrink program. So the
+    tiles are chosen in three steps: the main tile alone, the shrink's tile behind it,
+    and, for mixed batches of several adapters (whose shrink is as wide as all their
+    ranks together), the main tile again behind that shrink. The pair of the first two
+    steps is among the third's candidates, so it can only keep or better it (timing the
+    main tile behind the shrink's untuned default instead chose slower tiles). A single
+    adapter's shrink (one rank wide) skips the third step, which would only add timing
+    to a first call. See docs/performance/lora.md."""
     m, k = x2.shape
     n = weight.shape[0]
     r = a_stacked.shape[0]

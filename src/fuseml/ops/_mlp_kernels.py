@@ -234,7 +234,7 @@ def _chain_kernel(
     h = _activation(acc, (ACTS >> 4) & 15)
     # Layers 2 to 7 written out: each has its own constexpr widths, and a jit helper picking
     # the i-th of them (as _pick does for pointers) returns a runtime value, which tl.arange
-    # refuses (triton 3.9, offline).
+    # refuses.
     if NUM_LAYERS > 2:
         h = _chain_layer(
             h.to(dt), w2, b2, D2, D3, P2, P3, (BIASES >> 2) & 1, (ACTS >> 8) & 15,

@@ -30,11 +30,11 @@ from fuseml.runtime import triton_interpreting
 log = logging.getLogger("fuseml")
 
 CHAIN_MAX_WIDTH = 256  # widths after layer 1 that the chain kernel holds in registers
-# Inputs up to this wide: layer 0 is cheap inside the chain kernel, which then beats the
-# unfused chain 2-4x (DLRM bottom MLPs, 13 wide). Wider inputs make layer 0 a real GEMM
-# that every row block redoes over all of W0: there the chain kernel lost to running
-# the layers one by one (kaggle top, 367 wide, B = 4096: 42.8 vs 27.2 us, H100), so
-# tuning also times the layers one by one through fuseml.ops.linear.
+# Inputs up to this wide: layer 0 is cheap inside the chain kernel (the DLRM bottom MLPs,
+# 13 wide). A wider input makes layer 0 a real GEMM that every row block redoes over all
+# of W0, where the layers one by one through fuseml.ops.linear can win (the 367-wide
+# kaggle top MLP: 27.2 against 42.8 us on an H100), so tuning also times those
+# (docs/performance/mlp.md).
 CHAIN_SMALL_INPUT = 64
 
 
@@ -44,8 +44,8 @@ def _cfg(bm, bn, bk, warps, per_sm) -> dict:
 
 # Candidates: rows per program and the column / K steps, 1 to 4 programs per SM. Every
 # row block re-reads all the weights (from L2), so large batches want many rows per
-# program (the kaggle bottom MLP's 310 KiB of bf16 weights per 64 rows are 317 MB of L2
-# reads at B = 65536); small batches want small blocks, to give every SM a program.
+# program (64-row blocks read the kaggle bottom MLP's weights from L2 as 317 MB at
+# B = 65536); small batches want small blocks, to give every SM a program.
 _LARGE_B = [
     _cfg(64, 64, 64, 4, 2), _cfg(64, 128, 64, 4, 2), _cfg(128, 64, 64, 4, 1),
     _cfg(128, 128, 64, 8, 1), _cfg(128, 256, 64, 8, 1), _cfg(256, 64, 64, 8, 1),
@@ -55,8 +55,9 @@ _SMALL_B = [
     _cfg(16, 64, 64, 4, 4), _cfg(32, 64, 64, 4, 4), _cfg(32, 128, 64, 4, 2),
     _cfg(64, 64, 64, 4, 2), _cfg(64, 128, 64, 4, 2), _cfg(128, 64, 64, 4, 1),
 ]  # fmt: skip
-SMALL_BATCH = 8192  # up to this many rows the small-block candidates (a first guess: 4096
-# rows make 64 blocks of 64 rows, half an H100's SMs; 16384 rows fill them with 128-row blocks)
+# Up to this many rows the small-block candidates (a first guess: below it, 128-row blocks
+# leave an H100's SMs idle)
+SMALL_BATCH = 8192
 _DEFAULT = _cfg(64, 64, 64, 4, 2)
 
 
@@ -69,11 +70,9 @@ def _chain_cfg(bm, chunk, bk, warps, stages) -> dict:
 
 # The chain kernel: one program per BLOCK_M rows (not persistent: a program holds layer 1's
 # accumulator in registers, one or two fit an SM). 64 rows and more per program use
-# Hopper's warp-group MMA (64 rows per 4 warps); fewer, the older MMA. Kept from an H100
-# sweep (scripts/probe_mlp.py, NOTES.md): at B = 65536 the 128 / 64-row configs below
-# were within 3% of each other (44.6-45.8 us, kaggle bottom) and 32-column chunks or
-# 64 rows with 128-column chunks 16-38% slower; at B = 256 / 4096, 64 rows with 4 warps
-# was best (9.3 us), 16 and 32 rows best for the 367-wide kaggle top MLP.
+# Hopper's warp-group MMA (64 rows per 4 warps); fewer, the older MMA. The configs are the
+# best of an H100 sweep: 64 and 128 rows for large batches (within 3% of each other), 16
+# to 64 rows for small ones (docs/performance/mlp.md).
 _CHAIN_LARGE_B = [
     _chain_cfg(128, 64, 64, 8, 3), _chain_cfg(128, 64, 64, 8, 2),
     _chain_cfg(128, 128, 64, 8, 2), _chain_cfg(64, 64, 64, 4, 3),
@@ -82,8 +81,8 @@ _CHAIN_SMALL_B = [
     _chain_cfg(16, 64, 64, 4, 3), _chain_cfg(32, 64, 64, 4, 3), _chain_cfg(64, 64, 64, 4, 3),
     _chain_cfg(64, 64, 64, 8, 3),
 ]  # fmt: skip
-# The scratch kernel's configs that came closest where the chain kernel also runs (it
-# lost by 1.1-2.6x at every batch of the sweep): kept as candidates there.
+# The scratch kernel's configs that came closest where the chain kernel also runs (it lost
+# at every batch measured there): kept as candidates.
 _SCRATCH_NEXT_TO_CHAIN = [_cfg(32, 128, 64, 4, 2), _cfg(128, 128, 64, 8, 1)]
 _LAYERS = {"kind": "layers"}  # not fused: fuseml.ops.linear per layer
 _CHAIN_DEFAULT = _chain_cfg(64, 64, 64, 4, 3)
@@ -99,8 +98,8 @@ def chain_fits(widths: Sequence[int], dtype: torch.dtype) -> bool:
     """Whether the register-resident chain kernel takes this chain: 16-bit inputs, two
     layers or more, layer 1's output and every later width at most CHAIN_MAX_WIDTH (held
     whole in registers); D0 and D1 any (streamed). float32 stays on the scratch kernel:
-    its (BLOCK_M, 256) float32 operands do not fit the registers (sm_90, offline: 16 KB of
-    spills a thread with exact fp32 dots, 160 B to 1.4 KB with TF32)."""
+    its (BLOCK_M, 256) float32 operands do not fit the registers (compiled for sm_90 with
+    exact fp32 dots: 16 KB of spills a thread)."""
     return (
         dtype in (torch.float16, torch.bfloat16)
         and len(widths) >= 3
@@ -247,8 +246,8 @@ def candidates(m: int, widths: Sequence[int], dtype: torch.dtype) -> list[dict]:
 def default_config(widths: Sequence[int], dtype: torch.dtype) -> dict:
     """The config without tuning (interpreter, FUSEML_AUTOTUNE=0, a symbolic batch): the
     chain kernel where it takes the chain with a narrow input, else for 16-bit inputs the
-    layers one by one (faster on the H100 for every such DLRM MLP measured), else the
-    scratch kernel."""
+    layers one by one (faster for every such DLRM MLP measured, see
+    docs/performance/mlp.md), else the scratch kernel."""
     if chain_fits(widths, dtype) and widths[0] <= CHAIN_SMALL_INPUT:
         return _CHAIN_DEFAULT
     return _LAYERS if dtype in (torch.float16, torch.bfloat16) else _DEFAULT

@@ -44,14 +44,13 @@ from fuseml.runtime import resolve_backend
 
 # In-loop LoRA (one launch) up to this many rows; above, x @ A^T is precomputed by a first
 # small launch so the main GEMM does not redo it for every column tile (see _gemm). A first
-# guess, not a measured crossover: on an H100 (rank 16, 4096 x 4096) the fused layer
-# costs ~1% over the plain GEMM on both sides of it (NOTES.md).
+# guess, not a measured crossover: the fused layer costs ~1% over the plain GEMM on both
+# sides of it (docs/performance/lora.md).
 IN_LOOP_MAX_M = 1024
 IN_LOOP_MAX_R = 64  # stacked LoRA columns that fit beside the accumulator in registers
 
-# Stacked columns of the expand mode (extra K steps of 64 through descriptors). H100, M = K
-# = N = 4096, 16 adapters x rank 16: 257 us vs 301 for the pointer kernel, 1.17x one
-# adapter (NOTES.md).
+# Stacked columns of the expand mode (extra K steps of 64 through descriptors): 16 adapters
+# of rank 16 cost 1.17x one adapter's layer (docs/performance/lora.md).
 EXPAND_MAX_R = 256
 
 
@@ -119,30 +118,29 @@ def lora_rows(
     if pdl and r_pad <= IN_LOOP_MAX_R:
         # Either one launch (in-loop: every column tile redoes x @ A^T) or the overlapped
         # shrink + expand launches: which has the shorter GPU time depends on the kernel
-        # and tile the GEMM takes at this size (H100, 4096 x 4096, rank 16: expand 13.8 vs
-        # 23.7 us at M = 1, in-loop 25.8 vs 36.1 us at M = 256 on the pointer kernel), so
-        # it is measured once per shape bucket, as tiles are. That choice is for calls
-        # captured into a CUDA graph, where only GPU time counts. An eager call at these
-        # sizes is bound by host time, where one launch beats two (H100 host, M = 1: 87 vs
-        # 320 us per call): it takes the in-loop mode. (The first, eager call of a bucket
-        # measures both, so a later capture finds the choice made.)
+        # and tile the GEMM takes at this size (either wins somewhere), so it is measured
+        # once per shape bucket, as tiles are. That choice is for calls captured into a
+        # CUDA graph, where only GPU time counts. An eager call at these sizes is bound by
+        # host time, where one launch beats two (87 against 320 us per call at M = 1): it
+        # takes the in-loop mode. (The first, eager call of a bucket measures both, so a
+        # later capture finds the choice made.) See docs/performance/lora.md.
         default = _gemm.LORA_IN_LOOP if loop == _gemm.LOOP_PTR else _gemm.LORA_EXPAND
         mode = _tuned_mode(args, loop, default)
         if not capturing(x2):
             mode = _gemm.LORA_IN_LOOP
     elif pdl:
         # Wide stacks (several adapters): the overlapped pair, or the spread launch (one
-        # launch, each row tile's xs computed in slices by its own column tiles; H100,
-        # 4096 x 4096, 16 adapters x rank 16 at 256 rows: 26.5 against 32.8 us, NOTES.md)
+        # launch, each row tile's xs computed in slices by its own column tiles), timed
+        # per shape bucket.
         mode = _tuned_mode(args, loop, _gemm.LORA_EXPAND, wide=True)
     elif small and r_pad <= IN_LOOP_MAX_R:
         mode = _gemm.LORA_IN_LOOP
     elif loop == _gemm.LOOP_TMA and _expand_tma(r, b_stacked):
         # Above IN_LOOP_MAX_M rows the expand mode's launches run in stream order: the
-        # overlap measured slower there (H100, M = 4096, rank 16: 223.9 vs 209.0 us), its
-        # main kernel's persistent programs taking SMs the shrink needs. The joint launch
-        # gives the shrink SMs of its own (where the tiles' rounds leave some), and the
-        # tiles wait only for their own rows of xs: timed against it per shape bucket.
+        # overlap measured ~7% slower there, its main kernel's persistent programs taking
+        # SMs the shrink needs. The joint launch gives the shrink SMs of its own (where
+        # the tiles' waves leave some), and the tiles wait only for their own rows of xs:
+        # timed against it per shape bucket.
         mode = _gemm.LORA_EXPAND
         if r_pad <= IN_LOOP_MAX_R and _joint_ok(loop, a_stacked):
             mode = _tuned_mode(args, loop, mode, overlap=False)
@@ -180,9 +178,8 @@ def _lora_linear_op(
 
 # ---------------------------------------------------------------------------- public
 # Rows up to which the functional op reads a multi-adapter B in place; above, the stacked
-# copy (4 us) costs less than the slower kernels (H100, 16 adapters x rank 16, CUDA graph:
-# 21.6 vs 23.8 us at 16 rows, 66.5 vs 67.5 at 1024, 255.4 vs 244.2 at 4096; 4 adapters
-# 237.4 vs 219.9 at 4096)
+# copy (~4 us) costs less than the slower kernels that reading B in place takes
+# (docs/performance/lora.md).
 B3D_MAX_M = 1024
 
 

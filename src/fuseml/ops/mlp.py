@@ -19,7 +19,7 @@ Each layer is rounded to the input dtype, exactly as the unfused chain rounds it
 kernel and tile runs is measured per shape bucket (``fuseml.ops._tune``); where the input
 is wide enough that layer 0 is a real GEMM (which every row block would redo over all of
 W0), tuning also times the layers one by one through ``fuseml.ops.linear`` (not fused:
-each layer's epilogue is), and on the H100 that was the fastest for the DLRM top MLPs.
+each layer's epilogue is), which can win for the DLRM top MLPs (docs/performance/mlp.md).
 
 Up to ``MAX_FUSED_LAYERS`` layers per launch (longer chains: several launches) and widths
 up to ``MAX_WIDTH``; wider layers run one by one through ``fuseml.ops.linear``, said once.
