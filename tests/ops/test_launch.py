@@ -151,7 +151,8 @@ def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch, every_argume
         fuseml.ops.linear(x, w, b, "relu", backend="triton")
         assert seen == [_gemm._linear_tma_kernel]
     else:
-        fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend="triton")
+        path = lora_mod.LoraPath(loop="tma")  # (in-loop on the TMA kernel: forced)
+        fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend="triton", path=path)
         assert _gemm._lora_tma_kernel in seen
 
 

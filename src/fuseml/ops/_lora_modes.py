@@ -13,8 +13,23 @@ from fuseml.ops.linear import linear_rows
 TMA_MAX_R = 64  # stacked LoRA columns the TMA kernel's fp32 epilogue takes (see lora_rows)
 
 
+def main_loop(x2: torch.Tensor, weight: torch.Tensor, traced: bool, force: str = "auto") -> int:
+    """The main loop of a GEMM of x2 by weight: ``_gemm.gemm_loop``'s choice, or the one
+    ``force`` names ("tma": the TMA kernel where the layout allows it and the call is not
+    traced; "ptr": the pointer kernel)."""
+    if force == "auto":
+        return _gemm.gemm_loop(x2, weight, traced)
+    tma = force == "tma" and not traced and _gemm.tma_eligible(x2, weight)
+    return _gemm.LOOP_TMA if tma else _gemm.LOOP_PTR
+
+
 def _tuned_mode(
-    args: tuple, loop: int, default: int, overlap: bool = True, wide: bool = False
+    args: tuple,
+    loop: int,
+    default: int,
+    overlap: bool = True,
+    wide: bool = False,
+    force_loop: str = "auto",
 ) -> int:
     """The LoRA mode for this shape bucket, from the tuning cache, else each timed whole
     (with its own tuned tiles) and the fastest kept: LORA_IN_LOOP, LORA_EXPAND with its
@@ -23,7 +38,8 @@ def _tuned_mode(
     IN_LOOP_MAX_R columns (several adapters), where in-loop and joint cannot run: the
     overlapped LORA_EXPAND or LORA_SPREAD where it can run. (The spread launch is offered
     to wide stacks only: for one adapter it lost at every size measured, and each mode
-    timed adds to a first call.)"""
+    timed adds to a first call.) force_loop: as ``main_loop``'s force, for the launches
+    timed."""
     from fuseml.ops import _tune
 
     _out, x2, weight, *_rest, ids, _code, _traced = args
@@ -49,7 +65,9 @@ def _tuned_mode(
         )
 
     def bench(cfg: dict) -> float:
-        return _tune.gpu_time_ms(lambda: _run_mode(cfg["LORA"], loop, overlap, *args))
+        return _tune.gpu_time_ms(
+            lambda: _run_mode(cfg["LORA"], loop, overlap, *args, force_loop=force_loop)
+        )
 
     def modes() -> list[dict]:
         found = [{"LORA": _gemm.LORA_EXPAND}]
@@ -99,10 +117,11 @@ def _spread_ok(loop: int, x2: torch.Tensor, n: int, a_stacked: torch.Tensor) -> 
 
 def _run_mode(
     mode, loop, pdl, out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code,
-    traced,
+    traced, *, force_loop: str = "auto",
 ) -> None:  # fmt: skip
     """Writes the fused layer to ``out`` in LoRA mode ``mode`` (see fuseml.ops._gemm); pdl:
-    the expand mode's two launches overlap."""
+    the expand mode's two launches overlap; force_loop: as ``main_loop``'s force (the
+    shrink's loop, and in-loop on the TMA kernel where it names "tma")."""
     k = x2.shape[1]
     n = weight.shape[0]
     r = a_stacked.shape[0]
@@ -111,9 +130,9 @@ def _run_mode(
     if mode == _gemm.LORA_IN_LOOP:
         if loop != _gemm.LOOP_PTR:
             # In-loop inside the TMA kernel (A through a descriptor): a tuning candidate for
-            # decode-like rows (LOOP_TUNED), or forced (FUSEML_GEMM=tma); otherwise in-loop
+            # decode-like rows (LOOP_TUNED), or forced (force_loop "tma"); otherwise in-loop
             # takes the pointer kernel.
-            forced = loop == _gemm.LOOP_TMA and _gemm.gemm_mode() == "tma"
+            forced = loop == _gemm.LOOP_TMA and force_loop == "tma"
             if not (_gemm.tma_eligible(a_stacked) and (loop == _gemm.LOOP_TUNED or forced)):
                 loop = _gemm.LOOP_PTR
     elif mode in (_gemm.LORA_JOINT, _gemm.LORA_SPREAD):
@@ -132,10 +151,10 @@ def _run_mode(
         if pdl:
             _overlapped_expand(
                 out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code,
-                traced, loop,
+                traced, loop, force_loop,
             )  # fmt: skip
             return
-        xa = _shrink(x2, a_stacked, rank, scaling, scales, ids, traced)
+        xa = _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, force_loop)
     else:  # precomputed: x @ A^T in float32, by the same kernel; the epilogue scales, masks
         xa = linear_rows(x2, a_stacked, None, None, 1.0, 0, traced=traced, out_dtype=torch.float32)
         if r_pad > TMA_MAX_R:
@@ -191,7 +210,8 @@ def _main_launch(
 
 
 def _overlapped_expand(
-    out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code, traced, loop
+    out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code, traced, loop,
+    force_loop="auto",
 ) -> None:  # fmt: skip
     """The expand mode's two launches overlapped (programmatic dependent launch): the
     shrink writes xs while the main launch streams W, which waits for xs only before its
@@ -217,7 +237,7 @@ def _overlapped_expand(
     )  # fmt: skip
     main_alone = _gemm.choose_config("linear", x2, n, k, main, extra, loop)
     shrink, shrink_loop = _shrink_launch(
-        xs, x2, a_stacked, rank, scaling, scales, ids, traced, True
+        xs, x2, a_stacked, rank, scaling, scales, ids, traced, True, force_loop
     )
 
     def pair(cfg: dict) -> None:
@@ -249,23 +269,25 @@ def _expand_tma(r: int, b_stacked: torch.Tensor) -> bool:
     return r % 8 == 0 and _gemm.tma_eligible(b_stacked)
 
 
-def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced) -> torch.Tensor:
+def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, force_loop="auto") -> torch.Tensor:
     """xs = (x @ A^T) * scaling, each row keeping only its adapter's columns (MULTI), in
     x's dtype: the first launch of the expand mode in stream order (the rounding the
     unmerged chain does; ``_overlapped_expand`` runs its overlapped form)."""
     m = x2.shape[0]
     r = a_stacked.shape[0]
     xs = torch.empty((m, r), dtype=x2.dtype, device=x2.device)
-    run, loop = _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, False)
+    run, loop = _shrink_launch(
+        xs, x2, a_stacked, rank, scaling, scales, ids, traced, False, force_loop
+    )
     if m:
         extra = f"shrink{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
         run(_shrink_config(x2, a_stacked, ids, rank, run, extra, loop))
     return xs
 
 
-def _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, pdl):
+def _shrink_launch(xs, x2, a_stacked, rank, scaling, scales, ids, traced, pdl, force_loop="auto"):
     """(launch(config) of the shrink into xs, its main loop choice)."""
-    loop = _gemm.gemm_loop(x2, a_stacked, traced)
+    loop = main_loop(x2, a_stacked, traced, force_loop)
 
     def run(cfg: dict) -> None:
         if cfg.get("SEGMENTS"):

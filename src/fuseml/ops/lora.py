@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,14 @@ from fuseml.ops._lora_adapters import (
     device_scales,
     stack_adapters,
 )
-from fuseml.ops._lora_modes import _expand_tma, _joint_ok, _run_mode, _tuned_mode
+from fuseml.ops._lora_modes import (
+    _expand_tma,
+    _joint_ok,
+    _run_mode,
+    _spread_ok,
+    _tuned_mode,
+    main_loop,
+)
 from fuseml.ops._utils import (
     check_same,
     check_tensor,
@@ -52,6 +60,36 @@ IN_LOOP_MAX_R = 64  # stacked LoRA columns that fit beside the accumulator in re
 # Stacked columns of the expand mode (extra K steps of 64 through descriptors): 16 adapters
 # of rank 16 cost 1.17x one adapter's layer (docs/performance/lora.md).
 EXPAND_MAX_R = 256
+# Rows up to which the functional op reads a multi-adapter B in place; above, the stacked
+# copy (~4 us) costs less than the slower kernels that reading B in place takes
+# (docs/performance/lora.md).
+B3D_MAX_M = 1024
+
+
+@dataclass(frozen=True)
+class LoraPath:
+    """Forces parts of the fused layer's launch choice (tests, benchmarks of one path);
+    each field left at its default takes the normal choice.
+
+    loop: "tma" or "ptr" forces the GEMM's main loop ("tma" where the layout allows it).
+    overlap: whether the shrink and expand launches may overlap (programmatic dependent
+    launch); None: where the device and settings allow it. capture: whether the call
+    counts as captured into a CUDA graph; None: asks torch. mode: the LoRA mode
+    (fuseml.ops._gemm.LORA_*) taken wherever the mode is tuned, instead of timing them;
+    LORA_JOINT and LORA_SPREAD fall back to LORA_EXPAND where they cannot run.
+    in_loop_max_m: rows up to which the one-launch small-batch modes apply. b3d_max_m:
+    rows up to which ``lora_linear`` reads a multi-adapter B in place (``stack_adapters``).
+    """
+
+    loop: str = "auto"
+    overlap: bool | None = None
+    capture: bool | None = None
+    mode: int | None = None
+    in_loop_max_m: int = IN_LOOP_MAX_M
+    b3d_max_m: int = B3D_MAX_M
+
+
+_AUTO = LoraPath()
 
 
 def lora_linear_ref(
@@ -91,13 +129,15 @@ def lora_rows(
     code: int,
     *,
     traced: bool = False,
+    path: LoraPath | None = None,
 ) -> torch.Tensor:
     """The fused layer for validated inputs in stacked form.
 
     a_stacked (R, in) and b_stacked (out, R) or (adapters, out, rank), R = adapters x rank,
-    contiguous (see ``stack_adapters``); scales
-    (adapters,) float32 or None (then ``scaling`` for all); adapter_ids (M,) or None.
+    contiguous (see ``stack_adapters``); scales (adapters,) float32 or None (then
+    ``scaling`` for all); adapter_ids (M,) or None; path: see ``LoraPath``.
     """
+    path = path or _AUTO
     k = x.shape[-1]
     n = weight.shape[0]
     x2 = x.reshape(-1, k)
@@ -109,11 +149,16 @@ def lora_rows(
     b = None if bias is None else bias.contiguous()
     r = a_stacked.shape[0]
     r_pad = max(16, next_pow2(r))  # as launch_linear pads it
-    loop = _gemm.gemm_loop(x2, weight, traced) if r_pad <= EXPAND_MAX_R else _gemm.LOOP_PTR
-    small = type(m) is not int or m <= IN_LOOP_MAX_M
+    loop = main_loop(x2, weight, traced, path.loop) if r_pad <= EXPAND_MAX_R else _gemm.LOOP_PTR
+    small = type(m) is not int or m <= path.in_loop_max_m
     if loop == _gemm.LOOP_TUNED and m >= _gemm.TMA_MIN_M:
         loop = _gemm.LOOP_TMA  # narrow outputs (see TMA_TUNED_N): LoRA keeps the TMA modes
-    pdl = small and r_pad <= EXPAND_MAX_R and _gemm.pdl_available(x2, traced)
+    pdl = (
+        small
+        and r_pad <= EXPAND_MAX_R
+        and not traced
+        and (_gemm.pdl_available(x2, traced) if path.overlap is None else path.overlap)
+    )
     args = (out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code, traced)
     if pdl and r_pad <= IN_LOOP_MAX_R:
         # Either one launch (in-loop: every column tile redoes x @ A^T) or the overlapped
@@ -125,14 +170,14 @@ def lora_rows(
         # takes the in-loop mode. (The first, eager call of a bucket measures both, so a
         # later capture finds the choice made.) See docs/performance/lora.md.
         default = _gemm.LORA_IN_LOOP if loop == _gemm.LOOP_PTR else _gemm.LORA_EXPAND
-        mode = _tuned_mode(args, loop, default)
-        if not capturing(x2):
+        mode = _chosen_mode(path, args, loop, default)
+        if not (capturing(x2) if path.capture is None else path.capture):
             mode = _gemm.LORA_IN_LOOP
     elif pdl:
         # Wide stacks (several adapters): the overlapped pair, or the spread launch (one
         # launch, each row tile's xs computed in slices by its own column tiles), timed
         # per shape bucket.
-        mode = _tuned_mode(args, loop, _gemm.LORA_EXPAND, wide=True)
+        mode = _chosen_mode(path, args, loop, _gemm.LORA_EXPAND, wide=True)
     elif small and r_pad <= IN_LOOP_MAX_R:
         mode = _gemm.LORA_IN_LOOP
     elif loop == _gemm.LOOP_TMA and _expand_tma(r, b_stacked):
@@ -143,11 +188,24 @@ def lora_rows(
         # timed against it per shape bucket.
         mode = _gemm.LORA_EXPAND
         if r_pad <= IN_LOOP_MAX_R and _joint_ok(loop, a_stacked):
-            mode = _tuned_mode(args, loop, mode, overlap=False)
+            mode = _chosen_mode(path, args, loop, mode, overlap=False)
     else:
         mode = _gemm.LORA_PRECOMPUTED
-    _run_mode(mode, loop, pdl, *args)
+    _run_mode(mode, loop, pdl, *args, force_loop=path.loop)
     return out.view(*x.shape[:-1], n)
+
+
+def _chosen_mode(path: LoraPath, args: tuple, loop: int, default: int, **kw) -> int:
+    """The tuned LoRA mode (``_tuned_mode``), or the one ``path`` forces."""
+    forced = path.mode
+    if forced is None:
+        return _tuned_mode(args, loop, default, force_loop=path.loop, **kw)
+    x2, weight, a_stacked = args[1], args[2], args[4]
+    if forced == _gemm.LORA_SPREAD and not _spread_ok(loop, x2, weight.shape[0], a_stacked):
+        return _gemm.LORA_EXPAND
+    if forced == _gemm.LORA_JOINT and not _joint_ok(loop, a_stacked):
+        return _gemm.LORA_EXPAND
+    return forced
 
 
 def capturing(x: torch.Tensor) -> bool:
@@ -177,10 +235,6 @@ def _lora_linear_op(
 
 
 # ---------------------------------------------------------------------------- public
-# Rows up to which the functional op reads a multi-adapter B in place; above, the stacked
-# copy (~4 us) costs less than the slower kernels that reading B in place takes
-# (docs/performance/lora.md).
-B3D_MAX_M = 1024
 
 
 def _validate(x, weight, bias, lora_a, lora_b, scaling, activation, adapter_ids) -> str:
@@ -244,6 +298,7 @@ def lora_linear(
     adapter_ids: torch.Tensor | None = None,
     check_ids: bool = True,
     backend: str = "auto",
+    path: LoraPath | None = None,
 ) -> torch.Tensor:
     """act(x @ W^T + bias + scaling * (x @ A^T) @ B^T) in one fused GEMM, adapter unmerged.
 
@@ -251,7 +306,9 @@ def lora_linear(
     lora_alpha / r). Multi-adapter: lora_a (adapters, r, in), lora_b (adapters, out, r),
     scaling one number or one per adapter, adapter_ids (...,) int tensor with x's leading
     shape, -1 meaning no adapter for that row. check_ids validates the ids (one host sync).
-    Forward only on the fused backends (inference); backend='eager' for training.
+    Forward only on the fused backends (inference); backend='eager' for training. path:
+    a ``LoraPath`` forcing parts of the launch choice (direct calls; a call traced by
+    torch.compile takes the normal choice).
     """
     op = "lora_linear"
     activation = _validate(x, weight, bias, lora_a, lora_b, scaling, activation, adapter_ids)
@@ -270,7 +327,7 @@ def lora_linear(
         )
     rows = x.numel() // max(x.shape[-1], 1)
     a_s, b_s, rank = stack_adapters(
-        lora_a, lora_b, in_place=type(rows) is not int or rows <= B3D_MAX_M
+        lora_a, lora_b, in_place=type(rows) is not int or rows <= (path or _AUTO).b3d_max_m
     )
     scales = None
     scale = 1.0
@@ -278,18 +335,23 @@ def lora_linear(
         scales = device_scales(scaling, lora_a.shape[0], x.device)
     else:
         scale = float(scaling)
-    return lora_stacked(x, weight, bias, a_s, b_s, rank, scale, scales, adapter_ids, activation)
+    return lora_stacked(
+        x, weight, bias, a_s, b_s, rank, scale, scales, adapter_ids, activation, path
+    )
 
 
 def lora_stacked(
-    x, weight, bias, a_stacked, b_stacked, rank, scaling, scales, adapter_ids, activation
-) -> torch.Tensor:
-    """The fused call on pre-stacked adapters (modules keep the stacked form)."""
+    x, weight, bias, a_stacked, b_stacked, rank, scaling, scales, adapter_ids, activation,
+    path: LoraPath | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """The fused call on pre-stacked adapters (modules keep the stacked form); path: see
+    ``LoraPath`` (direct calls only)."""
     if needs_dispatch(x, weight, bias, a_stacked, b_stacked, scales, adapter_ids):
         return torch.ops.fuseml.lora_linear(
             x, weight, bias, a_stacked, b_stacked, rank, scaling, scales, adapter_ids, activation
         )
     code = ew.ACT_CODE[activation]
     return lora_rows(
-        x, weight, bias, a_stacked, b_stacked, rank, scaling, scales, adapter_ids, code
-    )
+        x, weight, bias, a_stacked, b_stacked, rank, scaling, scales, adapter_ids, code,
+        path=path,
+    )  # fmt: skip
