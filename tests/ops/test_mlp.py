@@ -155,14 +155,16 @@ def test_mlp_layouts_and_long_chains(device, backend):
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
-def test_mlp_wider_than_the_limit_runs_layer_by_layer(device, backend, monkeypatch, caplog):
-    monkeypatch.setattr(mlp_mod, "MAX_WIDTH", 32)
+def test_mlp_wider_than_the_limit_runs_layer_by_layer(device, backend, caplog):
+    """A layer wider than the fused kernels take (max_width: 32 here, MAX_WIDTH by default)
+    runs the chain layer by layer, said once."""
     mlp_mod._warn_unfused.cache_clear()
     ws, bs = _layers([16, 40, 8], torch.float32, device)
     x = torch.randn(3, 16, device=device)
+    codes = [fuseml.ops.ACTIVATIONS.index("relu")] * len(ws)
     with caplog.at_level(logging.WARNING, logger="fuseml"):
-        out = fuseml.ops.mlp(x, ws, bs, "relu", backend=backend)
-        fuseml.ops.mlp(x, ws, bs, "relu", backend=backend)
+        out = mlp_mod.mlp_rows(x, ws, bs, codes, max_width=32)
+        mlp_mod.mlp_rows(x, ws, bs, codes, max_width=32)
     assert_close_verbose(out, _ref64(x, ws, bs, "relu"))
     said = [r for r in caplog.records if "layer by layer" in r.getMessage()]
     assert len(said) == 1  # said once

@@ -68,23 +68,26 @@ def mlp_ref(
 
 
 @functools.cache
-def _warn_unfused(widths: tuple) -> None:
+def _warn_unfused(widths: tuple, max_width: int) -> None:
     log.warning(
         "fuseml.ops.mlp: a layer wider than %d (widths %s) runs layer by layer through "
         "fuseml.ops.linear (same result, not fused)",
-        MAX_WIDTH,
+        max_width,
         widths,
     )
 
 
-def mlp_rows(x, weights, biases, codes, *, traced: bool = False) -> torch.Tensor:
-    """The chain for validated inputs; x (..., D0) -> (..., D_L)."""
+def mlp_rows(
+    x, weights, biases, codes, *, traced: bool = False, max_width: int = MAX_WIDTH
+) -> torch.Tensor:
+    """The chain for validated inputs; x (..., D0) -> (..., D_L). Chains with a layer
+    wider than ``max_width`` (at most MAX_WIDTH) run layer by layer."""
     widths = (x.shape[-1], *(w.shape[0] for w in weights))
     h = x.reshape(-1, x.shape[-1])
     if h.shape[1] > 1 and h.stride(1) != 1:
         h = h.contiguous()
-    if max(widths) > MAX_WIDTH:
-        _warn_unfused(widths)
+    if max(widths) > max_width:
+        _warn_unfused(widths, max_width)
         h = _run_layers(h, weights, biases, codes, traced)
         return h.view(*x.shape[:-1], widths[-1])
     for g in range(0, len(weights), MAX_FUSED_LAYERS):
