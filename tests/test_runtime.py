@@ -136,9 +136,7 @@ def test_env_helpers(monkeypatch):
 @pytest.mark.parametrize(
     ("name", "value", "call"),
     [
-        ("FUSEML_GEMM", "fast", "fuseml.ops._gemm.gemm_mode"),
-        ("FUSEML_FP32_DOT", "tf32x9", "fuseml.ops._gemm.fp32_dot"),
-        ("FUSEML_EXPAND_STAGES_MAX", "1", "fuseml.ops._gemm.expand_stages_max"),
+        ("FUSEML_FP32_DOT", "tf32x9", "fuseml.ops.gemm.common.fp32_dot"),
         ("FUSEML_AUTOTUNE", "no", "fuseml.ops._tune.autotune_enabled"),
         ("FUSEML_TUNE_L2", "hot", "fuseml.ops._tune.l2_mode"),
         ("FUSEML_COMPILE_THREADS", "many", "fuseml.ops._tune._compile_threads"),
@@ -157,13 +155,8 @@ def test_knobs_read_per_call_reject_bad_values(monkeypatch, name, value, call):
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("FUSEML_EW_GRID", "3d"),
-        ("FUSEML_SOFTMAX_GRID", "2D"),
-        ("FUSEML_GEMM_PREFETCH", "off"),
-        ("FUSEML_GEMM_TILE_SHORTCUT", "no"),
-        ("FUSEML_JOINT_SHRINK_STAGES", "x"),
-        ("FUSEML_JOINT_SPLIT", "0"),
         ("FUSEML_DIRECT_LAUNCH", "false"),
+        ("FUSEML_PDL", "yes"),
     ],
 )
 def test_knobs_read_at_import_reject_bad_values(name, value):

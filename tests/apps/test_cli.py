@@ -34,13 +34,16 @@ def test_env_names_the_tuning_l2_mode(monkeypatch):
     assert "FUSEML_TUNE_L2 must be" in _flat(runner.invoke(app, ["env", "--no-build-cuda"]).output)
 
 
-def test_env_names_a_forced_or_bad_gemm_path(monkeypatch):
-    monkeypatch.setenv("FUSEML_GEMM", "ptr")
+def test_env_lists_every_setting_and_names_a_bad_value(monkeypatch):
+    from fuseml import settings
+
+    monkeypatch.setenv("FUSEML_PDL", "0")
+    monkeypatch.setenv("FUSEML_COMPILE_THREADS", "many")
     out = _flat(runner.invoke(app, ["env", "--no-build-cuda"]).output)
-    assert "forced by FUSEML_GEMM=ptr" in out
-    monkeypatch.setenv("FUSEML_GEMM", "fast")
-    out = _flat(runner.invoke(app, ["env", "--no-build-cuda"]).output)
-    assert "FUSEML_GEMM='fast' is not auto" in out
+    for row in settings.describe():
+        assert row.name in out
+    assert "0 (env)" in out
+    assert "FUSEML_COMPILE_THREADS must be" in out and "'many'" in out
 
 
 def test_bench_refuses_unknown_suite_and_cpu_timing():

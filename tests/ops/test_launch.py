@@ -129,9 +129,7 @@ def every_argument(monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["in_loop", "expand", "joint", "spread", "linear"])
-def test_tma_launches_pass_every_kernel_argument(
-    mode, monkeypatch, every_argument, tuned_gemm_call
-):
+def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch, every_argument):
     """Each TMA launch form passes every kernel argument (see ``every_argument``)."""
     import importlib
 
@@ -154,9 +152,9 @@ def test_tma_launches_pass_every_kernel_argument(
     if mode == "linear":
         linear_mod.linear_rows(x, w, b, None, 1.0, 1, loop="tma")  # 1: relu
         assert seen == [gemm.tma._linear_tma_kernel]
-    else:  # every launch on the TMA kernel, as a tuned config on a Hopper GPU takes it
-        cfg = dict(gemm.default_config(40, 48, 64, x.dtype), TMA=True)
-        tuned_gemm_call(cfg, lambda: fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend="triton"))
+    else:
+        path = lora_mod.LoraPath(loop="tma")  # (in-loop on the TMA kernel: forced)
+        fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend="triton", path=path)
         assert gemm.tma._lora_tma_kernel in seen
 
 
@@ -171,11 +169,10 @@ def test_other_launches_pass_every_kernel_argument(op, every_argument):
     import torch
 
     import fuseml
-    from fuseml.ops import _elementwise, gemm
+    from fuseml.ops import _elementwise, _mlp_kernels, gemm
 
     # (the modules, not the ops of the same names that fuseml.ops exports)
     softmax_mod = importlib.import_module("fuseml.ops.softmax")
-    mlp_mod = importlib.import_module("fuseml.ops.mlp")
     x = torch.randn(8, 64)
     w, b = torch.randn(32, 64), torch.randn(32)
     if op in ("softmax", "log_softmax"):
@@ -201,5 +198,5 @@ def test_other_launches_pass_every_kernel_argument(op, every_argument):
         ws = [torch.randn(32, 16, dtype=bf), torch.randn(16, 32, dtype=bf)]
         bs = [torch.randn(32, dtype=bf), torch.randn(16, dtype=bf)]
         fuseml.ops.mlp(torch.randn(8, 16, dtype=bf), ws, bs, "relu", backend="triton")
-        kernel = mlp_mod._chain_kernel
+        kernel = _mlp_kernels._chain_kernel
     assert kernel in every_argument

@@ -1,13 +1,17 @@
+import dataclasses
 import gc
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
 import triton
 
 import fuseml
+from fuseml.ops import _lora_modes as lora_modes
 from fuseml.ops import _utils, lora_linear_ref
 from fuseml.ops import lora as lora_mod
+from fuseml.ops.lora import LoraPath
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets
 
 TARGETS = fused_targets(cuda_twin=False)
@@ -45,29 +49,23 @@ def lora_mode(request, monkeypatch):
     any device (the interpreter runs the launches in order). joint-tma: one launch whose
     first programs compute xs (ranks up to 64; wider ones take the expand mode).
     spread-tma: one launch whose tiles compute xs in slices (the interpreter runs it as two
-    launches: see _launch_tma)."""
+    launches: see _launch_tma). Gives the mode's name and the LoraPath that forces it."""
     from fuseml.ops.gemm import launch as _gemm
 
-    monkeypatch.setenv("FUSEML_GEMM", "tma" if request.param.endswith("-tma") else "ptr")
-    if request.param.startswith(("expand", "joint", "spread")):
-        monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
-        monkeypatch.setattr(lora_mod, "capturing", lambda x: True)  # as in a graph capture
-        joint = request.param.startswith("joint")
-        spread = request.param.startswith("spread")
-
-        def mode(args, loop, *_, **__):  # what tuning may pick: joint only where it can run
-            x2, weight, a_stacked = args[1], args[2], args[4]
-            if spread and lora_mod._spread_ok(loop, x2, weight.shape[0], a_stacked):
-                return _gemm.LORA_SPREAD
-            ok = joint and lora_mod._joint_ok(loop, args[4])
-            return _gemm.LORA_JOINT if ok else _gemm.LORA_EXPAND
-
-        monkeypatch.setattr(lora_mod, "_tuned_mode", mode)
+    name = request.param
+    path = LoraPath(loop="tma" if name.endswith("-tma") else "ptr")
+    if name.startswith(("expand", "joint", "spread")):
+        # overlapped launches, as in a graph capture; the mode wherever it is tuned (joint
+        # and spread only where they can run, else expand)
+        mode = {"joint": _gemm.LORA_JOINT, "spread": _gemm.LORA_SPREAD}.get(
+            name.split("-")[0], _gemm.LORA_EXPAND
+        )
+        path = dataclasses.replace(path, overlap=True, capture=True, mode=mode)
     else:
         monkeypatch.setenv("FUSEML_PDL", "0")
-    if request.param.startswith("precomputed"):
-        monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 0)
-    return request.param
+    if name.startswith("precomputed"):
+        path = dataclasses.replace(path, in_loop_max_m=0)
+    return SimpleNamespace(name=name, path=path)
 
 
 @pytest.fixture
@@ -105,7 +103,7 @@ def one_flag_slice(monkeypatch):
 def test_lora_single(device, backend, dtype, m, k, n, r, lora_mode):
     w, b, a, bb = _layer(k, n, r, dtype, device)
     x = torch.randn(m, k, dtype=dtype, device=device)
-    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", backend=backend)
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", backend=backend, path=lora_mode.path)
     assert out.shape == (m, n) and out.dtype == dtype
     assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu"), dtype)
 
@@ -116,7 +114,9 @@ def test_lora_large_rank(device, backend, r, lora_mode):
     # 64: the widest in-loop rank; 100 pads to 128 stacked columns, always precomputed
     w, _, a, bb = _layer(40, 24, r, torch.float32, device)
     x = torch.randn(2, 3, 40, device=device)  # batched leading dims
-    out = fuseml.ops.lora_linear(x, w, None, a, bb, 2.0, "gelu", backend=backend)
+    out = fuseml.ops.lora_linear(
+        x, w, None, a, bb, 2.0, "gelu", backend=backend, path=lora_mode.path
+    )
     assert out.shape == (2, 3, 24)
     assert_close_verbose(out, _ref64(x, w, None, a, bb, 2.0, "gelu"))
 
@@ -131,7 +131,9 @@ def test_lora_multi_adapter(device, backend, dtype, scaling, lora_mode):
     ids[0, :4] = torch.tensor([-1, 0, 1, 2])  # every adapter and 'none' present
     if scaling == "tensor":
         scaling = torch.tensor([1.5, 0.25, 1.0])
-    out = fuseml.ops.lora_linear(x, w, b, a, bb, scaling, "silu", adapter_ids=ids, backend=backend)
+    out = fuseml.ops.lora_linear(
+        x, w, b, a, bb, scaling, "silu", adapter_ids=ids, backend=backend, path=lora_mode.path
+    )
     assert_close_verbose(out, _ref64(x, w, b, a, bb, scaling, "silu", ids), dtype)
 
 
@@ -149,7 +151,9 @@ def test_lora_multi_adapter_b_read_as_given(device, backend, m, adapters, lora_m
     ids = torch.randint(-1, adapters, (m,), device=device)
     ids[: adapters + 1] = torch.arange(-1, adapters)
     s = [0.5 * (i + 1) for i in range(adapters)]
-    out = fuseml.ops.lora_linear(x, w, b, a, bb, s, "relu", adapter_ids=ids, backend=backend)
+    out = fuseml.ops.lora_linear(
+        x, w, b, a, bb, s, "relu", adapter_ids=ids, backend=backend, path=lora_mode.path
+    )
     assert_close_verbose(out, _ref64(x, w, b, a, bb, s, "relu", ids), torch.bfloat16)
 
 
@@ -163,11 +167,13 @@ def test_lora_functional_reads_b_in_place_up_to_b3d_max_m(device, backend, monke
     monkeypatch.setattr(
         lora_mod, "lora_stacked", lambda *args: seen.append(args[4].dim()) or run(*args)
     )
-    monkeypatch.setattr(lora_mod, "B3D_MAX_M", 20)
+    path = LoraPath(b3d_max_m=20)
     for m in (20, 21):
         x = torch.randn(m, 64, dtype=torch.bfloat16, device=device)
         ids = torch.randint(-1, 3, (m,), device=device)
-        out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, adapter_ids=ids, backend=backend)
+        out = fuseml.ops.lora_linear(
+            x, w, b, a, bb, 0.5, adapter_ids=ids, backend=backend, path=path
+        )
         assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, None, ids), torch.bfloat16)
     assert seen == [3, 2]
 
@@ -326,10 +332,8 @@ def test_lora_small_rows_tuned_loop(device, backend, adapters, pdl, tuned_gemm_c
     expand launches), any other the pointer kernel."""
     from fuseml.ops.gemm import launch as _gemm
 
-    if pdl:
-        monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
-        monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
-    else:
+    path = LoraPath(overlap=True, capture=True) if pdl else None
+    if not pdl:
         monkeypatch.setenv("FUSEML_PDL", "0")
     want_modes = [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND] if pdl else [_gemm.LORA_IN_LOOP]
 
@@ -344,7 +348,7 @@ def test_lora_small_rows_tuned_loop(device, backend, adapters, pdl, tuned_gemm_c
         out, used = tuned_gemm_call(
             cfg,
             lambda: fuseml.ops.lora_linear(
-                x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend=backend
+                x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend=backend, path=path
             ),
         )
         assert_close_verbose(out, ref, dtype)
@@ -380,14 +384,14 @@ def test_lora_mid_rows_every_tma_tile_gpu(mode, tuned_gemm_call, monkeypatch):
     ragged sizes."""
     from fuseml.ops.gemm import launch as _gemm
 
+    path = None
     if mode == "in_loop":
         monkeypatch.setenv("FUSEML_PDL", "0")
     else:
-        monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
         want_mode = {"joint": _gemm.LORA_JOINT, "pdl": _gemm.LORA_EXPAND}.get(
             mode, _gemm.LORA_SPREAD
         )
-        monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: want_mode)
+        path = LoraPath(capture=True, mode=want_mode)
     dtype = torch.bfloat16
     m, k, n = 200, 1024, 1000
     adapters = 16 if mode == "spread16" else None
@@ -402,14 +406,14 @@ def test_lora_mid_rows_every_tma_tile_gpu(mode, tuned_gemm_call, monkeypatch):
         (128, 64, 128, 4),
     }
     if mode.startswith("spread"):  # (the tiles that leave room for A's slice)
-        fits = lora_mod._spread_fits(x, n, a.reshape(-1, k))
+        fits = lora_modes._spread_fits(x, n, a.reshape(-1, k))
         tiles = [c for c in tiles if fits(c)]
         assert len(tiles) >= 3, tiles
     for cfg in tiles:
         out, used = tuned_gemm_call(
             cfg,
             lambda: fuseml.ops.lora_linear(
-                x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend="triton"
+                x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend="triton", path=path
             ),
         )
         assert_close_verbose(out, ref, dtype)
@@ -430,7 +434,7 @@ def test_lora_joint_persistent_every_tma_tile_gpu(adapters, tuned_gemm_call, mon
     row tile: every large TMA tile, ragged sizes, single and mixed batches."""
     from fuseml.ops.gemm import launch as _gemm
 
-    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_JOINT)
+    path = LoraPath(mode=_gemm.LORA_JOINT)
     grids = []
     compiled = _gemm._lora_tma_launches
     monkeypatch.setattr(
@@ -453,7 +457,7 @@ def test_lora_joint_persistent_every_tma_tile_gpu(adapters, tuned_gemm_call, mon
             out, used = tuned_gemm_call(
                 cfg,
                 lambda: fuseml.ops.lora_linear(
-                    x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend="triton"
+                    x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend="triton", path=path
                 ),
             )
         except triton.runtime.errors.OutOfResources:
@@ -503,7 +507,7 @@ def test_lora_spread_cuda_graph_gpu(m, tma_lora_modes, monkeypatch):
     zero (the eager calls share a slice of the counter slab, each capture has its own)."""
     from fuseml.ops.gemm import launch as _gemm
 
-    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_SPREAD)
+    path = LoraPath(mode=_gemm.LORA_SPREAD)
     used = tma_lora_modes
     dtype = torch.bfloat16
     w, b, a, bb = _layer(1024, 768, 16, dtype, "cuda", adapters=16)
@@ -512,8 +516,9 @@ def test_lora_spread_cuda_graph_gpu(m, tma_lora_modes, monkeypatch):
 
     def call(x):
         return fuseml.ops.lora_linear(
-            x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, check_ids=False, backend="triton"
-        )
+            x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, check_ids=False, backend="triton",
+            path=path,
+        )  # fmt: skip
 
     call(xs[0])  # tunes the tile
     assert used and set(used) == {_gemm.LORA_SPREAD}
@@ -577,7 +582,6 @@ def test_joint_flag_slab_slices(monkeypatch, caplog):
     import logging
 
     from fuseml.ops._utils import CounterSlab
-    from fuseml.ops.gemm import launch as _gemm
 
     state = {"capturing": False, "stream": 1}
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state["capturing"])
@@ -617,9 +621,6 @@ def test_joint_flag_slab_slices(monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="fuseml"):
         assert slab.take(x, 1000) is None and slab.take(x, 1000) is None
     assert sum("spent" in r.getMessage() for r in caplog.records) == 1
-    monkeypatch.setenv("FUSEML_JOINT_FLAGS", "memset")  # the probes' switch: named values only
-    with pytest.raises(ValueError, match="FUSEML_JOINT_FLAGS must be 'slab' or 'zeros'"):
-        _gemm.joint_flags(x, 8)
 
 
 @pytest.mark.gpu
@@ -631,7 +632,7 @@ def test_lora_joint_flags_per_stream_and_capture_gpu(monkeypatch):
     the reference, and every slice is zero after each of them."""
     from fuseml.ops.gemm import launch as _gemm
 
-    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_JOINT)
+    path = LoraPath(mode=_gemm.LORA_JOINT)
     taken = []
     take = _gemm.joint_flags
     monkeypatch.setattr(
@@ -648,8 +649,9 @@ def test_lora_joint_flags_per_stream_and_capture_gpu(monkeypatch):
     def call(i):
         x, w, b, a, bb, ids = layers[i]
         return fuseml.ops.lora_linear(
-            x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, check_ids=False, backend="triton"
-        )
+            x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, check_ids=False, backend="triton",
+            path=path,
+        )  # fmt: skip
 
     def check(i, out):
         torch.cuda.synchronize()
@@ -685,16 +687,15 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
     and overlapped expand in a CUDA-graph capture (forced here), in-loop for eager calls."""
     from fuseml.ops.gemm import launch as _gemm
 
-    monkeypatch.delenv("FUSEML_GEMM", raising=False)
     monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)
     asked = []
     tuned_mode = lora_mod._tuned_mode
 
-    def tuned(args, loop, default, overlap=True):
+    def tuned(args, loop, default, overlap=True, **kw):
         asked.append((args[1].shape[0], overlap))
-        return tuned_mode(args, loop, default, overlap)
+        return tuned_mode(args, loop, default, overlap, **kw)
 
-    monkeypatch.setattr(lora_mod, "_tuned_mode", tuned)
+    monkeypatch.setattr(lora_mod, "_tuned_mode", tuned)  # (a spy: what was timed)
     modes = []
     launch = _gemm.launch_linear
     monkeypatch.setattr(
@@ -703,15 +704,12 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
     cases = ((600, 8, False, "auto"), (600, 6, False, "auto"), (3, 8, False, "auto"),
              (3, 6, True, "auto"), (3, 8, True, "ptr"))  # fmt: skip
     for m, r, pdl, loop in cases:
-        monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 16)
-        monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced, pdl=pdl: pdl)
-        monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
-        monkeypatch.setenv("FUSEML_GEMM", loop)
+        path = LoraPath(loop=loop, overlap=pdl, capture=True, in_loop_max_m=16)
         w, b, a, bb = _layer(64, 40, r, torch.float32, device)
         x = torch.randn(m, 64, device=device)
         modes.clear()
         asked.clear()
-        out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend=backend)
+        out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend=backend, path=path)
         assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5), torch.float32)
         # (600 rows, rank 8: expand in stream order or joint; 3 rows with PDL: in-loop or
         # the overlapped pair)
@@ -727,9 +725,9 @@ def test_lora_modes_chosen(device, backend, monkeypatch):
             (3, 8, "ptr"): [_gemm.LORA_IN_LOOP],
         }[(m, r, loop) if pdl else (m, r)]
         assert [_gemm.LORA_NONE if v is None else v for v in modes] == want, (m, r)
-    monkeypatch.setattr(lora_mod, "capturing", lambda x: False)  # an eager call: one launch
+    path = dataclasses.replace(path, capture=False)  # an eager call: one launch
     modes.clear()
-    fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend=backend)
+    fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend=backend, path=path)
     assert modes == [_gemm.LORA_IN_LOOP]
 
 
@@ -749,7 +747,7 @@ def test_lora_joint_mode_one_launch(
     by the tiles."""
     from fuseml.ops.gemm import launch as _gemm
 
-    if lora_mode != "joint-tma":
+    if lora_mode.name != "joint-tma":
         pytest.skip("the joint mode's own test")
     if sms is not None and device == "cuda":
         pytest.skip("a persistent grid smaller than the tiles is the interpreter's case")
@@ -770,7 +768,9 @@ def test_lora_joint_mode_one_launch(
     # per-adapter scales where the shrink writes K in parts (each part scaled, then summed)
     s = [0.5, -1.0, 2.0] if adapters and m == 40 else 0.5
     flags = one_flag_slice  # one set of counters for both calls
-    out = fuseml.ops.lora_linear(x, w, b, a, bb, s, "gelu", adapter_ids=ids, backend=backend)
+    out = fuseml.ops.lora_linear(
+        x, w, b, a, bb, s, "gelu", adapter_ids=ids, backend=backend, path=lora_mode.path
+    )
     assert used == [_gemm.LORA_JOINT]
     if device == "cpu":  # 300 rows, 3 tiles: one program each and 2 shrink programs, or
         # 2 + 1; 40 rows, 1 tile: 1 + 2 shrink programs (K in 2 parts), or 2 + 1
@@ -781,7 +781,9 @@ def test_lora_joint_mode_one_launch(
     # The launch leaves its counters at zero, so the next one can wait on them again
     assert not flags[0].any(), flags[0]
     x.copy_(torch.randn_like(x))
-    out = fuseml.ops.lora_linear(x, w, b, a, bb, s, "gelu", adapter_ids=ids, backend=backend)
+    out = fuseml.ops.lora_linear(
+        x, w, b, a, bb, s, "gelu", adapter_ids=ids, backend=backend, path=lora_mode.path
+    )
     assert_close_verbose(out, _ref64(x, w, b, a, bb, s, "gelu", ids), torch.bfloat16)
     assert not flags[0].any(), flags[0]
 
@@ -802,7 +804,7 @@ def test_lora_spread_mode_one_launch(
     back at zero after each launch. (The interpreter runs it as two launches.)"""
     from fuseml.ops.gemm import launch as _gemm
 
-    if lora_mode != "spread-tma":
+    if lora_mode.name != "spread-tma":
         pytest.skip("the spread mode's own test")
     used = tma_lora_modes
     flags = one_flag_slice  # one set of counters for both calls
@@ -812,7 +814,9 @@ def test_lora_spread_mode_one_launch(
     ids = None if adapters is None else torch.randint(-1, adapters, (m,), device=device)
     s = [0.5, -1.0, 2.0, 1.5, -0.25][: adapters or 1] if adapters else 0.5
     for _ in range(2):
-        out = fuseml.ops.lora_linear(x, w, b, a, bb, s, "gelu", adapter_ids=ids, backend=backend)
+        out = fuseml.ops.lora_linear(
+            x, w, b, a, bb, s, "gelu", adapter_ids=ids, backend=backend, path=lora_mode.path
+        )
         assert used == [_gemm.LORA_SPREAD]
         assert_close_verbose(out, _ref64(x, w, b, a, bb, s, "gelu", ids), torch.bfloat16)
         # The launch leaves its counters at zero, so the next one can wait on them again
@@ -830,9 +834,7 @@ def test_lora_spread_mode_offered_to_wide_stacks(device, backend, monkeypatch):
     from fuseml.ops import _tune
     from fuseml.ops.gemm import launch as _gemm
 
-    monkeypatch.setenv("FUSEML_GEMM", "tma")
-    monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
-    monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
+    path = LoraPath(loop="tma", overlap=True, capture=True)
     offered = {}
     choose = _tune.choose
 
@@ -848,7 +850,9 @@ def test_lora_spread_mode_offered_to_wide_stacks(device, backend, monkeypatch):
         w, b, a, bb = _layer(k, n, 16, torch.bfloat16, device, adapters=adapters)
         x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
         ids = None if adapters is None else torch.randint(-1, adapters, (m,), device=device)
-        out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, adapter_ids=ids, backend=backend)
+        out = fuseml.ops.lora_linear(
+            x, w, b, a, bb, 0.5, adapter_ids=ids, backend=backend, path=path
+        )
         assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, None, ids), torch.bfloat16)
     (wide_key, wide), (one_key, one) = offered.items()
     assert wide == [_gemm.LORA_EXPAND, _gemm.LORA_SPREAD] and wide_key.endswith(":s")
@@ -896,11 +900,9 @@ def test_lora_with_segmented_shrink(device, backend, monkeypatch):
     configs are candidates for mixed batches of several adapters only."""
     from fuseml.ops.gemm import launch as _gemm
 
-    monkeypatch.setenv("FUSEML_GEMM", "tma")  # the expand mode's TMA kernel, also past
-    # IN_LOOP_MAX_M rows (the interpreter runs it on the CPU)
-    monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: not traced)
-    monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
-    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: _gemm.LORA_EXPAND)
+    # the expand mode's TMA kernel, also past IN_LOOP_MAX_M rows (the interpreter runs it
+    # on the CPU)
+    path = LoraPath(loop="tma", overlap=True, capture=True, mode=_gemm.LORA_EXPAND)
     offered = []
     choose = _gemm.choose_config
 
@@ -918,7 +920,7 @@ def test_lora_with_segmented_shrink(device, backend, monkeypatch):
             x = torch.randn(m, 96, dtype=torch.bfloat16, device=device)
             ids = None if adapters is None else torch.randint(-1, adapters, (m,), device=device)
             out = fuseml.ops.lora_linear(
-                x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend=backend
+                x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend=backend, path=path
             )
             assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), torch.bfloat16)
     assert [bool(o) for o in offered] == [False, True, False, True]
@@ -933,9 +935,9 @@ def test_joint_past_in_loop_rows_takes_the_expand_tile(
     mode's main launch (one tuning key for the same GEMM), and matches the reference."""
     from fuseml.ops.gemm import launch as _gemm
 
-    if lora_mode != "joint-tma":
+    if lora_mode.name != "joint-tma":
         pytest.skip("the joint mode's own test")
-    monkeypatch.setattr(lora_mod, "IN_LOOP_MAX_M", 16)
+    path = dataclasses.replace(lora_mode.path, in_loop_max_m=16)
     keys = []
     choose = _gemm.choose_config
 
@@ -947,7 +949,7 @@ def test_joint_past_in_loop_rows_takes_the_expand_tile(
     used = tma_lora_modes
     w, b, a, bb = _layer(64, 72, 8, torch.bfloat16, device)
     x = torch.randn(300, 64, dtype=torch.bfloat16, device=device)
-    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", backend=backend)
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", backend=backend, path=path)
     assert used == [_gemm.LORA_JOINT]
     assert keys == [f"lora{_gemm.LORA_EXPAND}r16tma"]  # (rank 8 pads to 16 columns)
     assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu"), torch.bfloat16)
@@ -964,11 +966,8 @@ def test_overlapped_shrink_is_tuned_with_the_main_launch(device, backend, adapte
     main launch once each."""
     from fuseml.ops.gemm import launch as _gemm
 
-    monkeypatch.delenv("FUSEML_GEMM", raising=False)
     monkeypatch.setattr(_gemm, "_tma_device", lambda t: True)
-    monkeypatch.setattr(_gemm, "pdl_available", lambda x, traced: True)
-    monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
-    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a: _gemm.LORA_EXPAND)
+    path = LoraPath(overlap=True, capture=True, mode=_gemm.LORA_EXPAND)
     launched = []
     launch = _gemm.launch_linear
     monkeypatch.setattr(
@@ -988,7 +987,7 @@ def test_overlapped_shrink_is_tuned_with_the_main_launch(device, backend, adapte
     w, b, a, bb = _layer(64, 40, 8, torch.float32, device, adapters)
     x = torch.randn(3, 64, device=device)
     ids = None if adapters is None else torch.tensor([2, -1, 0], device=device)
-    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, adapter_ids=ids, backend=backend)
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, adapter_ids=ids, backend=backend, path=path)
     assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, ids=ids), torch.float32)
     (main_key, main_runs), (shrink_key, pair_runs), *again = chosen
     assert main_key.startswith(f"lora{_gemm.LORA_EXPAND}") and main_runs == [_gemm.LORA_EXPAND]
@@ -1020,7 +1019,9 @@ def test_lora_tma_direct_launch_matches_the_ordinary_launch_gpu(lora_mode, adapt
         for direct in (False, True, True):
             for launches in (_gemm._lora_tma_launches, _gemm._linear_tma_launches):
                 monkeypatch.setattr(launches, "enabled", direct)
-            outs.append(fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, adapter_ids=ids))
+            outs.append(
+                fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, adapter_ids=ids, path=lora_mode.path)
+            )
         assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
         assert_close_verbose(outs[2], _ref64(x, w, b, a, bb, 0.5, ids=ids), torch.bfloat16)
     assert _gemm._lora_tma_launches.compiled

@@ -8,6 +8,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 import fuseml
+from fuseml.ops import _mlp_plan as plan
 from fuseml.ops import mlp_ref
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets
 
@@ -68,21 +69,21 @@ def test_mlp_both_kernels(device, backend, dtype, widths, acts):
     """The register-resident chain kernel (16-bit, widths after layer 1 up to 256) and
     the scratch kernel give the reference's result on the same chain: a 70-wide input
     takes several K steps in the chain kernel's first layer, 300 several chunks."""
-    assert mlp_mod.chain_fits(widths, dtype)
+    assert plan.chain_fits(widths, dtype)
     ws, bs = _layers(widths, dtype, device, bias_every=2)
     x = torch.randn(37, widths[0], dtype=dtype, device=device)
     acts = [acts] * len(ws) if isinstance(acts, str) else acts
     codes = [fuseml.ops.ACTIVATIONS.index(a or "none") for a in acts]
     ref = _ref64(x, ws, bs, acts)
-    small = mlp_mod._chain_cfg(16, 32, 16, 4, 2)  # 3 row blocks, 16-column steps
-    for cfg in (mlp_mod._CHAIN_DEFAULT, small, mlp_mod._DEFAULT, mlp_mod._LAYERS):
+    small = plan._chain_cfg(16, 32, 16, 4, 2)  # 3 row blocks, 16-column steps
+    for cfg in (plan._CHAIN_DEFAULT, small, plan._DEFAULT, plan._LAYERS):
         out = torch.full((37, widths[-1]), float("nan"), dtype=dtype, device=device)
-        mlp_mod._launch_group(x, out, ws, bs, codes, cfg, False)
+        plan._launch_group(x, out, ws, bs, codes, cfg, False)
         assert_close_verbose(out, ref, dtype)
 
 
 def test_mlp_chain_kernel_takes_16_bit_chains_that_fit():
-    fits = mlp_mod.chain_fits
+    fits = plan.chain_fits
     assert fits([13, 512, 256, 64, 16], torch.bfloat16)  # DLRM bottom MLPs
     assert fits([367, 512, 256, 1], torch.float16)  # kaggle top MLP
     assert not fits([13, 512, 256, 64, 16], torch.float32)  # fp32 operands: registers
@@ -103,7 +104,7 @@ def test_int_spec():
 def test_mlp_layer_by_layer_choice_is_said_once(device, backend, caplog):
     """A 16-bit chain with a wide input runs layer by layer when untuned (the interpreter):
     same result as the reference, said once in the log."""
-    mlp_mod._say_layers.cache_clear()
+    plan._say_layers.cache_clear()
     ws, bs = _layers([80, 48, 16], torch.bfloat16, device)
     x = torch.randn(5, 80, dtype=torch.bfloat16, device=device)
     with caplog.at_level(logging.INFO, logger="fuseml"):
@@ -120,18 +121,18 @@ def test_mlp_untuned_choice():
     """Without tuning: the chain kernel for narrow-input chains it takes, the layers one
     by one for other 16-bit chains, the scratch kernel for float32; tuning also times
     the layers one by one wherever the chain kernel does not clearly win."""
-    pick = mlp_mod.default_config
+    pick = plan.default_config
     assert pick([13, 512, 256, 64, 16], torch.bfloat16)["kind"] == "chain"
     assert pick([367, 512, 256, 1], torch.bfloat16)["kind"] == "layers"  # wide input
     assert pick([479, 1024, 1024, 512, 256, 1], torch.float16)["kind"] == "layers"
-    assert pick([13, 512, 256, 64, 16], torch.float32) == mlp_mod._DEFAULT
+    assert pick([13, 512, 256, 64, 16], torch.float32) == plan._DEFAULT
     for widths, dtype, layers in [
         ([13, 512, 256, 64, 16], torch.bfloat16, False),
         ([367, 512, 256, 1], torch.bfloat16, True),
         ([13, 512, 256, 64, 16], torch.float32, True),
     ]:
         for m in (64, 65536):
-            assert (mlp_mod._LAYERS in mlp_mod.candidates(m, widths, dtype)) == layers
+            assert (plan._LAYERS in plan.candidates(m, widths, dtype)) == layers
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
@@ -154,14 +155,16 @@ def test_mlp_layouts_and_long_chains(device, backend):
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
-def test_mlp_wider_than_the_limit_runs_layer_by_layer(device, backend, monkeypatch, caplog):
-    monkeypatch.setattr(mlp_mod, "MAX_WIDTH", 32)
+def test_mlp_wider_than_the_limit_runs_layer_by_layer(device, backend, caplog):
+    """A layer wider than the fused kernels take (max_width: 32 here, MAX_WIDTH by default)
+    runs the chain layer by layer, said once."""
     mlp_mod._warn_unfused.cache_clear()
     ws, bs = _layers([16, 40, 8], torch.float32, device)
     x = torch.randn(3, 16, device=device)
+    codes = [fuseml.ops.ACTIVATIONS.index("relu")] * len(ws)
     with caplog.at_level(logging.WARNING, logger="fuseml"):
-        out = fuseml.ops.mlp(x, ws, bs, "relu", backend=backend)
-        fuseml.ops.mlp(x, ws, bs, "relu", backend=backend)
+        out = mlp_mod.mlp_rows(x, ws, bs, codes, max_width=32)
+        mlp_mod.mlp_rows(x, ws, bs, codes, max_width=32)
     assert_close_verbose(out, _ref64(x, ws, bs, "relu"))
     said = [r for r in caplog.records if "layer by layer" in r.getMessage()]
     assert len(said) == 1  # said once
@@ -238,14 +241,14 @@ def test_every_mlp_candidate_config_is_correct(dtype, m):
     acts = ["relu", "gelu", "relu", "sigmoid"]
     codes = [fuseml.ops.ACTIVATIONS.index(a) for a in acts]
     ref = _ref64(x, ws, bs, acts)
-    configs = [*mlp_mod._SMALL_B, *mlp_mod._LARGE_B, mlp_mod._LAYERS]
-    if mlp_mod.chain_fits(widths, dtype):
-        configs = mlp_mod._CHAIN_SMALL_B + mlp_mod._CHAIN_LARGE_B + configs
+    configs = [*plan._SMALL_B, *plan._LARGE_B, plan._LAYERS]
+    if plan.chain_fits(widths, dtype):
+        configs = plan._CHAIN_SMALL_B + plan._CHAIN_LARGE_B + configs
     unrunnable = []
     for cfg in configs:
         out = torch.full((m, widths[-1]), float("nan"), dtype=dtype, device="cuda")
         try:
-            mlp_mod._launch_group(x, out, ws, bs, codes, cfg, False)
+            plan._launch_group(x, out, ws, bs, codes, cfg, False)
         except OutOfResources:
             # Tuning skips a config the device cannot run (fp32's tf32x3 dots hold each
             # operand twice in shared memory); the untuned default must run (below).
@@ -255,7 +258,7 @@ def test_every_mlp_candidate_config_is_correct(dtype, m):
             assert_close_verbose(out, ref, dtype)
         except AssertionError as err:
             raise AssertionError(f"config {cfg}: {err}") from None
-    default = mlp_mod._CHAIN_DEFAULT if mlp_mod.chain_fits(widths, dtype) else mlp_mod._DEFAULT
+    default = plan._CHAIN_DEFAULT if plan.chain_fits(widths, dtype) else plan._DEFAULT
     assert default not in unrunnable
     assert len(unrunnable) < len(configs) // 2, unrunnable
     if dtype != torch.float32:
@@ -295,18 +298,18 @@ def test_mlp_direct_launch_matches_the_ordinary_launch_gpu(monkeypatch):
     ws, bs = _layers(widths, torch.bfloat16, "cuda", bias_every=2)
     acts = ["relu", "gelu", "relu", "sigmoid"]
     codes = [fuseml.ops.ACTIVATIONS.index(a) for a in acts]
-    cfg = mlp_mod._CHAIN_DEFAULT
+    cfg = plan._CHAIN_DEFAULT
     buf = torch.randn(300 * 14 + 1, dtype=torch.bfloat16, device="cuda")
     inputs = [torch.randn(m, 13, dtype=torch.bfloat16, device="cuda") for m in (1, 16, 37, 64, 1)]
     inputs.append(buf[1 : 1 + 300 * 13].view(300, 13))  # data_ptr % 16 == 2
     inputs.append(buf[: 300 * 14].view(300, 14)[:, :13])  # row stride 14
-    launches = mlp_mod._chain_launches
+    launches = plan._chain_launches
     for x in inputs:
         outs = []
         for direct in (False, True, True):  # ordinary, then the first and a repeat direct
             monkeypatch.setattr(launches, "enabled", direct)
             out = torch.full((x.shape[0], 16), float("nan"), dtype=x.dtype, device="cuda")
-            mlp_mod._launch_group(x, out, ws, bs, codes, cfg, False)
+            plan._launch_group(x, out, ws, bs, codes, cfg, False)
             outs.append(out)
         assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
         assert_close_verbose(outs[2], _ref64(x, ws, bs, acts), torch.bfloat16)

@@ -63,22 +63,13 @@ def env_report(*, remeasure: bool = False, build_cuda: bool = True) -> dict:
 
 
 def _gemm_path(gpu: bool) -> str:
-    """Which main loop fuseml.ops.linear takes here (fuseml.ops._gemm.gemm_loop)."""
-    import os
+    """Which main loop fuseml.ops.linear takes here (fuseml.ops.gemm.gemm_loop)."""
+    from fuseml.ops import gemm
 
-    from fuseml.ops import _gemm
-
-    try:
-        mode = _gemm.gemm_mode()
-    except ValueError:
-        bad = os.environ["FUSEML_GEMM"]
-        return f"FUSEML_GEMM={bad!r} is not auto, tma or ptr: fused linear calls will fail"
-    if mode != "auto":
-        return f"forced by FUSEML_GEMM={mode}"
-    if gpu and _gemm._has_tma(0):
+    if gpu and gemm.launch._has_tma(0):
         return (
-            f"TMA persistent kernel from {_gemm.TMA_MIN_M} rows, tuned choice of TMA or "
-            f"pointer loads up to {_gemm.TMA_TUNED_MAX_M} rows (16-byte aligned rows), "
+            f"TMA persistent kernel from {gemm.TMA_MIN_M} rows, tuned choice of TMA or "
+            f"pointer loads up to {gemm.TMA_TUNED_MAX_M} rows (16-byte aligned rows), "
             "pointer-load kernel otherwise"
         )
     return "pointer-load kernel (the TMA kernel needs a Hopper or later GPU)"

@@ -7,8 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fuseml import settings
 from fuseml.ops._elementwise import _activation
-from fuseml.runtime import env_choice
 
 
 @triton.jit
@@ -187,7 +187,7 @@ def _grouped_coords(tile, n_tiles_m, n_tiles_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
-FP32_DOTS = ("tf32x3", "ieee")
+FP32_DOTS = settings.FP32_DOTS
 
 
 def fp32_dot() -> str:
@@ -198,7 +198,7 @@ def fp32_dot() -> str:
     float64 reference is at or below cuBLAS's fp32 SGEMM at about twice its speed. ieee:
     plain fp32 FMA dots (about half of cuBLAS's speed; always the pointer-load kernel).
     """
-    return env_choice("FUSEML_FP32_DOT", "tf32x3", FP32_DOTS)
+    return settings.fp32_dot()
 
 
 def lora_cols(lora_b: torch.Tensor) -> int:

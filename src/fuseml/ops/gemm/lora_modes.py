@@ -317,6 +317,5 @@ _flag_slab = CounterSlab(JOINT_FLAG_SLAB, "the joint LoRA launch's flags")
 
 def joint_flags(x: torch.Tensor, count: int) -> torch.Tensor:
     """``count`` zeroed int32 counters for a joint launch on x's device and current stream
-    (see CounterSlab; the kernel puts them back to zero before it exits, _joint_wait).
-    FUSEML_JOINT_FLAGS=zeros, read by slab_counters: a fresh zeroed buffer per call."""
-    return slab_counters(_flag_slab, x, count, "FUSEML_JOINT_FLAGS")
+    (see CounterSlab; the kernel puts them back to zero before it exits, _joint_wait)."""
+    return slab_counters(_flag_slab, x, count)
