@@ -169,7 +169,7 @@ def test_other_launches_pass_every_kernel_argument(op, every_argument):
     from fuseml.ops import _elementwise, _gemm
 
     # (the modules, not the ops of the same names that fuseml.ops exports)
-    softmax_mod = importlib.import_module("fuseml.ops.softmax")
+    softmax_mod = importlib.import_module("fuseml.ops._softmax.rows")
     mlp_mod = importlib.import_module("fuseml.ops.mlp")
     x = torch.randn(8, 64)
     w, b = torch.randn(32, 64), torch.randn(32)

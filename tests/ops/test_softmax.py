@@ -8,6 +8,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fuseml
+from fuseml.ops._softmax import long_rows as lr
+from fuseml.ops._softmax import rows as onchip
+from fuseml.ops._softmax import strided
 from fuseml.ops._utils import cdiv
 from fuseml.runtime import triton_interpreting
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_
@@ -53,8 +56,8 @@ def test_softmax_any_dim(device, backend, log, dim):
 @pytest.mark.parametrize(("shape", "dim"), [((3, 37, 5), 1), ((70, 3), 0), ((2, 9, 3, 131), 1)])
 def test_softmax_non_last_dim(device, backend, log, dtype, two_pass, shape, dim, monkeypatch):
     if two_pass:  # force the running max / sum path of the strided kernel at small sizes
-        monkeypatch.setattr(sm, "STRIDED_ONE_PASS", 16)
-        monkeypatch.setattr(sm, "STRIDED_TILE", 64)
+        monkeypatch.setattr(strided, "STRIDED_ONE_PASS", 16)
+        monkeypatch.setattr(strided, "STRIDED_TILE", 64)
     x = 4 * torch.randn(shape, dtype=dtype, device=device)
     out = _op(log)(x, dim, backend=backend)
     assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
@@ -82,8 +85,8 @@ def test_softmax_non_last_dim_needs_no_transposing_copy(device, backend, monkeyp
 @pytest.mark.parametrize("two_pass", [False, True])
 def test_softmax_non_last_dim_edge_values(device, backend, two_pass, monkeypatch):
     if two_pass:
-        monkeypatch.setattr(sm, "STRIDED_ONE_PASS", 4)
-        monkeypatch.setattr(sm, "STRIDED_TILE", 8)
+        monkeypatch.setattr(strided, "STRIDED_ONE_PASS", 4)
+        monkeypatch.setattr(strided, "STRIDED_TILE", 8)
     ninf, inf = float("-inf"), float("inf")
     cols = torch.tensor(
         [
@@ -127,13 +130,13 @@ def _long_row_path(monkeypatch, path: str, block: int) -> None:
     two-pass kernel, one program per row) or "online-persistent" (the same, fewer programs
     than rows)."""
     monkeypatch.setattr(sm, "MAX_ONCHIP_COLS", block)
-    monkeypatch.setattr(sm, "SPLIT_BLOCK", block)
-    monkeypatch.setattr(sm, "ONLINE_BLOCK", block)
+    monkeypatch.setattr(lr, "SPLIT_BLOCK", block)
+    monkeypatch.setattr(lr, "ONLINE_BLOCK", block)
     if path == "split-1d":
-        monkeypatch.setattr(sm, "SPLIT_GRID_2D", False)
+        monkeypatch.setattr(lr, "SPLIT_GRID_2D", False)
     elif path != "split":
-        monkeypatch.setattr(sm, "SPLIT_MAX_CHUNKS", 0)
-    monkeypatch.setattr(sm, "ONLINE_PER_SM", int(path == "online-persistent"))
+        monkeypatch.setattr(lr, "SPLIT_MAX_CHUNKS", 0)
+    monkeypatch.setattr(lr, "ONLINE_PER_SM", int(path == "online-persistent"))
 
 
 LONG_PATHS = ["split", "split-1d", "online", "online-persistent"]
@@ -154,7 +157,7 @@ def test_softmax_long_row_paths(device, backend, log, dtype, path, monkeypatch):
     # and a view whose rows are not lined up with the output's (one element at a time).
     for x in (big[:, :1037].contiguous(), big[:, 3:1040]):
         if path.startswith("split"):
-            assert sm._split_config(x) == (128, 9)
+            assert lr._split_config(x) == (128, 9)
         assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
     # one row, and a batched (3-D) input
     for x in (big[:1, :1037], big[:, :1040].reshape(3, 2, 520)):
@@ -172,59 +175,59 @@ def test_softmax_split_chunk_shares(device, backend, log, balanced, monkeypatch)
     if backend == "cuda":
         pytest.skip("the split kernel's column shares are the Triton kernel's")
     _long_row_path(monkeypatch, "split", 128)
-    monkeypatch.setattr(sm, "SPLIT_BALANCED", balanced)
+    monkeypatch.setattr(lr, "SPLIT_BALANCED", balanced)
     big = 8 * torch.randn(4, 540, dtype=torch.bfloat16, device=device)
     for x in (big[:, :530].contiguous(), big[:, 3:533], big[:, 8:538]):
-        assert sm._split_config(x) == ((64, 9) if balanced else (128, 5))
+        assert lr._split_config(x) == ((64, 9) if balanced else (128, 5))
         # chunks held as int32 pairs keep the block (the rows of the first and last views
         # line up with the output's)
-        assert sm._split_config(x, pairs=True) == (128, 5)
+        assert lr._split_config(x, pairs=True) == (128, 5)
         assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), torch.bfloat16)
 
 
 def test_split_config_limits():
     x = torch.empty(2, 1)
-    block = sm.SPLIT_BLOCK
+    block = lr.SPLIT_BLOCK
     # (block + 1: two chunks of 4112 use half their columns, three of 2736 two thirds of
     # half the block)
     limits = ((block, None), (block + 1, (block // 2, 3)), (4 * block, (block, 4)))
     for n_cols, config in limits:
-        assert sm._split_config(x.expand(2, n_cols)) == config
+        assert lr._split_config(x.expand(2, n_cols)) == config
     # Longer rows take longer chunks, up to SPLIT_MAX_BLOCK columns; past that, the online
     # kernel
-    most = sm.SPLIT_MAX_BLOCK * sm.SPLIT_MAX_CHUNKS
-    assert sm._split_config(x.expand(2, most)) == (sm.SPLIT_MAX_BLOCK, sm.SPLIT_MAX_CHUNKS)
-    assert sm._split_config(x.expand(2, most + 1)) is None
+    most = lr.SPLIT_MAX_BLOCK * lr.SPLIT_MAX_CHUNKS
+    assert lr._split_config(x.expand(2, most)) == (lr.SPLIT_MAX_BLOCK, lr.SPLIT_MAX_CHUNKS)
+    assert lr._split_config(x.expand(2, most + 1)) is None
     # Half the block where its chunks fill their columns better (50257: 13 x 3872 of 4096
     # against 7 x 7184 of 8192), not where both fill them (65536)
-    assert sm.SPLIT_BLOCK == 8192
-    assert sm._split_config(x.expand(2, 50257)) == (4096, 13)
-    assert sm._split_config(x.expand(2, 65536)) == (8192, 8)
+    assert lr.SPLIT_BLOCK == 8192
+    assert lr._split_config(x.expand(2, 50257)) == (4096, 13)
+    assert lr._split_config(x.expand(2, 65536)) == (8192, 8)
     # ... unless the chunks are held as int32 pairs (16-bit rows): they keep the block
-    assert sm._split_config(x.expand(2, 50257), pairs=True) == (8192, 7)
+    assert lr._split_config(x.expand(2, 50257), pairs=True) == (8192, 7)
 
 
 def test_split_pairs_only_where_the_int32_accesses_are_aligned(monkeypatch):
     # int32 pairs need 16-bit elements, both data pointers 16-byte aligned and the rows of
     # x and out lined up (a first GPU run faulted on a view 3 elements into its storage);
     # float32 and a fake tensor (torch.compile tracing: no pointer) keep float32 values
-    monkeypatch.setattr(sm, "SPLIT_PAIRS", True)
+    monkeypatch.setattr(lr, "SPLIT_PAIRS", True)
     big = torch.zeros(4, 1045, dtype=torch.bfloat16)
     x = big[:, :1037].contiguous()
-    assert sm._split_pairs(x, torch.empty_like(x))
-    assert sm._split_pairs(x.half(), torch.empty_like(x.half()))
-    assert not sm._split_pairs(x.float(), torch.empty_like(x.float()))
+    assert lr._split_pairs(x, torch.empty_like(x))
+    assert lr._split_pairs(x.half(), torch.empty_like(x.half()))
+    assert not lr._split_pairs(x.float(), torch.empty_like(x.float()))
     view = big[:, 8:1045]  # data 16 bytes in, rows 1045 apart against the output's 1037
-    assert sm._split_pairs(view, torch.empty(view.shape, dtype=view.dtype))
+    assert lr._split_pairs(view, torch.empty(view.shape, dtype=view.dtype))
     shifted = big[:, 3:1040]  # data 6 bytes off 16
-    assert not sm._split_pairs(shifted, torch.empty(shifted.shape, dtype=shifted.dtype))
+    assert not lr._split_pairs(shifted, torch.empty(shifted.shape, dtype=shifted.dtype))
     unlined = big[:, :1038]  # rows 1045 apart against 1038
-    assert not sm._split_pairs(unlined, torch.empty(unlined.shape, dtype=unlined.dtype))
+    assert not lr._split_pairs(unlined, torch.empty(unlined.shape, dtype=unlined.dtype))
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(x)
-        assert not sm._split_pairs(fake, torch.empty_like(fake))
-    monkeypatch.setattr(sm, "SPLIT_PAIRS", False)
-    assert not sm._split_pairs(x, torch.empty_like(x))
+        assert not lr._split_pairs(fake, torch.empty_like(fake))
+    monkeypatch.setattr(lr, "SPLIT_PAIRS", False)
+    assert not lr._split_pairs(x, torch.empty_like(x))
 
 
 def test_split_pairs_knob_takes_0_or_1():
@@ -255,11 +258,11 @@ class _SplitSpy:
 
 def _split_pairs_runs(monkeypatch, x, log):
     """The split kernel's output with SPLIT_PAIRS off and on, and the PAIRS each took."""
-    spy = _SplitSpy(sm._softmax_split_kernel)
-    monkeypatch.setattr(sm, "_softmax_split_kernel", spy)
+    spy = _SplitSpy(lr._softmax_split_kernel)
+    monkeypatch.setattr(lr, "_softmax_split_kernel", spy)
     outs = []
     for on in (False, True):
-        monkeypatch.setattr(sm, "SPLIT_PAIRS", on)
+        monkeypatch.setattr(lr, "SPLIT_PAIRS", on)
         spy.pairs.clear()
         outs.append((_op(log)(x, backend="triton"), set(spy.pairs)))
     return outs
@@ -294,10 +297,10 @@ def test_split_pairs_match_the_float_path(log, dtype, monkeypatch):
 def test_split_pairs_bit_exact_on_gpu(log, dtype, n_cols, monkeypatch):
     # Pairs on and off at the same split (7 x 7184 and 8 x 8192 columns: without pairs
     # 50257 columns would take 13 x 3872, and a different split sums in another order)
-    monkeypatch.setattr(sm, "SPLIT_HALF_GAIN", 2.0)
+    monkeypatch.setattr(lr, "SPLIT_HALF_GAIN", 2.0)
     x = 10 * torch.randn(64, n_cols, device="cuda", dtype=dtype)
     x[5, : n_cols // 2] = float("-inf")
-    assert sm._split_config(x) == sm._split_config(x, pairs=True) == (8192, cdiv(n_cols, 8192))
+    assert lr._split_config(x) == lr._split_config(x, pairs=True) == (8192, cdiv(n_cols, 8192))
     (off, took_off), (on, took_on) = _split_pairs_runs(monkeypatch, x, log)
     assert took_off == {False} and took_on == {True}
     assert torch.equal(off, on)
@@ -322,26 +325,26 @@ def test_softmax_rows_vec_views(device, backend, log):
     # strides are whole vectors (row stride 1008), one element at a time where not (1003).
     for width, vec in ((1008, 8), (1003, 1)):
         x = (6 * torch.randn(5, width, device=device)).to(torch.bfloat16)[:, :1000]
-        assert sm._rows_vec(x, torch.empty(5, 1000, dtype=x.dtype)) == vec
+        assert onchip._rows_vec(x, torch.empty(5, 1000, dtype=x.dtype)) == vec
         assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), torch.bfloat16)
-    assert sm._rows_vec(torch.empty(2, 1000), torch.empty(2, 1000)) == 4  # fp32: 4 a vector
+    assert onchip._rows_vec(torch.empty(2, 1000), torch.empty(2, 1000)) == 4  # fp32: 4 a vector
 
 
 def test_rows_config_grid_kind():
     # one program per row up to 16384 columns, the persistent grid from 32768 (the sweep
     # in ops/softmax.py)
     for n_cols in (128, 1000, 1024, 4096, 16384):
-        assert not sm._rows_config(n_cols, 2)["PERSISTENT"]
+        assert not onchip._rows_config(n_cols, 2)["PERSISTENT"]
     # a program takes one row block, so its loop runs once: one stage (from 1024 columns),
     # but 2 for row tiles of TWO_STAGE_MIN_BYTES (fewer registers: float32 16384)
     for n_cols in (1000, 1024, 2048, 3000, 4096, 8192, 16384):
         for elem_size in (2, 4):
-            big = n_cols * elem_size >= sm.TWO_STAGE_MIN_BYTES
-            assert sm._rows_config(n_cols, elem_size)["NUM_STAGES"] == (2 if big else 1)
-    assert sm._rows_config(16384, 4)["NUM_STAGES"] == 2
+            big = n_cols * elem_size >= onchip.TWO_STAGE_MIN_BYTES
+            assert onchip._rows_config(n_cols, elem_size)["NUM_STAGES"] == (2 if big else 1)
+    assert onchip._rows_config(16384, 4)["NUM_STAGES"] == 2
     for n_cols in (16385, 32768):
-        cfg = sm._rows_config(n_cols, 2)
-        assert cfg["PERSISTENT"] and cfg["NUM_STAGES"] == sm.PERSISTENT_STAGES
+        cfg = onchip._rows_config(n_cols, 2)
+        assert cfg["PERSISTENT"] and cfg["NUM_STAGES"] == onchip.PERSISTENT_STAGES
 
 
 def test_rows_config_warps_from_1024_columns():
@@ -350,30 +353,30 @@ def test_rows_config_warps_from_1024_columns():
     for n_cols, bf16, fp32 in ((1000, 2, 4), (1024, 2, 4), (2048, 4, 4), (3000, 4, 4),
                                (4096, 4, 4), (8192, 16, 16), (16384, 16, 16),
                                (32768, 16, 16)):  # fmt: skip
-        assert sm._rows_config(n_cols, 2)["num_warps"] == bf16
-        assert sm._rows_config(n_cols, 4)["num_warps"] == fp32
+        assert onchip._rows_config(n_cols, 2)["num_warps"] == bf16
+        assert onchip._rows_config(n_cols, 4)["num_warps"] == fp32
 
 
 def test_rows_config_stages_fit_shared_memory():
     # NUM_STAGES - 1 row tiles in flight must fit the device's shared memory per block: on an
     # H100 / H200 (232448 bytes opt-in) 32768 bf16 columns keep 3 stages, fp32 would get 2
     h100 = 232448
-    assert sm._rows_config(32768, 2, h100)["NUM_STAGES"] == sm.PERSISTENT_STAGES == 3
+    assert onchip._rows_config(32768, 2, h100)["NUM_STAGES"] == onchip.PERSISTENT_STAGES == 3
     # fp32 would get 2: one program per row with one stage instead of the persistent grid
-    fp32 = sm._rows_config(32768, 4, h100)
+    fp32 = onchip._rows_config(32768, 4, h100)
     assert fp32["NUM_STAGES"] == 1 and not fp32["PERSISTENT"]
-    assert sm._rows_config(32768, 4)["PERSISTENT"]  # no limit (the interpreter)
+    assert onchip._rows_config(32768, 4)["PERSISTENT"]  # no limit (the interpreter)
     for elem_size in (2, 4):
         for n_cols in (100, 1000, 4096, 16384, 32768):
             for smem in (48 * 1024, 99 * 1024, 164 * 1024, h100):
-                cfg = sm._rows_config(n_cols, elem_size, smem)
+                cfg = onchip._rows_config(n_cols, elem_size, smem)
                 tile = cfg["ROWS"] * cfg["BLOCK_N"] * elem_size
                 assert cfg["NUM_STAGES"] >= 1
                 assert cfg["NUM_STAGES"] == 1 or (cfg["NUM_STAGES"] - 1) * tile + 64 <= smem
-                unlimited = sm._rows_config(n_cols, elem_size)
+                unlimited = onchip._rows_config(n_cols, elem_size)
                 assert cfg["NUM_STAGES"] <= unlimited["NUM_STAGES"]
                 if cfg["PERSISTENT"] != unlimited["PERSISTENT"]:  # capped below its stages
-                    assert unlimited["NUM_STAGES"] == sm.PERSISTENT_STAGES
+                    assert unlimited["NUM_STAGES"] == onchip.PERSISTENT_STAGES
                     assert cfg["NUM_STAGES"] == 1 and not cfg["PERSISTENT"]
                 same = ("ROWS", "BLOCK_N", "num_warps")
                 assert all(cfg[k] == unlimited[k] for k in same)
@@ -399,18 +402,20 @@ def test_rows_config_short_rows_one_vector_a_thread(elem_size):
     # tile, except where that tile is one row (float32 512): two rows on two warps (four
     # vectors a thread), 2 stages
     for n_cols in (3, 100, 128, 200, 512, 1000):
-        cfg = sm._rows_config(n_cols, elem_size)
+        cfg = onchip._rows_config(n_cols, elem_size)
         tile_bytes = cfg["ROWS"] * cfg["BLOCK_N"] * elem_size
         if (n_cols, elem_size) == (512, 4):
             assert (cfg["ROWS"], cfg["num_warps"], cfg["NUM_STAGES"]) == (
-                sm.SHORT_PAIR_ROWS, sm.SHORT_PAIR_WARPS, 2,
+                onchip.SHORT_PAIR_ROWS, onchip.SHORT_PAIR_WARPS, 2,
             )  # fmt: skip
         elif n_cols <= 512:
-            assert tile_bytes == min(sm.SHORT_TILE_BYTES, sm.MAX_ROWS * cfg["BLOCK_N"] * elem_size)
+            assert tile_bytes == min(
+                onchip.SHORT_TILE_BYTES, onchip.MAX_ROWS * cfg["BLOCK_N"] * elem_size
+            )
             assert cfg["ROWS"] > 1 and cfg["num_warps"] == 4 and cfg["NUM_STAGES"] == 1
         else:
             assert cfg["ROWS"] == 1  # from 1024 columns (a block), one row a program
-    assert sm._rows_config(128, 2)["ROWS"] == 8 and sm._rows_config(128, 4)["ROWS"] == 4
+    assert onchip._rows_config(128, 2)["ROWS"] == 8 and onchip._rows_config(128, 4)["ROWS"] == 4
 
 
 @pytest.mark.gpu
@@ -423,14 +428,14 @@ def test_softmax_long_rows_on_gpu(backend, n_cols, path, monkeypatch):
         pytest.skip("path sets the Triton long-row kernels only")
     if path != "default":
         _long_row_path(monkeypatch, path, sm.MAX_ONCHIP_COLS)
-        monkeypatch.setattr(sm, "SPLIT_BLOCK", 16384)
-        monkeypatch.setattr(sm, "ONLINE_BLOCK", 16384)
+        monkeypatch.setattr(lr, "SPLIT_BLOCK", 16384)
+        monkeypatch.setattr(lr, "ONLINE_BLOCK", 16384)
     rows = 300 if path == "online-persistent" else 40  # more rows than the persistent grid
     big = 10 * torch.randn(rows, n_cols + 3, device="cuda", dtype=torch.bfloat16)
     # contiguous, and a view with unaligned rows (the split kernel's one-element path)
     for x in (big[:, :n_cols].contiguous(), big[:, 3:]):
         if path.startswith("split"):
-            assert sm._split_config(x) is not None
+            assert lr._split_config(x) is not None
         out = fuseml.ops.softmax(x, backend=backend)
         assert_close_verbose(out, _ref(x, -1, False), torch.bfloat16)
         out = fuseml.ops.log_softmax(x, backend=backend)
@@ -555,10 +560,10 @@ def test_poison_helper_marks_unwritten():
 
 
 def test_online_block_halves_the_step_for_rows_it_does_not_divide():
-    full = sm.ONLINE_BLOCK
-    assert sm._online_block(4 * full) == full  # 65536 with 16384-column steps
-    assert sm._online_block(3 * full + 1) == full // 2  # ragged (50257): half the step
-    assert sm._online_block(1000) == 1024  # shorter than a step: one step of the row
+    full = lr.ONLINE_BLOCK
+    assert lr._online_block(4 * full) == full  # 65536 with 16384-column steps
+    assert lr._online_block(3 * full + 1) == full // 2  # ragged (50257): half the step
+    assert lr._online_block(1000) == 1024  # shorter than a step: one step of the row
 
 
 @pytest.mark.gpu
@@ -570,7 +575,7 @@ def test_softmax_direct_launch_matches_the_ordinary_launch_gpu(log, monkeypatch)
     taken several at a time, widths that are multiples of 16 and not (1000, 1003), a
     row-strided view and a 16-byte-misaligned input (always the ordinary launch); every
     case compiles its own entry."""
-    launches = sm._rows_launches
+    launches = onchip._rows_launches
     monkeypatch.setattr(launches, "compiled", {})
     buf = torch.randn(64 * 1000 + 1, device="cuda", dtype=torch.bfloat16)
     cases = [
@@ -599,16 +604,16 @@ def test_split_counters_left_at_zero_gpu(monkeypatch):
     (one slice reused), a call on another stream, and a CUDA graph of two launches
     replayed three times between eager calls, each time matching torch; afterwards every
     counter of the slab is zero again."""
-    slab = sm.CounterSlab(1 << 14, "test counters")
-    monkeypatch.setattr(sm, "_split_slab", slab)
+    slab = lr.CounterSlab(1 << 14, "test counters")
+    monkeypatch.setattr(lr, "_split_slab", slab)
     taken = []
-    take = sm.split_counters
+    take = lr.split_counters
     monkeypatch.setattr(
         sm, "split_counters", lambda x2, n: taken.append(take(x2, n)) or taken[-1]
     )  # fmt: skip
 
     def check(x, log):
-        assert sm._split_config(x) is not None
+        assert lr._split_config(x) is not None
         assert_close_verbose(_op(log)(x, backend="triton"), _ref(x, -1, log), x.dtype)
 
     widths = [40000, 50257, 65536, 100_000, 50257]  # 13, 8, ... chunks a row
@@ -646,13 +651,13 @@ def test_split_counters_knob(monkeypatch):
     counters are a fresh zeroed buffer: no slab is made."""
     x = torch.randn(3, 8)
     monkeypatch.setenv("FUSEML_SOFTMAX_COUNTERS", "zeros")
-    c = sm.split_counters(x, 3)
+    c = lr.split_counters(x, 3)
     assert c.shape == (3,) and c.dtype == torch.int32 and not c.any()
     monkeypatch.setenv("FUSEML_SOFTMAX_COUNTERS", "memset")
     with pytest.raises(ValueError, match="FUSEML_SOFTMAX_COUNTERS must be 'slab' or 'zeros'"):
-        sm.split_counters(x, 3)
+        lr.split_counters(x, 3)
     monkeypatch.delenv("FUSEML_SOFTMAX_COUNTERS")
-    assert not sm.split_counters(x, 5).any() and not sm._split_slab.slabs
+    assert not lr.split_counters(x, 5).any() and not lr._split_slab.slabs
 
 
 def test_rows_config_under_pdl_no_one_row_programs_of_few_warps():
@@ -660,15 +665,17 @@ def test_rows_config_under_pdl_no_one_row_programs_of_few_warps():
     1024-wide block: 2 warps) take two rows and twice the warps, stages as before; float32
     512 columns keep their two-row, two-warp programs (which launch without PDL: see
     test_rows_plan_no_pdl_under_min_warps); nothing else changes."""
-    cfg = sm._rows_config(1024, 2, pdl=True)
+    cfg = onchip._rows_config(1024, 2, pdl=True)
     assert (cfg["ROWS"], cfg["num_warps"], cfg["NUM_STAGES"]) == (2, 4, 1)
-    assert sm._rows_config(1000, 2, pdl=True)["ROWS"] == 2
-    plain = sm._rows_config(1024, 2)
+    assert onchip._rows_config(1000, 2, pdl=True)["ROWS"] == 2
+    plain = onchip._rows_config(1024, 2)
     assert (plain["ROWS"], plain["num_warps"]) == (1, 2)
     for n_cols, elem_size in (
         (128, 2), (512, 2), (512, 4), (1024, 4), (2048, 2), (8192, 2), (65536, 2),
     ):  # fmt: skip
-        assert sm._rows_config(n_cols, elem_size, pdl=True) == sm._rows_config(n_cols, elem_size)
+        assert onchip._rows_config(n_cols, elem_size, pdl=True) == onchip._rows_config(
+            n_cols, elem_size
+        )
 
 
 def test_rows_plan_no_pdl_under_min_warps():
@@ -681,6 +688,6 @@ def test_rows_plan_no_pdl_under_min_warps():
         (1024, torch.float32, True), (128, torch.bfloat16, True),
     ):  # fmt: skip
         x = torch.randn(8, n_cols, dtype=dtype)
-        _grid, consts, warps = sm._rows_plan(x, torch.empty_like(x), False, True)
-        assert consts[-1] is pdl and (warps >= sm.PDL_MIN_WARPS) == pdl, (n_cols, dtype)
-        assert sm._rows_plan(x, torch.empty_like(x), True, False)[1][-1] is False
+        _grid, consts, warps = onchip._rows_plan(x, torch.empty_like(x), False, True)
+        assert consts[-1] is pdl and (warps >= onchip.PDL_MIN_WARPS) == pdl, (n_cols, dtype)
+        assert onchip._rows_plan(x, torch.empty_like(x), True, False)[1][-1] is False
