@@ -17,12 +17,7 @@ from __future__ import annotations
 import torch
 
 from fuseml import _cuda_ext
-from fuseml.ops._softmax.long_rows import (
-    _launch_online,
-    _launch_split,
-    _split_config,
-    _split_pairs,
-)
+from fuseml.ops._softmax.long_rows import launch_long_rows
 from fuseml.ops._softmax.rows import MAX_ONCHIP_COLS, _launch_rows
 from fuseml.ops._softmax.strided import _launch_strided, _three_dim_view
 from fuseml.ops._utils import check_tensor, compiled, fused_op, launches_skipped, needs_dispatch
@@ -38,24 +33,46 @@ def log_softmax_ref(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.log_softmax(x, dim)
 
 
-def _forward(x: torch.Tensor, dim: int, log: bool, impl: str, traced: bool) -> torch.Tensor:
-    """Softmax along ``dim`` with the Triton or CUDA kernels; output contiguous."""
+def _forward(
+    x: torch.Tensor,
+    dim: int,
+    log: bool,
+    impl: str,
+    traced: bool,
+    *,
+    path: str | None = None,
+    block: int | None = None,
+    split: tuple[int, int] | None = None,
+    pairs: bool = True,
+    strided_tile: int | None = None,
+) -> torch.Tensor:
+    """Softmax along ``dim`` with the Triton or CUDA kernels; output contiguous.
+
+    The keywords force a Triton kernel where a test must (the defaults are the rules):
+    ``path`` (one of long_rows.LONG_ROW_PATHS) sends every row to that long-row kernel,
+    with ``block``, ``split`` and ``pairs`` as in launch_long_rows (ignored without
+    ``path``); ``strided_tile`` runs a non-last ``dim`` in two passes over tiles of that
+    many elements.
+    """
     if x.numel() == 0:
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    long_rows = (
+        None if path is None else {"path": path, "block": block, "split": split, "pairs": pairs}
+    )
     if dim == x.dim() - 1 and x.is_contiguous():
         # The common case, with the fewest host-side tensor operations: the eager path's
         # per-call cost is what small softmaxes are made of.
         n = x.shape[-1]
         out = torch.empty_like(x)
         if not launches_skipped():
-            _dispatch(x.view(-1, n), out.view(-1, n), log, impl, traced)
+            _dispatch(x.view(-1, n), out.view(-1, n), log, impl, traced, long_rows)
         return out
     if impl == "triton" and x.dim() > 0 and dim < x.dim() - 1:
         x3 = _three_dim_view(x, dim)
         if x3 is not None:  # no transposing copy: reduce down the strided dim in place
             out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
             if not launches_skipped():
-                _launch_strided(x3, out.view(x3.shape), log, traced)
+                _launch_strided(x3, out.view(x3.shape), log, traced, strided_tile)
             return out
     moved = x.movedim(dim, -1) if x.dim() else x.reshape(1)
     # The CUDA twin (and a layout with no (outer, N, inner) view) pays one transposing
@@ -67,20 +84,28 @@ def _forward(x: torch.Tensor, dim: int, log: bool, impl: str, traced: bool) -> t
     out = out_moved.movedim(-1, dim) if x.dim() else out_moved.reshape(())
     if launches_skipped():
         return out.contiguous() if x.dim() else out
-    _dispatch(x2, out_moved.view(-1, moved.shape[-1]), log, impl, traced)
+    _dispatch(x2, out_moved.view(-1, moved.shape[-1]), log, impl, traced, long_rows)
     return out.contiguous() if x.dim() else out
 
 
-def _dispatch(x2: torch.Tensor, out2: torch.Tensor, log: bool, impl: str, traced: bool) -> None:
+def _dispatch(
+    x2: torch.Tensor,
+    out2: torch.Tensor,
+    log: bool,
+    impl: str,
+    traced: bool,
+    long_rows: dict | None = None,
+) -> None:
+    """The path choice for (M, N) rows: the CUDA twin, the on-chip kernel up to
+    MAX_ONCHIP_COLS columns, else the long-row kernels. ``long_rows``: keywords of
+    launch_long_rows that send every row there (see _forward)."""
     if impl == "cuda":
         _cuda_ext.require("log_softmax" if log else "softmax")
         torch.ops.fuseml.softmax_cuda_out(x2, log, out2)
-    elif x2.shape[1] <= MAX_ONCHIP_COLS:
+    elif long_rows is None and x2.shape[1] <= MAX_ONCHIP_COLS:
         _launch_rows(x2, out2, log, traced)
-    elif config := _split_config(x2, pairs := _split_pairs(x2, out2)):
-        _launch_split(x2, out2, config, log, traced, pairs)
     else:
-        _launch_online(x2, out2, log, traced)
+        launch_long_rows(x2, out2, log, traced, **(long_rows or {}))
 
 
 # ------------------------------------------------------------------------ registration

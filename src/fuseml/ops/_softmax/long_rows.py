@@ -21,10 +21,9 @@ from fuseml.ops._utils import (
     fast_math,
     next_pow2,
     pdl_launch,
-    slab_counters,
     sm_count,
 )
-from fuseml.runtime import env_choice, env_flag, triton_interpreting
+from fuseml.runtime import triton_interpreting
 
 
 @triton.jit
@@ -47,8 +46,8 @@ def _softmax_online_kernel(
     # chunk at a time (online softmax: s <- s * exp(m_old - m_new) + sum(exp(x - m_new)),
     # with m_new the max over the chunk and m_old: one exp per element, not two as a
     # per-lane running max needs); pass 2 writes the output. Two reads and one write,
-    # however long the row; the grid may be smaller than the rows (a program takes
-    # rows pid, pid + grid, ...) so that fewer rows are in flight between the two reads.
+    # however long the row. A program takes rows pid, pid + grid, ... (the grid may be
+    # smaller than the rows).
     cols = tl.arange(0, BLOCK_N)
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row64 = tl.cast(row, tl.int64)
@@ -189,11 +188,10 @@ def _softmax_split_kernel(
     DT: tl.constexpr = x_ptr.dtype.element_ty
     if PAIRS:
         # element pairs (2i, 2i + 1) of the body as int32 i: the body starts 16-byte
-        # aligned and every chunk at a multiple of 16 elements, so pairs never straddle
-        # (the chunk's start goes into the scalar pointers and its length into a scalar
-        # bound, so that the lanes' addresses are one base plus constants: with the
-        # start in the offsets, 7184- and 3872-column chunks took 48 registers, not 32;
-        # triton 3.6, sm_90, offline)
+        # aligned and every chunk at a multiple of 16 elements, so pairs never straddle.
+        # The chunk's start goes into the scalar pointers and its length into a scalar
+        # bound, so that the lanes' addresses are one base plus constants (with the start
+        # in the offsets the kernel took 48 registers a thread instead of 32).
         start2 = chunk * (CHUNK // 2)
         rel2 = tl.arange(0, BLOCK_N // 2)
         left2 = tl.multiple_of(body // 2, VEC // 2) - start2  # pairs of the body left
@@ -215,19 +213,17 @@ def _softmax_split_kernel(
         if PAIRS:
             # The pairs are unpacked afresh for each pass (max, sum, output), each from a
             # different expression of them (v, v ^ 0, v | 0 with a runtime 0; a runtime
-            # 16 in the last), so that the compiler cannot merge the unpacks and keep 32
-            # float32 values a thread live from one pass to the next (with one unpack
-            # shared by the passes the pairs kernel took 64 registers; now 32 at 8192
-            # columns / 8 warps with triton 3.6, 36 at 4096 / 4 with triton 3.9; sm_90,
-            # offline)
+            # 16 in the last), so that the compiler cannot merge the unpacks and keep the
+            # float32 values live from one pass to the next (one shared unpack doubled
+            # the registers a thread, to 64).
             lo, hi = _pairs_f32(v, 16, DT)
             m = tl.maximum(tl.max(tl.maximum(lo, hi), axis=0), tl.max(x_edge, axis=0))
         else:
             m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
         shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf chunk: sum 0, not NaN
-        # tl.exp here, not _exp2: with the one-instruction exp2 in this phase ptxas gives
-        # the kernel 64 registers instead of 48 (4 blocks of 8 warps per SM, not 5;
-        # triton 3.9, sm_90, offline); in the output phase it costs none.
+        # tl.exp here, not _exp2: the one-instruction exp2 in this phase costs registers
+        # (64 a thread instead of 48: one block of 8 warps less per SM); in the output
+        # phase it costs none.
         if PAIRS:
             lo, hi = _pairs_f32(v ^ (sixteen - 16), 16, DT)
             s = tl.sum(tl.exp(lo - shift) + tl.exp(hi - shift), axis=0)
@@ -259,7 +255,7 @@ def _softmax_split_kernel(
             y_edge = _exp2(z_edge * LOG2E, FAST) * inv_total
         if PAIRS:
             # (written out, not _pairs_f32(v | z, sixteen): taking the high half from
-            # v | z as well gave 48 registers instead of 32-36, triton 3.6 and 3.9 offline)
+            # v | z as well costs registers, 48 a thread instead of 32-36)
             lo = (v | (sixteen - 16)).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
             hi = (v >> sixteen).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
             z_lo = lo - m_row
@@ -281,18 +277,14 @@ def _softmax_split_kernel(
         tl.store(out_row + edge, y_edge.to(out_ptr.dtype.element_ty), mask=edge_ok)
 
 
-# row). H100, bf16, 4096 rows (scripts/probe_softmax.py and the quick suite, NOTES.md):
-# 16384 columns a step and 16 warps took 527 us at 65536 columns and 2172 at 262144
-# against 551 / 2214 for 4096 / 8 (a sweep over 4096-16384 columns, 8-32 warps, 0 or 2
-# programs per SM; persistent grids were never faster). Rows it does not divide take half
-# the step (less of the last step masked off): at 50257, 8192 / 16 took 481 us, 16384 572,
-# 4096 / 8 512.
+# ------------------------------------------------------------------------- online
+# Online kernel: 16384 columns a step on 16 warps (against 4096 on 8: 527 against 551 us
+# at 65536 bf16 columns, 4096 rows, H100); rows that the step does not divide take half
+# of it, so that less of the last step is masked off. One program a row: a smaller,
+# persistent grid was never faster. No software pipelining of the column loops: it made
+# no difference. docs/performance/softmax.md has the sweeps.
 ONLINE_BLOCK = 16384
 ONLINE_WARPS = 16
-ONLINE_PER_SM = 0
-# Software pipelining of its column loops: 1 (none); pipelined or not it took 495-557 us
-# at float32 32768 in a probe (H100, probe_launch_bound.py, NOTES.md), the stages a knob
-# of that probe
 ONLINE_STAGES = 1
 
 
@@ -303,77 +295,61 @@ def _pdl_options(x: torch.Tensor, traced: bool) -> dict:
     return {"PDL": True, "launch_pdl": True} if pdl_launch(x, traced) else {"PDL": False}
 
 
-def _online_block(n_cols: int) -> int:
-    """Columns per step of the online kernel for rows of ``n_cols`` (see ONLINE_BLOCK)."""
-    block = ONLINE_BLOCK if n_cols % ONLINE_BLOCK == 0 else ONLINE_BLOCK // 2 or 1
+def _online_block(n_cols: int, full: int = ONLINE_BLOCK) -> int:
+    """Columns per step of the online kernel for rows of ``n_cols``: ``full`` where it
+    divides the row, else half of it."""
+    block = full if n_cols % full == 0 else full // 2 or 1
     return min(block, next_pow2(n_cols))
 
 
-def _launch_online(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) -> None:
+def _launch_online(
+    x2: torch.Tensor,
+    out2: torch.Tensor,
+    log: bool,
+    traced: bool,
+    block: int | None = None,
+    persistent: bool = False,
+) -> None:
+    """The online kernel over the rows of x2 -> out2: one program a row, or with
+    ``persistent`` one a streaming multiprocessor (one on the CPU), each taking rows in
+    turn. ``block``: columns a step instead of ONLINE_BLOCK (tests)."""
     n_rows, n_cols = x2.shape
     grid = n_rows
-    if ONLINE_PER_SM:  # a persistent grid (CPU, for the tests: one "SM")
-        grid = min(n_rows, ONLINE_PER_SM * (sm_count(x2.get_device()) if x2.is_cuda else 1))
+    if persistent:
+        grid = min(n_rows, sm_count(x2.get_device()) if x2.is_cuda else 1)
     kernel = torch.library.wrap_triton(_softmax_online_kernel) if traced else _softmax_online_kernel
     kernel[(grid,)](
         x2, out2, n_rows, n_cols, x2.stride(0), out2.stride(0),
-        LOG=log, BLOCK_N=_online_block(n_cols), FAST=fast_math(x2), NUM_STAGES=ONLINE_STAGES,
-        num_warps=ONLINE_WARPS, **_pdl_options(x2, traced),
+        LOG=log, BLOCK_N=_online_block(n_cols, block or ONLINE_BLOCK), FAST=fast_math(x2),
+        NUM_STAGES=ONLINE_STAGES, num_warps=ONLINE_WARPS, **_pdl_options(x2, traced),
     )  # fmt: skip
 
 
-# Split-row kernel (rows longer than MAX_ONCHIP_COLS): SPLIT_BLOCK columns a program
-# with one warp per SPLIT_COLS_PER_WARP columns, more columns (up to SPLIT_MAX_BLOCK)
-# where a row would need more than SPLIT_MAX_CHUNKS programs, and never more than half the
-# SMs' worth (a row's programs wait for each other: they must all fit on the GPU at once).
-# Longer rows take the online kernel. H100, bf16, 4096 rows (scripts/probe_softmax.py,
-# e0f1c30, NOTES.md), us by columns / warps a program; the online kernel from earlier
-# runs of the same probe and suite:
-#
-#   N        2048/2   4096/4   8192/8   16384/16   online kernel   torch.softmax
-#   50257     398.3    366.8    366.5     424.5        481.3           394.2
-#   65536     523.1    458.6    446.5     471.1        527.3           683.4
-#   262144      -     1861.6   1851.4    1946.3       2172.3          2889.1
-#
-# 8192 / 8: 75%, 81% and 77% of the copy ceiling at 50257 / 65536 / 262144.
+# -------------------------------------------------------------------------- split
+# Split kernel (rows longer than the on-chip kernel takes): SPLIT_BLOCK columns a program
+# on one warp per SPLIT_COLS_PER_WARP columns; longer chunks (up to SPLIT_MAX_BLOCK) where
+# a row would need more than SPLIT_MAX_CHUNKS programs, and never more than half the SMs'
+# worth (a row's programs wait for each other: they must all be resident at once). Longer
+# rows take the online kernel. 8192 columns on 8 warps reach 75-81% of the copy
+# bandwidth from 50257 to 262144 columns (H100, bf16); docs/performance/softmax.md.
 SPLIT_BLOCK = 8192
 SPLIT_MAX_BLOCK = 16384
 SPLIT_MAX_CHUNKS = 64
 SPLIT_COLS_PER_WARP = 1024
-# Evict-first loads / stores (each element is used once) were 6% slower at 50257 and 65536
-# (H100, a4487fc); not an option any more.
-SPLIT_BALANCED = True  # equal chunks per row (scripts/probe_softmax.py compares both)
-# Half the block (and warps) where its chunks fill their programs' columns by more than
-# this much better: masked-off columns hold registers and occupancy but move no bytes.
-# H100, bf16, 4096 rows (95ca12a, probe_softmax.py, balanced chunks): 50257 columns as 13
-# programs of 4096 (3872 used, 95%) 347.7 us against 7 of 8192 (7184, 88%) 350.5; where
-# both fill their columns (65536, 262144) 8192 stays ahead: 436.5 / 1787.1 us against
-# 444.7 / 1835.3. Not for chunks held as int32 pairs: at 50257 columns 7 x 7184 on 8 warps
-# took 305.6 us against 346.0 for 13 x 3872 on 4 (32 registers against 48, triton 3.6).
+# A row's columns are shared evenly over its programs (rounded up to 16 to keep chunk
+# starts 16-byte aligned), and the block is halved (with its warps) where the halved
+# chunks fill their programs' columns better by more than SPLIT_HALF_GAIN: masked-off
+# columns hold registers and occupancy but move no bytes (50257 columns: 13 programs of
+# 4096 use 95% of their columns, 7 of 8192 88%). Chunks held as int32 pairs keep the
+# block: they need half the registers, so 8 warps of 8192 columns stay ahead.
 SPLIT_HALF_GAIN = 0.05
-# 16-bit chunks are held as int32 pairs of elements (PAIRS; _split_pairs says where):
-# 32 registers a thread at 8192 columns / 8 warps instead of 48, so 64 warps an SM in
-# flight instead of 40 (triton 3.6, sm_90; 4096 / 4 warps stays at 48 there). H100, bf16,
-# 4096 rows (probe_softmax.py, f7cfe82 suite): 50257 columns 305 us against 347 (as 7 x
-# 7184: pairs keep the block, see SPLIT_HALF_GAIN), 65536 379 against 430, 131072 779
-# against 866, 262144 level (1711 against 1697). FUSEML_SOFTMAX_PAIRS=0 turns it off
-# (probes; read at import).
-SPLIT_PAIRS = env_flag("FUSEML_SOFTMAX_PAIRS")
-# Two -inf of each 16-bit dtype as one int32 (the pairs' masked-off lanes)
-_NEG_PAIR = {torch.bfloat16: -0x007F0080, torch.float16: -0x03FF0400}
-# (chunks, rows) on two grid axes where the rows fit the second (GRID_Y_MAX), else one
-# axis (FUSEML_SOFTMAX_GRID=1d: always, for probes; read at import)
-SPLIT_GRID_2D = env_choice("FUSEML_SOFTMAX_GRID", "2d", ("1d", "2d")) == "2d"
-# Tried and taken out: a persistent grid of resident programs taking (row, chunk) items in
-# turn and loading the next before the wait (scripts/probe_softmax_pipelined.py's scheme,
-# in this kernel with 4096-column items, H100, 621f360): 50256 columns 333.6 us against
-# 348.8 (aligned rows, a 72-register cap), 65536 425.7 against 431.5, 262144 2013.8
-# against ~1790, log_softmax 65536 433.2 against 412.1, and on unaligned rows (50257,
-# with the head and tail piece) 346.6 against 346.9: too little for the extra kernel.
-
+# 16-bit chunks are held as int32 pairs of elements where _split_pairs allows (PAIRS):
+# half the registers of float32 values, so more warps an SM in flight (bf16 65536
+# columns: 379 against 430 us, H100).
+_NEG_PAIR = {torch.bfloat16: -0x007F0080, torch.float16: -0x03FF0400}  # two -inf as int32
 
 # The split kernel's row counters come from a slab zeroed once per device (the kernel
-# leaves them at zero): the per-call memset was a launch of its own before every split
+# leaves them at zero): a per-call memset would be a launch of its own before every split
 # launch (a node in a CUDA graph).
 SPLIT_COUNTER_SLAB = 1 << 20  # counters per device (4 MiB)
 _split_slab = CounterSlab(SPLIT_COUNTER_SLAB, "the split softmax's row counters")
@@ -381,27 +357,32 @@ _split_slab = CounterSlab(SPLIT_COUNTER_SLAB, "the split softmax's row counters"
 
 def split_counters(x2: torch.Tensor, n_rows: int) -> torch.Tensor:
     """``n_rows`` zeroed int32 counters for a split launch on x2's device and current
-    stream (CounterSlab). FUSEML_SOFTMAX_COUNTERS=zeros: a fresh zeroed buffer per call
-    (probes)."""
-    return slab_counters(_split_slab, x2, n_rows, "FUSEML_SOFTMAX_COUNTERS")
+    stream, from the slab (CounterSlab), else (CPU, torch.compile tracing, a spent slab)
+    a fresh zeroed buffer."""
+    if x2.is_cuda and not is_fake(x2):
+        piece = _split_slab.take(x2, n_rows)
+        if piece is not None:
+            return piece
+    return torch.zeros(n_rows, dtype=torch.int32, device=x2.device)
 
 
-def _split_config(x2: torch.Tensor, pairs: bool = False) -> tuple[int, int] | None:
+def _split_config(
+    x2: torch.Tensor, pairs: bool = False, block: int | None = None
+) -> tuple[int, int] | None:
     """(columns a program, programs a row) of the split-row kernel for ``x2``, or None
     where it does not apply (a row that fits one program, or too many programs a row).
-    ``pairs``: the chunks are held as int32 pairs (_split_pairs), which keeps the block."""
+    ``pairs``: the chunks are held as int32 pairs (_split_pairs), which keeps the block.
+    ``block``: the columns a program instead of SPLIT_BLOCK (tests, at small sizes)."""
     n_cols = x2.shape[1]
-    if SPLIT_MAX_CHUNKS < 2:  # off
-        return None
-    block = max(SPLIT_BLOCK, min(SPLIT_MAX_BLOCK, next_pow2(cdiv(n_cols, SPLIT_MAX_CHUNKS))))
+    base = block or SPLIT_BLOCK
+    block = max(base, min(SPLIT_MAX_BLOCK, next_pow2(cdiv(n_cols, SPLIT_MAX_CHUNKS))))
     limit = SPLIT_MAX_CHUNKS
     if x2.is_cuda:
         limit = min(limit, sm_count(x2.get_device()) // 2)
     half = block // 2
     if (
-        SPLIT_BALANCED
-        and not pairs
-        and block == SPLIT_BLOCK
+        not pairs
+        and block == base
         and cdiv(n_cols, half) <= limit
         and _lanes_used(n_cols, half) > _lanes_used(n_cols, block) + SPLIT_HALF_GAIN
     ):
@@ -422,13 +403,12 @@ def _lanes_used(n_cols: int, block: int) -> float:
 
 
 def _split_pairs(x2: torch.Tensor, out2: torch.Tensor) -> bool:
-    """Whether the split kernel holds ``x2``'s chunks as int32 pairs (SPLIT_PAIRS): 16-bit
-    elements, data 16-byte aligned and rows of x and out lined up, so that every chunk's
-    body starts 16-byte aligned in both. Not for fake tensors (torch.compile tracing),
-    whose pointers are not known."""
+    """Whether the split kernel can hold ``x2``'s chunks as int32 pairs: 16-bit elements,
+    data 16-byte aligned and rows of x and out lined up, so that every chunk's body starts
+    16-byte aligned in both. Not for fake tensors (torch.compile tracing), whose pointers
+    are not known."""
     return (
-        SPLIT_PAIRS
-        and x2.dtype in _NEG_PAIR
+        x2.dtype in _NEG_PAIR
         and type(x2) is torch.Tensor
         and not is_fake(x2)
         and (x2.stride(0) - out2.stride(0)) % 8 == 0  # 16 bytes of 16-bit elements
@@ -443,27 +423,27 @@ def _launch_split(
     log: bool,
     traced: bool,
     pairs: bool = False,
+    grid2d: bool = True,
 ) -> None:
+    """The split kernel with ``config`` (see _split_config) over x2 -> out2; ``grid2d``
+    False puts (row, chunk) on one grid axis, as for more rows than the second takes."""
     n_rows, n_cols = x2.shape
     block, chunks = config
-    # Balanced: the row's columns shared evenly over its programs (rounded up to 16, so
-    # that chunk starts keep 16-byte alignment), rather than `block` each and the rest to
-    # the last one (50257 = 6 x 8192 + 1105: one program in seven nearly idle). CHUNK is a
-    # constexpr, so each long-row width compiles its own kernel: as a runtime argument
-    # the kernel took 58 registers instead of 48 (4 blocks per SM, not 5; offline, sm_90).
-    chunk_cols = min(block, _balanced_chunk(n_cols, chunks)) if SPLIT_BALANCED else block
+    # CHUNK is a constexpr, so each long-row width compiles its own kernel: as a runtime
+    # argument it cost registers (58 a thread instead of 48: one block an SM less).
+    chunk_cols = min(block, _balanced_chunk(n_cols, chunks))
     vec = 16 // x2.element_size()
     aligned = (x2.stride(0) - out2.stride(0)) % vec == 0  # rows of x and out line up
     stats = torch.empty((n_rows, chunks, 2), dtype=torch.float32, device=x2.device)
     count = split_counters(x2, n_rows)
     kernel = torch.library.wrap_triton(_softmax_split_kernel) if traced else _softmax_split_kernel
-    # The interpreter runs one program after another, so a program cannot wait for the
-    # next: there the statistics and the output are two launches.
     # (chunks, rows) on two grid axes where the rows fit the second (65535): blocks start
     # in the same order as on one axis, and a program finds its row and chunk without a
     # division (see the elementwise kernel's 2-D tiles)
-    grid2d = SPLIT_GRID_2D and type(n_rows) is int and n_rows <= GRID_Y_MAX
+    grid2d = grid2d and type(n_rows) is int and n_rows <= GRID_Y_MAX
     grid = (chunks, n_rows) if grid2d else (n_rows * chunks,)
+    # The interpreter runs one program after another, so a program cannot wait for the
+    # next: there the statistics and the output are two launches.
     for phase in (1, 2) if triton_interpreting() else (0,):
         kernel[grid](
             x2, out2, stats, count, n_cols, x2.stride(0), out2.stride(0), chunks,
@@ -473,3 +453,39 @@ def _launch_split(
             PAIRS=pairs, NEG_PAIR=_NEG_PAIR[x2.dtype] if pairs else 0, sixteen=16,
             num_warps=max(1, min(16, block // SPLIT_COLS_PER_WARP)), **_pdl_options(x2, traced),
         )  # fmt: skip
+
+
+# ----------------------------------------------------------------------- path choice
+LONG_ROW_PATHS = ("split", "split-1d", "online", "online-persistent")
+
+
+def launch_long_rows(
+    x2: torch.Tensor,
+    out2: torch.Tensor,
+    log: bool,
+    traced: bool,
+    *,
+    path: str = "split",
+    block: int | None = None,
+    split: tuple[int, int] | None = None,
+    pairs: bool = True,
+) -> None:
+    """Softmax of long rows x2 -> out2: the split kernel where _split_config allows, else
+    the online kernel.
+
+    The keywords force a kernel where a test must (the defaults are the library's rule):
+    ``path`` one of LONG_ROW_PATHS ("split-1d": the split kernel on one grid axis;
+    "online": the online kernel whatever the width; "online-persistent": the same on one
+    program an SM); ``block`` the columns of a split chunk and of an online step, so that
+    short rows take several; ``split`` a fixed (columns, programs) a row; ``pairs`` False
+    keeps 16-bit chunks as float32 values.
+    """
+    if path not in LONG_ROW_PATHS:
+        raise ValueError(f"path must be one of {LONG_ROW_PATHS}, got {path!r}")
+    if path in ("split", "split-1d"):
+        pairs = pairs and _split_pairs(x2, out2)
+        config = split or _split_config(x2, pairs, block)
+        if config:
+            _launch_split(x2, out2, config, log, traced, pairs, grid2d=path == "split")
+            return
+    _launch_online(x2, out2, log, traced, block, persistent=path == "online-persistent")

@@ -24,6 +24,8 @@ from fuseml.ops._utils import (
 from fuseml.runtime import triton_interpreting
 
 
+# One read and one write of every element: the row (or a tile of short rows) is loaded
+# into registers, reduced, and written.
 @triton.jit
 def _softmax_rows_kernel(
     x_ptr,  # (M, N) input, unit column stride
@@ -76,141 +78,57 @@ def _softmax_rows_kernel(
 
 
 # ---------------------------------------------------------------------- launch configs
-# Rows up to this many bytes of float32 math stay in registers (one program per row, 8-16
-# warps): 32768 columns = 128 KiB of fp32 per row, half of an H100/H200 SM's register file.
+# Rows up to this many columns stay in registers (one program per row, 8-16 warps): 32768
+# columns = 128 KiB of fp32 per row, half of an H100/H200 SM's register file.
 MAX_ONCHIP_COLS = 32768
 
-
-# Short rows (under 1024 columns): ROWS rows a program, so that each of its 4 warps' threads
-# holds one 16-byte vector of the tile (SHORT_TILE_BYTES of the row tile a program: 8 x 128
-# bf16, 4 x 128 fp32, ..., 1 x 512 fp32), as the flat elementwise path does. H100, CUDA-graph
-# replay with inputs rotating past the L2, M = 4096 (scripts/probe_launch_bound.py rules,
-# 6a125d9; us, against 4 KiB tiles, the rule before them, the CUDA twin's warp per row and
-# torch.softmax):
-#
-#   N, dtype        2 KiB tiles   4 KiB tiles (before)   CUDA twin   torch
-#   128 bf16           2.87          3.20                  3.01       3.86
-#   256 bf16           3.59          4.45                  3.64       4.62
-#   512 bf16           4.82          5.56                  4.93       7.09
-#   128 fp32           3.48          3.96                  3.64       3.96
-#   256 fp32           4.78          5.50                  5.03       5.13
-#   512 fp32           6.94          7.73 (6.74 as 2 x 512)  7.22       7.54
-#
-# (An older events-timed sweep put 16 rows x 128 at 5.6 us against 19.6 for one row a
-# program.) From 1024 columns one row a program.
-#
-# A tile of one row under 1024 columns (float32 512) would leave one warp to a program
-# (four vectors a thread, its reductions inside the warp, the CUDA twin's warp per row);
-# it takes SHORT_PAIR_ROWS rows on SHORT_PAIR_WARPS warps instead, with 2 stages, and
-# launches without PDL (PDL_MIN_WARPS, below). H100, 4096 x 512 float32, fuseml.ops itself
-# in CUDA-graph replay at the suite's settings, inputs rotating, arms interleaved
-# (scripts/probe_pdl.py shapes, 640cde6; us alone / a (torch.neg, op) pair; softmax, then
-# log_softmax):
-#
-#   rows / warps / stages, PDL    softmax          log_softmax
-#   1 / 1 / 2, off (before PDL)   6.23 / 10.48     6.23 / 10.48
-#   1 / 1 / 2, on                 5.69 / 11.95     5.68 / 11.90
-#   2 / 2 / 2, off (the rule)     6.24 / 10.35     6.24 / 10.39
-#   2 / 2 / 2, on (e40a95e)       6.36 / 10.28     6.31 / 10.29
-#   4 / 4 / 1, on                 6.35 / 10.68     6.46 / 10.75
-#   torch.compile                 6.52 / 10.64     6.34 / 10.45
-#   torch                         7.12 / 11.32     6.32 / 10.58
-#
-# (The suite at 911e6c6: 2 / 2 / 2 with PDL 6.64 / 6.54 us, 1 / 1 / 2 without 6.26 / 6.26,
-# torch.compile 6.54 / 6.41, torch 6.74 / 6.34.) Before PDL, one warp against 4 (fp32,
-# PROBE_LOG=1, 4fea208; us, rows / warps / stages): log_softmax 1 / 1 / 2 6.61, 1 / 1 / 1
-# 6.73, 1 / 2 / 2 6.68, 1 / 4 / 1 6.96, 2 / 4 / 1 6.75; torch 6.80, torch.compile 6.92.
+# Short rows (under 1024 columns): ROWS rows a program, so that each thread of its 4 warps
+# holds one 16-byte vector of the tile (SHORT_TILE_BYTES a program: 8 x 128 bf16, 4 x 128
+# fp32, ..., 1 x 512 fp32), as the flat elementwise path does (bf16 4096 x 128: 2.87 us
+# against 3.20 for 4 KiB tiles, H100, graph replay). From 1024 columns one row a program.
+# A tile of one row (float32 512) would leave one warp to a program: it takes
+# SHORT_PAIR_ROWS rows on SHORT_PAIR_WARPS warps with 2 stages instead, and launches
+# without PDL (PDL_MIN_WARPS). docs/performance/softmax.md has the sweeps.
 SHORT_TILE_BYTES = 2048
 MAX_ROWS = 16
 SHORT_PAIR_ROWS = 2
 SHORT_PAIR_WARPS = 2
-# Stages: a program of the non-persistent grid takes one row block, so the row loop runs
-# once and software pipelining only adds code: one stage (same probe: fp32 2048 23.7 us
-# against 24.8 with 4 stages, bf16 1000 6.78 against 6.88, fp32 1000 11.20 against
-# 11.44). Up to 41f3aef rows from 4096 columns took 2 stages, 0.4-0.6% ahead of one at
-# 4096 bf16; at widths whose block they fill less it cost far more. H100, graph replay,
-# bf16 (probe_launch_bound.py sweep, 41f3aef; us, warps 1 stage / 2 stages):
-#
-#   N       4 warps         8 warps (the rule)   copy
-#   3000    16.71 / 18.48   17.06 / 18.86        16.05
-#   4096    23.53 / 23.47   23.69 / 23.64        23.48
-#
-# (float32 8192: 91.49 / 91.33 at 8 warps, 91.66 / 91.45 at 16; float32 32768, one
-# program a row: 363.4 / 364.2; on an H200, log_softmax float32 8192, 16 warps: 66.86 /
-# 68.68.) The one-row short tile (above) keeps 2, and so do row tiles of TWO_STAGE_MIN_BYTES
-# or more (float32 16384 at 16 warps): with one stage that kernel takes 70 registers a
-# thread, with two 60 (offline, triton 3.9, sm_90), so one program an SM fits instead of
-# two; H200, 41f3aef / 724fedb: 151.6 us against 132.3 (8 warps, one stage: 132.9).
+# Stages: a program of the non-persistent grid takes one row block, so its row loop runs
+# once and software pipelining only adds code: one stage. Row tiles of
+# TWO_STAGE_MIN_BYTES or more (float32 16384) take 2 all the same: with one stage that
+# kernel takes more registers (70 a thread against 60), so one program an SM fits
+# instead of two (132 against 152 us, H200).
 TWO_STAGE_MIN_BYTES = 64 * 1024
 
-# Grid: one program per ROWS rows below PERSISTENT_MIN_BLOCK columns, the occupancy-sized
-# persistent grid (rows looped inside each program, the next row's load pipelined through
-# shared memory, PERSISTENT_STAGES deep) from there. H100, bf16, rows chosen so that each
-# case moves 64-128 MiB (scripts/probe_softmax.py PROBE_ROWS, 5237fab; us, library warps
-# and stages unless noted):
-#
-#   N (rows)                      128 (262144)  1024 (32768)  4096 (16384)  16384 (4096)  32768 (4096)
-#   persistent grid                   53.4          51.8          99.3          99.2          203.4
-#   one program per row               49.5          49.6          94.1          95.0          205.2 (3 stages)
-#   persistent, 3 stages                -             -             -             -           194.9
-#   same-size copy                    49.4          49.3          93.6          94.0          182.0
-#
-# (1000 and 2048 columns, 8192, and log_softmax at 1024 and 32768 alike: one program per
-# row 2-5% faster up to 16384 columns; at 32768 the 3-stage persistent grid 4% faster,
-# 4 stages level with 3, 32 warps 196.0.)
-#
-# The persistent grid needs its PERSISTENT_STAGES: where shared memory caps the stages
-# below that (float32 at 32768 columns: 2 on an H100 / H200) one program per row with one
-# stage is faster. H100, log_softmax float32 4096 x 32768 (probe_launch_bound.py wide,
-# 4fea208; us): persistent 2 stages 385.1, one program a row 1 stage 363.4, 2 stages 364.2,
-# 32 warps 364.8; torch.compile 371.1. (At 4092 rows, 31 a program for every SM: 383.4
-# and 363.1, so not the 4 rows a 32nd round takes.)
+# Grid: one program per ROWS rows below PERSISTENT_MIN_BLOCK columns (2-5% faster there);
+# from there the occupancy-sized persistent grid, rows looped inside each program and the
+# next row's load pipelined through shared memory PERSISTENT_STAGES deep (bf16 4096 x
+# 32768: 195 against 205 us, H100). Where shared memory caps the stages below that
+# (float32 at 32768 columns: 2 on an H100 / H200) one program per row with one stage is
+# faster.
 PERSISTENT_MIN_BLOCK = 32768
 PERSISTENT_STAGES = 3
 
 # Warps from 1024 columns: one per 512 columns (16 values a thread), up to 16; float32
-# rows take at least FP32_MIN_WARPS. H100, graph replay, inputs rotating, M = 4096
-# (scripts/probe_launch_bound.py fp32, 52a6be2; us, warps of a one-row program):
-#
-#   float32 N     1 warp   2 warps   4 warps   8 warps   torch.compile
-#   1024          11.48    11.51     11.17     11.56     11.31
-#   2048          23.31    23.06     22.89     23.68     25.86
-#
-# Rows of a 4096-wide block (2049-4096 columns) take WARPS_4096 = 4 (32 values a thread):
-# H100, graph replay, one stage (probe_launch_bound.py sweep, 41f3aef; us, 4 / 8 warps):
-# bf16 3000 16.71 / 17.06, bf16 4096 23.53 / 23.69; H200 (724fedb): log_softmax bf16 3000
-# 13.71 / 15.07, float32 3000 25.57 / 25.82. At other widths the sweep found 4 warps no
-# better (H200, bf16, 4 / 8 / 16 warps: 8192 34.43 / 34.70 / 34.56, 16384 78.54 / 70.11 /
-# 70.38; 2048, 2 / 4 warps: 9.57 / 9.58).
+# rows take at least FP32_MIN_WARPS, and rows of a 4096-wide block (2049-4096 columns)
+# WARPS_4096, 32 values a thread (bf16 4096 x 3000: 16.7 against 17.1 us on 8, H100).
 FP32_MIN_WARPS = 4
 WARPS_4096 = 4
 
 # Shared memory: the pipelined row loop keeps NUM_STAGES - 1 row tiles (ROWS x BLOCK_N
-# elements each) in flight in shared memory, beside 64 bytes of Triton's own scratch
-# (compiled for sm_90: 3 stages of 32768 bf16 columns take 131136 bytes). Stages are capped
-# so that the tiles fit the device's shared memory per block less SMEM_RESERVE: float32
-# rows of 32768 columns (128 KiB a tile) would get 2 on an H100 / H200 (227 KiB a block),
-# where 3 would need 256 KiB and fail to launch, and so take one program per row instead
-# of the persistent grid (above).
+# elements each) in flight in shared memory, beside Triton's own scratch (64 bytes on
+# sm_90). Stages are capped so that the tiles fit the device's shared memory per block
+# less SMEM_RESERVE: float32 rows of 32768 columns (128 KiB a tile) get 2 on an H100 /
+# H200 (227 KiB a block), and so take one program per row instead of the persistent grid.
 SMEM_RESERVE = 1024
-
 
 # Under programmatic dependent launch (pdl_launch) a grid's programs are resident and
 # waiting before the kernel ahead of them ends; where that kernel does not take part
-# (torch's own), 4096 one-row programs of 1 or 2 warps (float32 512 columns, 16-bit 1024;
-# 31 an SM, the SM's block limit) cost 1.4-1.5 us more than a plain launch, against 0.2-0.4
-# us for programs of 4 warps or more. So under PDL one-row programs of fewer than
-# PDL_MIN_WARPS warps (16-bit 1024) take two rows and twice the warps, and programs still
-# under PDL_MIN_WARPS warps (float32 512's pairs, above) launch without it: there PDL
-# gained nothing even after a fuseml kernel (the table above). H100, 4096 rows, graph
-# replay, inputs rotating (scripts/probe_pdl.py widths, NOTES.md "Fifteenth round"; us
-# alone / a (torch.neg, softmax) pair):
-#
-#   bf16 1024     1 row / 2 warps: PDL off 6.76 / 11.14, on 6.30 / 12.55
-#                 2 rows / 4 warps, on 6.33 / 11.45 (2 rows / 2 warps 6.81 / 11.22)
-#
-# (From 2048 columns, and float32 1024 at 4 warps, one-row programs cost 0.2-0.4 us after
-# torch.neg, two-row ones no less: left as they are.)
+# (torch's own), many one-row programs of 1 or 2 warps cost more than a plain launch
+# (1.4 us at 4096 rows, against 0.2-0.4 for programs of 4 warps or more). So under PDL
+# one-row programs of fewer than PDL_MIN_WARPS warps (16-bit 1024) take two rows and
+# twice the warps, and programs still under PDL_MIN_WARPS warps (float32 512's pairs)
+# launch without it.
 PDL_MIN_WARPS = 4
 
 

@@ -86,18 +86,22 @@ def _softmax_strided_kernel(
             tl.store(out_base + r64 * n_inner, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# Strided (non-last dim) kernel: tiles of at most STRIDED_TILE elements; one pass when the
-# whole softmax dim fits in one tile.
+# Tiles of at most STRIDED_TILE elements; one pass (the tile held in registers) where the
+# whole softmax dim fits in a tile of STRIDED_ONE_PASS.
 STRIDED_TILE = 4096
 STRIDED_ONE_PASS = 8192
 
 
-def _launch_strided(x3: torch.Tensor, out3: torch.Tensor, log: bool, traced: bool) -> None:
-    """Softmax over dim 1 of (outer, N, inner) views; out3 contiguous."""
+def _launch_strided(
+    x3: torch.Tensor, out3: torch.Tensor, log: bool, traced: bool, tile: int | None = None
+) -> None:
+    """Softmax over dim 1 of (outer, N, inner) views; out3 contiguous. ``tile``: two
+    passes over tiles of that many elements whatever N (tests, at small sizes)."""
     outer, n_red, n_inner = x3.shape
     block_i = min(next_pow2(n_inner), 128 if x3.element_size() == 2 else 64)
-    one_pass = next_pow2(n_red) * block_i <= STRIDED_ONE_PASS
-    block_n = next_pow2(n_red) if one_pass else max(1, STRIDED_TILE // block_i)
+    one_pass = tile is None and next_pow2(n_red) * block_i <= STRIDED_ONE_PASS
+    tile = tile or STRIDED_TILE
+    block_n = next_pow2(n_red) if one_pass else max(1, tile // block_i)
     grid = (outer * cdiv(n_inner, block_i),)
     kernel = (
         torch.library.wrap_triton(_softmax_strided_kernel) if traced else _softmax_strided_kernel
@@ -105,7 +109,7 @@ def _launch_strided(x3: torch.Tensor, out3: torch.Tensor, log: bool, traced: boo
     kernel[grid](
         x3, out3, n_red, n_inner, x3.stride(0), x3.stride(1), x3.stride(2),
         LOG=log, ONE_PASS=one_pass, BLOCK_N=block_n, BLOCK_I=block_i, FAST=fast_math(x3),
-        num_warps=8 if block_n * block_i > STRIDED_TILE else 4, **_pdl_options(x3, traced),
+        num_warps=8 if block_n * block_i > tile else 4, **_pdl_options(x3, traced),
     )  # fmt: skip
 
 
