@@ -22,9 +22,9 @@ LEAKY_SLOPE = 0.01
 # ------------------------------------------------------------------- activation math
 # Each formula is written once; FAST (a constexpr, fast_math() of the input: True for
 # compiled CUDA launches) picks the instructions of its two primitives (ops/_math.py).
-# In 16-bit dtypes erf-GELU moves 4 bytes per element and was compute-bound at 35 SASS
-# instructions an element (76% of copy bandwidth on an H200; tanh-GELU at 21 reached 98%,
-# NOTES.md); with FAST it is 23.
+# In 16-bit dtypes erf-GELU moves 4 bytes an element and is compute-bound without FAST
+# (35 SASS instructions an element, 76% of copy bandwidth on an H200); with FAST it is
+# 23. docs/performance/elementwise.md.
 
 
 @triton.jit
