@@ -136,8 +136,6 @@ def test_knobs_read_per_call_reject_bad_values(monkeypatch, name, value, call):
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("FUSEML_EW_GRID", "3d"),
-        ("FUSEML_SOFTMAX_GRID", "2D"),
         ("FUSEML_GEMM_PREFETCH", "off"),
         ("FUSEML_GEMM_TILE_SHORTCUT", "no"),
         ("FUSEML_JOINT_SHRINK_STAGES", "x"),
