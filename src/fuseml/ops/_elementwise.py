@@ -48,7 +48,6 @@ from fuseml.ops._utils import (
 )
 
 _INT32_MAX = 2**31 - 1
-IMPLS = ("triton", "cuda")
 
 
 # ------------------------------------------------------------------------------ kernels
