@@ -352,8 +352,8 @@ def test_softmax_rows_vec_views(device, backend, log):
 
 
 def test_rows_config_grid_kind():
-    # one program per row up to 16384 columns, the persistent grid from 32768 (the sweep
-    # in ops/softmax.py)
+    # one program per row up to 16384 columns, the persistent grid from 32768 (the rule
+    # in ops/_softmax/rows.py)
     for n_cols in (128, 1000, 1024, 4096, 16384):
         assert not onchip._rows_config(n_cols, 2)["PERSISTENT"]
     # a program takes one row block, so its loop runs once: one stage (from 1024 columns),
@@ -370,7 +370,7 @@ def test_rows_config_grid_kind():
 
 def test_rows_config_warps_from_1024_columns():
     # one warp per 512 columns up to 16, WARPS_4096 for a 4096-wide block; float32 rows at
-    # least FP32_MIN_WARPS (the sweeps in ops/softmax.py)
+    # least FP32_MIN_WARPS (the rules in ops/_softmax/rows.py)
     for n_cols, bf16, fp32 in ((1000, 2, 4), (1024, 2, 4), (2048, 4, 4), (3000, 4, 4),
                                (4096, 4, 4), (8192, 16, 16), (16384, 16, 16),
                                (32768, 16, 16)):  # fmt: skip
