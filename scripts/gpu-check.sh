@@ -12,18 +12,18 @@
 # 570 s with 15 workers on an H200). On a two-GPU machine (device kind nvidia-h200-x2) it
 # fits one call as three parts run at once, 10 workers each, each with its own OUTDIR:
 #   A="tests/ops/test_lora.py tests/ops/test_linear.py"
-#   CUDA_VISIBLE_DEVICES=0 FUSEML_SUITES=none FUSEML_DEMO=0 FUSEML_TEST_WORKERS=10 \
-#     FUSEML_TESTS="$A" scripts/gpu-check.sh OUT/a &
-#   CUDA_VISIBLE_DEVICES=1 FUSEML_SUITES=none FUSEML_DEMO=0 FUSEML_TEST_WORKERS=10 \
-#     FUSEML_TESTS="tests/ops --ignore=${A// / --ignore=}" scripts/gpu-check.sh OUT/b &
-#   CUDA_VISIBLE_DEVICES=1 FUSEML_SUITES=none FUSEML_TEST_WORKERS=10 \
-#     FUSEML_TESTS="tests --ignore=tests/ops" scripts/gpu-check.sh OUT/rest &
+#   CUDA_VISIBLE_DEVICES=0 CHECK_SUITES=none CHECK_DEMO=0 CHECK_WORKERS=10 \
+#     CHECK_TESTS="$A" scripts/gpu-check.sh OUT/a &
+#   CUDA_VISIBLE_DEVICES=1 CHECK_SUITES=none CHECK_DEMO=0 CHECK_WORKERS=10 \
+#     CHECK_TESTS="tests/ops --ignore=${A// / --ignore=}" scripts/gpu-check.sh OUT/b &
+#   CUDA_VISIBLE_DEVICES=1 CHECK_SUITES=none CHECK_WORKERS=10 \
+#     CHECK_TESTS="tests --ignore=tests/ops" scripts/gpu-check.sh OUT/rest &
 #   wait   (about 550 s on two H200s), then one summary of the parts:
 #   python -m fuseml.bench.gpu_check OUT/a OUT/b OUT/rest --write benchmarks/gpu-checks/<gpu>.txt
 # On one GPU, run the same parts one after another, one call each. Bench suites run apart:
-#   FUSEML_TESTS=none FUSEML_DEMO=0 FUSEML_SUITES="linear mlp lora tuning" scripts/gpu-check.sh OUT/s1
-# FUSEML_TESTS: pytest paths (and options) of the GPU tests ("none": skip);
-# FUSEML_TEST_WORKERS (default 14); FUSEML_DEMO=0 skips the demo; FUSEML_SUITES: suites
+#   CHECK_TESTS=none CHECK_DEMO=0 CHECK_SUITES="linear mlp lora tuning" scripts/gpu-check.sh OUT/s1
+# CHECK_TESTS: pytest paths (and options) of the GPU tests ("none": skip);
+# CHECK_WORKERS (default 14); CHECK_DEMO=0 skips the demo; CHECK_SUITES: suites
 # ("none": skip). The commit recorded is asked of git ("unknown (no git)" in a copied tree).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,17 +38,17 @@ status=0
 echo "== fuseml env" | tee "$OUT/env.txt"
 "$PY" -m fuseml env 2>&1 | tee -a "$OUT/env.txt" || status=1
 
-tests="${FUSEML_TESTS:-tests}"
+tests="${CHECK_TESTS:-tests}"
 if [ "$tests" != "none" ]; then
     echo "== GPU tests ($tests)" | tee "$OUT/tests.txt"
     echo "$tests" > "$OUT/tests.paths"
     # shellcheck disable=SC2086  # a list of paths
-    "$PY" -m pytest -q -m gpu -n "${FUSEML_TEST_WORKERS:-14}" -rfE -p no:cacheprovider --durations=25 \
+    "$PY" -m pytest -q -m gpu -n "${CHECK_WORKERS:-14}" -rfE -p no:cacheprovider --durations=25 \
         --junitxml "$OUT/tests.xml" $tests 2>&1 | tee -a "$OUT/tests.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
-if [ "${FUSEML_DEMO:-1}" != "0" ]; then
+if [ "${CHECK_DEMO:-1}" != "0" ]; then
     echo "== fuseml demo" | tee "$OUT/demo.txt"
     "$PY" -m fuseml demo 2>&1 | tee -a "$OUT/demo.txt"
     demo_rc=${PIPESTATUS[0]}
@@ -56,7 +56,7 @@ if [ "${FUSEML_DEMO:-1}" != "0" ]; then
     [ "$demo_rc" -eq 0 ] || status=1
 fi
 
-suites="${FUSEML_SUITES:-$("$PY" -c "from fuseml.bench.suites import SUITES; print(' '.join(SUITES))")}"
+suites="${CHECK_SUITES:-$("$PY" -c "from fuseml.bench.suites import SUITES; print(' '.join(SUITES))")}"
 [ "$suites" = "none" ] && suites=""
 for suite in $suites; do
     echo "== bench $suite (quick)" | tee "$OUT/bench-$suite.txt"

@@ -91,3 +91,21 @@ def test_importing_settings_loads_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_the_library_reads_no_fuseml_variable_but_the_settings():
+    """Every FUSEML_* name in the library's source (Python and CUDA) is a declared setting:
+    probe switches are arguments, not environment variables."""
+    import re
+    from pathlib import Path
+
+    src = Path(settings.__file__).parent
+    declared = {row.name for row in settings.describe()}
+    found = {}
+    for path in sorted(src.rglob("*")):
+        if path.suffix in (".py", ".cu", ".cuh", ".cpp", ".h"):
+            for name in re.findall(r"FUSEML_[A-Z0-9_]+", path.read_text()):
+                found.setdefault(name, path.relative_to(src).as_posix())
+    unknown = {name: where for name, where in found.items() if name not in declared}
+    assert not unknown, f"not declared in fuseml/settings.py: {unknown}"
+    assert len(declared) <= 8

@@ -237,10 +237,11 @@ def test_flat_launch_index_width(monkeypatch):
     ]  # fmt: skip
 
 
-def test_two_axis_grid_and_its_one_axis_fallback(monkeypatch):
+def test_two_axis_grid_and_its_one_axis_fallback():
     # 2-D launches put (column blocks, row blocks) on two grid axes; row blocks past the
     # second axis's limit go on one axis (the tile found by division). Both give the
-    # reference: the limit is lowered here so that a small tensor takes the fallback.
+    # reference: the one-axis launch is forced here (launch_config's one_axis, passed to
+    # the launcher as its config) so that a small tensor takes the fallback.
     from fuseml.ops import _elementwise as ew
 
     assert ew._config(4096, 4096, 2)["grid"] == (2, 4096)
@@ -250,16 +251,13 @@ def test_two_axis_grid_and_its_one_axis_fallback(monkeypatch):
     b = torch.randn(300)
     r = torch.randn(37, 300)
     want = bias_act_ref(x.double(), b.double(), r.double(), 0.5, "gelu")
-    for limit in (65535, 2):
-        monkeypatch.setattr(ew, "GRID_Y_MAX", limit)
-        ew._cached_config.cache_clear()
-        ew._direct_plan.cache_clear()
-        grid = ew.launch_config(37, 300, 4)["grid"]
-        assert len(grid) == (2 if limit == 65535 else 1)
-        got = fuseml.ops.bias_act(x, b, r, alpha=0.5, activation="gelu", backend="triton")
+    code = ew.ACT_CODE["gelu"]
+    for one_axis in (False, True):
+        cfg = ew.launch_config(37, 300, 4, code, one_axis=one_axis)
+        assert len(cfg["grid"]) == (1 if one_axis else 2)
+        got = poison_(torch.empty_like(x))
+        ew.bias_act_into(got, x, r, b, 0.5, code, impl="triton", config=cfg)
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
-    ew._cached_config.cache_clear()
-    ew._direct_plan.cache_clear()
 
 
 @pytest.mark.gpu
@@ -323,30 +321,26 @@ def test_2d_launch_half_packs_rule():
 
 @pytest.mark.parametrize(("device", "backend"), fused_targets(cuda_twin=False))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_2d_half_pack_tiles_compute_the_same(device, backend, dtype, monkeypatch):
-    """The 8-bytes-a-thread tiles, taken here at any size, on odd and aligned widths,
-    with and without a residual, in place too."""
+def test_2d_half_pack_tiles_compute_the_same(device, backend, dtype):
+    """The 8-bytes-a-thread tiles, forced here at any size (launch_config's half_pack,
+    passed to the launcher as its config), on odd and aligned widths, with and without a
+    residual, in place too."""
     from fuseml.ops import _elementwise as ew
 
-    monkeypatch.setattr(ew, "HALF_PACK_2D_MIN_BYTES", 0)
-    ew._cached_config.cache_clear()
-    ew._direct_plan.cache_clear()
-    try:
-        for shape in ((37, 300), (64, 512), (3, 1000), (2, 4096)):
-            for act in ("none", "relu", "leaky_relu"):
-                x, b, r = _inputs(shape, dtype, device)
-                cfg = ew.launch_config(*shape, x.element_size(), ew.ACT_CODE[act])
-                assert cfg["num_warps"] == ew.HALF_PACK_2D_WARPS
-                want = _ref64(x, b, r, 0.5, act)
-                out = fuseml.ops.bias_act(x, b, r, 0.5, act, backend=backend)
-                assert_close_verbose(out, want, dtype)
-                want = _ref64(x, b, None, 1.0, act)
-                got = fuseml.ops.bias_act(x, b, None, 1.0, act, out=x, backend=backend)
-                assert got.data_ptr() == x.data_ptr()
-                assert_close_verbose(x, want, dtype)
-    finally:
-        ew._cached_config.cache_clear()
-        ew._direct_plan.cache_clear()
+    for shape in ((37, 300), (64, 512), (3, 1000), (2, 4096)):
+        for act in ("none", "relu", "leaky_relu"):
+            x, b, r = _inputs(shape, dtype, device)
+            code = ew.ACT_CODE[act]
+            cfg = ew.launch_config(*shape, x.element_size(), code, half_pack=True)
+            assert cfg["num_warps"] == ew.HALF_PACK_2D_WARPS
+            want = _ref64(x, b, r, 0.5, act)
+            out = poison_(torch.empty_like(x))
+            ew.bias_act_into(out, x, r, b, 0.5, code, impl=backend, config=cfg)
+            assert_close_verbose(out, want, dtype)
+            want = _ref64(x, b, None, 1.0, act)
+            got = ew.bias_act_into(x, x, None, b, 1.0, code, impl=backend, config=cfg)
+            assert got.data_ptr() == x.data_ptr()
+            assert_close_verbose(x, want, dtype)
 
 
 @pytest.mark.gpu

@@ -172,7 +172,7 @@ def test_other_launches_pass_every_kernel_argument(op, every_argument):
     from fuseml.ops import _elementwise, _mlp_kernels, gemm
 
     # (the modules, not the ops of the same names that fuseml.ops exports)
-    softmax_mod = importlib.import_module("fuseml.ops.softmax")
+    softmax_mod = importlib.import_module("fuseml.ops._softmax.rows")
     x = torch.randn(8, 64)
     w, b = torch.randn(32, 64), torch.randn(32)
     if op in ("softmax", "log_softmax"):

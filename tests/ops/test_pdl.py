@@ -214,7 +214,7 @@ def test_softmax_rows_of_few_warps_launch_without_pdl(monkeypatch):
     """The on-chip softmax's launch plans: float32 rows of 512 columns (two-warp programs)
     launch without PDL while it is on, 16-bit rows of 1024 (four-warp programs under it)
     with it, where the device has it; and both give what they give with PDL off."""
-    sm = importlib.import_module("fuseml.ops.softmax")  # (fuseml.ops.softmax: the op)
+    sm = importlib.import_module("fuseml.ops._softmax.rows")
     monkeypatch.setenv("FUSEML_PDL", "1")
     hopper = torch.cuda.get_device_capability()[0] >= 9
     for n_cols, dtype, takes in ((512, torch.float32, False), (1024, torch.bfloat16, True)):

@@ -1,16 +1,15 @@
 import importlib
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fuseml
+from fuseml.ops._softmax import long_rows as lr
+from fuseml.ops._softmax import rows as onchip
 from fuseml.ops._utils import cdiv
 from fuseml.runtime import triton_interpreting
-from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_
+from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_, tolerance
 
 # The module, not the function fuseml.ops.softmax that shadows it as an attribute.
 sm = importlib.import_module("fuseml.ops.softmax")
@@ -23,8 +22,38 @@ def _ref(x, dim, log):
     return fn(x.double(), dim)
 
 
+def _check(out, x, dim, log, dtype=None):
+    """``out`` against the float64 reference: the relative error norm within the
+    tolerance, and the worst element too, since a norm over many rows hides a few wrong
+    ones (at 65536 rows, 1-3 wrong rows give a norm of 0.004-0.005, within bf16's
+    tolerance). softmax outputs are probabilities: no element may be off by more than the
+    tolerance times the largest probability of its row (rows of small probabilities get
+    a bound of their own scale). log_softmax outputs: the tolerance times max(1, |ref|)."""
+    ref = _ref(x, dim, log)
+    dtype = dtype or out.dtype
+    assert_close_verbose(out, ref, dtype)
+    out64, ref64 = out.detach().double().cpu(), ref.cpu()
+    finite = torch.isfinite(ref64)
+    if log:
+        bound = ref64.abs().clamp(min=1.0)
+    else:
+        rows_max = torch.nan_to_num(ref64, nan=0.0).amax(dim % max(x.dim(), 1), keepdim=True)
+        bound = rows_max.expand_as(ref64)
+    err = (out64 - ref64).abs()
+    worst = (err[finite] / bound[finite]).max() if finite.any() else torch.tensor(0.0)
+    assert worst <= tolerance(dtype), (
+        f"worst element off by {worst:.3e} of its scale > {tolerance(dtype):.1e} ({dtype})"
+    )
+
+
 def _op(log):
     return fuseml.ops.log_softmax if log else fuseml.ops.softmax
+
+
+def _forced(x, log, dim=-1, backend="triton", **force):
+    """The op through its launcher with a kernel forced: ``force`` holds the keywords of
+    softmax._forward (path, block, split, pairs, strided_tile)."""
+    return sm._forward(x, dim % max(x.dim(), 1), log, backend, False, **force)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
@@ -35,7 +64,7 @@ def test_softmax_last_dim(device, backend, log, dtype, shape):
     x = 4 * torch.randn(shape, dtype=dtype, device=device)
     out = _op(log)(x, backend=backend)
     assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
-    assert_close_verbose(out, _ref(x, -1, log), dtype)
+    _check(out, x, -1, log, dtype)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
@@ -43,7 +72,7 @@ def test_softmax_last_dim(device, backend, log, dtype, shape):
 @pytest.mark.parametrize("dim", [0, 1, -3])
 def test_softmax_any_dim(device, backend, log, dim):
     x = torch.randn(6, 35, 4, device=device)
-    assert_close_verbose(_op(log)(x, dim, backend=backend), _ref(x, dim, log))
+    _check(_op(log)(x, dim, backend=backend), x, dim, log)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
@@ -51,14 +80,14 @@ def test_softmax_any_dim(device, backend, log, dim):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("two_pass", [False, True])
 @pytest.mark.parametrize(("shape", "dim"), [((3, 37, 5), 1), ((70, 3), 0), ((2, 9, 3, 131), 1)])
-def test_softmax_non_last_dim(device, backend, log, dtype, two_pass, shape, dim, monkeypatch):
-    if two_pass:  # force the running max / sum path of the strided kernel at small sizes
-        monkeypatch.setattr(sm, "STRIDED_ONE_PASS", 16)
-        monkeypatch.setattr(sm, "STRIDED_TILE", 64)
+def test_softmax_non_last_dim(device, backend, log, dtype, two_pass, shape, dim):
     x = 4 * torch.randn(shape, dtype=dtype, device=device)
-    out = _op(log)(x, dim, backend=backend)
+    if two_pass:  # the running max / sum path of the strided kernel, at small sizes
+        out = _forced(x, log, dim, backend, strided_tile=64)
+    else:
+        out = _op(log)(x, dim, backend=backend)
     assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
-    assert_close_verbose(out, _ref(x, dim, log), dtype)
+    _check(out, x, dim, log, dtype)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
@@ -72,18 +101,16 @@ def test_softmax_non_last_dim_needs_no_transposing_copy(device, backend, monkeyp
     monkeypatch.undo()
     assert not calls  # went through the strided kernel, no movedim + contiguous copy
     for dim, out in zip((0, 1), outs):
-        assert_close_verbose(out, _ref(x, dim, False))
+        _check(out, x, dim, False)
     # a layout with no (outer, N, inner) view still works (one transposing copy)
     xp = torch.randn(4, 30, 6, device=device).permute(1, 0, 2)
-    assert_close_verbose(fuseml.ops.softmax(xp, 0, backend=backend), _ref(xp, 0, False))
+    _check(fuseml.ops.softmax(xp, 0, backend=backend), xp, 0, False)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("two_pass", [False, True])
-def test_softmax_non_last_dim_edge_values(device, backend, two_pass, monkeypatch):
-    if two_pass:
-        monkeypatch.setattr(sm, "STRIDED_ONE_PASS", 4)
-        monkeypatch.setattr(sm, "STRIDED_TILE", 8)
+def test_softmax_non_last_dim_edge_values(device, backend, two_pass):
+    force = {"strided_tile": 8} if two_pass else {}
     ninf, inf = float("-inf"), float("inf")
     cols = torch.tensor(
         [
@@ -97,7 +124,7 @@ def test_softmax_non_last_dim_edge_values(device, backend, two_pass, monkeypatch
     for log in (False, True):
         for dtype in (torch.float32, torch.float16):
             xd = cols.to(dtype).contiguous()
-            out = _op(log)(xd, 0, backend=backend)
+            out = _forced(xd, log, 0, backend, **force)
             ref = (torch.log_softmax if log else torch.softmax)(xd.double(), 0).to(dtype)
             torch.testing.assert_close(out, ref, equal_nan=True, rtol=2e-3, atol=1e-6)
 
@@ -110,131 +137,129 @@ def test_softmax_non_last_dim_edge_values(device, backend, two_pass, monkeypatch
 def test_softmax_non_last_dim_on_gpu(shape, dim):
     x = 6 * torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     for log in (False, True):
-        assert_close_verbose(_op(log)(x, dim, backend="triton"), _ref(x, dim, log), torch.bfloat16)
+        _check(_op(log)(x, dim, backend="triton"), x, dim, log, torch.bfloat16)
+
+
+def test_check_bounds_the_worst_element():
+    """_check fails a few wrong rows among many that the error norm lets pass: one row of
+    65536 shuffled is within bf16's norm tolerance, not within the worst-element bound."""
+    x = 4 * torch.randn(65536, 64)
+    for log in (False, True):
+        out = _ref(x, -1, log).to(torch.bfloat16)
+        _check(out, x, -1, log, torch.bfloat16)
+        out[123] = out[123].flip(0)
+        assert_close_verbose(out, _ref(x, -1, log), torch.bfloat16)
+        with pytest.raises(AssertionError, match="worst element"):
+            _check(out, x, -1, log, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n_cols", [128, 1000, 4096])
+def test_softmax_many_rows_on_gpu(backend, dtype, n_cols):
+    # 65536 rows: where a few wrong rows would pass the error norm (see _check)
+    x = 6 * torch.randn(65536, n_cols, device="cuda", dtype=dtype)
+    for log in (False, True):
+        _check(_op(log)(x, backend=backend), x, -1, log, dtype)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 def test_softmax_strided_inputs(device, backend):
     big = torch.randn(40, 90, device=device)
     for x in (big[:, 10:70], big.t(), big[::2, ::3]):
-        assert_close_verbose(fuseml.ops.softmax(x, backend=backend), _ref(x, -1, False))
+        _check(fuseml.ops.softmax(x, backend=backend), x, -1, False)
 
 
-def _long_row_path(monkeypatch, path: str, block: int) -> None:
-    """Send rows longer than ``block`` columns down one of the long-row kernels: "split"
-    (chunks of ``block`` columns over several programs, on a (chunks, rows) grid; "split-1d"
-    the same on one grid axis, as for more rows than the second axis takes), "online" (the
-    two-pass kernel, one program per row) or "online-persistent" (the same, fewer programs
-    than rows)."""
-    monkeypatch.setattr(sm, "MAX_ONCHIP_COLS", block)
-    monkeypatch.setattr(sm, "SPLIT_BLOCK", block)
-    monkeypatch.setattr(sm, "ONLINE_BLOCK", block)
-    if path == "split-1d":
-        monkeypatch.setattr(sm, "SPLIT_GRID_2D", False)
-    elif path != "split":
-        monkeypatch.setattr(sm, "SPLIT_MAX_CHUNKS", 0)
-    monkeypatch.setattr(sm, "ONLINE_PER_SM", int(path == "online-persistent"))
-
-
-LONG_PATHS = ["split", "split-1d", "online", "online-persistent"]
+# The long-row kernels, forced through the launcher's ``path``: "split" (chunks of
+# ``block`` columns over several programs, on a (chunks, rows) grid), "split-1d" (the same
+# on one grid axis, as for more rows than the second axis takes), "online" (the two-pass
+# kernel, one program per row) or "online-persistent" (the same, fewer programs than rows).
+LONG_PATHS = list(lr.LONG_ROW_PATHS)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("path", LONG_PATHS)
-def test_softmax_long_row_paths(device, backend, log, dtype, path, monkeypatch):
+def test_softmax_long_row_paths(device, backend, log, dtype, path):
     if backend == "cuda":
         pytest.skip("the CUDA twin's long-row path is covered by test_softmax_long_rows_on_gpu")
     # The long-row kernels at sizes the interpreter can run: 9 chunks of 128 columns a row
     # (the last one ragged) for "split".
-    _long_row_path(monkeypatch, path, 128)
+    force = {"path": path, "block": 128}
     big = 8 * torch.randn(3, 1045, dtype=dtype, device=device)
     # An odd width (rows start at every alignment: each row's aligned body, head and tail),
     # and a view whose rows are not lined up with the output's (one element at a time).
     for x in (big[:, :1037].contiguous(), big[:, 3:1040]):
         if path.startswith("split"):
-            assert sm._split_config(x) == (128, 9)
-        assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
+            assert lr._split_config(x, block=128) == (128, 9)
+        _check(_forced(x, log, backend=backend, **force), x, -1, log, dtype)
     # one row, and a batched (3-D) input
     for x in (big[:1, :1037], big[:, :1040].reshape(3, 2, 520)):
-        assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
+        _check(_forced(x, log, backend=backend, **force), x, -1, log, dtype)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("log", [False, True])
-@pytest.mark.parametrize("balanced", [False, True])
-def test_softmax_split_chunk_shares(device, backend, log, balanced, monkeypatch):
-    # 530 columns in chunks of at most 128: 5 programs a row with 128 columns and the last
-    # 18 (not balanced); balanced, 5 x 112 would use 88% of each program's 128 columns,
-    # so it takes half the block: 9 programs of 64 (all used). Aligned, unaligned and
-    # lined-up views.
+def test_softmax_split_chunk_shares(device, backend, log):
+    # 530 columns in chunks of at most 128: shared evenly, 5 x 112 would use 88% of each
+    # program's 128 columns, so it takes half the block: 9 programs of 64 (all used).
+    # Aligned, unaligned and lined-up views.
     if backend == "cuda":
         pytest.skip("the split kernel's column shares are the Triton kernel's")
-    _long_row_path(monkeypatch, "split", 128)
-    monkeypatch.setattr(sm, "SPLIT_BALANCED", balanced)
     big = 8 * torch.randn(4, 540, dtype=torch.bfloat16, device=device)
     for x in (big[:, :530].contiguous(), big[:, 3:533], big[:, 8:538]):
-        assert sm._split_config(x) == ((64, 9) if balanced else (128, 5))
+        assert lr._split_config(x, block=128) == (64, 9)
         # chunks held as int32 pairs keep the block (the rows of the first and last views
-        # line up with the output's)
-        assert sm._split_config(x, pairs=True) == (128, 5)
-        assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), torch.bfloat16)
+        # line up with the output's): 5 programs of 112 columns
+        assert lr._split_config(x, pairs=True, block=128) == (128, 5)
+        out = _forced(x, log, backend=backend, path="split", block=128)
+        _check(out, x, -1, log, torch.bfloat16)
 
 
 def test_split_config_limits():
     x = torch.empty(2, 1)
-    block = sm.SPLIT_BLOCK
+    block = lr.SPLIT_BLOCK
     # (block + 1: two chunks of 4112 use half their columns, three of 2736 two thirds of
     # half the block)
     limits = ((block, None), (block + 1, (block // 2, 3)), (4 * block, (block, 4)))
     for n_cols, config in limits:
-        assert sm._split_config(x.expand(2, n_cols)) == config
+        assert lr._split_config(x.expand(2, n_cols)) == config
     # Longer rows take longer chunks, up to SPLIT_MAX_BLOCK columns; past that, the online
     # kernel
-    most = sm.SPLIT_MAX_BLOCK * sm.SPLIT_MAX_CHUNKS
-    assert sm._split_config(x.expand(2, most)) == (sm.SPLIT_MAX_BLOCK, sm.SPLIT_MAX_CHUNKS)
-    assert sm._split_config(x.expand(2, most + 1)) is None
+    most = lr.SPLIT_MAX_BLOCK * lr.SPLIT_MAX_CHUNKS
+    assert lr._split_config(x.expand(2, most)) == (lr.SPLIT_MAX_BLOCK, lr.SPLIT_MAX_CHUNKS)
+    assert lr._split_config(x.expand(2, most + 1)) is None
     # Half the block where its chunks fill their columns better (50257: 13 x 3872 of 4096
     # against 7 x 7184 of 8192), not where both fill them (65536)
-    assert sm.SPLIT_BLOCK == 8192
-    assert sm._split_config(x.expand(2, 50257)) == (4096, 13)
-    assert sm._split_config(x.expand(2, 65536)) == (8192, 8)
+    assert lr.SPLIT_BLOCK == 8192
+    assert lr._split_config(x.expand(2, 50257)) == (4096, 13)
+    assert lr._split_config(x.expand(2, 65536)) == (8192, 8)
     # ... unless the chunks are held as int32 pairs (16-bit rows): they keep the block
-    assert sm._split_config(x.expand(2, 50257), pairs=True) == (8192, 7)
+    assert lr._split_config(x.expand(2, 50257), pairs=True) == (8192, 7)
 
 
-def test_split_pairs_only_where_the_int32_accesses_are_aligned(monkeypatch):
+def test_split_pairs_only_where_the_int32_accesses_are_aligned():
     # int32 pairs need 16-bit elements, both data pointers 16-byte aligned and the rows of
     # x and out lined up (a first GPU run faulted on a view 3 elements into its storage);
-    # float32 and a fake tensor (torch.compile tracing: no pointer) keep float32 values
-    monkeypatch.setattr(sm, "SPLIT_PAIRS", True)
+    # float32 and a fake tensor (torch.compile tracing: no pointer) keep float32 values.
+    # (pairs=False at the launch keeps them too: test_split_pairs_match_the_float_path)
     big = torch.zeros(4, 1045, dtype=torch.bfloat16)
     x = big[:, :1037].contiguous()
-    assert sm._split_pairs(x, torch.empty_like(x))
-    assert sm._split_pairs(x.half(), torch.empty_like(x.half()))
-    assert not sm._split_pairs(x.float(), torch.empty_like(x.float()))
+    assert lr._split_pairs(x, torch.empty_like(x))
+    assert lr._split_pairs(x.half(), torch.empty_like(x.half()))
+    assert not lr._split_pairs(x.float(), torch.empty_like(x.float()))
     view = big[:, 8:1045]  # data 16 bytes in, rows 1045 apart against the output's 1037
-    assert sm._split_pairs(view, torch.empty(view.shape, dtype=view.dtype))
+    assert lr._split_pairs(view, torch.empty(view.shape, dtype=view.dtype))
     shifted = big[:, 3:1040]  # data 6 bytes off 16
-    assert not sm._split_pairs(shifted, torch.empty(shifted.shape, dtype=shifted.dtype))
+    assert not lr._split_pairs(shifted, torch.empty(shifted.shape, dtype=shifted.dtype))
     unlined = big[:, :1038]  # rows 1045 apart against 1038
-    assert not sm._split_pairs(unlined, torch.empty(unlined.shape, dtype=unlined.dtype))
+    assert not lr._split_pairs(unlined, torch.empty(unlined.shape, dtype=unlined.dtype))
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(x)
-        assert not sm._split_pairs(fake, torch.empty_like(fake))
-    monkeypatch.setattr(sm, "SPLIT_PAIRS", False)
-    assert not sm._split_pairs(x, torch.empty_like(x))
-
-
-def test_split_pairs_knob_takes_0_or_1():
-    # FUSEML_SOFTMAX_PAIRS is read at import: a value other than 0 or 1 is an error there
-    env = {**os.environ, "FUSEML_SOFTMAX_PAIRS": "off"}
-    run = subprocess.run(
-        [sys.executable, "-c", "import fuseml.ops"], env=env, capture_output=True, text=True
-    )
-    assert run.returncode != 0
-    assert "FUSEML_SOFTMAX_PAIRS must be 0 or 1, got 'off'" in run.stderr
+        assert not lr._split_pairs(fake, torch.empty_like(fake))
 
 
 class _SplitSpy:
@@ -253,15 +278,15 @@ class _SplitSpy:
         return run
 
 
-def _split_pairs_runs(monkeypatch, x, log):
-    """The split kernel's output with SPLIT_PAIRS off and on, and the PAIRS each took."""
-    spy = _SplitSpy(sm._softmax_split_kernel)
-    monkeypatch.setattr(sm, "_softmax_split_kernel", spy)
+def _split_pairs_runs(monkeypatch, x, log, **force):
+    """The split kernel's output with pairs=False and True at the launch (and ``force``),
+    and the PAIRS each launch took."""
+    spy = _SplitSpy(lr._softmax_split_kernel)
+    monkeypatch.setattr(lr, "_softmax_split_kernel", spy)
     outs = []
     for on in (False, True):
-        monkeypatch.setattr(sm, "SPLIT_PAIRS", on)
         spy.pairs.clear()
-        outs.append((_op(log)(x, backend="triton"), set(spy.pairs)))
+        outs.append((_forced(x, log, path="split", pairs=on, **force), set(spy.pairs)))
     return outs
 
 
@@ -274,16 +299,15 @@ def test_split_pairs_match_the_float_path(log, dtype, monkeypatch):
     # alignment, so every head / tail piece), an all -inf row and a chunk of -inf;
     # float32 and a view whose rows do not line up with the output's (1045 against 1038
     # elements apart) keep float32 values.
-    _long_row_path(monkeypatch, "split", 128)
     big = 8 * torch.randn(4, 1045, dtype=dtype)
     big[1] = float("-inf")
     big[2, 200:400] = float("-inf")
     for x, pairs in ((big[:, :1037].contiguous(), dtype != torch.float32), (big[:, 3:1041], False)):
-        (off, took_off), (on, took_on) = _split_pairs_runs(monkeypatch, x, log)
+        (off, took_off), (on, took_on) = _split_pairs_runs(monkeypatch, x, log, block=128)
         assert took_off == {False} and took_on == {pairs}
         assert torch.equal(off.isnan(), on.isnan())
         assert torch.equal(off.nan_to_num(), on.nan_to_num())
-        assert_close_verbose(on[[0, 2, 3]], _ref(x[[0, 2, 3]], -1, log), dtype)
+        _check(on[[0, 2, 3]], x[[0, 2, 3]], -1, log, dtype)
 
 
 @pytest.mark.gpu
@@ -294,14 +318,14 @@ def test_split_pairs_match_the_float_path(log, dtype, monkeypatch):
 def test_split_pairs_bit_exact_on_gpu(log, dtype, n_cols, monkeypatch):
     # Pairs on and off at the same split (7 x 7184 and 8 x 8192 columns: without pairs
     # 50257 columns would take 13 x 3872, and a different split sums in another order)
-    monkeypatch.setattr(sm, "SPLIT_HALF_GAIN", 2.0)
     x = 10 * torch.randn(64, n_cols, device="cuda", dtype=dtype)
     x[5, : n_cols // 2] = float("-inf")
-    assert sm._split_config(x) == sm._split_config(x, pairs=True) == (8192, cdiv(n_cols, 8192))
-    (off, took_off), (on, took_on) = _split_pairs_runs(monkeypatch, x, log)
+    split = lr._split_config(x, pairs=True)
+    assert split == (8192, cdiv(n_cols, 8192))
+    (off, took_off), (on, took_on) = _split_pairs_runs(monkeypatch, x, log, split=split)
     assert took_off == {False} and took_on == {True}
     assert torch.equal(off, on)
-    assert_close_verbose(on, _ref(x, -1, log), dtype)
+    _check(on, x, -1, log, dtype)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
@@ -312,7 +336,7 @@ def test_softmax_fp32_rows_up_to_1024(device, backend, log):
     big = 4 * torch.randn(6, 1030, device=device)
     for n in (512, 513, 1000, 1003, 1024):
         for x in (big[:, :n].contiguous(), big[:, 1 : n + 1]):
-            assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), torch.float32)
+            _check(_op(log)(x, backend=backend), x, -1, log, torch.float32)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
@@ -322,58 +346,58 @@ def test_softmax_rows_vec_views(device, backend, log):
     # strides are whole vectors (row stride 1008), one element at a time where not (1003).
     for width, vec in ((1008, 8), (1003, 1)):
         x = (6 * torch.randn(5, width, device=device)).to(torch.bfloat16)[:, :1000]
-        assert sm._rows_vec(x, torch.empty(5, 1000, dtype=x.dtype)) == vec
-        assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), torch.bfloat16)
-    assert sm._rows_vec(torch.empty(2, 1000), torch.empty(2, 1000)) == 4  # fp32: 4 a vector
+        assert onchip._rows_vec(x, torch.empty(5, 1000, dtype=x.dtype)) == vec
+        _check(_op(log)(x, backend=backend), x, -1, log, torch.bfloat16)
+    assert onchip._rows_vec(torch.empty(2, 1000), torch.empty(2, 1000)) == 4  # fp32: 4 a vector
 
 
 def test_rows_config_grid_kind():
-    # one program per row up to 16384 columns, the persistent grid from 32768 (the sweep
-    # in ops/softmax.py)
+    # one program per row up to 16384 columns, the persistent grid from 32768 (the rule
+    # in ops/_softmax/rows.py)
     for n_cols in (128, 1000, 1024, 4096, 16384):
-        assert not sm._rows_config(n_cols, 2)["PERSISTENT"]
+        assert not onchip._rows_config(n_cols, 2)["PERSISTENT"]
     # a program takes one row block, so its loop runs once: one stage (from 1024 columns),
     # but 2 for row tiles of TWO_STAGE_MIN_BYTES (fewer registers: float32 16384)
     for n_cols in (1000, 1024, 2048, 3000, 4096, 8192, 16384):
         for elem_size in (2, 4):
-            big = n_cols * elem_size >= sm.TWO_STAGE_MIN_BYTES
-            assert sm._rows_config(n_cols, elem_size)["NUM_STAGES"] == (2 if big else 1)
-    assert sm._rows_config(16384, 4)["NUM_STAGES"] == 2
+            big = n_cols * elem_size >= onchip.TWO_STAGE_MIN_BYTES
+            assert onchip._rows_config(n_cols, elem_size)["NUM_STAGES"] == (2 if big else 1)
+    assert onchip._rows_config(16384, 4)["NUM_STAGES"] == 2
     for n_cols in (16385, 32768):
-        cfg = sm._rows_config(n_cols, 2)
-        assert cfg["PERSISTENT"] and cfg["NUM_STAGES"] == sm.PERSISTENT_STAGES
+        cfg = onchip._rows_config(n_cols, 2)
+        assert cfg["PERSISTENT"] and cfg["NUM_STAGES"] == onchip.PERSISTENT_STAGES
 
 
 def test_rows_config_warps_from_1024_columns():
     # one warp per 512 columns up to 16, WARPS_4096 for a 4096-wide block; float32 rows at
-    # least FP32_MIN_WARPS (the sweeps in ops/softmax.py)
+    # least FP32_MIN_WARPS (the rules in ops/_softmax/rows.py)
     for n_cols, bf16, fp32 in ((1000, 2, 4), (1024, 2, 4), (2048, 4, 4), (3000, 4, 4),
                                (4096, 4, 4), (8192, 16, 16), (16384, 16, 16),
                                (32768, 16, 16)):  # fmt: skip
-        assert sm._rows_config(n_cols, 2)["num_warps"] == bf16
-        assert sm._rows_config(n_cols, 4)["num_warps"] == fp32
+        assert onchip._rows_config(n_cols, 2)["num_warps"] == bf16
+        assert onchip._rows_config(n_cols, 4)["num_warps"] == fp32
 
 
 def test_rows_config_stages_fit_shared_memory():
     # NUM_STAGES - 1 row tiles in flight must fit the device's shared memory per block: on an
     # H100 / H200 (232448 bytes opt-in) 32768 bf16 columns keep 3 stages, fp32 would get 2
     h100 = 232448
-    assert sm._rows_config(32768, 2, h100)["NUM_STAGES"] == sm.PERSISTENT_STAGES == 3
+    assert onchip._rows_config(32768, 2, h100)["NUM_STAGES"] == onchip.PERSISTENT_STAGES == 3
     # fp32 would get 2: one program per row with one stage instead of the persistent grid
-    fp32 = sm._rows_config(32768, 4, h100)
+    fp32 = onchip._rows_config(32768, 4, h100)
     assert fp32["NUM_STAGES"] == 1 and not fp32["PERSISTENT"]
-    assert sm._rows_config(32768, 4)["PERSISTENT"]  # no limit (the interpreter)
+    assert onchip._rows_config(32768, 4)["PERSISTENT"]  # no limit (the interpreter)
     for elem_size in (2, 4):
         for n_cols in (100, 1000, 4096, 16384, 32768):
             for smem in (48 * 1024, 99 * 1024, 164 * 1024, h100):
-                cfg = sm._rows_config(n_cols, elem_size, smem)
+                cfg = onchip._rows_config(n_cols, elem_size, smem)
                 tile = cfg["ROWS"] * cfg["BLOCK_N"] * elem_size
                 assert cfg["NUM_STAGES"] >= 1
                 assert cfg["NUM_STAGES"] == 1 or (cfg["NUM_STAGES"] - 1) * tile + 64 <= smem
-                unlimited = sm._rows_config(n_cols, elem_size)
+                unlimited = onchip._rows_config(n_cols, elem_size)
                 assert cfg["NUM_STAGES"] <= unlimited["NUM_STAGES"]
                 if cfg["PERSISTENT"] != unlimited["PERSISTENT"]:  # capped below its stages
-                    assert unlimited["NUM_STAGES"] == sm.PERSISTENT_STAGES
+                    assert unlimited["NUM_STAGES"] == onchip.PERSISTENT_STAGES
                     assert cfg["NUM_STAGES"] == 1 and not cfg["PERSISTENT"]
                 same = ("ROWS", "BLOCK_N", "num_warps")
                 assert all(cfg[k] == unlimited[k] for k in same)
@@ -390,7 +414,7 @@ def test_softmax_wide_rows_every_dtype_on_gpu(backend, dtype, n_cols):
     rows = 300 if n_cols <= 32768 else 40
     x = 8 * torch.randn(rows, n_cols, device="cuda", dtype=dtype)
     for log in (False, True):
-        assert_close_verbose(_op(log)(x, backend=backend), _ref(x, -1, log), dtype)
+        _check(_op(log)(x, backend=backend), x, -1, log, dtype)
 
 
 @pytest.mark.parametrize("elem_size", [2, 4])
@@ -399,18 +423,20 @@ def test_rows_config_short_rows_one_vector_a_thread(elem_size):
     # tile, except where that tile is one row (float32 512): two rows on two warps (four
     # vectors a thread), 2 stages
     for n_cols in (3, 100, 128, 200, 512, 1000):
-        cfg = sm._rows_config(n_cols, elem_size)
+        cfg = onchip._rows_config(n_cols, elem_size)
         tile_bytes = cfg["ROWS"] * cfg["BLOCK_N"] * elem_size
         if (n_cols, elem_size) == (512, 4):
             assert (cfg["ROWS"], cfg["num_warps"], cfg["NUM_STAGES"]) == (
-                sm.SHORT_PAIR_ROWS, sm.SHORT_PAIR_WARPS, 2,
+                onchip.SHORT_PAIR_ROWS, onchip.SHORT_PAIR_WARPS, 2,
             )  # fmt: skip
         elif n_cols <= 512:
-            assert tile_bytes == min(sm.SHORT_TILE_BYTES, sm.MAX_ROWS * cfg["BLOCK_N"] * elem_size)
+            assert tile_bytes == min(
+                onchip.SHORT_TILE_BYTES, onchip.MAX_ROWS * cfg["BLOCK_N"] * elem_size
+            )
             assert cfg["ROWS"] > 1 and cfg["num_warps"] == 4 and cfg["NUM_STAGES"] == 1
         else:
             assert cfg["ROWS"] == 1  # from 1024 columns (a block), one row a program
-    assert sm._rows_config(128, 2)["ROWS"] == 8 and sm._rows_config(128, 4)["ROWS"] == 4
+    assert onchip._rows_config(128, 2)["ROWS"] == 8 and onchip._rows_config(128, 4)["ROWS"] == 4
 
 
 @pytest.mark.gpu
@@ -418,33 +444,30 @@ def test_rows_config_short_rows_one_vector_a_thread(elem_size):
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
 @pytest.mark.parametrize("n_cols", [1025, 8191, 32768, 32769, 50257, 65536, 262144, 1_048_576])
 @pytest.mark.parametrize("path", ["default", *LONG_PATHS])
-def test_softmax_long_rows_on_gpu(backend, n_cols, path, monkeypatch):
+def test_softmax_long_rows_on_gpu(backend, n_cols, path):
     if path != "default" and (backend == "cuda" or n_cols <= sm.MAX_ONCHIP_COLS):
         pytest.skip("path sets the Triton long-row kernels only")
-    if path != "default":
-        _long_row_path(monkeypatch, path, sm.MAX_ONCHIP_COLS)
-        monkeypatch.setattr(sm, "SPLIT_BLOCK", 16384)
-        monkeypatch.setattr(sm, "ONLINE_BLOCK", 16384)
+    force = {} if path == "default" else {"path": path, "block": 16384}
     rows = 300 if path == "online-persistent" else 40  # more rows than the persistent grid
     big = 10 * torch.randn(rows, n_cols + 3, device="cuda", dtype=torch.bfloat16)
     # contiguous, and a view with unaligned rows (the split kernel's one-element path)
     for x in (big[:, :n_cols].contiguous(), big[:, 3:]):
         if path.startswith("split"):
-            assert sm._split_config(x) is not None
-        out = fuseml.ops.softmax(x, backend=backend)
-        assert_close_verbose(out, _ref(x, -1, False), torch.bfloat16)
-        out = fuseml.ops.log_softmax(x, backend=backend)
-        assert_close_verbose(out, _ref(x, -1, True), torch.bfloat16)
+            assert lr._split_config(x, block=16384) is not None
+        for log in (False, True):
+            out = (
+                _forced(x, log, backend=backend, **force) if force else _op(log)(x, backend=backend)
+            )
+            _check(out, x, -1, log, torch.bfloat16)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("path", ["onchip", "split", "online"])
-def test_softmax_edge_values_match_torch(device, backend, log, path, monkeypatch):
+def test_softmax_edge_values_match_torch(device, backend, log, path):
     if path != "onchip" and backend == "cuda":
         pytest.skip("thresholds of the Triton kernels only")
-    if path != "onchip":
-        _long_row_path(monkeypatch, path, 4)  # split: 3 chunks of 4 columns a row
+    force = {} if path == "onchip" else {"path": path, "block": 4}  # (split: chunks of 4)
     ninf, inf = float("-inf"), float("inf")
     x = torch.tensor(
         [
@@ -459,7 +482,7 @@ def test_softmax_edge_values_match_torch(device, backend, log, path, monkeypatch
     )
     for dtype in (torch.float32, torch.float16):
         xd = x.to(dtype)
-        out = _op(log)(xd, backend=backend)
+        out = _forced(xd, log, backend=backend, **force) if force else _op(log)(xd, backend=backend)
         ref = (torch.log_softmax if log else torch.softmax)(xd.double(), -1).to(dtype)
         torch.testing.assert_close(out, ref, equal_nan=True, rtol=2e-3, atol=1e-6)
 
@@ -535,7 +558,7 @@ def test_softmax_compile_fullgraph(device, backend):
 def test_softmax_backends_on_cpu():
     x = torch.randn(4, 9)
     for backend in ("auto", "eager", "compile"):
-        assert_close_verbose(fuseml.ops.softmax(x, backend=backend), _ref(x, -1, False))
+        _check(fuseml.ops.softmax(x, backend=backend), x, -1, False)
 
 
 def test_softmax_bad_input():
@@ -555,10 +578,10 @@ def test_poison_helper_marks_unwritten():
 
 
 def test_online_block_halves_the_step_for_rows_it_does_not_divide():
-    full = sm.ONLINE_BLOCK
-    assert sm._online_block(4 * full) == full  # 65536 with 16384-column steps
-    assert sm._online_block(3 * full + 1) == full // 2  # ragged (50257): half the step
-    assert sm._online_block(1000) == 1024  # shorter than a step: one step of the row
+    full = lr.ONLINE_BLOCK
+    assert lr._online_block(4 * full) == full  # 65536 with 16384-column steps
+    assert lr._online_block(3 * full + 1) == full // 2  # ragged (50257): half the step
+    assert lr._online_block(1000) == 1024  # shorter than a step: one step of the row
 
 
 @pytest.mark.gpu
@@ -570,7 +593,7 @@ def test_softmax_direct_launch_matches_the_ordinary_launch_gpu(log, monkeypatch)
     taken several at a time, widths that are multiples of 16 and not (1000, 1003), a
     row-strided view and a 16-byte-misaligned input (always the ordinary launch); every
     case compiles its own entry."""
-    launches = sm._rows_launches
+    launches = onchip._rows_launches
     monkeypatch.setattr(launches, "compiled", {})
     buf = torch.randn(64 * 1000 + 1, device="cuda", dtype=torch.bfloat16)
     cases = [
@@ -587,7 +610,7 @@ def test_softmax_direct_launch_matches_the_ordinary_launch_gpu(log, monkeypatch)
             monkeypatch.setattr(launches, "enabled", direct)
             outs.append(_op(log)(x, -1, backend="triton"))
         assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
-        assert_close_verbose(outs[2], _ref(x, -1, log), x.dtype)
+        _check(outs[2], x, -1, log, x.dtype)
     assert len(launches.compiled) == len(cases) - 1
 
 
@@ -599,17 +622,17 @@ def test_split_counters_left_at_zero_gpu(monkeypatch):
     (one slice reused), a call on another stream, and a CUDA graph of two launches
     replayed three times between eager calls, each time matching torch; afterwards every
     counter of the slab is zero again."""
-    slab = sm.CounterSlab(1 << 14, "test counters")
-    monkeypatch.setattr(sm, "_split_slab", slab)
+    slab = lr.CounterSlab(1 << 14, "test counters")
+    monkeypatch.setattr(lr, "_split_slab", slab)
     taken = []
-    take = sm.split_counters
+    take = lr.split_counters
     monkeypatch.setattr(
         sm, "split_counters", lambda x2, n: taken.append(take(x2, n)) or taken[-1]
     )  # fmt: skip
 
     def check(x, log):
-        assert sm._split_config(x) is not None
-        assert_close_verbose(_op(log)(x, backend="triton"), _ref(x, -1, log), x.dtype)
+        assert lr._split_config(x) is not None
+        _check(_op(log)(x, backend="triton"), x, -1, log, x.dtype)
 
     widths = [40000, 50257, 65536, 100_000, 50257]  # 13, 8, ... chunks a row
     xs = [torch.randn(37, n, device="cuda", dtype=torch.bfloat16) for n in widths]
@@ -633,26 +656,26 @@ def test_split_counters_left_at_zero_gpu(monkeypatch):
         graph.replay()
         check(xs[0], log=False)  # an eager call between replays
         torch.cuda.synchronize()
-        assert_close_verbose(y1, _ref(x, -1, False), x.dtype)
-        assert_close_verbose(y2, _ref(x, -1, True), x.dtype)
+        _check(y1, x, -1, False, x.dtype)
+        _check(y2, x, -1, True, x.dtype)
     torch.cuda.synchronize()
     slabs = list(slab.slabs.values())
     assert len(slabs) == 1 and slabs[0][1] > 0 and not slabs[0][0].any()
 
 
-def test_split_counters_knob(monkeypatch):
-    """FUSEML_SOFTMAX_COUNTERS picks a fresh zeroed buffer per call ("zeros") or the slab;
-    other values are an error naming the variable. On the CPU (the interpreter) the
-    counters are a fresh zeroed buffer: no slab is made."""
+def test_split_counters_on_cpu():
+    """On the CPU (the interpreter) the counters are a fresh zeroed buffer: no slab is
+    made."""
     x = torch.randn(3, 8)
-    monkeypatch.setenv("FUSEML_SOFTMAX_COUNTERS", "zeros")
-    c = sm.split_counters(x, 3)
+    c = lr.split_counters(x, 3)
     assert c.shape == (3,) and c.dtype == torch.int32 and not c.any()
-    monkeypatch.setenv("FUSEML_SOFTMAX_COUNTERS", "memset")
-    with pytest.raises(ValueError, match="FUSEML_SOFTMAX_COUNTERS must be 'slab' or 'zeros'"):
-        sm.split_counters(x, 3)
-    monkeypatch.delenv("FUSEML_SOFTMAX_COUNTERS")
-    assert not sm.split_counters(x, 5).any() and not sm._split_slab.slabs
+    assert not lr.split_counters(x, 5).any() and not lr._split_slab.slabs
+
+
+def test_long_row_path_names_are_checked():
+    x = torch.randn(2, 40)
+    with pytest.raises(ValueError, match="path must be one of"):
+        _forced(x, False, path="splitted")
 
 
 def test_rows_config_under_pdl_no_one_row_programs_of_few_warps():
@@ -660,15 +683,17 @@ def test_rows_config_under_pdl_no_one_row_programs_of_few_warps():
     1024-wide block: 2 warps) take two rows and twice the warps, stages as before; float32
     512 columns keep their two-row, two-warp programs (which launch without PDL: see
     test_rows_plan_no_pdl_under_min_warps); nothing else changes."""
-    cfg = sm._rows_config(1024, 2, pdl=True)
+    cfg = onchip._rows_config(1024, 2, pdl=True)
     assert (cfg["ROWS"], cfg["num_warps"], cfg["NUM_STAGES"]) == (2, 4, 1)
-    assert sm._rows_config(1000, 2, pdl=True)["ROWS"] == 2
-    plain = sm._rows_config(1024, 2)
+    assert onchip._rows_config(1000, 2, pdl=True)["ROWS"] == 2
+    plain = onchip._rows_config(1024, 2)
     assert (plain["ROWS"], plain["num_warps"]) == (1, 2)
     for n_cols, elem_size in (
         (128, 2), (512, 2), (512, 4), (1024, 4), (2048, 2), (8192, 2), (65536, 2),
     ):  # fmt: skip
-        assert sm._rows_config(n_cols, elem_size, pdl=True) == sm._rows_config(n_cols, elem_size)
+        assert onchip._rows_config(n_cols, elem_size, pdl=True) == onchip._rows_config(
+            n_cols, elem_size
+        )
 
 
 def test_rows_plan_no_pdl_under_min_warps():
@@ -681,6 +706,6 @@ def test_rows_plan_no_pdl_under_min_warps():
         (1024, torch.float32, True), (128, torch.bfloat16, True),
     ):  # fmt: skip
         x = torch.randn(8, n_cols, dtype=dtype)
-        _grid, consts, warps = sm._rows_plan(x, torch.empty_like(x), False, True)
-        assert consts[-1] is pdl and (warps >= sm.PDL_MIN_WARPS) == pdl, (n_cols, dtype)
-        assert sm._rows_plan(x, torch.empty_like(x), True, False)[1][-1] is False
+        _grid, consts, warps = onchip._rows_plan(x, torch.empty_like(x), False, True)
+        assert consts[-1] is pdl and (warps >= onchip.PDL_MIN_WARPS) == pdl, (n_cols, dtype)
+        assert onchip._rows_plan(x, torch.empty_like(x), True, False)[1][-1] is False

@@ -50,10 +50,9 @@ struct alignas(sizeof(S) * VEC) Pack {
 
 // Weak stores of one word in inline PTX (STG.E.U16 / STG.E / STG.E.128 in the SASS). A
 // plain C++ store of a 16-byte pack (or of a uint4 copied from it) was left to the
-// compiler, which split it into four 4-byte stores on some paths (nvcc 13, sm_90, every
-// dtype) while the loads stayed LDG.E.128. __stwb (st.global.wb) compiles to a STRONG.SM
-// store instead, ordered at SM scope, which neither a plain C++ store nor Triton's stores
-// are.
+// compiler, which split it into four 4-byte stores on some paths while the loads stayed
+// LDG.E.128. __stwb (st.global.wb) compiles to a STRONG.SM store instead, ordered at SM
+// scope, which neither a plain C++ store nor Triton's stores are.
 template <typename W>
 __device__ __forceinline__ void store_weak(W* p, const W& w) {
   if constexpr (sizeof(W) == 2) {

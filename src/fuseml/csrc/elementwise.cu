@@ -41,7 +41,7 @@ namespace {
 
 #include "common.cuh"
 
-// Codes shared with ops/_elementwise.py (ACTIVATIONS); the op schema carries them as int.
+// Codes shared with ops/_activations.py (ACTIVATIONS); the op schema carries them as int.
 enum Activation : int {
   kNone = 0,
   kRelu = 1,
@@ -55,11 +55,9 @@ enum Activation : int {
 
 constexpr int kThreads = 256;  // threads per block (2-D)
 // FLAT: one 16-byte vector a thread in 128-thread blocks (8-byte packs in 256-thread blocks
-// for add from kHalfPackMinNumel elements, half_packs() below). H100, graph replay
-// (scripts/probe_elementwise.py --small, NOTES.md "Elementwise, third round"): the Triton
-// kernel's tiles of one vector a thread and 4 warps were the best or within 1% of it from
-// 1M to 268M elements, fp32 and bf16; this is also how torch's vectorized kernels are laid
-// out. (Up to 4 vectors a thread, the layout before, matched it at 268M and lost at 16M.)
+// for add from kHalfPackMinNumel elements, half_packs() below), as the Triton kernel's
+// tiles, the best or within 1% of it from 1M to 268M elements; this is also how torch's
+// vectorized kernels are laid out (docs/performance/elementwise.md).
 constexpr int kFlatThreads = 128;
 // FLAT with half packs (8 bytes a thread, see half_packs()): twice the threads a block, so
 // that a block still moves kFlatThreads * 16 bytes of each operand.
@@ -68,10 +66,9 @@ constexpr int kFlatBlock =
     VEC * static_cast<int>(sizeof(S)) * 2 == kVecBytes ? 2 * kFlatThreads : kFlatThreads;
 // 2-D: rows per thread (U), all loaded before any is stored (one vector column of U rows,
 // its bias pack loaded and converted once for all of them), at most kUnroll. 16-bit kernels
-// take at most 2: at 4 they need 90-96 registers (2 blocks of 256 threads per SM; nvcc 13,
-// sm_90), at 2 at most 57. U is a template parameter, one kernel per value, because the
-// registers follow it: a kernel for 4 rows run with 1 or 2 kept 40-58 registers (6 blocks
-// of 256 threads an SM, so 4096 x 512 ran as 1.3 waves), one built for 1 row takes 22-32.
+// take at most 2: at 4 they need about 90 registers a thread (2 blocks of 256 threads an
+// SM). U is a template parameter, one kernel per value, because the registers follow it:
+// a kernel built for 4 rows and run with 1 keeps the registers of 4.
 template <typename S>
 constexpr int kUnroll = sizeof(S) == 2 ? 2 : 4;
 
@@ -82,7 +79,7 @@ constexpr int kUnroll = sizeof(S) == 2 ? 2 : 4;
 // (st.global.v4.b32, STG.E.128 in the SASS). A plain `*reinterpret_cast<P*>(p) = r` (or a
 // uint4 copied from it) was left to the compiler, which on the 2-D path split every 16-byte
 // pack into four 4-byte stores (st.global.v2.u16 / .f32 x 4 in the PTX, STG.E x 4 in the
-// SASS; nvcc 13, sm_90, every dtype) while the loads stayed LDG.E.128.
+// SASS) while the loads stayed LDG.E.128.
 template <class P>
 __device__ __forceinline__ void store_pack(void* dst, const P& r) {
   if constexpr (sizeof(P) == 16) {
@@ -112,10 +109,10 @@ __device__ __forceinline__ void store_pack(void* dst, const P& r) {
 }
 
 // ----------------------------------------------------------------------------- math
-// The same formulas as the Triton kernel (ops/_elementwise.py), on the same two PTX
+// The same formulas as the Triton kernel (ops/_activations.py), on the same two PTX
 // approximations: 2^x and 1/x are one MUFU instruction each (ex2.approx.ftz: ~2 ulp;
 // rcp.approx.ftz: 1 ulp; subnormal results flush to 0). expf and an IEEE division cost
-// ~8 more instructions each, which made 16-bit erf-GELU compute-bound (NOTES.md).
+// ~8 more instructions each, which makes 16-bit erf-GELU compute-bound.
 // Plain asm (not volatile): the compiler may schedule and merge them like other math.
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
@@ -212,11 +209,7 @@ struct Args {
 // BLOCK is kFlatBlock, or kWideFlatThreads, see launch()) and the threads just past the
 // last vector one tail element each. I: the index type, 32-bit wherever the tensor allows
 // (picked on the host, so the loads wait on a handful of instructions and no branch), its
-// own launch bounds, no tail pass after the vector. At 1M fp32 elements (graph replay,
-// torch.profiler, H100, scripts/probe_add_gap.py) the flat path inside the shared kernel
-// took 4.78 us of GPU time a call and this kernel 4.75, against 4.61 for an inline kernel
-// of just the load, add and store with the same launch shape (torch's own: 4.60-4.64):
-// what the rest is has not been found.
+// own launch bounds, no tail pass after the vector.
 template <class Tr, int ACT, int VEC, bool HAS_Y, typename I, int BLOCK>
 __global__ void __launch_bounds__(BLOCK) bias_act_flat_kernel(const Args<typename Tr::Storage> a) {
   using S = typename Tr::Storage;
@@ -317,51 +310,19 @@ struct Launch {
 constexpr int64_t kMinBlocksPerSm = 4;  // 2-D: 32 warps per SM before more rows a thread
 constexpr int64_t kTwoRowsMinElems = int64_t{1} << 26;  // 16-bit: see launch()
 
-// FUSEML_EW_CUDA_ROWS=1|2|4 fixes the rows a thread of a 2-D launch takes (capped at
-// kUnroll): a tuning knob for scripts/probe_elementwise.py, read once per process.
-int forced_rows() {
-  static const int rows = [] {
-    const char* v = std::getenv("FUSEML_EW_CUDA_ROWS");
-    return v == nullptr ? 0 : std::atoi(v);
-  }();
-  return rows;
-}
-
 // FLAT: 8-byte packs a thread (twice the threads a block) without an activation from
 // kHalfPackMinNumel elements, as the Triton kernel's 8 warps there (HALF_PACK_MIN_NUMEL in
-// ops/_elementwise.py, with the numbers). FUSEML_EW_CUDA_FLAT_BYTES=8|16 fixes the pack for
-// probes, read once per process (0: the rule).
+// ops/_elementwise.py).
 constexpr int64_t kHalfPackMinNumel = int64_t{1} << 24;
 
-// A pack-size knob from the environment: 8 or 16 (bytes), 0 where unset or empty.
-int env_pack_bytes(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return 0;
-  const std::string s(v);
-  TORCH_CHECK(s == "8" || s == "16", name, " must be 8 or 16, got '", s, "'");
-  return std::stoi(s);
-}
-
-int forced_pack_bytes() {
-  static const int bytes = env_pack_bytes("FUSEML_EW_CUDA_FLAT_BYTES");
-  return bytes;
-}
-
 bool half_packs(int64_t numel, int activation) {
-  if (forced_pack_bytes() > 0) return forced_pack_bytes() == 8;
   return activation == kNone && numel >= kHalfPackMinNumel;
 }
 
 // 2-D: 8-byte packs, one row a thread (a block of kThreads takes 2 KiB of each operand),
 // from kHalfPack2dMinBytes an operand for none / ReLU / leaky ReLU, as the Triton kernel's
-// 2 KiB tiles on 8 warps there (HALF_PACK_2D_MIN_BYTES in ops/_elementwise.py, with the
-// numbers). FUSEML_EW_CUDA_2D_BYTES=8|16 fixes the pack for probes, read once per process.
+// 2 KiB tiles on 8 warps there (HALF_PACK_2D_MIN_BYTES in ops/_elementwise.py).
 constexpr int64_t kHalfPack2dMinBytes = int64_t{1} << 27;
-
-int forced_pack_bytes_2d() {
-  static const int bytes = env_pack_bytes("FUSEML_EW_CUDA_2D_BYTES");
-  return bytes;
-}
 
 constexpr bool cheap_activation(int activation) {
   return activation == kNone || activation == kRelu || activation == kLeakyRelu;
@@ -375,17 +336,7 @@ constexpr int kWideFlatThreads = 2 * kFlatThreads;
 
 bool half_packs_2d(int64_t operand_bytes, int activation) {
   if (!cheap_activation(activation)) return false;  // (not instantiated for the others)
-  if (forced_pack_bytes_2d() > 0) return forced_pack_bytes_2d() == 8;
   return operand_bytes >= kHalfPack2dMinBytes;
-}
-
-// FUSEML_EW_GRID=1d: 2-D launches on one grid axis always (probes), read once per process.
-bool one_axis_grid() {
-  static const bool one = [] {
-    const char* v = std::getenv("FUSEML_EW_GRID");
-    return v != nullptr && std::string(v) == "1d";
-  }();
-  return one;
 }
 
 template <class Tr, int ACT, int VEC, bool HAS_Y, bool HAS_BIAS, int U>
@@ -396,9 +347,9 @@ void launch_kernel(const Args<typename Tr::Storage>& a, dim3 blocks, int threads
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// One block per tile, as the Triton kernel has one program per tile. (A single resident
-// wave of blocks striding over the tensor was 4-6% slower at 268M elements on an H100:
-// its last stride step runs a few percent full; NOTES.md.)
+// One block per tile, as the Triton kernel has one program per tile: a single resident
+// wave of blocks striding over the tensor was 4-6% slower at 268M elements (its last
+// stride step runs a few percent full).
 template <class Tr, int ACT, int VEC, bool HAS_Y, int BLOCK>
 void launch_flat(const Args<typename Tr::Storage>& a, const Launch& l) {
   // A thread per vector and one per tail element (at least one block: a call may be all
@@ -445,7 +396,7 @@ void launch(Args<typename Tr::Storage> a, const Launch& l) {
       // (column tiles, row blocks) on two axes where gridDim.y takes the row blocks; the
       // kernel tells the two layouts apart by gridDim.y.
       const int64_t row_blocks = blocks(rows) / a.col_tiles;
-      const bool two_axes = row_blocks > 1 && row_blocks <= 65535 && !one_axis_grid();
+      const bool two_axes = row_blocks > 1 && row_blocks <= 65535;
       return two_axes ? dim3(static_cast<unsigned>(a.col_tiles), static_cast<unsigned>(row_blocks))
                       : dim3(static_cast<unsigned>(blocks(rows)));
     };
@@ -456,25 +407,15 @@ void launch(Args<typename Tr::Storage> a, const Launch& l) {
       launch_kernel<Tr, ACT, VEC, HAS_Y, HAS_BIAS, 1>(a, grid_of(1), kThreads, l);
       return;
     }
-    // 16-bit tensors under kTwoRowsMinElems elements take one row a thread: H100, graph
-    // replay, inputs rotating (scripts/probe_elementwise.py --twin-rows, NOTES.md), bias +
-    // GELU bf16 4096 x 4096 24.6 us at one row against 25.2 at two, 65536 x 512 46.7
-    // against 47.0; at 65536 x 4096 two rows stay ahead (354.0 against 367.9).
-    // fp32 with a transcendental activation takes one row a thread too: bias + GELU fp32
-    // (same probe, NOTES.md "The twin's rows a thread") 4096 x 4096 47.02 us at one row
-    // against 47.53 at four, 65536 x 4096 708.5 against 713.8, 4096 x 512 7.85 against
-    // 7.83 at two; with two grid axes one row was ahead by 0.5-1.2% on these epilogues.
-    // The ReLU epilogue keeps the rule (one row was 2% behind at 4096 x 512).
+    // 16-bit tensors under kTwoRowsMinElems elements take one row a thread (bias + GELU
+    // bf16 4096 x 4096: 24.6 us against 25.2 at two rows, H100); from there two rows stay
+    // ahead. fp32 with a transcendental activation takes one row a thread too (0.5-1.2%
+    // ahead); the ReLU epilogue keeps the rule (one row was 2% behind at 4096 x 512).
     const bool small16 = sizeof(typename Tr::Storage) == 2 &&
                          a.rows * a.items * VEC < kTwoRowsMinElems;
     const bool heavy32 = sizeof(typename Tr::Storage) == 4 && !cheap_activation(ACT);
     int rows = small16 || heavy32 ? 1 : kMax;
-    if (forced_rows() > 0) {
-      rows = kMax;
-      while (rows > 1 && rows > forced_rows()) rows /= 2;
-    } else {
-      while (rows > 1 && blocks(rows) < kMinBlocksPerSm * l.sm_count) rows /= 2;
-    }
+    while (rows > 1 && blocks(rows) < kMinBlocksPerSm * l.sm_count) rows /= 2;
     TORCH_CHECK(blocks(rows) <= std::numeric_limits<int>::max(),
                 "bias_act_cuda_out: too many elements (", a.rows, " x ", a.items * VEC,
                 ") for one launch");

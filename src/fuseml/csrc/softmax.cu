@@ -85,144 +85,8 @@ __device__ __forceinline__ float exp_approx(float z) {
   return y;
 }
 
-// ---------------------------------------------------------------------- memory access
-// An integer word of each pack size: packs move as one word, so that each is one access.
-template <int BYTES>
-struct WordOf;
-template <>
-struct WordOf<2> {
-  using type = unsigned short;
-};
-template <>
-struct WordOf<4> {
-  using type = unsigned int;
-};
-template <>
-struct WordOf<16> {
-  using type = uint4;
-};
-
-// w = *p where `pred`, else w unchanged: one predicated load in inline PTX. A branch around a
-// plain load would put each pack's unpacking (16-bit dtypes) next to its load, in the
-// branch, so that it waits for the data before the next pack's load is issued; predicated,
-// every pack's load can go out first. .ca is the default caching; STREAM (.cs, evict-first)
-// marks the last use of the data, so that the ONLINE kernel's second pass does not push the
-// rows still to be reread out of L2.
-template <bool STREAM>
-__device__ __forceinline__ void load_if(uint4& w, const void* p, bool pred) {
-  if constexpr (STREAM) {
-    asm volatile(
-        "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t"
-        "@q ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
-        : "+r"(w.x), "+r"(w.y), "+r"(w.z), "+r"(w.w)
-        : "l"(p), "r"(static_cast<int>(pred)));
-  } else {
-    asm volatile(
-        "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t"
-        "@q ld.global.ca.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
-        : "+r"(w.x), "+r"(w.y), "+r"(w.z), "+r"(w.w)
-        : "l"(p), "r"(static_cast<int>(pred)));
-  }
-}
-
-template <bool STREAM>
-__device__ __forceinline__ void load_if(unsigned int& w, const void* p, bool pred) {
-  if constexpr (STREAM) {
-    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q ld.global.cs.u32 %0, [%1];\n\t}"
-                 : "+r"(w)
-                 : "l"(p), "r"(static_cast<int>(pred)));
-  } else {
-    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q ld.global.ca.u32 %0, [%1];\n\t}"
-                 : "+r"(w)
-                 : "l"(p), "r"(static_cast<int>(pred)));
-  }
-}
-
-template <bool STREAM>
-__device__ __forceinline__ void load_if(unsigned short& w, const void* p, bool pred) {
-  if constexpr (STREAM) {
-    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q ld.global.cs.u16 %0, [%1];\n\t}"
-                 : "+h"(w)
-                 : "l"(p), "r"(static_cast<int>(pred)));
-  } else {
-    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q ld.global.ca.u16 %0, [%1];\n\t}"
-                 : "+h"(w)
-                 : "l"(p), "r"(static_cast<int>(pred)));
-  }
-}
-
-// Stores in inline PTX too: a plain copy of the Pack (or of a uint4) was split by the
-// compiler into per-element stores for every pack but the first. STREAM: .cs (__stcs,
-// evict-first, a weak STG.E.EF), as above.
-template <bool STREAM, typename P>
-__device__ __forceinline__ void store_vec(P* p, const P& v) {
-  using W = typename WordOf<sizeof(P)>::type;
-  static_assert(sizeof(W) == sizeof(P), "no word of this pack's size");
-  W w;
-  memcpy(&w, &v, sizeof(P));
-  if constexpr (STREAM) {
-    __stcs(reinterpret_cast<W*>(p), w);
-  } else {
-    store_weak(reinterpret_cast<W*>(p), w);
-  }
-}
-
-// Elements between the 16-byte boundary at or before `row` and `row` itself (0 when V == 1).
-template <int V, typename S>
-__device__ __forceinline__ int lead_of(const S* row) {
-  return static_cast<int>((reinterpret_cast<uintptr_t>(row) / sizeof(S)) % V);
-}
-
-// Columns [c0, c0 + V) of a row of n columns, as storage: one wide load when they all lie in
-// the row; storage -inf otherwise (which drops out of the max, and out of the sum as
-// exp(-inf - max) == 0). load_partial then fills in the in-row elements of a pack cut by the
-// row's start or end. The kernels call the two in separate loops so that every wide load is
-// issued first: merging 16-bit element loads into packed registers waits for their data.
-// c0 + V never overflows I: the kernels keep c0 below n + V.
-template <class Tr, int V, bool STREAM, typename I>
-__device__ __forceinline__ Pack<typename Tr::Storage, V> load_full(
-    const typename Tr::Storage* row, I c0, I n) {
-  using P = Pack<typename Tr::Storage, V>;
-  using W = typename WordOf<sizeof(P)>::type;
-  static_assert(sizeof(W) == sizeof(P), "no word of this pack's size");
-  P pk;
-#pragma unroll
-  for (int j = 0; j < V; ++j) pk.v[j] = Tr::neg_inf();
-  W w;
-  memcpy(&w, &pk, sizeof(P));
-  const bool full = c0 >= 0 && c0 + V <= n;
-  load_if<STREAM>(w, row + (full ? c0 : 0), full);  // no address outside the row is formed
-  memcpy(&pk, &w, sizeof(P));
-  return pk;
-}
-
-template <class Tr, int V, typename I>
-__device__ __forceinline__ void load_partial(const typename Tr::Storage* row, I c0, I n,
-                                             Pack<typename Tr::Storage, V>& pk) {
-  if (c0 + V > 0 && c0 < n && !(c0 >= 0 && c0 + V <= n)) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const I c = c0 + j;
-      if (c >= 0 && c < n) pk.v[j] = row[c];
-    }
-  }
-}
-
-// Writes the in-row elements of columns [c0, c0 + V): one wide store for a whole pack.
-template <class Tr, int V, bool STREAM, typename I>
-__device__ __forceinline__ void store_pack(typename Tr::Storage* row, I c0, I n,
-                                           const Pack<typename Tr::Storage, V>& pk) {
-  using P = Pack<typename Tr::Storage, V>;
-  if (c0 >= 0 && c0 + V <= n) {
-    store_vec<STREAM>(reinterpret_cast<P*>(row + c0), pk);
-  } else if (c0 + V > 0 && c0 < n) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const I c = c0 + j;
-      if (c >= 0 && c < n) row[c] = pk.v[j];
-    }
-  }
-}
+// Memory access (predicated loads, one-instruction stores, packs of a row).
+#include "softmax_access.cuh"
 
 // ------------------------------------------------------------------------- reductions
 // Over aligned groups of WIDTH lanes (a power of two <= 32); every lane of the warp must call
@@ -391,9 +255,9 @@ __device__ __forceinline__ void row_in_registers(const typename Tr::Storage* xro
     v[i] = LOG ? z : e;
   }
   sum = red.all_sum(sum);
-  // softmax: one reciprocal a row, then a multiply an element (the Triton kernels' way; a
-  // float32 division an element, as torch does, is ~8 more instructions, and kept the fp32
-  // softmax 1.4x slower than log_softmax at 4096 x 600 on an H100: 10.96 against 7.83 us)
+  // softmax: one reciprocal a row, then a multiply an element (the Triton kernels' way): a
+  // float32 division an element, as torch does, is ~8 more instructions, which kept the
+  // fp32 softmax 1.4x slower than log_softmax.
   const float post = LOG ? logf(sum) : 1.f / sum;
   store_part<Tr, ELEMS, kPackStride>(orow, c_first, n, v, [&](float t) {
     return LOG ? t - post : t * post;
@@ -575,11 +439,9 @@ __device__ __forceinline__ int acquire_count(const int* count) {
 // count: (rows,) zeros at launch, the blocks of the row that have posted.
 //
 // 16-bit storage asks ptxas for 1280 threads an SM (5 blocks of 256): 48 registers a thread
-// instead of 64, no spills (log_softmax 4 bytes), so 5 blocks an SM in flight instead of 4
-// (suite, bf16: 50257 columns 341.5 us against 359.8, 65536 417.9 against 442.0; H100). float32
-// would spill up to 150 bytes a thread there, so it keeps the plain bound: a minimum of 0
-// blocks, which gives none (an explicit 1 made ptxas use 71-93 registers; nvcc 13, sm_90,
-// offline).
+// instead of 64, so 5 blocks an SM in flight instead of 4 (bf16 65536 columns: 418 against
+// 442 us, H100). float32 would spill there, so it keeps the plain bound: a minimum of 0
+// blocks, which gives none (an explicit 1 made ptxas use more registers, not fewer).
 constexpr int kSplit16ThreadsPerSm = 1280;
 template <class Tr, int THREADS>
 constexpr int split_min_blocks() {
@@ -608,10 +470,8 @@ __global__ void __launch_bounds__(THREADS, (split_min_blocks<Tr, THREADS>()))
   // Each thread's statistics against its own max (0 for only -inf, so that its sum is 0, not
   // NaN); v keeps exp(x - shift) for softmax, x itself for log_softmax. The block then
   // combines the (max, sum) pairs in one reduction (one barrier, not one for the max and
-  // one for the sum), and each thread rescales its own values at the end.
-  // (log_softmax used to keep x - shift, which with exp_approx took 80 registers in the
-  // 16-bit kernels, so it had kept expf: 1432 SASS instructions. Keeping x: 64 registers
-  // with exp_approx, 1264 instructions; nvcc 13, sm_90, offline.)
+  // one for the sum), and each thread rescales its own values at the end. (log_softmax
+  // keeps x, not x - shift: fewer registers with exp_approx.)
   const float mx = load_part<Tr, ELEMS, kPackStride>(xrow, c_first, n, v);
   const float shift = mx == neg_inf() ? 0.f : mx;
   float sum = 0.f;
@@ -766,17 +626,6 @@ struct Problem {
   const at::Tensor* like;  // x: device and stream of the SPLIT kernel's scratch
 };
 
-// FUSEML_SOFTMAX_CUDA_FP32_1024=warp: fp32 rows of 513-1024 columns on the warp kernel (one
-// warp a row, 32 values a lane) instead of two-warp blocks; a probe knob (A/B within one
-// build), read once per process.
-bool fp32_1024_on_warps() {
-  static const bool warp = [] {
-    const char* v = std::getenv("FUSEML_SOFTMAX_CUDA_FP32_1024");
-    return v != nullptr && std::strcmp(v, "warp") == 0;
-  }();
-  return warp;
-}
-
 template <class Tr, bool LOG>
 void launch_softmax(const Problem& p, const Launch& l) {
   using S = typename Tr::Storage;
@@ -801,9 +650,8 @@ void launch_softmax(const Problem& p, const Launch& l) {
   if (span <= kMaxWarpSpan) {
     if constexpr (sizeof(S) == 4) {
       // fp32 rows of 513-1024 columns: two warps a row, 16 values a lane, as the Triton
-      // kernel takes them, not one warp with 32 (H100, graph replay, 4096 x 1000: the warp
-      // kernel 12.8 us against Triton's 10.8, 1.18x).
-      if (next_pow2(span) == 1024 && !fp32_1024_on_warps()) {
+      // kernel takes them, not one warp with 32 (which was 1.18x slower at 4096 x 1000).
+      if (next_pow2(span) == 1024) {
         return launch_block<Tr, LOG, 64, 16>(a, l);
       }
     }
@@ -822,8 +670,8 @@ void launch_softmax(const Problem& p, const Launch& l) {
   } else if (span <= kMaxBlockSpan) {
     // <= 32 values per thread; 16 up to 8192 columns, where small blocks keep several rows
     // per SM in flight, but 32 on four warps for a 4096-wide span, as the Triton kernel
-    // takes it (WARPS_4096 in ops/softmax.py: bf16 4096 x 3000 on 8 warps trailed 4 by
-    // 2-10%); 512 x 32 rather than 1024 x 16 at 16384 for two blocks per SM.
+    // takes it (WARPS_4096 in ops/_softmax/rows.py); 512 x 32 rather than 1024 x 16 at
+    // 16384 for two blocks per SM.
     switch (next_pow2(span)) {
       case 2048: return launch_block<Tr, LOG, 128, 16>(a, l);
       case 4096: return launch_block<Tr, LOG, 128, 32>(a, l);

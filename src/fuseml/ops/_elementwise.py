@@ -22,7 +22,14 @@ import triton
 import triton.language as tl
 
 from fuseml import _cuda_ext
-from fuseml.ops._math import LOG2E, _exp2, _pdl_begin, _rcp
+from fuseml.ops._activations import (  # noqa: F401 (the ops import the names from here)
+    ACT_CODE,
+    ACTIVATIONS,
+    LEAKY_SLOPE,
+    _activation,
+    _activation_grad,
+)
+from fuseml.ops._math import _pdl_begin
 from fuseml.ops._utils import (
     GRID_Y_MAX,
     CompiledLaunches,
@@ -39,124 +46,8 @@ from fuseml.ops._utils import (
     rows_view,
     vec_width,
 )
-from fuseml.runtime import env_choice
 
-# Activation names and their codes; the CUDA twin (csrc/elementwise.cu) uses the same codes.
-ACTIVATIONS = ("none", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
-ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
-LEAKY_SLOPE = 0.01
 _INT32_MAX = 2**31 - 1
-IMPLS = ("triton", "cuda")
-
-
-# ------------------------------------------------------------------- activation math
-# Each formula is written once; FAST (a constexpr, fast_math() of the input: True for
-# compiled CUDA launches) picks the instructions of its two primitives (ops/_math.py).
-# In 16-bit dtypes erf-GELU moves 4 bytes per element and was compute-bound at 35 SASS
-# instructions an element (76% of copy bandwidth on an H200; tanh-GELU at 21 reached 98%,
-# NOTES.md); with FAST it is 23.
-
-
-@triton.jit
-def _sigmoid(x, FAST: tl.constexpr):
-    # 1 / (1 + e^-x); e^-x = inf for x < -88 gives 0, as it should.
-    return _rcp(1.0 + _exp2(x * (-LOG2E), FAST), FAST)
-
-
-@triton.jit
-def _gelu_tanh_gate(h, FAST: tl.constexpr):
-    # 0.5 * (1 + tanh(u)) == sigmoid(2u) exactly, u = c (h + k h^3); -2 c log2(e) and
-    # -2 c k log2(e) are folded into the two constants.
-    v = h * (-2.302208198144325 - 0.1029432395800235 * (h * h))
-    return _rcp(1.0 + _exp2(v, FAST), FAST)
-
-
-@triton.jit
-def _tanh(x, FAST: tl.constexpr):
-    # Triton has no portable tanh (libdevice's is not available under the interpreter).
-    # Small |x|: odd minimax polynomial (Cephes tanhf coefficients, ~1 ulp), which avoids the
-    # cancellation of 1 - 2/(e^2x + 1) near 0; large |x|: that formula, exact to rounding.
-    ax = tl.abs(x)
-    z = x * x
-    p = (
-        (((-5.70498872745e-3 * z + 2.06390887954e-2) * z - 5.37397155531e-2) * z + 1.33314422036e-1)
-        * z
-        - 3.33332819422e-1
-    ) * z * x + x
-    big = 1.0 - 2.0 * _rcp(_exp2(ax * (2.0 * LOG2E), FAST) + 1.0, FAST)
-    big = tl.where(x < 0.0, -big, big)
-    return tl.where(ax < 0.625, p, big)
-
-
-@triton.jit
-def _normal_cdf(h, FAST: tl.constexpr):
-    # Phi(h) = 0.5 * erfc(-h / sqrt(2)), with erfc(z) = t * exp(P(t) - z^2), t = 1 / (1 +
-    # z / 2), from a Chebyshev fit whose *fractional* error is < 1.2e-7 everywhere
-    # (Numerical Recipes' erfcc): one reciprocal, one exp2 and 9 FMAs, where libdevice's
-    # erff costs ~25 instructions; and no cancellation in the negative tail, as 1 + erf(x)
-    # has. Folded for exp2: w = z * sqrt(log2 e), so 0.5 * erfc(z) = t * 2^(P2(t) - w^2)
-    # with P2 = log2(e) * P - 1 (the coefficients below).
-    w = tl.abs(h) * 0.8493218002880191
-    t = _rcp(1.0 + 0.41627730557884884 * w, FAST)
-    p = 0.246517298 * t - 1.18611495
-    p = p * t + 2.14747446
-    p = p * t - 1.63775315
-    p = p * t + 0.402321582
-    p = p * t - 0.26875686
-    p = p * t + 0.139630057
-    p = p * t + 0.539700616
-    p = p * t + 1.4427292
-    p = p * t - 2.82574822
-    half_erfc = t * _exp2(p - w * w, FAST)
-    return tl.where(h < 0.0, half_erfc, 1.0 - half_erfc)
-
-
-@triton.jit
-def _activation(h, ACTIVATION: tl.constexpr, FAST: tl.constexpr = False):
-    """act(h) for float32 h; ACTIVATION is a code from ACTIVATIONS (branch-free per launch)."""
-    if ACTIVATION == 1:  # relu; NaN stays NaN as in torch.relu
-        h = tl.where(h < 0.0, 0.0, h)
-    elif ACTIVATION == 2:  # leaky_relu, slope 0.01
-        h = tl.where(h < 0.0, 0.01 * h, h)
-    elif ACTIVATION == 3:  # gelu, erf form: h * Phi(h)
-        h = h * _normal_cdf(h, FAST)
-    elif ACTIVATION == 4:  # gelu, tanh form
-        h = h * _gelu_tanh_gate(h, FAST)
-    elif ACTIVATION == 5:  # silu
-        h = h * _sigmoid(h, FAST)
-    elif ACTIVATION == 6:
-        h = _sigmoid(h, FAST)
-    elif ACTIVATION == 7:
-        h = _tanh(h, FAST)
-    return h
-
-
-@triton.jit
-def _activation_grad(h, ACTIVATION: tl.constexpr, FAST: tl.constexpr):
-    """d act / d h at float32 h."""
-    if ACTIVATION == 0:
-        d = tl.full(h.shape, 1.0, tl.float32)
-    elif ACTIVATION == 1:
-        d = tl.where(h > 0.0, 1.0, 0.0)
-    elif ACTIVATION == 2:
-        d = tl.where(h > 0.0, 1.0, 0.01)
-    elif ACTIVATION == 3:
-        pdf = _exp2(-0.7213475204444817 * h * h, FAST) * 0.3989422804014327
-        d = _normal_cdf(h, FAST) + h * pdf
-    elif ACTIVATION == 4:
-        s = _gelu_tanh_gate(h, FAST)
-        du = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * h * h)
-        d = s + 2.0 * h * s * (1.0 - s) * du
-    elif ACTIVATION == 5:
-        s = _sigmoid(h, FAST)
-        d = s * (1.0 + h * (1.0 - s))
-    elif ACTIVATION == 6:
-        s = _sigmoid(h, FAST)
-        d = s * (1.0 - s)
-    else:
-        t = _tanh(h, FAST)
-        d = 1.0 - t * t
-    return d
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -304,90 +195,71 @@ def _bias_act_backward_kernel(
 
 
 # ---------------------------------------------------------------------- launch configs
-# Flat path: one 16-byte vector a thread, 4 warps (512 fp32 or 1024 16-bit elements a
-# program; add from HALF_PACK_MIN_NUMEL elements: the same on 8 warps, see there). H100, CUDA-graph replay (scripts/probe_elementwise.py --small, NOTES.md
-# "Elementwise, third round"), add / GELU / GELU-tanh: the best or within 1% of the best
-# of 512-8192 elements x 1-8 warps at 1M, 4M, 16M and 268M elements, fp32 and bf16, and up
-# to 2.5% faster than the tiles of 4 KiB (fp32) / 8 KiB (16-bit) before (268M bf16 GELU
-# 355.7 against 362.0 us; 16M 24.2-24.5 against 24.6; 1M fp32 add 2.65 against 2.72).
-# 2-D path (a bias, or rows with gaps): 4 KiB per operand; 16-bit with 8 warps, i.e. one
-# 16-byte vector a thread. H100 (scripts/probe_elementwise.py at 877cd02, bf16, us): bias +
-# residual + ReLU at 4096 x 512 9.0 against 10.9 for 8 KiB / 4 warps (torch.compile 9.6),
-# at 4096 x 4096 39.2 against 40.8 (compile 39.5); bias + GELU 7.8 / 27.7 against 8.5 / 30.4
-# (compile 16.5 / 32.7): best or within 3% of the best of 2-16 KiB x 2-8 warps. fp32
-# 4 KiB / 4 warps was within 2% of the best.
-# 2-D path: programs on two grid axes, (column blocks, row blocks), in the same row-major
-# order as one axis would give them, but with no divide of the program id (see _tile);
-# more row blocks than the grid's second axis takes (65535) go on one axis.
-# FUSEML_EW_GRID=1d: one axis always (probes; read at import).
-GRID_2D = env_choice("FUSEML_EW_GRID", "2d", ("1d", "2d")) == "2d"
-TILE_BYTES = 2048  # flat path: one 16-byte vector for each of NUM_WARPS * 32 threads
+# Flat path: one 16-byte vector a thread on 4 warps (TILE_BYTES a program: 512 fp32 or
+# 1024 16-bit elements), the best or within 1% of the best tile from 1M to 268M elements
+# (bf16 GELU at 268M: 355.7 against 362.0 us for 8 KiB tiles, H100).
+# 2-D path (a bias, or rows with gaps): TILE_BYTES_2D an operand, 16-bit on 8 warps (one
+# 16-byte vector a thread), within 3% of the best of 2-16 KiB x 2-8 warps. Its programs
+# sit on two grid axes, (column blocks, row blocks), in the row-major order one axis would
+# give them but with no divide of the program id (see _tile); more row blocks than the
+# second axis takes (GRID_Y_MAX) go on one axis. docs/performance/elementwise.md.
+TILE_BYTES = 2048
 NUM_WARPS = 4
-# Flat path without an activation (add) from HALF_PACK_MIN_NUMEL elements: the same tile
-# on twice the warps, 8 bytes a thread. H100, graph replay, inputs rotating
-# (scripts/probe_launch_bound.py add, PROBE_OP=add,gelu, 632619f; us, 4 / 8 warps, the
-# CUDA twin's 16- / 8-byte packs alike): add fp32 16M 68.29 / 67.46, 268M 1051.5 /
-# 1047.5; bf16 16M 35.61 / 35.10, 268M 526.95 / 523.59 (torch.compile 67.37, 1047.7,
-# 35.58, 526.93). At 1M and 4M neither wins everywhere (within 1%), and erf-GELU, with
-# ~23 instructions an element, loses 4-6% on 8 warps at 16M and 268M (fp32 16M 46.82 /
-# 48.55, bf16 16M 24.71 / 25.84).
+TILE_BYTES_2D = 4096
+NUM_WARPS_2D = {4: 4, 2: 8}
+# Flat path without an activation (add) from HALF_PACK_MIN_NUMEL elements: the same tile on
+# twice the warps, 8 bytes a thread (bf16 add at 16M: 35.1 against 35.6 us, H100). Not
+# below (no winner within 1%), nor for erf-GELU, whose ~23 instructions an element lose
+# 4-6% on 8 warps.
 HALF_PACK_MIN_NUMEL = 1 << 24
 # Flat path with a transcendental activation (GELU, GELU-tanh, SiLU, sigmoid, tanh) from
-# WIDE_FLAT_MIN_NUMEL elements: 4 KiB tiles on 8 warps (one 16-byte vector a thread, in
-# programs of twice the threads). H100, graph replay, inputs rotating, 3 rounds
-# (scripts/probe_launch_bound.py add, PROBE_OP=gelu_tanh,gelu, PROBE_ADD_BYTES, ba6f588;
-# us, 2 KiB on 4 warps / 4 KiB on 8 warps):
-#
-#   GELU-tanh fp32  4M 11.17 / 10.31   16M 46.09 / 46.16   64M 178.78 / 178.35
-#                  268M 709.3 / 709.0;  bf16 4M 6.15 / 5.99  16M 24.10 / 23.96
-#                  268M 355.1 / 354.7
-#   erf-GELU  fp32  4M 11.22 / 10.39   16M 46.05 / 46.02   268M 708.7 / 708.2;
-#             bf16  4M 6.19 / 6.12     16M 23.96 / 23.96  64M 90.17 / 90.03  268M 355.0 / 354.6
-#
-# (torch's GELU-tanh fp32 at 4M: 11.18.) At 1M the 4 KiB tile loses (bf16 GELU 2.91 /
-# 3.00, GELU-tanh 2.78 / 2.84): not taken there. SiLU, sigmoid and tanh take it by
-# analogy (one exp2 and one reciprocal an element, as GELU-tanh); not measured.
+# WIDE_FLAT_MIN_NUMEL elements: 4 KiB tiles on 8 warps, one 16-byte vector a thread in
+# programs of twice the threads (fp32 GELU-tanh at 4M: 10.3 against 11.2 us, H100). At 1M
+# the wider tile loses. SiLU, sigmoid and tanh take it by analogy (one exp2 and one
+# reciprocal an element, as GELU-tanh).
 WIDE_FLAT_MIN_NUMEL = 1 << 22
 WIDE_FLAT_ACTIVATIONS = (3, 4, 5, 6, 7)
 WIDE_TILE_BYTES = 4096
 WIDE_FLAT_WARPS = 8
-TILE_BYTES_2D = 4096
-NUM_WARPS_2D = {4: 4, 2: 8}
 # 2-D path from HALF_PACK_2D_MIN_BYTES an operand, activations of a few instructions
 # (none, ReLU, leaky ReLU): 2 KiB tiles on 8 warps, 8 bytes a thread, as torch.compile
-# tunes its flat kernel there (512 fp32 elements / 8 warps). H100, bias + residual + ReLU,
-# L2-flushed events (scripts/probe_elementwise.py --sweep-only, aaca265; us, 8 bytes a
-# thread against the 4 KiB tile before it and torch.compile):
-#
-#   float32 524288 x 512    1043.2 / 1060.1, compile 1047.9
-#   float32 65536 x 4096    1044.3 / 1060.2, compile 1047.7
-#   float32 65536 x 512      136.7 /  138.0, compile  137.6
-#   bf16 65536 x 4096        524.3 /  531.6, compile  531.5
-#   bf16 65536 x 512          73.2 /   72.5, compile   72.9 (64 MiB an operand: not taken)
-#
-# (The same source as torch.compile's kernel at its other config, 1024 fp32 elements on 4
-# warps, took 1059.6 at 524288 x 512: the tile, not the code. Bias + erf-GELU float32 65536
-# x 512 took 100.6 against 94.9 at 8 bytes a thread, as on the flat path: not taken. None
-# and leaky ReLU take it for their few instructions, as ReLU; not measured.)
+# tunes its flat kernel there (fp32 bias + residual + ReLU 524288 x 512: 1043 against
+# 1060 us for the 4 KiB tile, H100). Not for erf-GELU, which loses there as on the flat
+# path.
 HALF_PACK_2D_MIN_BYTES = 1 << 27
 HALF_PACK_2D_ACTIVATIONS = (0, 1, 2)
 HALF_TILE_BYTES_2D = 2048
 HALF_PACK_2D_WARPS = 8
 
 
-def launch_config(n_rows: int, n_cols: int, elem_size: int, activation: int | None = None) -> dict:
+def launch_config(
+    n_rows: int,
+    n_cols: int,
+    elem_size: int,
+    activation: int | None = None,
+    *,
+    half_pack: bool | None = None,
+    one_axis: bool = False,
+) -> dict:
     """BLOCK_M, BLOCK_N, num_warps and the grid for an (n_rows, n_cols) problem
     (``activation``: its code, where it changes the launch; see HALF_PACK_MIN_NUMEL).
+
+    ``half_pack`` forces the 2-D path's 8-bytes-a-thread tiles on (True) or off (False)
+    whatever the size and activation (None: the rule, HALF_PACK_2D_MIN_BYTES);
+    ``one_axis`` puts a 2-D launch on one grid axis, as for more row blocks than the
+    second axis takes. Both for tests, passed to the launcher as its ``config``.
 
     Cached for concrete sizes: it runs on every call, and the eager launch path is worth
     every microsecond (symbolic sizes under torch.compile are not hashable).
     """
     if type(n_rows) is int and type(n_cols) is int:
-        return _cached_config(n_rows, n_cols, elem_size, activation)
-    return _config(n_rows, n_cols, elem_size, activation)
+        return _cached_config(n_rows, n_cols, elem_size, activation, half_pack, one_axis)
+    return _config(n_rows, n_cols, elem_size, activation, half_pack, one_axis)
 
 
-def _config(n_rows, n_cols, elem_size: int, activation: int | None = None) -> dict:
+def _config(
+    n_rows, n_cols, elem_size: int, activation=None, half_pack=None, one_axis=False
+) -> dict:
     if n_rows == 1:
         block_n = min(TILE_BYTES // elem_size, next_pow2(n_cols))
         block_m = 1
@@ -400,15 +272,17 @@ def _config(n_rows, n_cols, elem_size: int, activation: int | None = None) -> di
     else:
         tile = TILE_BYTES_2D // elem_size
         warps = NUM_WARPS_2D[min(elem_size, 4)]
-        if (
-            activation in HALF_PACK_2D_ACTIVATIONS
-            and n_rows * n_cols * elem_size >= HALF_PACK_2D_MIN_BYTES
-        ):
+        if half_pack is None:
+            half_pack = (
+                activation in HALF_PACK_2D_ACTIVATIONS
+                and n_rows * n_cols * elem_size >= HALF_PACK_2D_MIN_BYTES
+            )
+        if half_pack:
             tile, warps = HALF_TILE_BYTES_2D // elem_size, HALF_PACK_2D_WARPS
         block_n = min(next_pow2(n_cols), tile)
         block_m = min(max(1, tile // block_n), next_pow2(n_rows))
     row_blocks, col_blocks = cdiv(n_rows, block_m), cdiv(n_cols, block_n)
-    if type(n_rows) is int and n_rows > 1 and GRID_2D and row_blocks <= GRID_Y_MAX:
+    if type(n_rows) is int and n_rows > 1 and not one_axis and row_blocks <= GRID_Y_MAX:
         grid = (col_blocks, row_blocks)
     else:
         grid = (row_blocks * col_blocks,)
@@ -439,8 +313,8 @@ def bias_act_into(
 
     Inputs must already be validated. ``traced`` routes Triton launches through
     ``torch.library.wrap_triton`` (inside a registered op, so torch.compile sees the
-    kernel); direct launches skip that wrapper's cost. ``config`` overrides the heuristic
-    launch configuration (tuning scripts only).
+    kernel); direct launches skip that wrapper's cost. ``config`` (a launch_config
+    dict) overrides the heuristic launch configuration (tests).
     """
     numel = x.numel()
     if numel == 0:
