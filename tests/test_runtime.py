@@ -156,7 +156,6 @@ def test_knobs_read_per_call_reject_bad_values(monkeypatch, name, value, call):
     ("name", "value"),
     [
         ("FUSEML_DIRECT_LAUNCH", "false"),
-        ("FUSEML_PDL", "yes"),
     ],
 )
 def test_knobs_read_at_import_reject_bad_values(name, value):

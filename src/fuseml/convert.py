@@ -49,11 +49,10 @@ from fuseml.runtime import FLOAT_DTYPES
 __all__ = ["Left", "OptimizeReport", "Swapped", "optimize"]
 
 # A FusedMLP re-reads all of its weights from L2 for every block of rows, so it pays only
-# while they are small. Measured on an H100 (NOTES.md, bf16, B = 4096): the kaggle bottom
-# MLP (310 KiB) is faster fused than eager (13.0 vs 27.4 us with the chain kernel); for
-# the kaggle top (640 KiB) and mlperf top (4.7 MiB) MLPs no fused kernel beat the layers
-# one by one (kaggle top: chain kernel 42.8 us, layers 27.2), so they stay separate layers
-# (FusedLinear each: one launch per layer, without the MLP's tuning of both).
+# while they are small: the kaggle bottom MLP (310 KiB) is faster fused than eager (13.0
+# vs 27.4 us, H100, bf16, B = 4096); the kaggle top (640 KiB) and mlperf top (4.7 MiB)
+# MLPs stay separate layers (FusedLinear each), which were faster than any fused chain
+# (docs/performance/mlp.md).
 MLP_MAX_WEIGHT_BYTES = 512 * 1024
 
 

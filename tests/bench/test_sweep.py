@@ -105,7 +105,7 @@ def test_bench_command_takes_cases_and_sweep(monkeypatch):
 def test_softmax_sweep_splits_long_rows_at_each_width(monkeypatch):
     from fuseml.bench.suites import softmax
 
-    monkeypatch.setattr(softmax.sm, "MAX_ONCHIP_COLS", 1024)  # small rows past the on-chip width
+    monkeypatch.setattr(softmax, "MAX_ONCHIP_COLS", 1024)  # small rows past the on-chip width
     x = 3 * torch.randn(3, 5000, device=DEVICE)
     for log in (False, True):
         arms = softmax._sweep(5000, log)()

@@ -127,10 +127,10 @@ def pdl_launch(t: torch.Tensor, traced: bool = False) -> bool:
     between two kernels (the launch, the programs' start), which a launch-bound kernel
     feels (the on-chip softmax also changes some launch shapes under it, so its sums
     there round in another order: see softmax.PDL_MIN_WARPS): fp32 add at 1M elements in
-    CUDA-graph replay 5.89 -> 5.31 us on an H100 (scripts/probe_pdl.py, NOTES.md). The
+    CUDA-graph replay 5.89 -> 5.31 us on an H100 (docs/performance/elementwise.md). The
     gain needs the kernel before to take part (a fuseml kernel, or any that triggers);
-    after one that does not (torch's own), a PDL launch took 0.12-0.3 us more than a
-    plain one in the same probe.
+    after one that does not (torch's own), a PDL launch costs a little more than a plain
+    one.
 
     Hopper and later, compiled launches only: not under the interpreter or torch.compile's
     tracing (its wrapped launches take no launch options). ``FUSEML_PDL=0`` turns every

@@ -24,7 +24,7 @@ graph: what capturing the unfused chain buys without fusing) and "triton+graph".
 smallest batch of each MLP also measures host time per call.
 
 Sweep (``--sweep``): the fused MLP at every candidate config its tuner times for the
-batch (fuseml.ops.mlp.candidates: chain and scratch kernels, and the layers one by one),
+batch (fuseml.ops._mlp_plan.candidates: chain and scratch kernels, and the layers one by one),
 arms ``triton@<kind>/BMxBNxBK/...``.
 
 Rate: TFLOP/s (2 B sum(in x out)) against the dtype's matmul ceiling; rows also carry GB/s
@@ -49,6 +49,7 @@ from fuseml.bench.suites._common import (
     unique_name,
 )
 from fuseml.models.dlrm import DLRMConfig
+from fuseml.ops import _mlp_plan
 
 mlp_mod = importlib.import_module("fuseml.ops.mlp")  # (fuseml.ops.mlp: the function)
 
@@ -82,10 +83,10 @@ def _sweep(widths: tuple, batch: int, dtype: torch.dtype, codes: list[int]):
         if max(widths) > mlp_mod.MAX_WIDTH or len(widths) - 1 > mlp_mod.MAX_FUSED_LAYERS:
             return {}
         arms = {}
-        for cfg in mlp_mod.candidates(batch, widths, dtype):
+        for cfg in _mlp_plan.candidates(batch, widths, dtype):
 
             def call(x, ws, bs, cfg=cfg):
-                return mlp_mod._run_group(x, ws, bs, codes, cfg, False)
+                return _mlp_plan._run_group(x, ws, bs, codes, cfg, False)
 
             name = unique_name(f"triton@{config_label(cfg)}", arms)
             arms[name] = no_tf32(call) if dtype == torch.float32 else call

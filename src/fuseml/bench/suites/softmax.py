@@ -28,6 +28,9 @@ from fuseml.bench.harness import Case
 from fuseml.bench.suites._common import launch_bound
 
 sm = importlib.import_module("fuseml.ops.softmax")  # (fuseml.ops.softmax: the function)
+from fuseml.ops._softmax.long_rows import SPLIT_MAX_CHUNKS  # noqa: E402
+from fuseml.ops._softmax.rows import MAX_ONCHIP_COLS  # noqa: E402
+
 SWEEP_SPLIT_BLOCKS = (2048, 4096, 8192, 16384, 32768)
 
 
@@ -37,14 +40,14 @@ def _sweep(n: int, log: bool):
     (at most half the SMs: a row's programs wait on each other, so all must be resident)."""
 
     def sweep() -> dict:
-        if n <= sm.MAX_ONCHIP_COLS:
+        if n <= MAX_ONCHIP_COLS:
             return {}
         sms = (
             torch.cuda.get_device_properties(0).multi_processor_count
             if torch.cuda.is_available()
-            else 2 * sm.SPLIT_MAX_CHUNKS  # (the interpreter runs one program at a time)
+            else 2 * SPLIT_MAX_CHUNKS  # (the interpreter runs one program at a time)
         )
-        limit = min(sm.SPLIT_MAX_CHUNKS, sms // 2)
+        limit = min(SPLIT_MAX_CHUNKS, sms // 2)
         arms = {}
         for block in SWEEP_SPLIT_BLOCKS:
             chunks = -(-n // block)
@@ -52,10 +55,7 @@ def _sweep(n: int, log: bool):
                 continue
 
             def call(x, block=block, chunks=chunks):
-                out = torch.empty_like(x)
-                pairs = sm._split_pairs(x, out)
-                sm._launch_split(x, out, (block, chunks), log, False, pairs)
-                return out
+                return sm._forward(x, -1, log, "triton", False, path="split", split=(block, chunks))
 
             arms[f"triton@split{block}"] = call
         return arms
