@@ -53,6 +53,7 @@ def test_folders_expand_the_home_folder(monkeypatch):
 
 
 def test_values_are_parsed_once_per_raw_text(monkeypatch):
+    monkeypatch.setattr(settings, "_parsed", {})  # (nothing parsed by earlier tests)
     monkeypatch.setenv("FUSEML_TUNE_L2", "warm")
     assert settings.tune_l2() == "warm"
     assert settings._parsed["FUSEML_TUNE_L2", "warm"] == "warm"
