@@ -627,7 +627,7 @@ def test_split_counters_left_at_zero_gpu(monkeypatch):
     taken = []
     take = lr.split_counters
     monkeypatch.setattr(
-        sm, "split_counters", lambda x2, n: taken.append(take(x2, n)) or taken[-1]
+        lr, "split_counters", lambda x2, n: taken.append(take(x2, n)) or taken[-1]
     )  # fmt: skip
 
     def check(x, log):
