@@ -528,16 +528,29 @@ def test_linear_stream_kernel(device, backend, dtype, m, k, n):
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
-def test_last_choice_names_the_config_and_kernel(device, backend, monkeypatch):
-    """linear_mod.last_choice(): the latest call's launch config and kernel (bench rows
-    record it); the streaming kernel's configs say so."""
+def test_linear_choice_names_the_config_and_kernel(device, backend, monkeypatch):
+    """linear_mod.linear_choice(): the launch config and kernel a call with these tensors
+    takes (bench rows record it); the streaming kernel's configs say so."""
     x, w, b, _ = _inputs(600, 64, 16, torch.bfloat16, device, residual=False)
+    launched = []  # (config, tma) of every launch the call makes
+    launch = gemm.launch.launch_linear
+
+    def recording(*args, tma=False, **kw):
+        launched.append((args[7], tma))
+        return launch(*args, tma=tma, **kw)
+
+    monkeypatch.setattr(gemm.launch, "launch_linear", recording)
     fuseml.ops.linear(x, w, b, "relu", backend=backend)
-    choice = linear_mod.last_choice()
+    choice = linear_mod.linear_choice(x, w, b, "relu")
     assert choice["kernel"] in ("ptr", "tma", "stream") and choice["BLOCK_M"] >= 16
+    cfg, tma = launched[-1]  # the query names the call's own launch
+    assert {k: v for k, v in choice.items() if k != "kernel"} == cfg
+    assert (choice["kernel"] == "tma") == tma and (choice["kernel"] == "stream") == bool(
+        cfg.get("STREAM")
+    )
     cfg = next(c for c in gemm.candidates(600, 16, 64, torch.bfloat16, plain=True) if "STREAM" in c)
     out = linear_mod.linear_rows(x, w, b, None, 1.0, ACT_CODE["relu"], config=cfg)
-    assert linear_mod.last_choice() == {**cfg, "kernel": "stream"}
+    assert linear_mod.linear_choice(x, w, b, "relu", config=cfg) == {**cfg, "kernel": "stream"}
     assert_close_verbose(out, _ref64(x, w, b, "relu"), torch.bfloat16)
 
 
@@ -568,7 +581,7 @@ def test_linear_tma_kernel(device, backend, dtype):
         x, w, b, r = _inputs(m, k, n, dtype, device)
         out = linear_mod.linear_rows(x, w, b, r, 0.5, ACT_CODE["gelu"], loop="tma")
         assert_close_verbose(out, _ref64(x, w, b, "gelu", r, 0.5), dtype)
-        used.append(linear_mod.last_choice()["kernel"])
+        used.append(linear_mod.linear_choice(x, w, b, "gelu", r, 0.5, loop="tma")["kernel"])
     assert used == ["tma", "tma", "ptr"]  # K = 13 rows are not 16-byte aligned: pointers
 
 
@@ -829,7 +842,8 @@ def test_tuned_loop_runs_the_chosen_kernel(device, backend):
         cfg = next(c for c in cands if bool(c.get("TMA")) == want_tma)
         out = linear_mod.linear_rows(x, w, b, r, 0.5, gelu, loop="tuned", config=cfg)
         assert_close_verbose(out, ref, torch.bfloat16)
-        assert (linear_mod.last_choice()["kernel"] == "tma") == want_tma, cfg
+        choice = linear_mod.linear_choice(x, w, b, "gelu", r, 0.5, loop="tuned", config=cfg)
+        assert (choice["kernel"] == "tma") == want_tma, cfg
 
 
 def test_module_parameters_launch_directly_outside_autograd():

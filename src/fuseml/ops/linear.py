@@ -79,29 +79,15 @@ def pad_k_rule(m, k: int) -> int:
     return -(-k // PAD_K_TO) * PAD_K_TO
 
 
-def linear_rows(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    alpha: float,
-    code: int,
-    *,
-    traced: bool = False,
-    out_dtype: torch.dtype | None = None,
-    loop: str = "auto",
-    config: dict | None = None,
-) -> torch.Tensor:
-    """act(x @ W^T + bias + alpha * residual) for validated inputs, shaped (..., N).
-
-    loop: the main loop, "auto" or forced ("tma", "ptr", "tuned"; see ``gemm_loop``). config: this
-    launch config instead of the tuned one (tests).
-    """
-    global _last
+def _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop):
+    """A linear call up to its launch, shared by ``linear_rows`` and ``linear_choice`` so
+    that the query answers for the very launch the call makes: (out, loop, pick, run), with
+    out the (M, N) output, loop gemm_loop's choice, pick(config) the config the launch takes
+    (the given one, else the tuned one) and run(config) the launch; x and W padded to the K
+    ``padded_k`` says first."""
     k = x.shape[-1]
     n = weight.shape[0]
-    flat = x.dim() == 2  # (the common case: no reshape, no view of the output)
-    x2 = x if flat else x.reshape(-1, k)  # any strides: the kernel takes both of x's strides
+    x2 = x if x.dim() == 2 else x.reshape(-1, k)  # any strides: the kernel takes both
     out = torch.empty((x2.shape[0], n), dtype=out_dtype or x.dtype, device=x.device)
     res2 = None if residual is None else as_rows(residual.reshape(-1, n))
     b = None if bias is None else bias.contiguous()
@@ -122,7 +108,9 @@ def linear_rows(
             out, x2, weight, b, res2, alpha, code, cfg, traced=traced, tma=tma
         )
 
-    if x2.shape[0] and n:
+    def pick(config: dict | None) -> dict:
+        if config:
+            return config
         # Layers with a residual are tuned apart: some tiles that fit without one do not fit
         # with it (see gemm.candidates), so one table entry cannot serve both; likewise rows
         # that are not 16-byte aligned (their own candidates, see gemm.configs._REG_PIPE)
@@ -134,26 +122,70 @@ def linear_rows(
             "res" if res2 is not None else "",
             "u" if unaligned else "",
         )
-        cfg = config or gemm_launch.choose_config(
+        return gemm_launch.choose_config(
             "linear", x2, n, k, run, ":".join(filter(None, tags)), loop, plain=True,
             residual=res2 is not None, unaligned=unaligned,
         )  # fmt: skip
-        _last = (cfg, loop)
-        run(cfg)
-    return out if flat else out.view(*x.shape[:-1], n)
+
+    return out, loop, pick, run
 
 
-_last: tuple[dict, int] | None = None  # linear_rows' latest (config, loop): see last_choice
+def linear_rows(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    alpha: float,
+    code: int,
+    *,
+    traced: bool = False,
+    out_dtype: torch.dtype | None = None,
+    loop: str = "auto",
+    config: dict | None = None,
+) -> torch.Tensor:
+    """act(x @ W^T + bias + alpha * residual) for validated inputs, shaped (..., N).
+
+    loop: the main loop, "auto" or forced ("tma", "ptr", "tuned"; see ``gemm_loop``). config: this
+    launch config instead of the tuned one (tests). ``linear_choice`` names the config and
+    kernel a call takes.
+    """
+    out, _, pick, run = _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop)
+    if out.numel():
+        run(pick(config))
+    flat = x.dim() == 2  # (the common case: no view of the output)
+    return out if flat else out.view(*x.shape[:-1], out.shape[1])
 
 
-def last_choice() -> dict | None:
-    """The launch config of this process's latest ``linear`` call with rows, with the
-    kernel it took ("stream", "tma" or "ptr"), or None before any: the bench suites record
-    it beside the fused arm's times, so that a row says which tile the tuner chose."""
-    if _last is None:
+def linear_choice(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    *,
+    loop: str = "auto",
+    config: dict | None = None,
+) -> dict | None:
+    """The launch config a direct ``linear`` call with these arguments takes (``linear_rows``
+    with ``loop`` and ``config``), with the kernel it runs ("stream", "tma" or "ptr"); None
+    where the call launches nothing (no rows or no columns). The bench records it beside
+    the fused arm's times, so that a row says which tile the tuner chose.
+
+    Once such a call has run this is a lookup of the tuning memo; asked before any, it
+    chooses as the call would (tuning, on a GPU, where the tuning table has no entry).
+    """
+    activation = check_linear_args("linear_choice", x, weight, bias, residual, alpha, activation)
+    code = ew.ACT_CODE[activation]
+    out, loop_id, pick, _ = _prepare(
+        x, weight, bias, residual, float(alpha), code, False, None, loop
+    )
+    if not out.numel():
         return None
-    cfg, loop = _last
-    kernel = "stream" if cfg.get("STREAM") else "tma" if gemm_launch.takes_tma(loop, cfg) else "ptr"
+    cfg = pick(config)
+    kernel = (
+        "stream" if cfg.get("STREAM") else "tma" if gemm_launch.takes_tma(loop_id, cfg) else "ptr"
+    )
     return {**cfg, "kernel": kernel}
 
 

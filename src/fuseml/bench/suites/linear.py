@@ -88,10 +88,27 @@ def _ptr_arm(act: str):
     return call
 
 
-def describe(arm: str) -> dict:
-    """The fused arms' rows record the launch config (and kernel) their first call took."""
-    choice = linear_mod.last_choice() if arm in ("triton", "triton-ptr") else None
-    return {} if choice is None else {"config": choice}
+def _describe(make, act: str, dtype: torch.dtype):
+    """describe(arm) of one case: the fused arms' rows record the launch config (and
+    kernel) their calls take, asked of ``linear_choice`` with tensors of the arm's layout
+    (after the first call: a lookup of the tuning memo)."""
+
+    def describe(arm: str) -> dict:
+        if arm not in _FUSED_LOOPS:
+            return {}
+        x, w, b = make()  # shapes, strides and alignment decide the loop and the tuning key
+
+        def choice():
+            return linear_mod.linear_choice(x, w, b, act, loop=_FUSED_LOOPS[arm])
+
+        # (the arms pin fp32 to TF32 off: the precision is part of the tuning key)
+        chosen = no_tf32(choice)() if dtype == torch.float32 else choice()
+        return {} if chosen is None else {"config": chosen}
+
+    return describe
+
+
+_FUSED_LOOPS = {"triton": "auto", "triton-ptr": "ptr"}  # fused arm -> linear_rows' loop
 
 
 def _sweep(make, m: int, n: int, k: int, dtype: torch.dtype, act: str):
@@ -187,7 +204,7 @@ def linear_case(
         overhead_arms=overhead_arms,
         dtype=dtype,
         compile_arms=("compile", "compile-max"),
-        describe=describe,
+        describe=_describe(make, act, dtype),
         sweep=_sweep(make, m, n, k, dtype, act),
     )
 
