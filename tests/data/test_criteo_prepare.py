@@ -60,7 +60,9 @@ def test_hash_mode_ids(tmp_path: Path) -> None:
 
 def test_hash_mode_per_table_caps(tmp_path: Path) -> None:
     caps = [10] * 25 + [4]
-    meta = prepare(_handwritten(tmp_path), tmp_path / "out", mode="hash", max_ind_range=caps, **ALL_TRAIN)
+    meta = prepare(
+        _handwritten(tmp_path), tmp_path / "out", mode="hash", max_ind_range=caps, **ALL_TRAIN
+    )
     assert meta["cardinalities"] == caps
     np.testing.assert_array_equal(_table(tmp_path / "out", "train")["C26"], [3] * 6)  # 1 + 5 % 3
 
@@ -82,6 +84,17 @@ def test_vocab_mode_ids(tmp_path: Path) -> None:
     vocab = Vocabulary.load(tmp_path / "f1" / "vocabulary.npz")
     np.testing.assert_array_equal(vocab.keys[0], [0, 10, 0xFFFFFFFF])
     assert vocab.cardinalities == load_metadata(tmp_path / "f1")["cardinalities"]
+
+
+def test_vocab_cap_keeps_the_most_frequent_values(tmp_path: Path) -> None:
+    meta = prepare(_handwritten(tmp_path), tmp_path / "out", max_ind_range=3, **ALL_TRAIN)
+    assert meta["options"]["mode"] == "vocab" and meta["options"]["max_ind_range"] == [3] * 26
+    t = _table(tmp_path / "out", "train")
+    # Room for one value: C1 keeps 0xa (three times); C3's tie (0x1, 0x2) keeps the smaller.
+    np.testing.assert_array_equal(t["C1"], [1, 2, 0, 2, 1, 2])
+    np.testing.assert_array_equal(t["C3"], [2, 1] * 3)
+    assert meta["cardinalities"] == [3, 2, 3] + [3] * 23  # C2 is always empty: 2 ids
+    assert meta["distinct_values"] == [3, 0, 2] + [1] * 23
 
 
 def test_dense_log_transform_and_labels(tmp_path: Path) -> None:
@@ -115,7 +128,13 @@ def test_metadata(tmp_path: Path) -> None:
 def test_row_split_sizes_and_stability(tmp_path: Path) -> None:
     src = tmp_path / "synth.txt"
     synth(4000, src, seed=1, max_cardinality=500, progress=False)
-    kwargs = {"mode": "hash", "max_ind_range": 1000, "val_fraction": 0.1, "test_fraction": 0.2, "progress": False}
+    kwargs = {
+        "mode": "hash",
+        "max_ind_range": 1000,
+        "val_fraction": 0.1,
+        "test_fraction": 0.2,
+        "progress": False,
+    }
     meta = prepare(src, tmp_path / "a", chunk_rows=4000, **kwargs)
     sizes = {name: meta["splits"][name]["rows"] for name in ("train", "validation", "test")}
     assert sum(sizes.values()) == 4000
@@ -248,4 +267,6 @@ def test_bad_options(tmp_path: Path, kwargs: dict, message: str) -> None:
 
 def test_missing_source(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nope.txt"):
-        prepare(tmp_path / "nope.txt", tmp_path / "out", mode="hash", max_ind_range=10, progress=False)
+        prepare(
+            tmp_path / "nope.txt", tmp_path / "out", mode="hash", max_ind_range=10, progress=False
+        )

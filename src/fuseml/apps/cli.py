@@ -240,18 +240,33 @@ app.add_typer(data_app, name="data")
 
 # prepare()'s parameters whose flag is not simply --name-with-dashes.
 _PREPARE_FLAGS = {"src": "SRC", "out_dir": "--out"}
+# One string per paragraph: the help renderer keeps single line breaks as they are.
+_PREPARE_HELP = (
+    "Preprocess Criteo TSV files into parquet splits, as the reference DLRM does.\n\n"
+    "The default (--mode vocab --min-freq 1) is the reference DLRM's: every categorical value "
+    "seen in the training split gets its own id, and each table has exactly as many rows as "
+    "its column needs, plus one for missing and one for values unseen in training. On "
+    "Kaggle's 45M-row train.txt that is about 34M ids in all, a 2.2 GB kaggle model (16 "
+    "dims): it fits one machine and loses no value. --min-freq 3 or --max-ind-range N make "
+    "the tables smaller; --mode hash --max-ind-range N skips the counting pass.\n\n"
+    "The dataset appears at --out only when complete; its metadata.json records the mode, "
+    "the caps, each table's size and its distinct training values."
+)
 
 
-@data_app.command("prepare")
+@data_app.command("prepare", help=_PREPARE_HELP)
 def data_prepare(
     src: Annotated[
         list[Path],
         typer.Argument(
-            help="Criteo TSV file(s), plain or .gz; with --split day, the days in order"
+            help="Criteo TSV file(s), plain or .gz; with --split day, the days in order",
+            metavar="SRC",
+            readable=False,  # prepare checks, and names the file in one line
         ),
     ],
     out: Annotated[
-        Path, typer.Option(help="output dataset folder (parquet splits + metadata.json)")
+        Path,
+        typer.Option(help="output dataset folder (parquet splits + metadata.json)", readable=False),
     ],
     mode: Annotated[
         str,
@@ -265,9 +280,8 @@ def data_prepare(
         int | None,
         typer.Option(
             help="upper bound on each table's ids (vocab: keep the most frequent values; "
-            "hash: required, the size of every table)  [default: none, tables as large as "
-            "their data needs]",
-            show_default=False,
+            "hash: required, the size of every table)",
+            show_default="none: each table as large as its data needs",
         ),
     ] = None,
     min_freq: Annotated[
@@ -283,16 +297,13 @@ def data_prepare(
     val_fraction: Annotated[
         float | None,
         typer.Option(
-            help="share of lines for validation  [default: 0.05; --split day: 0.5, taken "
-            "from the end of the last day]",
-            show_default=False,
+            help="share of lines for validation (--split day: of the last day, from its end)",
+            show_default="0.05; --split day: 0.5",
         ),
     ] = None,
     test_fraction: Annotated[
         float | None,
-        typer.Option(
-            help="--split rows: share of lines for test  [default: 0.05]", show_default=False
-        ),
+        typer.Option(help="--split rows: share of lines for test", show_default="0.05"),
     ] = None,
     seed: Annotated[int, typer.Option(help="seed of the row split")] = 0,
     skip_bad_lines: Annotated[
@@ -301,16 +312,6 @@ def data_prepare(
     overwrite: Annotated[bool, typer.Option(help="replace an existing dataset at --out")] = False,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
-    """Preprocess Criteo TSV files into parquet splits, as the reference DLRM does.
-
-    The default (--mode vocab --min-freq 1) is the reference DLRM's: every categorical
-    value seen in the training split gets its own id, and each table has exactly as many
-    rows as its column needs, plus one for missing and one for values unseen in training.
-    On Kaggle's 45M-row train.txt that is about 34M ids in all, a 2.2 GB kaggle model
-    (16 dims): it fits one machine and loses no value. --min-freq 3 or --max-ind-range N
-    make the tables smaller; --mode hash --max-ind-range N skips the counting pass.
-    The dataset appears at --out only when complete; metadata.json records the choices.
-    """
     import time
 
     from fuseml.data import prepare
@@ -349,7 +350,10 @@ def data_prepare(
 @data_app.command("synth")
 def data_synth(
     rows: Annotated[int, typer.Option(help="rows to generate")],
-    out: Annotated[Path, typer.Option(help="output TSV file (a name ending in .gz compresses)")],
+    out: Annotated[
+        Path,
+        typer.Option(help="output TSV file (a name ending in .gz compresses)", readable=False),
+    ],
     seed: Annotated[int, typer.Option(help="seed of every random draw")] = 0,
     scale: Annotated[
         float, typer.Option(help="multiply the Kaggle table cardinalities by this")
@@ -357,8 +361,8 @@ def data_synth(
     max_cardinality: Annotated[
         int | None,
         typer.Option(
-            help="cap on every table's distinct values  [default: none, Kaggle's sizes]",
-            show_default=False,
+            help="cap on every table's distinct values",
+            show_default="none: Kaggle's sizes",
         ),
     ] = None,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,

@@ -48,7 +48,7 @@ def row_progress(enabled: bool) -> Progress:
     """A bar with percent done, rows and rows/s, and time left."""
     return Progress(
         TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
+        BarColumn(bar_width=16),  # leaves room for the counts on an 80-column terminal
         TaskProgressColumn(),
         _RowsColumn(),
         TimeRemainingColumn(),

@@ -325,7 +325,10 @@ class CriteoReader:
         if len(fields) != self.num_fields:
             if not line:
                 return f"empty line (expected {self.num_fields} tab-separated fields)"
-            return f"expected {self.num_fields} tab-separated fields, got {len(fields)}"
+            reason = f"expected {self.num_fields} tab-separated fields, got {len(fields)}"
+            if line.count(b",") == self.num_fields - 1:
+                reason += " (the line looks comma-separated; Criteo files are tab-separated)"
+            return reason
         if self.has_label:
             label = fields.pop(0)
             if not (_INT_RE.fullmatch(label) and int(label) in (0, 1)):
