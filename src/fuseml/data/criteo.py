@@ -217,7 +217,7 @@ class CriteoReader:
             try:
                 item = next(blocks, None)
             except InputError as err:
-                where = f" (after line {self.lines_read})" if self.lines_read else ""
+                where = f", after line {self.lines_read:,}" if self.lines_read else ""
                 raise InputError(err.path, err.reason + where) from err
             if item is None:
                 return
@@ -375,9 +375,9 @@ class _GuardedStream:
         try:
             return self.stream.read(size)
         except EOFError as err:  # gzip: the file ends inside a compressed member
-            raise InputError(self.path, "truncated gzip file (it ends too early)") from err
+            raise InputError(self.path, "truncated gzip file: it ends too early") from err
         except (gzip.BadGzipFile, zlib.error) as err:
-            raise InputError(self.path, f"corrupt gzip data ({err})") from err
+            raise InputError(self.path, f"corrupt gzip data: {err}") from err
         except OSError as err:
             raise InputError(self.path, f"cannot be read ({err.strerror or err})") from err
 

@@ -443,6 +443,8 @@ def prepare(
     )
     options.update(seed=seed, chunk_rows=chunk_rows, skip_bad_lines=skip_bad_lines)
     for path in sources:
+        if (path / METADATA_FILE).is_file():
+            raise InputError(path, "is a prepared dataset already, not a Criteo TSV file")
         check_input_file(path)
     if out_dir.exists() and not overwrite:
         raise OutputExistsError(
