@@ -60,7 +60,9 @@ def test_hash_mode_ids(tmp_path: Path) -> None:
 
 def test_hash_mode_per_table_caps(tmp_path: Path) -> None:
     caps = [10] * 25 + [4]
-    meta = prepare(_handwritten(tmp_path), tmp_path / "out", max_ind_range=caps, **ALL_TRAIN)
+    meta = prepare(
+        _handwritten(tmp_path), tmp_path / "out", mode="hash", max_ind_range=caps, **ALL_TRAIN
+    )
     assert meta["cardinalities"] == caps
     np.testing.assert_array_equal(_table(tmp_path / "out", "train")["C26"], [3] * 6)  # 1 + 5 % 3
 
@@ -84,8 +86,19 @@ def test_vocab_mode_ids(tmp_path: Path) -> None:
     assert vocab.cardinalities == load_metadata(tmp_path / "f1")["cardinalities"]
 
 
+def test_vocab_cap_keeps_the_most_frequent_values(tmp_path: Path) -> None:
+    meta = prepare(_handwritten(tmp_path), tmp_path / "out", max_ind_range=3, **ALL_TRAIN)
+    assert meta["options"]["mode"] == "vocab" and meta["options"]["max_ind_range"] == [3] * 26
+    t = _table(tmp_path / "out", "train")
+    # Room for one value: C1 keeps 0xa (three times); C3's tie (0x1, 0x2) keeps the smaller.
+    np.testing.assert_array_equal(t["C1"], [1, 2, 0, 2, 1, 2])
+    np.testing.assert_array_equal(t["C3"], [2, 1] * 3)
+    assert meta["cardinalities"] == [3, 2, 3] + [3] * 23  # C2 is always empty: 2 ids
+    assert meta["distinct_values"] == [3, 0, 2] + [1] * 23
+
+
 def test_dense_log_transform_and_labels(tmp_path: Path) -> None:
-    prepare(_handwritten(tmp_path), tmp_path / "out", max_ind_range=10, **ALL_TRAIN)
+    prepare(_handwritten(tmp_path), tmp_path / "out", mode="hash", max_ind_range=10, **ALL_TRAIN)
     t = _table(tmp_path / "out", "train")
     # missing -> 0 and negative -> 0, then log(x + 1)
     expected = np.log(np.array([0, 1, 0, 0, 9, 1000], dtype=np.float64) + 1).astype(np.float32)
@@ -115,7 +128,13 @@ def test_metadata(tmp_path: Path) -> None:
 def test_row_split_sizes_and_stability(tmp_path: Path) -> None:
     src = tmp_path / "synth.txt"
     synth(4000, src, seed=1, max_cardinality=500, progress=False)
-    kwargs = {"max_ind_range": 1000, "val_fraction": 0.1, "test_fraction": 0.2, "progress": False}
+    kwargs = {
+        "mode": "hash",
+        "max_ind_range": 1000,
+        "val_fraction": 0.1,
+        "test_fraction": 0.2,
+        "progress": False,
+    }
     meta = prepare(src, tmp_path / "a", chunk_rows=4000, **kwargs)
     sizes = {name: meta["splits"][name]["rows"] for name in ("train", "validation", "test")}
     assert sum(sizes.values()) == 4000
@@ -158,6 +177,7 @@ def test_day_split_last_day_halves(tmp_path: Path) -> None:
         tmp_path / "all_test",
         split="day",
         val_fraction=0.0,
+        mode="hash",
         max_ind_range=100,
         progress=False,
     )
@@ -168,7 +188,7 @@ def test_skip_bad_lines_is_recorded(tmp_path: Path) -> None:
     lines = [make_line("0"), "garbage", make_line("1"), make_line("2"), make_line("0")]
     src = write_lines(tmp_path / "train.txt", lines)
     with pytest.raises(CriteoFormatError, match=r"train.txt, line 2: expected 40"):
-        prepare(src, tmp_path / "strict", max_ind_range=10, progress=False)
+        prepare(src, tmp_path / "strict", mode="hash", max_ind_range=10, progress=False)
     assert not (tmp_path / "strict").exists()
     assert not (tmp_path / ".strict.tmp").exists()
 
@@ -184,7 +204,7 @@ def test_rerun_over_stale_temporary_folder(tmp_path: Path) -> None:
     (stale / "train").mkdir(parents=True)
     (stale / "train" / "part-00000.parquet").write_bytes(b"half-written by a killed run")
     (stale / "junk").write_text("x")
-    prepare(_handwritten(tmp_path), tmp_path / "out", max_ind_range=10, **ALL_TRAIN)
+    prepare(_handwritten(tmp_path), tmp_path / "out", mode="hash", max_ind_range=10, **ALL_TRAIN)
     assert not stale.exists()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "metadata.json",
@@ -197,16 +217,16 @@ def test_rerun_over_stale_temporary_folder(tmp_path: Path) -> None:
 
 def test_existing_output_needs_overwrite_and_survives_failures(tmp_path: Path) -> None:
     src, out = _handwritten(tmp_path), tmp_path / "out"
-    prepare(src, out, max_ind_range=10, **ALL_TRAIN)
+    prepare(src, out, mode="hash", max_ind_range=10, **ALL_TRAIN)
     with pytest.raises(FileExistsError, match="overwrite=True"):
-        prepare(src, out, max_ind_range=10, **ALL_TRAIN)
+        prepare(src, out, mode="hash", max_ind_range=10, **ALL_TRAIN)
 
     bad = write_lines(tmp_path / "bad.txt", [make_line(), "oops"])
     with pytest.raises(CriteoFormatError):
-        prepare(bad, out, max_ind_range=20, overwrite=True, **ALL_TRAIN)
+        prepare(bad, out, mode="hash", max_ind_range=20, overwrite=True, **ALL_TRAIN)
     assert load_metadata(out)["cardinalities"] == [10] * 26  # the old dataset is intact
 
-    prepare(src, out, max_ind_range=20, overwrite=True, **ALL_TRAIN)
+    prepare(src, out, mode="hash", max_ind_range=20, overwrite=True, **ALL_TRAIN)
     assert load_metadata(out)["cardinalities"] == [20] * 26
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
@@ -231,7 +251,7 @@ def test_deterministic(tmp_path: Path) -> None:
         ({"mode": "hash"}, "needs max_ind_range"),
         ({"mode": "hash", "max_ind_range": 1}, "max_ind_range must be"),
         ({"mode": "hash", "max_ind_range": [10] * 3}, "max_ind_range must be"),
-        ({"mode": "vocab", "max_ind_range": 10}, "max_ind_range is for"),
+        ({"mode": "hash", "max_ind_range": 10, "min_freq": 3}, "min_freq is for"),
         ({"mode": "vocab", "min_freq": 0}, "min_freq"),
         ({"mode": "bloom"}, "mode must be"),
         ({"mode": "vocab", "val_fraction": 0.6, "test_fraction": 0.4}, "summing to < 1"),
@@ -247,4 +267,6 @@ def test_bad_options(tmp_path: Path, kwargs: dict, message: str) -> None:
 
 def test_missing_source(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nope.txt"):
-        prepare(tmp_path / "nope.txt", tmp_path / "out", max_ind_range=10, progress=False)
+        prepare(
+            tmp_path / "nope.txt", tmp_path / "out", mode="hash", max_ind_range=10, progress=False
+        )

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 from criteo_helpers import CATS, INTS, make_line, write_lines
 
-from fuseml.data import CriteoFormatError, CriteoReader, synth
+from fuseml.data import CriteoFormatError, CriteoReader, InputError, synth
 
 
 def _read_all(path: Path, **kwargs) -> tuple[CriteoReader, dict[str, np.ndarray]]:
@@ -236,3 +237,22 @@ def test_random_bad_lines_are_skipped_exactly(tmp_path: Path) -> None:
         np.testing.assert_array_equal(out["line_numbers"], good_numbers)
         for key in ("labels", "dense", "dense_missing", "sparse"):
             np.testing.assert_array_equal(out[key], expected[key])
+
+
+def test_truncated_gzip_names_file_and_last_good_line(tmp_path: Path) -> None:
+    import gzip
+
+    # More than one read of the decompressed stream (16 MiB), so some lines come first.
+    whole = gzip.compress(("\n".join([make_line()] * 100_000) + "\n").encode(), compresslevel=1)
+    path = tmp_path / "cut.gz"
+    path.write_bytes(whole[: len(whole) - 20])  # loses the end of the stream
+    with pytest.raises(InputError, match=r"cut.gz: truncated gzip file: it ends too early") as info:
+        list(CriteoReader(path, chunk_rows=10_000))
+    assert re.search(r", after line \d0,000$", str(info.value)), str(info.value)
+
+
+def test_binary_file_is_not_criteo(tmp_path: Path) -> None:
+    path = tmp_path / "blob.bin"
+    path.write_bytes(b"\x00\x01\x02" * 100)
+    with pytest.raises(InputError, match="blob.bin: is not Criteo TSV: it holds binary data"):
+        list(CriteoReader(path))

@@ -4,12 +4,13 @@
 * :mod:`fuseml.data.prepare` - DLRM preprocessing into a parquet dataset + metadata.json.
 * :mod:`fuseml.data.dataset` - torch batches from a prepared dataset.
 * :mod:`fuseml.data.synthetic` - Criteo-like files with known click probabilities.
+* :mod:`fuseml.data.errors` - user-fixable faults: InputError (file, line), OptionError.
 
 Typical use::
 
     from fuseml.data import synth, prepare, CriteoDataset
     synth(1_000_000, "data/synth.txt", seed=0, max_cardinality=100_000)
-    prepare("data/synth.txt", "data/synth", mode="vocab", min_freq=3)
+    prepare("data/synth.txt", "data/synth")  # one id per training value, tables fit the data
     train = CriteoDataset("data/synth", "train", batch_size=4096)
 """
 
@@ -24,6 +25,7 @@ from fuseml.data.criteo import (
     CriteoReader,
 )
 from fuseml.data.dataset import CriteoBatch, CriteoDataset
+from fuseml.data.errors import InputError, OptionError, OutputExistsError
 from fuseml.data.prepare import (
     Vocabulary,
     hash_sparse,
@@ -51,6 +53,9 @@ __all__ = [
     "CriteoDataset",
     "CriteoFormatError",
     "CriteoReader",
+    "InputError",
+    "OptionError",
+    "OutputExistsError",
     "SynthSummary",
     "Vocabulary",
     "hash_sparse",

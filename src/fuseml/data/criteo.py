@@ -39,6 +39,7 @@ from __future__ import annotations
 import gzip
 import logging
 import re
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
+
+from fuseml.data.errors import InputError, check_input_file
 
 __all__ = [
     "DEFAULT_CHUNK_ROWS",
@@ -89,21 +92,17 @@ class _Readable(Protocol):
     def read(self, size: int = -1, /) -> bytes: ...
 
 
-class CriteoFormatError(ValueError):
+class CriteoFormatError(InputError):
     """A line of a Criteo TSV file that does not follow the format.
 
-    Attributes: ``path``, ``line_number`` (1-based) and ``reason``.
+    Attributes: ``path``, ``line_number`` (1-based; also ``line``) and ``reason``.
     """
 
     def __init__(self, path: str | Path, line_number: int, reason: str) -> None:
-        self.path = Path(path)
+        super().__init__(path, reason, line=line_number)
         self.line_number = line_number
-        self.reason = reason
-        super().__init__(f"{path}, line {line_number}: {reason}")
 
     def __reduce__(self) -> tuple[type[CriteoFormatError], tuple[Path, int, str]]:
-        # The default reduce would call __init__ with the message alone (breaks pickling
-        # across processes, e.g. from DataLoader workers).
         return (type(self), (self.path, self.line_number, self.reason))
 
 
@@ -153,7 +152,7 @@ class CriteoReader:
         self.chunk_rows = chunk_rows
         self.skip_bad_lines = skip_bad_lines
         self.num_fields = int(has_label) + NUM_DENSE + NUM_SPARSE
-        self.size_bytes = self.path.stat().st_size  # also fails early if the file is missing
+        self.size_bytes = check_input_file(self.path).stat().st_size  # fail early, naming why
 
         names = ([LABEL_COLUMN] if has_label else []) + [*DENSE_COLUMNS, *SPARSE_COLUMNS]
         types: dict[str, pa.DataType] = {LABEL_COLUMN: pa.int8()} if has_label else {}
@@ -197,7 +196,9 @@ class CriteoReader:
         self._reset_counters()
         with open_maybe_gzip(self.path) as (raw, stream):
             first_line = 1
-            for block, n_lines in _line_blocks(stream, self.chunk_rows):
+            for block, n_lines in self._blocks(stream):
+                if first_line == 1:
+                    _check_looks_like_text(self.path, block)
                 self.bytes_read = raw.tell()
                 chunk = self._parse_block(block, n_lines, first_line)
                 first_line += n_lines
@@ -208,6 +209,19 @@ class CriteoReader:
             self.bytes_read = self.size_bytes
         if self.skipped_lines:
             logger.warning(self.summary())
+
+    def _blocks(self, stream: _Readable) -> Iterator[tuple[bytes, int]]:
+        """``_line_blocks``, with a read error naming the last line read before it."""
+        blocks = _line_blocks(stream, self.chunk_rows)
+        while True:
+            try:
+                item = next(blocks, None)
+            except InputError as err:
+                where = f", after line {self.lines_read:,}" if self.lines_read else ""
+                raise InputError(err.path, err.reason + where) from err
+            if item is None:
+                return
+            yield item
 
     # -- parsing ---------------------------------------------------------------------------
 
@@ -311,7 +325,10 @@ class CriteoReader:
         if len(fields) != self.num_fields:
             if not line:
                 return f"empty line (expected {self.num_fields} tab-separated fields)"
-            return f"expected {self.num_fields} tab-separated fields, got {len(fields)}"
+            reason = f"expected {self.num_fields} tab-separated fields, got {len(fields)}"
+            if line.count(b",") == self.num_fields - 1:
+                reason += " (the line looks comma-separated; Criteo files are tab-separated)"
+            return reason
         if self.has_label:
             label = fields.pop(0)
             if not (_INT_RE.fullmatch(label) and int(label) in (0, 1)):
@@ -334,12 +351,55 @@ def open_maybe_gzip(path: Path) -> Iterator[tuple[BinaryIO, _Readable]]:
     """Open a file for binary reading, decompressing it if it is gzip (by magic number).
 
     Yields ``(raw, stream)``: ``raw.tell()`` is the position in the file on disk and
-    ``stream`` gives the decompressed bytes.
+    ``stream`` gives the decompressed bytes. A file that cannot be opened or read, or gzip
+    data that is truncated or corrupt, raises :class:`InputError` naming the file.
     """
-    with path.open("rb") as raw:
+    try:
+        raw = path.open("rb")
+    except OSError as err:
+        raise InputError(path, f"cannot be opened ({err.strerror or err})") from err
+    with raw:
         is_gzip = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
-        yield raw, (gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw)
+        yield raw, _GuardedStream(path, gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw)
+
+
+class _GuardedStream:
+    """A byte stream whose read errors become :class:`InputError` naming the file."""
+
+    def __init__(self, path: Path, stream: _Readable) -> None:
+        self.path = path
+        self.stream = stream
+
+    def read(self, size: int = -1, /) -> bytes:
+        try:
+            return self.stream.read(size)
+        except EOFError as err:  # gzip: the file ends inside a compressed member
+            raise InputError(self.path, "truncated gzip file: it ends too early") from err
+        except (gzip.BadGzipFile, zlib.error) as err:
+            raise InputError(self.path, f"corrupt gzip data: {err}") from err
+        except OSError as err:
+            raise InputError(self.path, f"cannot be read ({err.strerror or err})") from err
+
+
+# Leading bytes of file formats that are sometimes passed by mistake.
+_OTHER_FORMATS = {
+    b"PAR1": "a parquet file (a dataset prepared already? give its folder to the command "
+    "that reads prepared data)",
+    b"PK\x03\x04": "a zip archive (unpack it first)",
+    b"BZh": "bzip2-compressed (decompress it, or recompress it with gzip)",
+    b"\xfd7zXZ": "xz-compressed (decompress it, or recompress it with gzip)",
+    b"\x28\xb5\x2f\xfd": "zstd-compressed (decompress it, or recompress it with gzip)",
+}
+
+
+def _check_looks_like_text(path: Path, block: bytes) -> None:
+    """Raise InputError if the first bytes show a binary file rather than Criteo TSV."""
+    for magic, what in _OTHER_FORMATS.items():
+        if block.startswith(magic):
+            raise InputError(path, f"is not Criteo TSV: it is {what}")
+    if b"\x00" in block[:65536]:
+        raise InputError(path, "is not Criteo TSV: it holds binary data (NUL bytes)")
 
 
 def _show(field: bytes, limit: int = 40) -> str:

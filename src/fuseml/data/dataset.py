@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fuseml.data.criteo import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
+from fuseml.data.errors import Flag, OptionError
 from fuseml.data.prepare import SPLITS, load_metadata
 
 __all__ = ["CriteoBatch", "CriteoDataset"]
@@ -101,9 +102,9 @@ class CriteoDataset(IterableDataset[CriteoBatch]):
     ) -> None:
         super().__init__()
         if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+            raise OptionError("{} must be one of {}, got {!r}", Flag("split"), SPLITS, split)
         if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+            raise OptionError("{} must be at least 1, got {}", Flag("batch_size"), batch_size)
         self.root = Path(root)
         self.split = split
         self.metadata: dict[str, Any] = load_metadata(self.root)

@@ -3,7 +3,8 @@
 
 Public API::
 
-    metadata = prepare(src, out_dir, mode="hash", max_ind_range=..., split="rows", ...)
+    metadata = prepare(src, out_dir)  # vocab mode, every training value its own id
+    metadata = prepare(src, out_dir, mode="vocab", min_freq=..., max_ind_range=..., ...)
     metadata = load_metadata(out_dir)
     transform_dense(dense, missing) -> float32 log(x + 1) features
     hash_sparse(values, max_ind_range) -> int64 ids
@@ -12,12 +13,16 @@ Public API::
 Transforms:
 
 * dense: missing -> 0, negative -> 0, then ``log(x + 1)`` as float32.
+* sparse, ``mode="vocab"`` (the default, as the reference DLRM): values seen at least
+  ``min_freq`` times in the training split get ids ``2, 3, ...`` in increasing order of
+  value; id 0 is "missing" and id 1 is "rare" (seen fewer than ``min_freq`` times, or never
+  seen in training). Cardinality is ``2 + number of kept values``: each table is as large
+  as its column needs, never larger. ``max_ind_range`` is an upper bound: a table whose
+  column has more values keeps only its ``max_ind_range - 2`` most frequent ones. Needs two
+  passes: count on training rows, then write.
 * sparse, ``mode="hash"``: id 0 is "missing", a value v gets ``1 + v % (cap - 1)`` where
-  ``cap`` is the table's ``max_ind_range``; every table then has cardinality ``cap``.
-* sparse, ``mode="vocab"``: values seen at least ``min_freq`` times in the training split
-  get ids ``2, 3, ...`` in increasing order of value; id 0 is "missing" and id 1 is
-  "rare" (seen fewer than ``min_freq`` times, or never seen in training). Cardinality is
-  ``2 + number of kept values``. Needs two passes: count on training rows, then write.
+  ``cap`` is the table's ``max_ind_range``; every table then has cardinality ``cap``
+  (one pass, no counting; for data whose distinct values do not fit in memory).
 
 Splits:
 
@@ -32,8 +37,9 @@ Splits:
 
 Output (``out_dir``)::
 
-    metadata.json          format version, options, sources, rows and positive rate per
-                           split, cardinalities, skipped lines
+    metadata.json          format version, options (mode, caps), sources, rows and positive
+                           rate per split, cardinalities (table sizes), distinct training
+                           values per table (vocab mode), skipped lines
     vocabulary.npz         vocab mode only: the kept values of each table (C1..C26)
     train/part-00000.parquet, validation/..., test/...
         columns: label int8, I1..I13 float32 (transformed), C1..C26 int32 or int64 ids
@@ -57,17 +63,10 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+from rich.progress import Progress, TaskID
 
 from fuseml.data import _hashing
+from fuseml.data._progress import ROWS_FIELD, row_progress
 from fuseml.data.criteo import (
     DEFAULT_CHUNK_ROWS,
     DENSE_COLUMNS,
@@ -79,6 +78,7 @@ from fuseml.data.criteo import (
     CriteoReader,
     open_maybe_gzip,
 )
+from fuseml.data.errors import Flag, InputError, OptionError, OutputExistsError, check_input_file
 
 __all__ = [
     "FORMAT_VERSION",
@@ -103,6 +103,7 @@ RARE_ID = 1  # vocab mode: id shared by values below min_freq or unseen in train
 DEFAULT_ROWS_PER_FILE = 4_000_000
 _TRAIN, _VALIDATION, _TEST = 0, 1, 2  # split codes, indices into SPLITS
 _INT32_MAX = 2**31 - 1
+_MAX_HASH_IDS = 2**32 + 1  # missing + one id per 32-bit value: a larger table is never used
 _SPLIT_STREAM = 0x5350_4C49  # namespaces the row-split hash away from other hash users
 
 
@@ -122,7 +123,8 @@ def hash_sparse(values: np.ndarray, max_ind_range: Sequence[int]) -> np.ndarray:
     """Hash-mode ids for (n, 26) hex values (-1 = missing): 0 if missing, else 1 + v % (cap - 1)."""
     caps = np.asarray(max_ind_range, dtype=np.int64)
     if caps.shape != (values.shape[1],):
-        raise ValueError(f"need one max_ind_range per table ({values.shape[1]}), got {caps.shape}")
+        raise OptionError("need one {} per table ({}), got {}", Flag("max_ind_range"),
+                          values.shape[1], caps.shape)  # fmt: skip
     ids = 1 + values % (caps - 1)
     ids[values < 0] = MISSING_ID
     return ids
@@ -199,13 +201,26 @@ class _ValueCounter:
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
         self._keys[t], self._counts[t] = keys[starts], np.add.reduceat(counts, starts)
 
-    def vocabulary(self, min_freq: int) -> Vocabulary:
-        """Keep the values counted at least ``min_freq`` times."""
-        kept = []
+    def distinct(self) -> list[int]:
+        """Distinct values counted in each table."""
         for t in range(len(self._keys)):
             if self._pending[t]:
                 self._merge(t)
-            kept.append(self._keys[t][self._counts[t] >= min_freq])
+        return [len(keys) for keys in self._keys]
+
+    def vocabulary(self, min_freq: int, caps: Sequence[int] | None = None) -> Vocabulary:
+        """Keep the values counted at least ``min_freq`` times; with ``caps``, at most
+        ``cap - 2`` of them per table (the most frequent; ties go to the smaller value)."""
+        self.distinct()  # merges what is pending
+        kept = []
+        for t, (keys, counts) in enumerate(zip(self._keys, self._counts)):
+            frequent = counts >= min_freq
+            keys, counts = keys[frequent], counts[frequent]
+            room = None if caps is None else caps[t] - 2
+            if room is not None and len(keys) > room:
+                top = np.lexsort((keys, -counts))[:room]  # by count down, then value up
+                keys = np.sort(keys[top])
+            kept.append(keys)
         return Vocabulary(keys=tuple(kept), min_freq=min_freq)
 
 
@@ -339,35 +354,39 @@ def _chunk_table(
 # -- the pipeline -------------------------------------------------------------------------
 
 
-def _progress_bar(enabled: bool) -> Progress:
-    return Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        disable=not enabled,
-    )
-
-
 def _read_all(
-    readers: Sequence[CriteoReader], advance: Callable[[int], None]
+    readers: Sequence[CriteoReader], advance: Callable[[int, int], None]
 ) -> Iterator[tuple[int, CriteoChunk]]:
-    """Chunks of all readers in order, with the reader's index; reports bytes read."""
+    """Chunks of all readers in order, with the reader's index; reports (bytes, rows) read.
+
+    The bar's length is in bytes, the only size known before reading (for the time left);
+    it shows rows and rows/s, the numbers a user can compare with their data.
+    """
     for file_index, reader in enumerate(readers):
         done = 0
         for chunk in reader:
-            advance(reader.bytes_read - done)
+            advance(reader.bytes_read - done, chunk.num_rows)
             done = reader.bytes_read
             yield file_index, chunk
-        advance(reader.bytes_read - done)
+        advance(reader.bytes_read - done, 0)
+
+
+def _advancer(bar: Progress, task: TaskID) -> Callable[[int, int], None]:
+    rows = 0
+
+    def advance(n_bytes: int, n_rows: int) -> None:
+        nonlocal rows
+        rows += n_rows
+        bar.update(task, advance=n_bytes, **{ROWS_FIELD: rows})
+
+    return advance
 
 
 def prepare(
     src: str | Path | Sequence[str | Path],
     out_dir: str | Path,
     *,
-    mode: Literal["hash", "vocab"] = "hash",
+    mode: Literal["hash", "vocab"] = "vocab",
     max_ind_range: int | Sequence[int] | None = None,
     min_freq: int = 1,
     split: Literal["rows", "day"] = "rows",
@@ -384,8 +403,10 @@ def prepare(
 
     Args:
         src: one file, or several (for ``split="day"``: the days in order).
-        mode: "hash" (needs ``max_ind_range``) or "vocab" (uses ``min_freq``).
-        max_ind_range: hash mode: ids per table, one int for all or one per table (>= 2).
+        mode: "vocab" (default: every training value seen ``min_freq`` times gets its own
+            id, tables sized to the data) or "hash" (needs ``max_ind_range``).
+        max_ind_range: ids per table, one int for all or one per table (>= 2). Vocab: an
+            upper bound (the most frequent values are kept); hash: every table's size.
         min_freq: vocab mode: training occurrences a value needs to get its own id.
         split: "rows" (seeded per-line assignment) or "day" (last file is val/test).
         val_fraction: rows: share of lines for validation (default 0.05); day: share of the
@@ -400,6 +421,12 @@ def prepare(
 
     Returns:
         The metadata written to ``out_dir/metadata.json``.
+
+    Raises:
+        InputError: a source that is missing, a directory, unreadable, truncated gzip, not
+            Criteo TSV, or (unless ``skip_bad_lines``) has a malformed line.
+        OptionError: options that cannot work together.
+        OutputExistsError: ``out_dir`` exists and ``overwrite`` is false.
     """
     sources = [Path(src)] if isinstance(src, (str, Path)) else [Path(p) for p in src]
     out_dir = Path(out_dir)
@@ -415,11 +442,16 @@ def prepare(
         rows_per_file,
     )
     options.update(seed=seed, chunk_rows=chunk_rows, skip_bad_lines=skip_bad_lines)
-    missing = [str(p) for p in sources if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"source file(s) not found: {', '.join(missing)}")
+    for path in sources:
+        if (path / METADATA_FILE).is_file():
+            raise InputError(path, "is a prepared dataset already, not a Criteo TSV file")
+        check_input_file(path)
     if out_dir.exists() and not overwrite:
-        raise FileExistsError(f"{out_dir} already exists; pass overwrite=True to replace it")
+        raise OutputExistsError(
+            "{} already exists; pass {} to replace it", out_dir, Flag("overwrite", True)
+        )
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OptionError("{} {} is a file, not a dataset folder", Flag("out_dir"), out_dir)
 
     tmp_dir = out_dir.with_name(f".{out_dir.name}.tmp")
     if tmp_dir.exists():
@@ -449,47 +481,70 @@ def _check_options(
 ) -> dict[str, Any]:
     """Validate the arguments of ``prepare``; returns the resolved options."""
     if not sources:
-        raise ValueError("src names no files")
+        raise OptionError("{} names no files", Flag("src"))
     if chunk_rows < 1 or rows_per_file < 1:
-        raise ValueError("chunk_rows and rows_per_file must be at least 1")
+        raise OptionError("{} and {} must be at least 1", Flag("chunk_rows"), Flag("rows_per_file"))
+    if mode not in ("hash", "vocab"):
+        raise OptionError("{} must be hash or vocab, got {!r}", Flag("mode"), mode)
     options: dict[str, Any] = {"mode": mode, "split": split, "rows_per_file": rows_per_file}
-    if mode == "hash":
-        if max_ind_range is None:
-            raise ValueError('mode="hash" needs max_ind_range (ids per table)')
+    caps: list[int] | None = None
+    if max_ind_range is not None:
         if isinstance(max_ind_range, (int, np.integer)):
-            max_ind_range = [max_ind_range] * NUM_SPARSE
+            max_ind_range = [int(max_ind_range)] * NUM_SPARSE
         caps = [int(c) for c in max_ind_range]
         if len(caps) != NUM_SPARSE or min(caps) < 2:
-            raise ValueError(f"max_ind_range must be one int >= 2 or {NUM_SPARSE} of them")
+            raise OptionError(
+                "{} must be one int >= 2 or {} of them (ids per table)",
+                Flag("max_ind_range"),
+                NUM_SPARSE,
+            )
+        # Ids beyond one per 32-bit value (+ missing) could never be used.
+        caps = [min(c, _MAX_HASH_IDS) for c in caps]
+    if mode == "hash":
+        if caps is None:
+            raise OptionError(
+                "{} needs {} (ids per table); or leave out {} to size each table to its data",
+                Flag("mode", "hash"),
+                Flag("max_ind_range"),
+                Flag("mode"),
+            )
+        if min_freq != 1:
+            raise OptionError("{} is for {}", Flag("min_freq"), Flag("mode", "vocab"))
         options["max_ind_range"] = caps
-    elif mode == "vocab":
-        if max_ind_range is not None:
-            raise ValueError('max_ind_range is for mode="hash"; bound vocab size with min_freq')
-        if min_freq < 1:
-            raise ValueError(f"min_freq must be at least 1, got {min_freq}")
-        options["min_freq"] = min_freq
     else:
-        raise ValueError(f'mode must be "hash" or "vocab", got {mode!r}')
+        if min_freq < 1:
+            raise OptionError("{} must be at least 1, got {}", Flag("min_freq"), min_freq)
+        options.update(min_freq=min_freq, max_ind_range=caps)
 
     if split == "rows":
         val = 0.05 if val_fraction is None else val_fraction
         test = 0.05 if test_fraction is None else test_fraction
         if val < 0 or test < 0 or val + test >= 1:
-            raise ValueError(
-                f"need val_fraction, test_fraction >= 0 summing to < 1, got {val}, {test}"
+            raise OptionError(
+                "need {}, {} >= 0 summing to < 1, got {}, {}",
+                Flag("val_fraction"),
+                Flag("test_fraction"),
+                val,
+                test,
             )
         options.update(val_fraction=float(val), test_fraction=float(test))
     elif split == "day":
         if len(sources) < 2:
-            raise ValueError('split="day" needs at least two day files (all but the last train)')
+            raise OptionError(
+                "{} needs at least two day files (all but the last train)", Flag("split", "day")
+            )
         if test_fraction is not None:
-            raise ValueError('test_fraction is for split="rows"; by day, test is the last day')
+            raise OptionError(
+                "{} is for {}; by day, test is the last day",
+                Flag("test_fraction"),
+                Flag("split", "rows"),
+            )
         val = 0.5 if val_fraction is None else val_fraction
         if not 0 <= val < 1:
-            raise ValueError(f"val_fraction must be in [0, 1), got {val}")
+            raise OptionError("{} must be in [0, 1), got {}", Flag("val_fraction"), val)
         options.update(val_fraction=float(val), test_fraction=None)
     else:
-        raise ValueError(f'split must be "rows" or "day", got {split!r}')
+        raise OptionError("{} must be rows or day, got {!r}", Flag("split"), split)
     return options
 
 
@@ -515,10 +570,11 @@ def _prepare_into(
     ]
     total_bytes = sum(r.size_bytes for r in readers)
 
-    with _progress_bar(show_progress) as bar:
+    with row_progress(show_progress) as bar:
         vocabulary: Vocabulary | None = None
+        distinct: list[int] | None = None
         if options["mode"] == "vocab":
-            vocabulary = _count_vocabulary(readers, splitter, options["min_freq"], bar, total_bytes)
+            vocabulary, distinct = _count_vocabulary(readers, splitter, options, bar, total_bytes)
             vocabulary.save(out / VOCABULARY_FILE)
             cardinalities = vocabulary.cardinalities
         else:
@@ -528,8 +584,8 @@ def _prepare_into(
         sparse_dtype = np.dtype(np.int32 if max(cardinalities) - 1 <= _INT32_MAX else np.int64)
         schema = _schema(sparse_dtype)
         writers = [_SplitWriter(out / name, schema, options["rows_per_file"]) for name in SPLITS]
-        task = bar.add_task("writing parquet", total=total_bytes)
-        for file_index, chunk in _read_all(readers, lambda n: bar.advance(task, n)):
+        task = bar.add_task("writing parquet", total=total_bytes, **{ROWS_FIELD: 0})
+        for file_index, chunk in _read_all(readers, _advancer(bar, task)):
             assert chunk.labels is not None  # readers are created with has_label=True
             codes = splitter(file_index, chunk.line_numbers)
             dense = transform_dense(chunk.dense, chunk.dense_missing)
@@ -547,9 +603,18 @@ def _prepare_into(
         for writer in writers:
             writer.close()
 
+    if sum(w.rows for w in writers) == 0:
+        if len(sources) == 1:
+            raise InputError(sources[0], "holds no data rows")
+        raise OptionError("{} hold no data rows", ", ".join(map(str, sources)))
     if writers[_TRAIN].rows == 0:
-        raise ValueError(f"no training rows were read from {', '.join(map(str, sources))}")
+        raise OptionError(
+            "no training rows in {} rows: lower {}",
+            sum(w.rows for w in writers),
+            Flag("val_fraction") if options["split"] == "day" else Flag("test_fraction"),
+        )
     metadata = _metadata(sources, readers, writers, options, cardinalities, sparse_dtype)
+    metadata["distinct_values"] = distinct
     (out / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
     return metadata
 
@@ -557,17 +622,21 @@ def _prepare_into(
 def _count_vocabulary(
     readers: Sequence[CriteoReader],
     splitter: _Splitter,
-    min_freq: int,
+    options: dict[str, Any],
     bar: Progress,
     total_bytes: int,
-) -> Vocabulary:
-    """First pass of vocab mode: count category values over the training rows."""
+) -> tuple[Vocabulary, list[int]]:
+    """First pass of vocab mode: count category values over the training rows.
+
+    Returns the vocabulary and the number of distinct training values of each table.
+    """
     counter = _ValueCounter(NUM_SPARSE)
-    task: TaskID = bar.add_task("counting categories", total=total_bytes)
-    for file_index, chunk in _read_all(readers, lambda n: bar.advance(task, n)):
+    task: TaskID = bar.add_task("counting categories", total=total_bytes, **{ROWS_FIELD: 0})
+    for file_index, chunk in _read_all(readers, _advancer(bar, task)):
         train = splitter(file_index, chunk.line_numbers) == _TRAIN
         counter.update(chunk.sparse[train])
-    return counter.vocabulary(min_freq)
+    vocabulary = counter.vocabulary(options["min_freq"], options["max_ind_range"])
+    return vocabulary, counter.distinct()
 
 
 def _metadata(
@@ -638,7 +707,10 @@ def load_metadata(root: str | Path) -> dict[str, Any]:
     """Read ``metadata.json`` of a prepared dataset, checking its format version."""
     path = Path(root) / METADATA_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: is {root} a dataset written by prepare()?")
+        raise FileNotFoundError(
+            f"{root} is not a prepared dataset (no {METADATA_FILE}): prepare one with "
+            "fuseml data prepare"
+        )
     metadata = json.loads(path.read_text())
     version = metadata.get("format_version")
     if version != FORMAT_VERSION:

@@ -43,10 +43,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from fuseml.data import _hashing
+from fuseml.data._progress import row_progress
 from fuseml.data.criteo import NUM_DENSE, NUM_SPARSE
+from fuseml.data.errors import Flag, OptionError
 
 __all__ = ["KAGGLE_CARDINALITIES", "SynthSummary", "synth", "synthetic_cardinalities"]
 
@@ -115,9 +116,9 @@ _TAB, _NEWLINE, _MINUS, _ZERO = ord("\t"), ord("\n"), ord("-"), ord("0")
 def synthetic_cardinalities(scale: float = 1.0, max_cardinality: int | None = None) -> list[int]:
     """Kaggle cardinalities multiplied by ``scale`` (at least 1) and capped."""
     if scale <= 0:
-        raise ValueError(f"scale must be positive, got {scale}")
+        raise OptionError("{} must be positive, got {}", Flag("scale"), scale)
     if max_cardinality is not None and max_cardinality < 1:
-        raise ValueError(f"max_cardinality must be at least 1, got {max_cardinality}")
+        raise OptionError("{} must be at least 1, got {}", Flag("max_cardinality"), max_cardinality)
     cards = [max(1, round(c * scale)) for c in KAGGLE_CARDINALITIES]
     return cards if max_cardinality is None else [min(c, max_cardinality) for c in cards]
 
@@ -336,12 +337,14 @@ def synth(
         A :class:`SynthSummary` with the positive rate and the best achievable AUC.
     """
     if rows < 1:
-        raise ValueError(f"rows must be at least 1, got {rows}")
+        raise OptionError("{} must be at least 1, got {}", Flag("rows"), rows)
     if chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
+        raise OptionError("{} must be at least 1, got {}", Flag("chunk_rows"), chunk_rows)
     from sklearn.metrics import roc_auc_score  # optional dependency, only needed here
 
     out_path = Path(out_path)
+    if out_path.is_dir():
+        raise OptionError("{} {} is a folder; give a file name", Flag("out_path"), out_path)
     probs_path = out_path.with_name(out_path.name + ".probs.npy")
     summary_path = out_path.with_name(out_path.name + ".summary.json")
     tmp_out = out_path.with_name(f".{out_path.name}.tmp")
@@ -352,20 +355,14 @@ def synth(
 
     labels = np.empty(rows, dtype=np.int8)  # kept for the AUC: one byte per row
     probs = np.lib.format.open_memmap(tmp_probs, mode="w+", dtype=np.float32, shape=(rows,))
-    bar = Progress(
-        TextColumn("writing synthetic rows"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        disable=not progress,
-    )
+    bar = row_progress(progress)
     try:
         with (
             tmp_out.open("wb") as raw,
             _gzip_writer(raw) if gzip else contextlib.nullcontext(raw) as sink,
             bar,
         ):
-            task = bar.add_task("rows", total=rows)
+            task = bar.add_task("writing synthetic rows", total=rows)
             for start in range(0, rows, chunk_rows):
                 stop = min(rows, start + chunk_rows)
                 drawn = model.draw(np.arange(start, stop, dtype=np.uint64))
@@ -402,7 +399,8 @@ def synth(
         "max_cardinality": max_cardinality,
     }
     summary_path.write_text(json.dumps(record, indent=2) + "\n")
-    logger.info(
+    # Debug only: the caller (the command line) reports the result once, its own way.
+    logger.debug(
         "wrote %d rows to %s: %.1f%% positives, best achievable AUC %s",
         rows,
         out_path,
