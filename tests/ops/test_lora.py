@@ -926,6 +926,24 @@ def test_lora_with_segmented_shrink(device, backend, monkeypatch):
     assert [bool(o) for o in offered] == [False, True, False, True]
 
 
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("loop", ["tma", "ptr"])
+def test_lora_path_loop_reaches_the_precomputed_x_at_a(
+    device, backend, loop, tma_lora_modes, monkeypatch
+):
+    """LoraPath's loop forces the precomputed mode's x @ A^T launch too, as FUSEML_GEMM
+    did: "tma" runs it on the TMA kernel (float32 output), "ptr" on the pointer kernel."""
+    from fuseml.ops.gemm import launch as _gemm
+
+    monkeypatch.setenv("FUSEML_PDL", "0")
+    w, b, a, bb = _layer(64, 40, 6, torch.bfloat16, device)  # rank 6: precomputed, not expand
+    x = torch.randn(5, 64, dtype=torch.bfloat16, device=device)
+    path = LoraPath(loop=loop, in_loop_max_m=0)
+    out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "relu", backend=backend, path=path)
+    assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu"), torch.bfloat16)
+    assert tma_lora_modes == ([None, _gemm.LORA_PRECOMPUTED] if loop == "tma" else [])
+
+
 @pytest.mark.parametrize(("device", "backend"), TARGETS[:1])  # the interpreter: which key
 # the tile comes from is the point here (the GPU tests run the joint launch's tiles)
 def test_joint_past_in_loop_rows_takes_the_expand_tile(

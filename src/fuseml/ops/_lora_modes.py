@@ -118,7 +118,8 @@ def _run_mode(
 ) -> None:  # fmt: skip
     """Writes the fused layer to ``out`` in LoRA mode ``mode`` (see fuseml.ops.gemm); pdl:
     the expand mode's two launches overlap; force_loop: as ``main_loop``'s force (the
-    shrink's loop, and in-loop on the TMA kernel where it names "tma")."""
+    shrink's and the precomputed x @ A^T's loop, and in-loop on the TMA kernel where it
+    names "tma")."""
     k = x2.shape[1]
     n = weight.shape[0]
     r = a_stacked.shape[0]
@@ -153,7 +154,10 @@ def _run_mode(
             return
         xa = _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, force_loop)
     else:  # precomputed: x @ A^T in float32, by the same kernel; the epilogue scales, masks
-        xa = linear_rows(x2, a_stacked, None, None, 1.0, 0, traced=traced, out_dtype=torch.float32)
+        xa = linear_rows(
+            x2, a_stacked, None, None, 1.0, 0, traced=traced, out_dtype=torch.float32,
+            loop=force_loop,
+        )  # fmt: skip
         if r_pad > TMA_MAX_R:
             # More than one epilogue step of the fp32 mode overflows the TMA kernel's
             # shared memory (466 KiB asked for 16 adapters x rank 16).
