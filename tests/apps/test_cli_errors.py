@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
@@ -98,6 +99,37 @@ def test_predict_leaves_no_file_after_a_bad_line_part_way(trained, tmp_path, mon
     assert result.output.rstrip().splitlines()[-1] == f"wrote {out.resolve()} ({ROWS:,} rows)"
 
 
+def test_predict_killed_part_way_leaves_no_file(trained, tmp_path):
+    raw, _, checkpoint = trained
+    out = tmp_path / "preds.csv"
+    # The command as users run it, with every batch written slowly: killed part-way.
+    code = (
+        "import sys, time\n"
+        "import fuseml.apps.predict as p\n"
+        "write = p._Writer.write\n"
+        "p._Writer.write = lambda self, *a: (write(self, *a), time.sleep(0.5))\n"
+        "from fuseml.apps.cli import main\n"
+        f"sys.argv = ['fuseml', 'predict', '--checkpoint', {str(checkpoint)!r}, '--data', "
+        f"{str(raw)!r}, '--out', {str(out)!r}, '--batch-size', '100', '--no-progress']\n"
+        "main()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
+    partial = tmp_path / f".{out.name}.{proc.pid}.partial"
+    try:
+        deadline = time.monotonic() + 120
+        while not (partial.is_file() and partial.stat().st_size > 0):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no rows written in 120 s"
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    assert not out.exists() and partial.is_file()  # rows were written, not under --out
+    assert _predict(checkpoint, raw, out).exit_code == 0
+    assert _partials(tmp_path) == [] and pa_csv.read_csv(out).num_rows == ROWS
+
+
 def test_predict_keeps_a_live_runs_temporary(trained, tmp_path):
     out = tmp_path / "preds.csv"
     live = tmp_path / f".{out.name}.{os.getppid()}.partial"  # the parent process: alive
@@ -141,6 +173,9 @@ def test_messages_name_flags_not_parameters(trained, tmp_path):
         runner.invoke(app, ["train", "--config", "tiny", "--synthetic", "100", "--batch-size", "0"])
     )
     assert "--batch-size must be at least 1" in line
+    (tmp_path / "emptydir").mkdir()
+    line = _error_line(_predict(checkpoint, tmp_path / "emptydir", tmp_path / "p.csv"))
+    assert "emptydir a dataset written by fuseml data prepare?" in line, line
 
     # library messages of the data commands, as the CLI shows them
     params = {"out": tmp_path, "mode": "hash", "max_ind_range": None, "overwrite": False}

@@ -17,7 +17,12 @@ from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+_HELP = (
+    "fuseml: fused GPU kernels for DLRM and LoRA-MLP inference, and the tools around them."
+    "\n\nAn error in your input or arguments prints one line and exits with code 2; "
+    "fuseml -v COMMAND ... shows its traceback too."
+)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=_HELP)
 
 
 # The --backend of predict and profile: fuseml.apps.common.MODEL_BACKENDS (kept as text
