@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -99,7 +100,8 @@ def test_predict_leaves_no_file_after_a_bad_line_part_way(trained, tmp_path, mon
     assert result.output.rstrip().splitlines()[-1] == f"wrote {out.resolve()} ({ROWS:,} rows)"
 
 
-def test_predict_killed_part_way_leaves_no_file(trained, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["KILL", "TERM"])
+def test_predict_killed_part_way_leaves_no_file(trained, tmp_path, sig):
     raw, _, checkpoint = trained
     out = tmp_path / "preds.csv"
     # The command as users run it, with every batch written slowly: killed part-way.
@@ -117,15 +119,20 @@ def test_predict_killed_part_way_leaves_no_file(trained, tmp_path):
     partial = tmp_path / f".{out.name}.{proc.pid}.partial"
     try:
         deadline = time.monotonic() + 120
-        while not (partial.is_file() and partial.stat().st_size > 0):
+        while not (partial.is_file() and partial.stat().st_size > 1000):  # rows, not a header
             assert proc.poll() is None, proc.stderr.read().decode()
             assert time.monotonic() < deadline, "no rows written in 120 s"
             time.sleep(0.1)
+        proc.send_signal(sig)
+        code = proc.wait(timeout=60)
+        assert code == (-sig if sig == signal.SIGKILL else 128 + sig), proc.stderr.read().decode()
     finally:
         proc.kill()
         proc.wait()
         proc.stderr.close()
-    assert not out.exists() and partial.is_file()  # rows were written, not under --out
+    assert not out.exists()  # rows were written, but not under --out
+    # SIGTERM: removed on the way out; SIGKILL: left, and removed by the next run
+    assert partial.is_file() == (sig == signal.SIGKILL)
     assert _predict(checkpoint, raw, out).exit_code == 0
     assert _partials(tmp_path) == [] and pa_csv.read_csv(out).num_rows == ROWS
 

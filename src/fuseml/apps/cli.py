@@ -7,11 +7,12 @@ line naming the CLI flag or file, exit code 2; --verbose shows its traceback too
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -312,17 +313,39 @@ def predict(
     from fuseml.apps.predict import predict as run_predict
 
     check_model_backend(backend, name="--backend")
-    run_predict(
-        checkpoint,
-        data,
-        out,
-        split=split,
-        backend=backend,
-        batch_size=batch_size,
-        dtype=dtype,
-        device=device,
-        progress=progress,
-    )
+    with _sigterm_exits():  # predict removes its temporary file, as on Ctrl-C
+        run_predict(
+            checkpoint,
+            data,
+            out,
+            split=split,
+            backend=backend,
+            batch_size=batch_size,
+            dtype=dtype,
+            device=device,
+            progress=progress,
+        )
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """Within: SIGTERM (``kill``) raises SystemExit(143) in the main thread, so that cleanups
+    run as on Ctrl-C instead of the process vanishing mid-write."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 data_app = typer.Typer(no_args_is_help=True, help="Criteo data: prepare real files, synthesize.")

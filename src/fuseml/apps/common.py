@@ -282,11 +282,19 @@ def _is_gzip(path: Path) -> bool:
 
 
 def user_message(err: BaseException, inputs: list[Path] | tuple[Path, ...] = ()) -> str:
-    """One line for ``err``: its ``user_message`` if it has one, else its text; a gzip
-    error names the gzip file(s) among ``inputs`` (the files the command read)."""
+    """One line for ``err``: its ``user_message`` if it has one, else its text, led by its
+    ``path`` (and ``line``) where it has them and does not name them itself; a gzip error
+    names the gzip file(s) among ``inputs`` (the files the command read)."""
     message = getattr(err, "user_message", None) or str(err) or type(err).__name__
+    path, line = getattr(err, "path", None), getattr(err, "line", None)
+    if isinstance(path, (str, Path)) and str(path) not in message:
+        message = f"{path}{f', line {line}' if line else ''}: {message}"
     if isinstance(err, GZIP_ERRORS):
-        files = [str(p) for p in inputs if Path(p).is_file() and _is_gzip(Path(p))]
+        files = [
+            str(p)
+            for p in inputs
+            if Path(p).is_file() and (Path(p).suffix == ".gz" or _is_gzip(Path(p)))
+        ]
         if not any(f in message for f in files):
             where = " or ".join(files) if files else "a gzip input"
             message = f"{where}: truncated or corrupt gzip data ({message})"

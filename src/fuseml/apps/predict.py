@@ -293,7 +293,6 @@ def predict(
         console.print(f"fuseml.optimize: {swapped or 'nothing to fuse'}")
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_autocast)
 
-    writer = _Writer(out, stream.has_labels)
     all_logits, all_labels = [], []
     rows, model_seconds = 0, 0.0
     bar = Progress(
@@ -308,6 +307,7 @@ def predict(
         disable=not progress,
     )
     start = time.perf_counter()
+    writer = _Writer(out, stream.has_labels)
     try:
         with bar, torch.no_grad(), autocast:
             task = bar.add_task("rows", total=stream.total, rows=0)
