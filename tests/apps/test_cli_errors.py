@@ -168,6 +168,43 @@ def test_truncated_gzip_is_one_line_naming_the_file(trained, tmp_path):
     assert str(truncated) in result.output.rstrip().splitlines()[-1]
 
 
+class _InputError(ValueError):
+    """As a data reader's error type: the file and line as attributes."""
+
+    def __init__(self, message, path, line=None):
+        super().__init__(message)
+        self.path, self.line = path, line
+
+
+class _Refusal(RuntimeError):
+    """Not a ValueError, but meant for the user: it says so with ``user_message``."""
+
+    user_message = "the accelerator is busy: try again later"
+
+
+def test_errors_of_other_layers_show_as_one_line(trained, tmp_path, monkeypatch):
+    raw, _, checkpoint = trained
+    errors = [
+        (
+            _InputError("3 fields, not 40 or 39", raw, 7),
+            f"error: {raw}, line 7: 3 fields, not 40 or 39",
+        ),
+        (_InputError(f"{raw}: line 7: 3 fields", raw, 7), f"error: {raw}: line 7: 3 fields"),
+        (_Refusal("internal words"), "error: the accelerator is busy: try again later"),
+    ]
+    for err, expected in errors:
+
+        def fail(*args, err=err, **kwargs):
+            raise err
+
+        monkeypatch.setattr(fuseml.apps.predict, "predict", fail)
+        assert _error_line(_predict(checkpoint, raw, tmp_path / "p.csv")) == expected
+    # anything else is a bug: its traceback is shown, exit code 1
+    monkeypatch.setattr(fuseml.apps.predict, "predict", lambda *a, **k: 1 / 0)
+    result = _predict(checkpoint, raw, tmp_path / "p.csv")
+    assert result.exit_code == 1 and isinstance(result.exception, ZeroDivisionError)
+
+
 def test_messages_name_flags_not_parameters(trained, tmp_path):
     _, data_dir, checkpoint = trained
     line = _error_line(_predict(checkpoint, data_dir, tmp_path / "p.csv", "--batch-size", "0"))
@@ -248,6 +285,7 @@ def test_training_refuses_a_model_too_big_for_memory(trained, tmp_path, monkeypa
     params, _ = training_bytes(DLRMConfig.from_name("tiny", cardinalities=meta["cardinalities"]))
     assert f"{params:,} parameters" in line, line
     assert "GB" in line and "--config" in line and "--max-ind-range" in line
+    assert not (tmp_path / "run").exists()  # no empty run folder either
 
 
 def test_memory_check_counts_what_training_keeps():
