@@ -161,11 +161,15 @@ def test_truncated_gzip_is_one_line_naming_the_file(trained, tmp_path):
     )
     assert str(truncated) in _error_line(result)
 
-    # -v (before the command) shows the traceback as well
-    args = ["-v", "predict", "--checkpoint", str(checkpoint), "--data", str(truncated)]
-    result = runner.invoke(app, [*args, "--out", str(out), "--no-progress"])
-    assert result.exit_code == 2 and "Traceback" in result.output
-    assert str(truncated) in result.output.rstrip().splitlines()[-1]
+    # -v, before or after the command, shows the traceback as well
+    args = ["predict", "--checkpoint", str(checkpoint), "--data", str(truncated)]
+    args += ["--out", str(out), "--no-progress"]
+    for verbose in (["-v", *args], [*args, "-v"], [*args, "--verbose"]):
+        result = runner.invoke(app, verbose)
+        assert result.exit_code == 2 and "Traceback" in result.output, verbose
+        assert "EOFError" in result.output
+        assert str(truncated) in result.output.rstrip().splitlines()[-1]
+    assert "Traceback" not in runner.invoke(app, args).output  # and not the next time
 
 
 class _InputError(ValueError):

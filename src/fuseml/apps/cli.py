@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import re
 import traceback
@@ -21,7 +22,7 @@ import typer
 _HELP = (
     "fuseml: fused GPU kernels for DLRM and LoRA-MLP inference, and the tools around them."
     "\n\nAn error in your input or arguments prints one line and exits with code 2; "
-    "fuseml -v COMMAND ... shows its traceback too."
+    "-v shows its traceback too."
 )
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=_HELP)
 
@@ -44,15 +45,14 @@ def _setup_logging(verbose: bool) -> None:
 # What _fail needs of the running command: --verbose, and the command's arguments by their
 # Python names (set by _main and _user_errors; one command runs per process).
 _current: dict[str, Any] = {"verbose": False, "params": {}}
+_VERBOSE_HELP = "debug logs, and the traceback of an error"
 
 
 @app.callback()
 def _main(
     verbose: Annotated[
         bool,
-        typer.Option(
-            "--verbose", "-v", help="debug logs, and the traceback of an error (before the command)"
-        ),
+        typer.Option("--verbose", "-v", help=_VERBOSE_HELP + " (also taken after the command)"),
     ] = False,
 ) -> None:
     _current["verbose"] = verbose
@@ -191,13 +191,26 @@ def _fail(err: BaseException, code: int = 2) -> None:
     raise typer.Exit(code) from err
 
 
+# Every command takes -v too, where a user adds it after seeing an error.
+_VERBOSE_PARAM = inspect.Parameter(
+    "verbose",
+    inspect.Parameter.KEYWORD_ONLY,
+    default=False,
+    annotation=Annotated[bool, typer.Option("--verbose", "-v", help=_VERBOSE_HELP)],
+)
+
+
 def _user_errors(command: Callable) -> Callable:
-    """``command``, with an error the user caused shown by ``_fail``. Click itself would turn
-    an EOFError (a truncated gzip file) into a bare "Aborted!", so it is caught here; what
-    click raises to exit or to report a usage error is no user error here and passes."""
+    """``command``, with an error the user caused shown by ``_fail``, and a -v/--verbose
+    option. Click itself would turn an EOFError (a truncated gzip file) into a bare
+    "Aborted!", so it is caught here; what click raises to exit or to report a usage error
+    is no user error here and passes."""
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.pop("verbose", False):
+            _current["verbose"] = True
+            logging.getLogger().setLevel(logging.DEBUG)
         _current["params"] = kwargs
         try:
             return command(*args, **kwargs)
@@ -208,6 +221,10 @@ def _user_errors(command: Callable) -> Callable:
                 raise
             _fail(err)
 
+    signature = inspect.signature(command, eval_str=True)
+    if "verbose" not in signature.parameters:
+        params = [*signature.parameters.values(), _VERBOSE_PARAM]
+        run.__signature__ = signature.replace(parameters=params)  # what typer reads
     return run
 
 
