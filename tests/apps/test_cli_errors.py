@@ -137,6 +137,13 @@ def test_predict_killed_part_way_leaves_no_file(trained, tmp_path, sig):
     assert _partials(tmp_path) == [] and pa_csv.read_csv(out).num_rows == ROWS
 
 
+def test_predict_to_a_folder_is_one_line_and_leaves_nothing(trained, tmp_path):
+    folder = tmp_path / "preds.csv"
+    folder.mkdir()
+    line = _error_line(_predict(trained[2], trained[0], folder))
+    assert str(folder) in line and _partials(tmp_path) == []
+
+
 def test_predict_keeps_a_live_runs_temporary(trained, tmp_path):
     out = tmp_path / "preds.csv"
     live = tmp_path / f".{out.name}.{os.getppid()}.partial"  # the parent process: alive

@@ -230,8 +230,12 @@ class _Writer:
         self._writer.write_batch(pa.record_batch(arrays, schema=self.schema))
 
     def commit(self) -> None:
-        self._writer.close()
-        self.tmp.replace(self.out)
+        try:
+            self._writer.close()
+            self.tmp.replace(self.out)  # e.g. IsADirectoryError: --out is a folder
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            raise
 
     def abort(self) -> None:
         try:
