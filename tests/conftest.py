@@ -2,9 +2,16 @@
 
 TRITON_INTERPRET must be set before triton is first imported, so this runs before any
 fuseml import.
+
+Tests leave nothing behind: files go to ``tmp_path`` (pytest removes the folders of passing
+runs: see the Makefile), torch.compile's cache to a folder removed when the run ends, and
+the run ends with a note naming what else appeared in the temporary folder.
 """
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -16,6 +23,61 @@ if not torch.cuda.is_available():
 os.environ.setdefault("FUSEML_AUTOTUNE", "0")
 
 import pytest
+
+_SCRATCH = "fuseml_test_scratch"  # config.stash would not reach xdist workers; env does
+
+
+def _controller(config) -> bool:
+    """The process that runs the session (not an xdist worker)."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    if not _controller(config):
+        return
+    tmp = Path(tempfile.gettempdir())
+    config._fuseml_tmp_before = {p.name for p in tmp.iterdir()}
+    # torch.compile's cache (300 MB after a run) would otherwise stay in /tmp; the workers
+    # inherit these variables. A cache the user chose is left alone.
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        scratch = tempfile.mkdtemp(prefix="fuseml-tests-")
+        os.environ[_SCRATCH] = scratch
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(scratch) / "torchinductor")
+
+
+def pytest_unconfigure(config):
+    if not _controller(config):
+        return
+    scratch = os.environ.pop(_SCRATCH, None)
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if os.environ.get("TORCHINDUCTOR_CACHE_DIR", "").startswith(scratch):
+            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Name what appeared in the temporary folder during the run (pytest's own folder and
+    other processes' files aside), so that a test leaving files behind is noticed."""
+    before = getattr(config, "_fuseml_tmp_before", None)
+    if before is None:
+        return
+    scratch = os.environ.get(_SCRATCH)
+    new = []
+    for p in Path(tempfile.gettempdir()).iterdir():
+        if p.name in before or p.name.startswith("pytest-of-") or str(p) == scratch:
+            continue
+        try:
+            if p.lstat().st_uid == os.getuid():
+                new.append(p)
+        except OSError:  # removed meanwhile
+            pass
+    if new:
+        names = ", ".join(sorted(p.name for p in new)[:10])
+        terminalreporter.write_line(
+            f"files that appeared in {tempfile.gettempdir()} during the tests (a test that "
+            f"does not use tmp_path?): {names}",
+            yellow=True,
+        )
 
 
 @pytest.fixture(autouse=True)

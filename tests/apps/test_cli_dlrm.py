@@ -41,6 +41,7 @@ def test_synthetic_train_predict_round_trip(tmp_path, cache):
     output = _ok(args)
     assert "best achievable AUC" in output and "DLRM training" in output
     checkpoint = run / "checkpoint.pt"
+    assert f"checkpoint: {checkpoint.resolve()} " in output  # the full path
     assert checkpoint.is_file() and json.loads((run / "metrics.json").read_text())["test"]["auc"]
     (data_dir,) = (cache / "synthetic").glob("*/prepared")
     assert load_metadata(data_dir)["rows"] == 12000
@@ -79,6 +80,7 @@ def test_data_synth_prepare_then_train_from_the_cli(tmp_path):
 def test_profile_dlrm_writes_a_chrome_trace(tmp_path):
     output = _ok(["profile", "dlrm", "--config", "tiny", "--batch-size", "64", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)])  # fmt: skip
     (trace,) = tmp_path.glob("dlrm-tiny-eager-fp32-bs64-cpu.json")
+    assert f"trace: {trace.resolve()}" in output
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e.get("name") for e in events}
     assert {"dlrm.bottom_mlp", "dlrm.embeddings", "dlrm.interaction", "dlrm.top_mlp"} <= names
@@ -130,8 +132,10 @@ def test_dlrm_demo_end_to_end_small(cache):
     console = Console(record=True, width=120)
     numbers = dlrm_demo(console, rows=20_000)
     assert 0.5 < numbers["test_auc"] < numbers["best_auc_test_split"]
-    assert (cache / "demo-dlrm" / "test-predictions.parquet").is_file()
+    predictions = cache / "demo-dlrm" / "test-predictions.parquet"
+    assert predictions.is_file()
     text = console.export_text()
+    assert f"predictions: {predictions.resolve()}\n" in text  # the full path, not a bare name
     assert "DLRM demo summary" in text
     assert "fuseml.optimize" in text and "FusedMLP" in text  # the report of what it swapped
     assert numbers["checks"]["trained tiny model"]["ok"]

@@ -1,17 +1,30 @@
-"""The ``fuseml`` command line: env | bench | demo | train | predict | profile.
+"""The fuseml command line: env | bench | demo | train | predict | profile | data.
 
-Heavy imports (torch, triton) happen inside the commands, so ``fuseml --help`` is fast.
+Heavy imports (torch, triton) happen inside the commands, so that fuseml --help is fast.
+An error the user's input or arguments cause (fuseml.apps.common.is_user_error) is one
+line naming the CLI flag or file, exit code 2; --verbose shows its traceback too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import logging
+import re
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+_HELP = (
+    "fuseml: fused GPU kernels for DLRM and LoRA-MLP inference, and the tools around them."
+    "\n\nAn error in your input or arguments prints one line and exits with code 2; "
+    "-v shows its traceback too."
+)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=_HELP)
 
 
 # The --backend of predict and profile: fuseml.apps.common.MODEL_BACKENDS (kept as text
@@ -29,8 +42,20 @@ def _setup_logging(verbose: bool) -> None:
     )
 
 
+# What _fail needs of the running command: --verbose, and the command's arguments by their
+# Python names (set by _main and _user_errors; one command runs per process).
+_current: dict[str, Any] = {"verbose": False, "params": {}}
+_VERBOSE_HELP = "debug logs, and the traceback of an error"
+
+
 @app.callback()
-def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+def _main(
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help=_VERBOSE_HELP + " (also taken after the command)"),
+    ] = False,
+) -> None:
+    _current["verbose"] = verbose
     _setup_logging(verbose)
     # Triton's installation hash from disk, not rehashed in every process (opt-in: it
     # replaces triton_key in the loaded Triton modules, so the library never does it).
@@ -119,9 +144,98 @@ def demo() -> None:
         _fail(err, code=1)  # the demo ran; what it showed was wrong
 
 
-def _fail(err: Exception, code: int = 2) -> None:
-    typer.echo(f"error: {err}", err=True)
+# Library messages that name a Python call rather than a command.
+_MESSAGE_FIXES = (("prepare()", "fuseml data prepare"),)
+
+
+def _flag_names(message: str, params: dict[str, Any]) -> str:
+    """``message`` with the names of the command's ``params`` as its flags: ``batch_size``
+    -> ``--batch-size``, ``overwrite=True`` -> ``--overwrite``, ``mode="hash"`` -> ``--mode
+    hash``; a one-word name only where a clause starts with its rule (``lr must be ...``)."""
+    for old, new in _MESSAGE_FIXES:
+        message = message.replace(old, new)
+    for name, value in params.items():
+        flag = "--" + name.replace("_", "-")
+        at = rf"(?<![\w.-]){re.escape(name)}"
+        message = re.sub(rf"{at}=True\b", flag, message)
+        if isinstance(value, bool):
+            message = re.sub(rf"{at}=False\b", "--no-" + flag[2:], message)
+        message = re.sub(rf"{at}=(['\"])(.*?)\1", rf"{flag} \2", message)
+        message = re.sub(rf"{at}=([\w.+-]+)", rf"{flag} \1", message)
+        if "_" in name:
+            message = re.sub(rf"{at}\b", flag, message)
+        else:
+            start = rf"(?:^|(?<=: )|(?<=\()){re.escape(name)}"
+            message = re.sub(rf"{start}(?= (must|needs) )", flag, message)
+    return message
+
+
+def _input_files(params: dict[str, Any]) -> list[Path]:
+    """The files among a command's arguments (SRC, --data, ...), for naming a bad one."""
+    found: list[Path] = []
+    for value in params.values():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        found += [Path(v) for v in values if isinstance(v, Path) and v.is_file()]
+    return found
+
+
+def _fail(err: BaseException, code: int = 2) -> None:
+    """Exit with ``code`` after one line for ``err`` (its traceback first with --verbose)."""
+    from fuseml.apps.common import user_message
+
+    if _current["verbose"]:
+        typer.echo("".join(traceback.format_exception(err)).rstrip(), err=True)
+    params = _current["params"]
+    message = _flag_names(user_message(err, _input_files(params)), params)
+    typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code) from err
+
+
+# Every command takes -v too, where a user adds it after seeing an error.
+_VERBOSE_PARAM = inspect.Parameter(
+    "verbose",
+    inspect.Parameter.KEYWORD_ONLY,
+    default=False,
+    annotation=Annotated[bool, typer.Option("--verbose", "-v", help=_VERBOSE_HELP)],
+)
+
+
+def _user_errors(command: Callable) -> Callable:
+    """``command``, with an error the user caused shown by ``_fail``, and a -v/--verbose
+    option. Click itself would turn an EOFError (a truncated gzip file) into a bare
+    "Aborted!", so it is caught here; what click raises to exit or to report a usage error
+    is no user error here and passes."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.pop("verbose", False):
+            _current["verbose"] = True
+            logging.getLogger().setLevel(logging.DEBUG)
+        _current["params"] = kwargs
+        try:
+            return command(*args, **kwargs)
+        except Exception as err:
+            from fuseml.apps.common import is_user_error
+
+            if not is_user_error(err):
+                raise
+            _fail(err)
+
+    signature = inspect.signature(command, eval_str=True)
+    if "verbose" not in signature.parameters:
+        params = [*signature.parameters.values(), _VERBOSE_PARAM]
+        run.__signature__ = signature.replace(parameters=params)  # what typer reads
+    return run
+
+
+def _wrap_commands(typer_app: typer.Typer) -> None:
+    """Every command of ``typer_app`` and its groups runs under ``_user_errors``."""
+    for info in typer_app.registered_commands:
+        if info.callback is not None and not hasattr(info.callback, "__wrapped__"):
+            info.callback = _user_errors(info.callback)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _wrap_commands(group.typer_instance)
 
 
 @app.command()
@@ -172,32 +286,29 @@ def train(
         _fail(
             ValueError(f"--config {config!r} is neither a named config {CONFIG_NAMES} nor a file")
         )
-    try:
-        name = Path(config).stem if Path(config).suffix else config
-        options = TrainOptions(
-            epochs=epochs,
-            batch_size=batch_size,
-            lr=lr,
-            optimizer=optimizer,
-            dtype=dtype,
-            compile=compile,
-            device=device,
-            seed=seed,
-            out_dir=out or Path("runs") / f"dlrm-{name}",
-            resume=resume,
-            tensorboard=tensorboard,
-            progress=progress,
+    name = Path(config).stem if Path(config).suffix else config
+    options = TrainOptions(
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        optimizer=optimizer,
+        dtype=dtype,
+        compile=compile,
+        device=device,
+        seed=seed,
+        out_dir=out or Path("runs") / f"dlrm-{name}",
+        resume=resume,
+        tensorboard=tensorboard,
+        progress=progress,
+    )
+    resolve_device(device)  # fail before generating any data
+    if synthetic is not None:
+        data, summary = synthetic_dataset(
+            synthetic, seed=seed, max_cardinality=max_cardinality, progress=progress
         )
-        resolve_device(device)  # fail before generating any data
-        if synthetic is not None:
-            data, summary = synthetic_dataset(
-                synthetic, seed=seed, max_cardinality=max_cardinality, progress=progress
-            )
-            best = "n/a" if summary.best_auc is None else f"{summary.best_auc:.4f}"
-            typer.echo(f"synthetic data: {data} (best achievable AUC {best})")
-        run_train(config, data, options)
-    except (ValueError, FileNotFoundError, FloatingPointError) as err:
-        _fail(err)
+        best = "n/a" if summary.best_auc is None else f"{summary.best_auc:.4f}"
+        typer.echo(f"synthetic data: {data.resolve()} (best achievable AUC {best})")
+    run_train(config, data, options)
 
 
 @app.command()
@@ -218,8 +329,8 @@ def predict(
     from fuseml.apps.common import check_model_backend
     from fuseml.apps.predict import predict as run_predict
 
-    try:
-        check_model_backend(backend, name="--backend")
+    check_model_backend(backend, name="--backend")
+    with _sigterm_exits():  # predict removes its temporary file, as on Ctrl-C
         run_predict(
             checkpoint,
             data,
@@ -231,8 +342,27 @@ def predict(
             device=device,
             progress=progress,
         )
-    except (ValueError, FileNotFoundError, TypeError) as err:
-        _fail(err)
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """Within: SIGTERM (``kill``) raises SystemExit(143) in the main thread, so that cleanups
+    run as on Ctrl-C instead of the process vanishing mid-write."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 data_app = typer.Typer(no_args_is_help=True, help="Criteo data: prepare real files, synthesize.")
@@ -409,21 +539,21 @@ def profile_dlrm(
     from fuseml.apps.common import check_model_backend
     from fuseml.apps.profile import profile_dlrm as run_profile
 
-    try:
-        check_model_backend(backend, name="--backend")
-        run_profile(
-            config,
-            backend=backend,
-            batch_size=batch_size,
-            steps=steps,
-            warmup=warmup,
-            out_dir=out,
-            device=device,
-            dtype=dtype,
-            max_cardinality=max_cardinality,
-        )
-    except ValueError as err:
-        _fail(err)
+    check_model_backend(backend, name="--backend")
+    run_profile(
+        config,
+        backend=backend,
+        batch_size=batch_size,
+        steps=steps,
+        warmup=warmup,
+        out_dir=out,
+        device=device,
+        dtype=dtype,
+        max_cardinality=max_cardinality,
+    )
+
+
+_wrap_commands(app)
 
 
 def main() -> None:

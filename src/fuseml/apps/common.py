@@ -1,6 +1,6 @@
 """What the apps share: device choice, the model backends, the cache folder, DLRM
 checkpoints, the check that a dataset was preprocessed like a model's training data,
-metrics, and a progress column.
+metrics, a progress column, which errors are the user's, and whether a model fits in memory.
 
 Public API::
 
@@ -10,11 +10,17 @@ Public API::
     save_checkpoint(path, model, optimizer, epoch=1, data=data_record(data_dir), ...)
     check_data_matches(config, ckpt["data"], data_dir)  # same tables and id mapping?
     metrics_from_logits(logits, labels)  # auc, log_loss, accuracy
+    is_user_error(err); user_message(err)  # shown as one line by the CLI, no traceback
+    check_fits_in_memory(config, device, optimizer="sgd")  # before allocating a model
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import itertools
+import os
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +43,19 @@ __all__ = [
     "RateColumn",
     "cache_dir",
     "check_data_matches",
+    "check_fits_in_memory",
     "check_model_backend",
     "data_record",
+    "free_memory",
+    "human_bytes",
+    "is_user_error",
     "load_checkpoint",
     "metrics_from_logits",
     "model_from_checkpoint",
     "resolve_device",
     "save_checkpoint",
+    "training_bytes",
+    "user_message",
     "vocabulary_digest",
 ]
 
@@ -226,9 +238,142 @@ def metrics_from_logits(logits: np.ndarray, labels: np.ndarray) -> dict[str, Any
 
 
 class RateColumn(ProgressColumn):
-    """Samples (rows) per second of a task (rich measures the speed of ``completed``)."""
+    """Rows per second of a task, as "12,345 rows/s". By default the speed of ``completed``
+    (as rich measures it); with ``field``, ``task.fields[field]`` over the elapsed time, for
+    bars whose ``completed`` counts something else (bytes of a file whose rows are unknown)."""
+
+    def __init__(self, unit: str = "rows", field: str | None = None) -> None:
+        super().__init__()
+        self.unit, self.field = unit, field
 
     def render(self, task) -> Text:
-        speed = task.finished_speed or task.speed
-        # "12,345/s" rather than "12,345 samples/s": keeps the bar on one 80-column line
-        return Text("--/s" if speed is None else f"{speed:,.0f}/s", style="cyan")
+        if self.field is None:
+            speed = task.finished_speed or task.speed
+        else:
+            elapsed = task.elapsed
+            done = task.fields.get(self.field, 0)
+            speed = done / elapsed if elapsed and done else None
+        text = "--" if speed is None else f"{speed:,.0f}"
+        return Text(f"{text} {self.unit}/s", style="cyan")
+
+
+# -- user errors --------------------------------------------------------------------------
+
+# Exceptions that a user's input or arguments cause: a bad value, a missing, unreadable or
+# corrupt file. The CLI shows them as one line (exit code 2) and their traceback only with
+# --verbose. Any other exception with a ``user_message`` attribute counts too: that is how
+# an error type of another layer (e.g. a data reader's, with the file and line) opts in
+# without this module importing it.
+USER_ERRORS = (ValueError, TypeError, OSError, EOFError, zlib.error, FloatingPointError)
+# What a truncated or corrupt gzip stream raises; its messages name no file.
+GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+
+
+def is_user_error(err: BaseException) -> bool:
+    return isinstance(err, USER_ERRORS) or getattr(err, "user_message", None) is not None
+
+
+def _is_gzip(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
+
+
+def user_message(err: BaseException, inputs: list[Path] | tuple[Path, ...] = ()) -> str:
+    """One line for ``err``: its ``user_message`` if it has one, else its text, led by its
+    ``path`` (and ``line``) where it has them and does not name them itself; a gzip error
+    names the gzip file(s) among ``inputs`` (the files the command read)."""
+    message = getattr(err, "user_message", None) or str(err) or type(err).__name__
+    path, line = getattr(err, "path", None), getattr(err, "line", None)
+    if isinstance(path, (str, Path)) and str(path) not in message:
+        message = f"{path}{f', line {line}' if line else ''}: {message}"
+    if isinstance(err, GZIP_ERRORS):
+        files = [
+            str(p)
+            for p in inputs
+            if Path(p).is_file() and (Path(p).suffix == ".gz" or _is_gzip(Path(p)))
+        ]
+        if not any(f in message for f in files):
+            where = " or ".join(files) if files else "a gzip input"
+            message = f"{where}: truncated or corrupt gzip data ({message})"
+    return " ".join(message.split())  # one line
+
+
+# -- does a model fit -----------------------------------------------------------------------
+
+# Float32 copies of the parameters that training keeps: the weights and their (dense)
+# gradients, plus the optimiser's state (Adagrad: a sum of squares; Adam: two moments).
+_TRAINING_COPIES = {"sgd": 2, "adagrad": 3, "adam": 4}
+# Room for activations, the data and the allocator beyond the parameters' copies.
+_MEMORY_MARGIN = 1.25
+
+
+def training_bytes(config: DLRMConfig, optimizer: str = "sgd") -> tuple[int, int]:
+    """(parameters, bytes to train them) of a DLRM with ``config``, without building it."""
+    d = config.embedding_dim
+    params = config.num_embeddings * d
+    for widths in (
+        (config.num_dense, *config.bottom_mlp),
+        (config.interaction_dim, *config.top_mlp),
+    ):
+        params += sum(a * b + b for a, b in itertools.pairwise(widths))
+    return params, int(params * 4 * _TRAINING_COPIES.get(optimizer, 4) * _MEMORY_MARGIN)
+
+
+def _cgroup_free() -> int | None:
+    """Bytes left under this process's cgroup (v2) memory limit, if it has one."""
+    root = Path("/sys/fs/cgroup")
+    try:
+        limit = (root / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return int(limit) - int((root / "memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes a new allocation can get on ``device``: free GPU memory, or on a CPU the
+    available system memory (psutil if installed, else sysconf), within a cgroup limit."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        import psutil
+
+        free = int(psutil.virtual_memory().available)
+    except ImportError:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    capped = _cgroup_free()
+    return free if capped is None else min(free, capped)
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes to three significant digits in the unit that fits: "1.6 TB", "277 kB"."""
+    units, i = ("B", "kB", "MB", "GB", "TB"), 0
+    while abs(n) >= 999.5 and i < len(units) - 1:
+        n, i = n / 1000, i + 1
+    unit = units[i]
+    return f"{n:.3g} {unit}" if abs(n) < 1000 else f"{n:,.0f} {unit}"
+
+
+def check_fits_in_memory(
+    config: DLRMConfig, device: torch.device, optimizer: str = "sgd", *, free: int | None = None
+) -> int:
+    """Raise ValueError, before anything is allocated, if training ``config`` on ``device``
+    would not fit in its free memory (``free``, default ``free_memory(device)``), naming the
+    size and what to change; returns the bytes needed."""
+    params, need = training_bytes(config, optimizer)
+    free = free_memory(device) if free is None else free
+    if need <= free:
+        return need
+    tables = config.num_embeddings * config.embedding_dim
+    biggest = max(config.cardinalities) if config.cardinalities else 0
+    raise ValueError(
+        f"the {config.name} model has {params:,} parameters ({tables / params:.0%} of them "
+        f"in embedding tables, the largest {biggest:,} rows); training it with {optimizer} "
+        f"needs about {human_bytes(need)}, but {device} has {human_bytes(free)} free. Pick a smaller "
+        "--config, or prepare the data with a smaller --max-ind-range (smaller tables)"
+    )

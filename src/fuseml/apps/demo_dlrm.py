@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -49,7 +50,7 @@ def dlrm_demo(console: Console | None = None, *, rows: int = DEMO_ROWS) -> dict:
     data_s = time.perf_counter() - t0
     console.print(
         f"data: {rows:,} synthetic rows (tables capped at {DEMO_MAX_CARDINALITY} values), "
-        f"prepared in {data_dir} ({data_s:.1f} s; cached for the next run)"
+        f"prepared in {data_dir.resolve()} ({data_s:.1f} s; cached for the next run)"
     )
 
     run_dir = cache_dir() / "demo-dlrm"
@@ -241,7 +242,8 @@ def _summary(console: Console, n: dict, checkpoint, predictions) -> None:
             f"(<= {c['max_tol']:.0e}) {verdict}",
         )
     console.print(table)
-    console.print(f"checkpoint: {checkpoint}\npredictions: {predictions}")
+    console.print(f"checkpoint: {Path(checkpoint).resolve()}", soft_wrap=True)
+    console.print(f"predictions: {Path(predictions).resolve()}", soft_wrap=True)
     console.print(
         "[dim]The best AUC is that of the generator's true click probabilities. A model "
         "learns from finite data, and from features where a missing count and a 0 look "

@@ -14,7 +14,10 @@ dataset whose tables or id mapping differ from the model's is refused.
 Rows are streamed: at most one reader chunk (TSV) or one split (prepared data, as cached by
 ``CriteoDataset``) is in memory. The output (.parquet or .csv, by suffix) has columns
 ``row_id`` (TSV: the 1-based line number; prepared data: the 0-based row of the split),
-``probability`` and, when the source has labels, ``label``.
+``probability`` and, when the source has labels, ``label``. It is written to a temporary
+file beside ``out`` (``.NAME.PID.partial``) and renamed to ``out`` only once every row is
+scored: an error or a kill never leaves a file at ``out`` that looks complete. Temporaries
+of earlier runs for the same ``out`` whose process is gone are removed.
 
 Backends: ``eager`` (the model as trained), ``compile`` (torch.compile, one static batch
 shape: the last batch is padded), and ``auto`` or ``triton`` (``fuseml.optimize`` with that
@@ -25,6 +28,7 @@ cast the model to bfloat16 (the custom kernels do not take part in autocast).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,7 +47,6 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
-    TransferSpeedColumn,
 )
 from rich.table import Table
 
@@ -75,6 +78,7 @@ __all__ = ["BACKENDS", "PredictSummary", "predict"]
 
 BACKENDS = MODEL_BACKENDS
 _OUT_FORMATS = (".parquet", ".csv")
+_TSV_CHUNK_ROWS = 1 << 16  # rows a raw TSV file is read (and preprocessed) in at a time
 
 
 @dataclass
@@ -132,7 +136,7 @@ class _TsvSource(_Source):
     ) -> None:
         self.has_labels = _detect_label_column(path) if has_label is None else has_label
         self.reader = CriteoReader(
-            path, has_label=self.has_labels, chunk_rows=max(batch_size, 1 << 16)
+            path, has_label=self.has_labels, chunk_rows=max(batch_size, _TSV_CHUNK_ROWS)
         )
         self.batch_size = batch_size
         self.total, self.unit = self.reader.size_bytes, "bytes"  # rows unknown until read
@@ -174,8 +178,31 @@ def _detect_label_column(path: Path) -> bool:
     )
 
 
+def _partial_path(out: Path, pid: int) -> Path:
+    return out.with_name(f".{out.name}.{pid}.partial")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process
+        return True
+    return True
+
+
+def _remove_stale_partials(out: Path) -> None:
+    """Remove what killed earlier runs left for ``out`` (a live run's file stays)."""
+    for path in out.parent.glob(f".{out.name}.*.partial"):
+        pid = path.name[len(out.name) + 2 : -len(".partial")]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            path.unlink(missing_ok=True)
+
+
 class _Writer:
-    """Streams record batches to a parquet or CSV file."""
+    """Streams record batches to a parquet or CSV file: a temporary one beside ``out``,
+    renamed to ``out`` by ``commit``; ``abort`` removes it."""
 
     def __init__(self, out: Path, has_labels: bool) -> None:
         if out.suffix not in _OUT_FORMATS:
@@ -185,14 +212,16 @@ class _Writer:
             fields.append(pa.field("label", pa.int8()))
         self.schema = pa.schema(fields)
         out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_partials(out)
+        self.out, self.tmp = out, _partial_path(out, os.getpid())
         if out.suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            self._writer = pq.ParquetWriter(out, self.schema)
+            self._writer = pq.ParquetWriter(self.tmp, self.schema)
         else:
             import pyarrow.csv as pa_csv
 
-            self._writer = pa_csv.CSVWriter(out, self.schema)
+            self._writer = pa_csv.CSVWriter(self.tmp, self.schema)
 
     def write(self, row_ids: np.ndarray, probs: np.ndarray, labels: np.ndarray | None) -> None:
         arrays = [pa.array(row_ids), pa.array(probs)]
@@ -200,8 +229,19 @@ class _Writer:
             arrays.append(pa.array(labels))
         self._writer.write_batch(pa.record_batch(arrays, schema=self.schema))
 
-    def close(self) -> None:
-        self._writer.close()
+    def commit(self) -> None:
+        try:
+            self._writer.close()
+            self.tmp.replace(self.out)  # e.g. IsADirectoryError: --out is a folder
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            raise
+
+    def abort(self) -> None:
+        try:
+            self._writer.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
 
 
 def _pad(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -257,23 +297,24 @@ def predict(
         console.print(f"fuseml.optimize: {swapped or 'nothing to fuse'}")
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_autocast)
 
-    writer = _Writer(out, stream.has_labels)
     all_logits, all_labels = [], []
     rows, model_seconds = 0, 0.0
     bar = Progress(
         TextColumn(f"predicting {source.name}"),
         BarColumn(),
         MofNCompleteColumn() if stream.unit == "rows" else DownloadColumn(),
-        RateColumn() if stream.unit == "rows" else TransferSpeedColumn(),
+        # a TSV file's bar counts bytes (its rows are unknown until read), its rate rows
+        RateColumn("rows", field=None if stream.unit == "rows" else "rows"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=console,
         disable=not progress,
     )
     start = time.perf_counter()
+    writer = _Writer(out, stream.has_labels)
     try:
         with bar, torch.no_grad(), autocast:
-            task = bar.add_task("rows", total=stream.total)
+            task = bar.add_task("rows", total=stream.total, rows=0)
             for batch, advance in stream:
                 if batch is not None:
                     n = len(batch.row_ids)
@@ -294,16 +335,18 @@ def predict(
                     rows += n
                     if stream.unit == "rows":
                         advance = n
-                if advance:
-                    bar.advance(task, advance)
-    finally:
-        writer.close()
+                bar.update(task, advance=advance, rows=rows)
+    except BaseException:  # a kill (KeyboardInterrupt) too: nothing at --out
+        writer.abort()
+        raise
+    writer.commit()
     seconds = time.perf_counter() - start
     metrics = None
     if stream.has_labels and all_logits:
         metrics = metrics_from_logits(np.concatenate(all_logits), np.concatenate(all_labels))
     summary = PredictSummary(out, rows, seconds, model_seconds, stream.has_labels, metrics)
     console.print(_summary_table(summary, backend, dev))
+    console.print(f"wrote {out.resolve()} ({rows:,} rows)", soft_wrap=True)  # a whole path
     return summary
 
 
@@ -322,5 +365,4 @@ def _summary_table(s: PredictSummary, backend: str, device: torch.device) -> Tab
             "AUC / log loss / accuracy",
             f"{m['auc']:.4f} / {m['log_loss']:.4f} / {m['accuracy']:.4f}",
         )
-    table.add_row("written to", s.out.name)
     return table

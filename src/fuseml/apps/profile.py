@@ -223,7 +223,10 @@ def _report(
         device = "--" if row["device_us"] is None else f"{row['device_us']:.1f}"
         stages.add_row(row["name"], f"{row['cpu_us']:.1f}", device)
     console.print(stages)
-    console.print(f"{r.step_ms:.2f} ms per step with the profiler on; trace: {r.trace}")
+    console.print(
+        f"{r.step_ms:.3g} ms per step with the profiler on; trace: {Path(r.trace).resolve()}",
+        soft_wrap=True,
+    )
     if backend == "compile":
         console.print(
             "[dim]compiled: inductor fuses across stage boundaries, so the stages have no "

@@ -56,6 +56,7 @@ from fuseml.apps.common import (
     RateColumn,
     cache_dir,
     check_data_matches,
+    check_fits_in_memory,
     data_record,
     load_checkpoint,
     metrics_from_logits,
@@ -259,7 +260,7 @@ def _progress(enabled: bool, console: Console) -> Progress:
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        RateColumn(),
+        RateColumn("samples"),
         TextColumn("loss {task.fields[loss]}"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
@@ -385,6 +386,9 @@ def train(
 
     batch_size = options.batch_size or _DEFAULT_BATCH_SIZE.get(config.name, 2048)
     lr = options.lr or _DEFAULT_LR[options.optimizer]
+    # Refused before allocating: a model too big for the device would otherwise fail (or
+    # swap) only after minutes, with an allocator's traceback.
+    check_fits_in_memory(config, device, options.optimizer)
     torch.manual_seed(options.seed)
     model = DLRM(config).to(device)
     optimizer = _make_optimizer(options.optimizer, model.parameters(), lr)
@@ -409,7 +413,7 @@ def train(
     console.print(
         f"training DLRM [bold]{config.name}[/bold] ({params:,} parameters) on "
         f"{train_set.num_rows:,} rows of {data_dir} | {device}, {options.dtype}, "
-        f"{'compiled' if options.compile else 'eager'}, {options.optimizer} lr {lr}, "
+        f"{'compiled' if options.compile else 'eager'}, {options.optimizer} lr {lr:g}, "
         f"batch {batch_size}"
     )
 
@@ -458,7 +462,9 @@ def train(
         )
     console.print(_summary_table(history, test))
     if checkpoint is not None:
-        console.print(f"checkpoint: {checkpoint}")
+        console.print(
+            f"checkpoint: {checkpoint.resolve()} (metrics.json beside it)", soft_wrap=True
+        )
     return TrainResult(model, config, history, test, checkpoint, data_dir, options)
 
 
