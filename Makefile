@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_SPEC := $(if $(HAVE_GPU),torch>=2.6,torch==2.13.0)
 # -o: pytest keeps the temporary folders of a run only when a test failed there.
-PYTEST_ARGS ?= -n 2 -o tmp_path_retention_policy=failed
+PYTEST_ARGS ?= -n 2
 SUITE ?= elementwise
 
 .PHONY: demo test lint bench env gpu-check readme clean

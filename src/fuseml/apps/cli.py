@@ -52,7 +52,12 @@ _VERBOSE_HELP = "debug logs, and the traceback of an error"
 def _main(
     verbose: Annotated[
         bool,
-        typer.Option("--verbose", "-v", help=_VERBOSE_HELP + " (also taken after the command)"),
+        typer.Option(
+            "--verbose",
+            "-v",
+            help=_VERBOSE_HELP + " (also taken after the command)",
+            show_default="off",
+        ),
     ] = False,
 ) -> None:
     _current["verbose"] = verbose
@@ -196,7 +201,9 @@ _VERBOSE_PARAM = inspect.Parameter(
     "verbose",
     inspect.Parameter.KEYWORD_ONLY,
     default=False,
-    annotation=Annotated[bool, typer.Option("--verbose", "-v", help=_VERBOSE_HELP)],
+    annotation=Annotated[
+        bool, typer.Option("--verbose", "-v", help=_VERBOSE_HELP, show_default="off")
+    ],
 )
 
 
