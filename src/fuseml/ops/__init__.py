@@ -8,6 +8,7 @@ Triton's own key is opt-in: fuseml.runtime.enable_triton_key_cache).
 from fuseml import _triton_key
 from fuseml.ops.add import add, add_ref
 from fuseml.ops.bias_act import ACTIVATIONS, bias_act, bias_act_ref
+from fuseml.ops.embedding_interaction import embedding_interaction, embedding_interaction_ref
 from fuseml.ops.gelu import gelu, gelu_ref
 from fuseml.ops.linear import linear, linear_ref
 from fuseml.ops.lora import lora_linear, lora_linear_ref
@@ -20,6 +21,8 @@ __all__ = [
     "add_ref",
     "bias_act",
     "bias_act_ref",
+    "embedding_interaction",
+    "embedding_interaction_ref",
     "gelu",
     "gelu_ref",
     "linear",
