@@ -123,11 +123,15 @@ def _embedding_interaction_kernel(
     xv = tl.load(x_ptr + b[:, None] * stride_xb + d[None, :] * stride_xd, mask=x_mask, other=0.0)
     z = tl.where((f == 0)[None, :, None], xv[:, None, :], e)
 
-    # Gram per sample, float32 (ieee: float32 inputs keep full precision)
+    # Gram per sample (BLOCK_B, F_PAD, F_PAD), accumulated in float32
     if USE_DOT:
         if UPCAST:  # the CPU interpreter multiplies bfloat16 dots wrongly (numpy has none);
             z = z.to(tl.float32)  # products of 16-bit values are exact in float32
-        gram = tl.dot(z, tl.trans(z, 0, 2, 1), input_precision="ieee")  # (BLOCK_B, F_PAD, F_PAD)
+        zt = tl.trans(z, 0, 2, 1)
+        if z.dtype == tl.float32:  # full float32 products, not TF32's 10-bit mantissas
+            gram = tl.dot(z, zt, input_precision="ieee")
+        else:  # 16-bit inputs: tensor cores, float32 accumulator
+            gram = tl.dot(z, zt)
     else:
         zf = z.to(tl.float32)
         gram = tl.sum(zf[:, :, None, :] * zf[:, None, :, :], axis=3)

@@ -1,0 +1,268 @@
+import pytest
+import torch
+
+import fuseml
+from fuseml.models.dlrm import DLRM, DLRMConfig
+from fuseml.ops.embedding_interaction import embedding_interaction_ref, num_pairs
+from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_allocator
+
+TARGETS = fused_targets(cuda_twin=False)
+op = fuseml.ops.embedding_interaction
+
+
+def _tables(n_tables, dim, dtype, device, *, max_rows=20, seed=0):
+    """(weight, table_offsets, cardinalities) of ``n_tables`` random tables."""
+    gen = torch.Generator().manual_seed(seed)
+    cards = torch.randint(1, max_rows + 1, (n_tables,), generator=gen)
+    offsets = torch.zeros(n_tables + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(cards, 0)
+    weight = torch.randn(int(offsets[-1]), dim, generator=gen).to(dtype)
+    return weight.to(device), offsets.to(device), cards
+
+
+def _ids(batch, cards, id_dtype, device):
+    ids = (torch.rand(batch, len(cards)) * cards.double()).long().clamp_max(cards - 1)
+    return ids.to(id_dtype).to(device)
+
+
+def _expected(x, weight, offsets, ids, **kwargs):
+    """The float64 reference."""
+    return embedding_interaction_ref(x.double(), weight.double(), offsets, ids, **kwargs)
+
+
+def _prepare(device):
+    if device == "cuda":
+        poison_allocator()  # a column the kernel leaves unwritten shows as NaN
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n_tables", "dim"), [(3, 4), (3, 16), (26, 4), (26, 16)])
+@pytest.mark.parametrize("batch", [1, 5, 33])
+def test_embedding_interaction_matches_float64(device, backend, dtype, n_tables, dim, batch):
+    weight, offsets, cards = _tables(n_tables, dim, dtype, device)
+    x = torch.randn(batch, dim, dtype=dtype, device=device)
+    ids = _ids(batch, cards, torch.int64, device)
+    _prepare(device)
+    out = op(x, weight, offsets, ids, backend=backend)
+    width = dim + num_pairs(n_tables + 1)
+    assert out.shape == (batch, width) and out.dtype == dtype
+    assert torch.equal(out[:, :dim], x)  # x is copied, not recomputed
+    assert_close_verbose(out, _expected(x, weight, offsets, ids), dtype)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("self_interaction", [False, True])
+@pytest.mark.parametrize(("n_tables", "dim"), [(3, 16), (26, 4)])
+def test_embedding_interaction_options(
+    device, backend, dtype, id_dtype, self_interaction, n_tables, dim
+):
+    """int32 and int64 ids, with and without the diagonal, int32 table offsets too."""
+    weight, offsets, cards = _tables(n_tables, dim, dtype, device, seed=1)
+    x = torch.randn(7, dim, dtype=dtype, device=device)
+    ids = _ids(7, cards, id_dtype, device)
+    offsets = offsets.to(id_dtype)
+    _prepare(device)
+    out = op(x, weight, offsets, ids, self_interaction=self_interaction, backend=backend)
+    assert out.shape == (7, dim + num_pairs(n_tables + 1, self_interaction))
+    expected = _expected(x, weight, offsets, ids, self_interaction=self_interaction)
+    assert_close_verbose(out, expected, dtype)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("self_interaction", [False, True])
+@pytest.mark.parametrize("extra", [0, 1, 13, 200])
+def test_embedding_interaction_out_width_pads_zeros(
+    device, backend, dtype, self_interaction, extra
+):
+    """Columns past d + pairs are exactly zero (written by the kernel, no pad pass)."""
+    n_tables, dim = 26, 16
+    weight, offsets, cards = _tables(n_tables, dim, dtype, device, seed=2)
+    x = torch.randn(9, dim, dtype=dtype, device=device)
+    ids = _ids(9, cards, torch.int32, device)
+    width = dim + num_pairs(n_tables + 1, self_interaction)
+    _prepare(device)
+    out = op(
+        x, weight, offsets, ids, self_interaction=self_interaction, out_width=width + extra,
+        backend=backend,
+    )  # fmt: skip
+    assert out.shape == (9, width + extra) and out.is_contiguous()
+    assert torch.equal(out[:, width:], torch.zeros(9, extra, dtype=dtype, device=device))
+    expected = _expected(
+        x, weight, offsets, ids, self_interaction=self_interaction, out_width=width + extra
+    )
+    assert_close_verbose(out, expected, dtype)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("layout", ["sliced", "transposed", "strided_ids"])
+def test_embedding_interaction_non_contiguous(device, backend, layout):
+    n_tables, dim, batch = 26, 16, 11
+    weight, offsets, cards = _tables(n_tables, dim, torch.float32, device, seed=3)
+    ids = _ids(batch, cards, torch.int64, device)
+    if layout == "sliced":  # row stride != d
+        x = torch.randn(batch, dim + 5, device=device)[:, 2 : 2 + dim]
+    elif layout == "transposed":
+        x = torch.randn(dim, batch, device=device).t()
+    else:  # ids with a row stride != T and a column stride of 2; weight a column slice
+        x = torch.randn(batch, dim, device=device)
+        ids = torch.stack([ids, ids], dim=2).flatten(1)[:, ::2]
+        weight = torch.randn(weight.shape[0], 2 * dim, device=device)[:, ::2]
+    assert not (x.is_contiguous() and ids.is_contiguous())
+    out = op(x, weight, offsets, ids, backend=backend)
+    assert_close_verbose(out, _expected(x, weight, offsets, ids))
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_embedding_interaction_empty(device, backend):
+    weight, offsets, _ = _tables(3, 4, torch.float32, device)
+    x = torch.randn(0, 4, device=device)
+    ids = torch.zeros(0, 3, dtype=torch.int64, device=device)
+    assert op(x, weight, offsets, ids, out_width=16, backend=backend).shape == (0, 16)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("self_interaction", [False, True])
+def test_embedding_interaction_matches_model(device, backend, dtype, self_interaction):
+    """DotInteraction(x, ConcatEmbeddingBags(ids)) of a tiny DLRM, x its bottom MLP's."""
+    config = DLRMConfig.from_name("tiny", self_interaction=self_interaction)
+    model = DLRM(config).to(device)
+    dense = torch.randn(13, config.num_dense, device=device)
+    ids = _ids(13, torch.tensor(config.cardinalities), torch.int64, device)
+    with torch.no_grad():
+        x = model.bottom_mlp(dense)
+        emb = model.embeddings
+        expected = model.double().interaction(x.double(), emb(ids))  # float64 model
+        model.to(dtype)
+        x = x.to(dtype)
+        out = op(x, emb.weight, emb.table_offsets, ids, self_interaction=self_interaction,
+                 backend=backend)  # fmt: skip
+        assert out.shape == (13, config.interaction_dim)
+        assert_close_verbose(out, expected, dtype)
+        eager = op(x, emb.weight, emb.table_offsets, ids, self_interaction=self_interaction,
+                   backend="eager")  # fmt: skip
+        assert torch.equal(eager, model.interaction(x, emb(ids)))  # the model's own ops
+
+
+def test_embedding_interaction_backends_agree():
+    weight, offsets, cards = _tables(4, 8, torch.float32, "cpu")
+    x = torch.randn(6, 8)
+    ids = _ids(6, cards, torch.int32, "cpu")
+    expected = embedding_interaction_ref(x, weight, offsets, ids, out_width=24)
+    for backend in ("auto", "eager", "compile"):
+        out = op(x, weight, offsets, ids, out_width=24, backend=backend)
+        torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_embedding_interaction_opcheck(device, backend):
+    weight, offsets, cards = _tables(26, 16, torch.float32, device)
+    x = torch.randn(5, 16, device=device)
+    ids = _ids(5, cards, torch.int32, device)
+    for self_interaction, width in ((False, 16 + 351), (True, 400)):
+        args = (x, weight, offsets, ids, self_interaction, width, backend)
+        torch.library.opcheck(torch.ops.fuseml.embedding_interaction, args)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_embedding_interaction_compile_fullgraph(device, backend):
+    weight, offsets, cards = _tables(26, 16, torch.float32, device)
+    x = torch.randn(6, 16, device=device)
+    ids = _ids(6, cards, torch.int64, device)
+
+    def fn(a, w, t, i):
+        return op(a, w, t, i, out_width=368, backend=backend) * 2
+
+    out = torch.compile(fn, fullgraph=True)(x, weight, offsets, ids)
+    assert_close_verbose(out, _expected(x, weight, offsets, ids, out_width=368) * 2)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_embedding_interaction_check_ids(device, backend):
+    weight, offsets, cards = _tables(3, 4, torch.float32, device)
+    x = torch.randn(4, 4, device=device)
+    ids = _ids(4, cards, torch.int64, device)
+    good = op(x, weight, offsets, ids, check_ids=True, backend=backend)
+    assert_close_verbose(good, _expected(x, weight, offsets, ids))
+    bad = ids.clone()
+    bad[2, 1] = int(cards[1])  # one past table 1's last row
+    with pytest.raises(ValueError, match=r"ids of table 1 must be in \[0, "):
+        op(x, weight, offsets, bad, check_ids=True, backend=backend)
+    bad[2, 1] = -1
+    with pytest.raises(ValueError, match="ids of table 1"):
+        op(x, weight, offsets, bad, check_ids=True, backend=backend)
+    short = offsets.clone()
+    short[-1] = weight.shape[0] + 1  # the last table runs past weight
+    with pytest.raises(ValueError, match="table_offsets must rise"):
+        op(x, weight, short, ids, check_ids=True, backend=backend)
+
+
+def test_embedding_interaction_bad_input():
+    weight, offsets, cards = _tables(3, 4, torch.float32, "cpu")
+    x = torch.randn(5, 4)
+    ids = _ids(5, cards, torch.int64, "cpu")
+    with pytest.raises(TypeError, match="x must have dtype"):
+        op(x.double(), weight, offsets, ids)
+    with pytest.raises(TypeError, match="mixed dtypes"):
+        op(x, weight.half(), offsets, ids)
+    with pytest.raises(TypeError, match="ids must have dtype"):
+        op(x, weight, offsets, ids.float())
+    with pytest.raises(TypeError, match="table_offsets must have dtype"):
+        op(x, weight, offsets.float(), ids)
+    with pytest.raises(TypeError, match="weight must be a torch.Tensor"):
+        op(x, weight.tolist(), offsets, ids)
+    with pytest.raises(ValueError, match="x must be 2-D"):
+        op(x[0], weight, offsets, ids)
+    with pytest.raises(ValueError, match=r"weight must be \(rows, 4\)"):
+        op(x, weight[:, :3], offsets, ids)
+    with pytest.raises(ValueError, match=r"ids must be \(5, T\)"):
+        op(x, weight, offsets, ids[:4])
+    with pytest.raises(ValueError, match=r"ids must be \(5, T\)"):
+        op(x, weight, offsets, ids[:, :0])
+    with pytest.raises(ValueError, match=r"table_offsets must have shape \(4,\)"):
+        op(x, weight, offsets[:-1], ids)
+    with pytest.raises(ValueError, match="out_width must be at least 10"):
+        op(x, weight, offsets, ids, out_width=9)
+    with pytest.raises(TypeError, match="out_width must be an int"):
+        op(x, weight, offsets, ids, out_width=12.0)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        op(x, weight, offsets, ids, backend="fast")
+    with pytest.raises(ValueError, match="backend='cuda' is not offered"):
+        op(x, weight, offsets, ids, backend="cuda")
+    other = "cuda" if torch.cuda.is_available() else "meta"
+    with pytest.raises(ValueError, match="all tensors must be on one device"):
+        op(x, weight.to(other), offsets, ids)
+    with pytest.raises(ValueError, match="ids is on"):
+        op(x, weight, offsets, ids.to(other))
+    with pytest.raises(ValueError, match="table_offsets is on"):
+        op(x, weight, offsets.to(other), ids)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("self_interaction", [False, True])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+def test_embedding_interaction_kaggle_size_on_gpu(self_interaction, id_dtype):
+    """Kaggle's shape (B = 4096, T = 26, d = 16, bf16), tables of a few thousand rows,
+    padded to a multiple of 8 columns; first and repeat call."""
+    n_tables, dim, batch, dtype = 26, 16, 4096, torch.bfloat16
+    weight, offsets, cards = _tables(n_tables, dim, dtype, "cuda", max_rows=5000, seed=4)
+    x = torch.randn(batch, dim, dtype=dtype, device="cuda")
+    ids = _ids(batch, cards, id_dtype, "cuda")
+    width = dim + num_pairs(n_tables + 1, self_interaction)
+    padded = (width + 7) // 8 * 8 + 8  # at least 8 padding columns
+    expected = _expected(
+        x, weight, offsets, ids, self_interaction=self_interaction, out_width=padded
+    )
+    for _ in range(2):
+        poison_allocator()
+        out = op(x, weight, offsets, ids, self_interaction=self_interaction,
+                 out_width=padded, backend="triton")  # fmt: skip
+        assert out.shape == (batch, padded) and out.dtype == dtype
+        assert torch.equal(out[:, :dim], x)
+        assert torch.equal(out[:, width:], torch.zeros_like(out[:, width:]))
+        assert_close_verbose(out, expected, dtype)
