@@ -266,3 +266,23 @@ def test_embedding_interaction_kaggle_size_on_gpu(self_interaction, id_dtype):
         assert torch.equal(out[:, :dim], x)
         assert torch.equal(out[:, width:], torch.zeros_like(out[:, width:]))
         assert_close_verbose(out, expected, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_interaction_in_cuda_graph(dtype):
+    """Captured once, replayed on new ids and x written into the captured inputs."""
+    from fuseml.testing import capture_graph, replay_poisoned
+
+    n_tables, dim, batch = 26, 16, 333
+    weight, offsets, cards = _tables(n_tables, dim, dtype, "cuda", max_rows=1000, seed=5)
+    x = torch.randn(batch, dim, dtype=dtype, device="cuda")
+    ids = _ids(batch, cards, torch.int32, "cuda")
+    graph, out = capture_graph(lambda: op(x, weight, offsets, ids, out_width=376))
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        ids.copy_(_ids(batch, cards, torch.int32, "cuda"))
+        replay_poisoned(graph, out)
+        assert_close_verbose(out, _expected(x, weight, offsets, ids, out_width=376), dtype)
+        assert torch.equal(out[:, 367:], torch.zeros_like(out[:, 367:]))
