@@ -286,3 +286,19 @@ def test_embedding_interaction_in_cuda_graph(dtype):
         replay_poisoned(graph, out)
         assert_close_verbose(out, _expected(x, weight, offsets, ids, out_width=376), dtype)
         assert torch.equal(out[:, 367:], torch.zeros_like(out[:, 367:]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_embedding_interaction_rows_past_int32_offsets():
+    """Rows whose element offset (row * d) passes 2^31: the second table starts at row
+    2^27 of a d = 16 weight (4.3 GB in bf16)."""
+    dim, first = 16, 2**27
+    weight = torch.randn(first + 1000, dim, dtype=torch.bfloat16, device="cuda")
+    offsets = torch.tensor([0, first, first + 1000], device="cuda")
+    x = torch.randn(64, dim, dtype=torch.bfloat16, device="cuda")
+    ids = torch.randint(0, 1000, (64, 2), device="cuda")
+    out = op(x, weight, offsets, ids, check_ids=True)
+    small = torch.cat([weight[:1000], weight[first:]])  # the rows the ids can reach
+    small_offsets = torch.tensor([0, 1000, 2000], device="cuda")
+    assert_close_verbose(out, _expected(x, small, small_offsets, ids), torch.bfloat16)

@@ -202,7 +202,8 @@ def _forward(
     out = torch.empty((n_rows, out_width), dtype=x.dtype, device=x.device)
     if n_rows == 0 or launches_skipped():
         return out
-    block_b, consts = _plan(d, ids.shape[1] + 1, self_interaction, out_width)
+    # (int(): d and T become constexprs, static under torch.compile's tracing too)
+    block_b, consts = _plan(int(d), int(ids.shape[1]) + 1, self_interaction, int(out_width))
     kernel = (
         torch.library.wrap_triton(_embedding_interaction_kernel)
         if traced
