@@ -1,4 +1,5 @@
 import copy
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from torch import nn
 import fuseml
 import fuseml.convert
 from fuseml.nn import FusedLinear, FusedMLP, LoRALinear
-from fuseml.testing import assert_close_verbose, fused_targets
+from fuseml.testing import assert_close_verbose, fused_targets, rel_err, tolerance
 
 TARGETS = fused_targets(cuda_twin=False)
 
@@ -256,6 +257,87 @@ def test_optimize_peft_multi_adapter_matches_mixed_batch(device, backend):
     peft_layer = copy.deepcopy(pm.base_model.model.fc1).double()
     ref = peft_layer(x.double(), adapter_names=names)  # peft's mixed batch, float64
     assert_close_verbose(out, ref)
+
+
+def _peft_default_mlp(device):
+    """A bf16 3-layer GELU MLP through ``peft.get_peft_model`` with defaults (r=16 on every
+    Linear): peft keeps the adapters in float32 over the bfloat16 base."""
+    peft = pytest.importorskip("peft")
+    mlp = nn.Sequential(
+        OrderedDict(
+            fc1=nn.Linear(64, 96), act1=nn.GELU(), fc2=nn.Linear(96, 96), act2=nn.GELU(),
+            fc3=nn.Linear(96, 40),
+        )
+    ).to(device, torch.bfloat16)  # fmt: skip
+    pm = peft.get_peft_model(mlp, peft.LoraConfig(r=16, target_modules=["fc1", "fc2", "fc3"]))
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.1)  # as trained: the adapters move the output by ~20%
+    return pm.eval()
+
+
+@pytest.mark.parametrize(
+    ("device", "backend"), [pytest.param("cpu", "auto", id="cpu-auto"), *TARGETS]
+)
+def test_optimize_peft_default_float32_adapters_are_cast(device, backend):
+    pm = _peft_default_mlp(device)
+    fc1 = pm.base_model.model.fc1
+    assert fc1.lora_A["default"].weight.dtype == torch.float32  # peft's default
+    fused, report = fuseml.optimize(pm, backend=backend)
+    swapped = {s.path.removeprefix("base_model.model."): s for s in report.swapped}
+    assert {k: s.after for k, s in swapped.items() if k.startswith("fc")} == {
+        "fc1": "LoRALinear(activation='gelu')",
+        "fc2": "LoRALinear(activation='gelu')",
+        "fc3": "LoRALinear",
+    }
+    assert not report.left
+    for k in ("fc1", "fc2", "fc3"):
+        assert swapped[k].note == "adapter 'default' cast float32 -> bfloat16 to fuse"
+    assert "cast float32 -> bfloat16" in str(report)
+    layer = fused.base_model.model.fc1
+    assert layer.lora_A["default"].weight.dtype == torch.bfloat16
+    assert layer.lora_B["default"].weight.dtype == torch.bfloat16
+    # the original keeps its float32 adapters; the converted one holds cast copies
+    assert pm.base_model.model.fc1 is fc1 and fc1.lora_A["default"].weight.dtype == torch.float32
+    assert list(fused.state_dict()) == list(pm.state_dict())  # peft's keys
+
+    x = torch.randn(32, 64, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = _ref64(pm, x)  # peft's own math (adapters as they are) in float64
+        peft_err = rel_err(pm(x), ref)
+        out = fused(x)
+        with pm.disable_adapter():
+            base_err = rel_err(pm(x), ref)
+    err = rel_err(out, ref)
+    assert out.dtype == torch.bfloat16
+    assert base_err > 10 * tolerance(torch.bfloat16)  # the adapters matter
+    assert_close_verbose(out, ref)
+    # peft rounds its float32 adapter product once, on the add; the cast rounds A and B to
+    # bfloat16 too. Measured: 1.0-1.1x peft's error in eager, ~2x through Triton's CPU
+    # interpreter, which truncates (not rounds) every bfloat16 store.
+    assert err <= 3 * peft_err, f"fuseml {err:.2e} vs peft {peft_err:.2e}"
+
+
+def test_optimize_peft_cast_adapters_checkpoints_and_inplace():
+    pm = _peft_default_mlp("cpu")
+    fused, _ = fuseml.optimize(pm)
+    state = pm.state_dict()
+    fused.load_state_dict(state)  # a float32 peft checkpoint loads, cast to bfloat16
+    key = "base_model.model.fc2.lora_B.default.weight"
+    assert fused.state_dict()[key].dtype == torch.bfloat16
+    assert torch.equal(fused.state_dict()[key], state[key].bfloat16())
+    back = copy.deepcopy(pm)
+    back.load_state_dict(fused.state_dict())  # and the converted one loads into peft
+    assert back.state_dict()[key].dtype == torch.float32
+    assert torch.equal(back.state_dict()[key], state[key].bfloat16().float())
+
+    fc1 = pm.base_model.model.fc1
+    same, report = fuseml.optimize(pm, inplace=True)
+    assert same is pm and type(pm.base_model.model.fc1) is LoRALinear
+    assert pm.base_model.model.fc1.base_layer is fc1.base_layer  # the base is shared
+    assert fc1.lora_A["default"].weight.dtype == torch.float32  # the replaced layer's own
+    assert "cast float32 -> bfloat16" in report.swapped[0].note
 
 
 def test_optimize_peft_unsupported_layers_are_left():

@@ -4,7 +4,8 @@
     print(report)                             # what was swapped, what was left and why
 
 Swaps (every replacement shares the original's parameters, so state_dict keys and
-values are unchanged and checkpoints load both ways):
+values are unchanged and checkpoints load both ways; the one exception, peft adapters
+cast to the base dtype, is below):
 
 * ``nn.Linear`` -> :class:`fuseml.nn.FusedLinear`.
 * Inside an ``nn.Sequential``: a Linear (or peft LoRA Linear) followed by ReLU, GELU
@@ -17,7 +18,12 @@ values are unchanged and checkpoints load both ways):
 * peft's LoRA ``Linear`` (``peft.tuners.lora.layer.Linear``) -> :class:`fuseml.nn.LoRALinear`
   with the same adapters, unmerged and shared (peft's state_dict keys). The converted
   model is called like the original; peft's ``adapter_names=`` keyword is not supported
-  (use ``LoRALinear(x, adapter_ids)`` directly).
+  (use ``LoRALinear(x, adapter_ids)`` directly). Adapters in another float dtype than the
+  base weight (peft's default: float32 over a bfloat16/float16 base) are cast to the base
+  weight's dtype, which the fused kernel takes, and the report names the cast ("adapter
+  'default' cast float32 -> bfloat16 to fuse"). Those adapters are then copies stored in
+  the base dtype: the state_dict keys are the same, its adapter values 16-bit; checkpoints
+  still load both ways (``load_state_dict`` casts).
 
 Left, with the reason in the report: subclasses of nn.Linear (their forward may differ),
 modules with forward hooks, unsupported dtypes, activations the epilogue cannot express
@@ -141,6 +147,16 @@ def _dtype_reason(t: torch.Tensor) -> str | None:
     return None
 
 
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _dtypes(a: nn.Linear, b: nn.Linear) -> str:
+    """The adapter's dtype ("float32"), or both when A and B differ ("float32/float16")."""
+    da, db = _short(a.weight.dtype), _short(b.weight.dtype)
+    return da if da == db else f"{da}/{db}"
+
+
 def _peft_class(m: nn.Module) -> str | None:
     """'lora_linear' for peft's LoRA Linear, 'other' for any other peft tuner layer, else
     None. peft is never imported here: if it is not loaded, no module can be one."""
@@ -184,12 +200,15 @@ def _peft_reason(m: nn.Module) -> tuple[str | None, str]:
         a, b = m.lora_A[name], m.lora_B[name]
         if type(a) is not nn.Linear or type(b) is not nn.Linear or a.bias is not None:
             return f"adapter {name!r}: lora_A/lora_B are not bias-free nn.Linear", ""
+        w = base.weight
         for t in (a.weight, b.weight):
-            if t.dtype != base.weight.dtype or t.device != base.weight.device:
+            if t.device != w.device or t.dtype not in FLOAT_DTYPES:
                 return (
                     f"adapter {name!r} is {t.dtype} on {t.device} but the base weight is "
-                    f"{base.weight.dtype} on {base.weight.device}"
+                    f"{w.dtype} on {w.device}"
                 ), ""
+        if a.weight.dtype != w.dtype or b.weight.dtype != w.dtype:
+            notes.append(f"adapter {name!r} cast {_dtypes(a, b)} -> {_short(w.dtype)} to fuse")
         drop = m.lora_dropout[name]
         if isinstance(drop, nn.Dropout) and type(drop) is nn.Dropout:
             if drop.p > 0 and m.training:
@@ -344,15 +363,35 @@ def _describe(a: _Action) -> Swapped:
 
 
 # ---------------------------------------------------------------------------- applying
+def _in_dtype(m: nn.Linear, dtype: torch.dtype) -> nn.Linear:
+    """m itself when it has ``dtype``, else a bias-free nn.Linear holding a cast copy of its
+    weight (the original, perhaps still referenced elsewhere, is left as it is)."""
+    if m.weight.dtype == dtype:
+        return m
+    out = nn.Linear(m.in_features, m.out_features, bias=False, device="meta")
+    weight = m.weight.detach().to(dtype=dtype, copy=True)
+    out.weight = nn.Parameter(weight, requires_grad=m.weight.requires_grad)
+    out.train(m.training)
+    return out
+
+
 def _lora_from_peft(layer: nn.Module, activation: str | None, backend: str) -> LoRALinear:
-    """LoRALinear sharing the peft layer's base layer and adapter modules."""
+    """LoRALinear sharing the peft layer's base layer and adapter modules.
+
+    Adapters in another dtype than the base weight (peft keeps them in float32 over a
+    16-bit base by default) are cast to the base weight's dtype: the fused kernel takes one
+    dtype. peft computes that adapter product in float32 and rounds once on the add; the
+    cast rounds A and B to 16 bits as well, an error of the size of the output's own
+    rounding (tests/test_optimize.py measures it against peft).
+    """
     out = LoRALinear(layer.base_layer, activation=activation, backend=backend)
+    dtype = layer.base_layer.weight.dtype
     for name in layer.lora_A:
         out.add_adapter(
             name,
             layer.r[name],
             layer.lora_alpha[name],
-            init=(layer.lora_A[name], layer.lora_B[name]),
+            init=(_in_dtype(layer.lora_A[name], dtype), _in_dtype(layer.lora_B[name], dtype)),
             scaling=layer.scaling[name],
         )
     active = [a for a in layer.active_adapters if a in layer.lora_A]

@@ -219,6 +219,21 @@ def test_lora_linear_state_dict_is_peft_layout():
         assert torch.equal(twin.state_dict()[k], v)
 
 
+def test_lora_linear_loads_float32_peft_adapters_into_a_16bit_layer():
+    # peft saves adapters in float32 over a bfloat16 base by default: they load, cast
+    m = LoRALinear((32, 24), 4, dtype=torch.bfloat16)
+    state = {k: v.float() for k, v in m.state_dict().items()}
+    state["lora_A.default.weight"] = torch.randn(4, 32)
+    state["lora_B.default.weight"] = torch.randn(24, 4)
+    m.load_state_dict(state)
+    assert list(m.state_dict()) == list(state)
+    for k, v in m.state_dict().items():
+        assert v.dtype == torch.bfloat16 and torch.equal(v, state[k].bfloat16())
+    x = torch.randn(3, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert_close_verbose(m(x), _ref64(m, x), torch.bfloat16)
+
+
 def test_lora_linear_adapters_from_tensors_and_modules():
     m = LoRALinear((32, 24))
     a, b = torch.randn(3, 32), torch.randn(24, 3)

@@ -41,7 +41,10 @@ class LoRALinear(nn.Module):
     name ``lora_A[name]`` (nn.Linear in -> r, weight (r, in)) and ``lora_B[name]``
     (nn.Linear r -> out, weight (out, r)), ``r[name]``, ``lora_alpha[name]`` and
     ``scaling[name]`` (lora_alpha / r). So the state_dict keys are peft's
-    ("base_layer.weight", "lora_A.default.weight", ...).
+    ("base_layer.weight", "lora_A.default.weight", ...). The adapters are held in the base
+    weight's dtype, the one dtype the fused kernel takes: ``load_state_dict`` casts a
+    checkpoint's adapters to it (peft saves float32 adapters over a 16-bit base by
+    default), and ``fuseml.optimize`` casts a peft layer's adapters likewise.
 
     * ``forward(x)``: the active adapter (``set_adapter``), or the base layer alone when
       none is active, through ``fuseml.ops.lora_linear``.
