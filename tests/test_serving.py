@@ -114,6 +114,9 @@ def test_flatten_and_unflatten_round_trip():
     assert kwargs == {"return_logits": True}
     # a different static setting is a different spec (its own graphs)
     assert _flatten(["dense", "sparse"], (dense, ids), {"return_logits": False})[1] != spec
+    # keyword order does not matter
+    a, b = _flatten(["x"], (dense,), {"p": 1, "q": 2}), _flatten(["x"], (dense,), {"q": 2, "p": 1})
+    assert a[1] == b[1]
 
 
 def test_flatten_refuses_bags():
@@ -328,3 +331,86 @@ def test_capture_failure_is_clear_or_falls_back():
         cuda_graphs(Syncs(), BUCKETS)(x)
     served = cuda_graphs(Syncs(), BUCKETS, fallback="eager")
     assert torch.equal(served(x), x * 2) and served.eager
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_sequence_inputs_and_tuple_outputs():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+
+        def forward(self, x, pair, scale=1.0):
+            a, b = pair
+            return self.lin(x) * scale, a + b.float()
+
+    model = Two().cuda().eval()
+    served = cuda_graphs(model, BUCKETS)
+    for rows in ROWS:
+        x = torch.randn(rows, 4, device="cuda")
+        pair = [torch.randn(rows, 2, device="cuda"), torch.randint(0, 9, (rows, 2), device="cuda")]
+        out = served(x, pair, scale=2.0)
+        with torch.no_grad():
+            ref = model(x, pair, scale=2.0)
+        assert isinstance(out, tuple) and len(out) == 2
+        for o, r in zip(out, ref, strict=True):
+            assert_close_verbose(o, r, torch.float32)
+
+
+class _Rerun:
+    """Stands in for a CUDA graph on CPU: replay re-runs the model on the static inputs
+    and writes the static outputs in place, as a replay does."""
+
+    def __init__(self, served: CudaGraphs, g, spec) -> None:
+        self.served, self.g, self.spec = served, g, spec
+
+    def replay(self) -> None:
+        args, kwargs = _unflatten(self.spec, self.g.inputs)
+        outs, _ = _outputs(self.served.module(*args, **kwargs), self.g.inputs[0].shape[0])
+        for o, new in zip(self.g.outputs, outs, strict=True):
+            o.copy_(new)
+
+
+@pytest.fixture
+def cpu_served(monkeypatch):
+    """A CudaGraphs on CPU whose graphs re-run the model: the call path (plan, fill,
+    copy out, checks) without CUDA."""
+    import contextlib
+
+    def fake_capture(self, g, spec, bucket):
+        args, kwargs = _unflatten(spec, g.inputs)
+        g.outputs, g.kind = _outputs(self.module(*args, **kwargs), bucket)
+        for o in g.outputs:
+            poison_(o)  # a replay must write every row
+        g.graph = _Rerun(self, g, spec)
+
+    monkeypatch.setattr(CudaGraphs, "_capture", fake_capture)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+
+    def make(model, **kwargs):
+        served = CudaGraphs(model, fallback="eager", **kwargs)
+        served.eager, served.device = False, torch.device("cpu")
+        return served
+
+    return make
+
+
+@pytest.mark.parametrize("pad", ["first", "zeros"])
+def test_call_path_matches_eager_on_cpu(cpu_served, pad):
+    torch.manual_seed(0)
+    model = DLRM(DLRMConfig.from_name("tiny", max_cardinality=50)).eval()
+    served = cpu_served(model, batch_sizes=BUCKETS, pad=pad)
+    cards = torch.tensor(model.config.cardinalities)
+    for rows in (*ROWS, *ROWS):
+        dense = torch.randn(rows, model.config.num_dense)
+        sparse = (torch.rand(rows, len(cards)) * cards).long()
+        out = served(dense, sparse, return_logits=True)
+        with torch.no_grad():
+            ref = model(dense, sparse, return_logits=True)
+        assert out.shape == (rows,)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    assert served.num_graphs == len(BUCKETS)
+    with pytest.raises(ValueError, match="sparse: expected a torch.int64"):
+        served(dense, sparse.int())
+    assert served(dense[:0], sparse[:0]).shape == (0,)  # no rows: the model's own result

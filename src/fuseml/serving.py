@@ -122,7 +122,7 @@ def _flatten(
     """(named tensor leaves, spec): the spec rebuilds the call from new leaves
     (``_unflatten``) and is hashable, holding the static (non-tensor) values."""
     entries = [(names[i] if i < len(names) else f"args[{i}]", None, a) for i, a in enumerate(args)]
-    entries += [(k, k, v) for k, v in kwargs.items()]
+    entries += [(k, k, v) for k, v in sorted(kwargs.items())]  # the same graphs in any order
     leaves, spec = [], []
     for name, key, value in entries:
         if isinstance(value, torch.Tensor):
@@ -209,7 +209,7 @@ class _Graph:
 
     def __init__(self, inputs: list[torch.Tensor]) -> None:
         self.inputs = inputs
-        self.graph = torch.cuda.CUDAGraph()
+        self.graph: torch.cuda.CUDAGraph | None = None  # set by the capture
         self.outputs: list[torch.Tensor] = []
         self.kind = "tensor"
 
@@ -257,7 +257,8 @@ class CudaGraphs(nn.Module):
         self.pad, self.fallback, self.warmup = pad, fallback, warmup
         self.eager = False
         self._graphs: dict[tuple, _Graph] = {}  # (spec, bucket) -> graph
-        self._leaves: dict[tuple, list[_Leaf]] = {}  # spec -> what its inputs must be
+        # tensor input names -> what they must be (whatever the static settings)
+        self._leaves: dict[tuple[str, ...], list[_Leaf]] = {}
         self._pool = None
         self._stream = None
         try:
@@ -303,7 +304,7 @@ class CudaGraphs(nn.Module):
             leaves, spec = _flatten(self._names, args, kwargs)
             if not leaves:
                 raise ValueError("cuda_graphs: the call has no tensor input to batch")
-            rows = self._check_inputs(leaves, spec)
+            rows = self._check_inputs(leaves)
             if rows == 0:  # nothing to replay: the model's own empty result
                 return self.module(*args, **kwargs)
             try:
@@ -314,7 +315,7 @@ class CudaGraphs(nn.Module):
                 self._go_eager(str(e))
                 return self.module(*args, **kwargs)
 
-    def _check_inputs(self, leaves: list[tuple[str, torch.Tensor]], spec: tuple) -> int:
+    def _check_inputs(self, leaves: list[tuple[str, torch.Tensor]]) -> int:
         """The call's rows, after checking every input against the first call's."""
         for name, t in leaves:
             if t.ndim == 0:
@@ -326,7 +327,8 @@ class CudaGraphs(nn.Module):
                     f"{name}: expected {rows} rows (the batch, dim 0) like {leaves[0][0]}, "
                     f"got shape {tuple(t.shape)}"
                 )
-        expected = self._leaves.get(spec)
+        names = tuple(n for n, _ in leaves)
+        expected = self._leaves.get(names)
         if expected is None:
             for name, t in leaves:
                 if t.device != self.device:
@@ -335,7 +337,7 @@ class CudaGraphs(nn.Module):
                         f"got one on {t.device}"
                     )
             expected = [_Leaf(n, t.dtype, t.device, tuple(t.shape[1:])) for n, t in leaves]
-            self._leaves[spec] = expected
+            self._leaves[names] = expected
         for leaf, (_, t) in zip(expected, leaves, strict=True):
             leaf.check(t)
         return rows
@@ -382,6 +384,7 @@ class CudaGraphs(nn.Module):
                 for _ in range(self.warmup):
                     self.module(*args, **kwargs)
             torch.cuda.current_stream().wait_stream(side)
+            g.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g.graph, pool=self._pool, stream=side):
                 out = self.module(*args, **kwargs)
         except Exception as e:
