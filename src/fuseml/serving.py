@@ -295,6 +295,7 @@ class CudaGraphs(nn.Module):
 
     def _go_eager(self, why: str) -> None:
         self.eager = True
+        self._graphs.clear()  # their memory back
         log.warning("cuda_graphs: running %s eagerly: %s", type(self.module).__name__, why)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -360,6 +361,9 @@ class CudaGraphs(nn.Module):
                         self._capture(g, spec, bucket)
                     self._graphs[(spec, bucket)] = g
                 g.graph.replay()
+                # Copied out at once: a graph captured later may reuse, for its own
+                # buffers, pool memory this one freed, so static outputs last until the
+                # next replay only (which is what makes one shared pool safe).
                 kind = g.kind
                 if results is None:
                     results = [o.new_empty((rows, *o.shape[1:])) for o in g.outputs]
@@ -379,11 +383,12 @@ class CudaGraphs(nn.Module):
             self._stream = torch.cuda.Stream()
         side = self._stream
         side.wait_stream(torch.cuda.current_stream())
+        # The warm-up is an eager call on real rows: its errors are the model's, as they are.
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                self.module(*args, **kwargs)
+        torch.cuda.current_stream().wait_stream(side)
         try:
-            with torch.cuda.stream(side):
-                for _ in range(self.warmup):
-                    self.module(*args, **kwargs)
-            torch.cuda.current_stream().wait_stream(side)
             g.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g.graph, pool=self._pool, stream=side):
                 out = self.module(*args, **kwargs)
