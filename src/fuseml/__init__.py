@@ -8,11 +8,23 @@ the command line can choose Triton's mode (e.g. its CPU interpreter) before trit
 import importlib
 
 __version__ = "0.1.0"
-_SUBMODULES = ("ops", "nn", "convert", "runtime", "settings", "testing", "bench", "models", "data")
+_SUBMODULES = (
+    "ops",
+    "nn",
+    "convert",
+    "runtime",
+    "settings",
+    "testing",
+    "bench",
+    "models",
+    "data",
+    "serving",
+)
 # Functions loaded with their module on first use. ``optimize`` lives in fuseml.convert: a
 # submodule named fuseml.optimize would replace this function as the package attribute as
 # soon as it is imported (the import system binds submodules on their parent).
-_FUNCTIONS = {"optimize": "fuseml.convert"}
+# ``cuda_graphs`` (fuseml.serving) serves a model through CUDA graphs, one per batch bucket.
+_FUNCTIONS = {"optimize": "fuseml.convert", "cuda_graphs": "fuseml.serving"}
 __all__ = ["__version__", *_FUNCTIONS, *_SUBMODULES]
 
 

@@ -14,6 +14,7 @@ from fuseml.apps.common import load_checkpoint, model_from_checkpoint
 from fuseml.apps.predict import predict
 from fuseml.apps.train import TrainOptions, train
 from fuseml.data import CriteoDataset, CriteoReader, Vocabulary, prepare, synth, transform_dense
+from fuseml.testing import requires_cuda
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +183,37 @@ def test_bad_arguments(trained, tmp_path):
     with pytest.raises(ValueError, match="not a fuseml DLRM checkpoint"):
         torch.save({"model": {}}, tmp_path / "x.pt")
         predict(tmp_path / "x.pt", data_dir, tmp_path / "p.csv", console=_quiet())
+
+
+def test_first_calls_are_timed_apart(trained, tmp_path):
+    _, _, data_dir, ckpt = trained
+    console = Console(record=True, width=200)
+    s = predict(ckpt, data_dir, tmp_path / "p.csv", batch_size=300, console=console, progress=False)
+    assert s.setup_rows == 300 and 0 < s.setup_seconds <= s.model_seconds  # the first call
+    assert s.steady_rows_per_s > 0
+    text = console.export_text()
+    assert "seconds in first calls" in text and "after first calls" in text
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_optimized_backend_on_cuda_serves_through_graphs(trained, tmp_path, backend):
+    _, _, data_dir, ckpt = trained
+    console = Console(record=True, width=200)
+    eager = predict(
+        ckpt, data_dir, tmp_path / "e.parquet", batch_size=300, device="cuda",
+        console=_quiet(), progress=False,
+    )  # fmt: skip
+    fused = predict(
+        ckpt, data_dir, tmp_path / "f.parquet", backend=backend, batch_size=300,
+        device="cuda", console=console, progress=False,
+    )  # fmt: skip
+    assert "CUDA graphs captured" in console.export_text()
+    assert eager.rows == fused.rows and fused.rows % 300 != 0  # a padded last batch
+    np.testing.assert_allclose(
+        pq.read_table(tmp_path / "f.parquet").column("probability").to_numpy(),
+        pq.read_table(tmp_path / "e.parquet").column("probability").to_numpy(),
+        rtol=1e-4,
+        atol=1e-6,
+    )

@@ -22,8 +22,14 @@ of earlier runs for the same ``out`` whose process is gone are removed.
 Backends: ``eager`` (the model as trained), ``compile`` (torch.compile, one static batch
 shape: the last batch is padded), and ``auto`` or ``triton`` (``fuseml.optimize`` with that
 op backend: fused Triton MLPs and linear layers; ``auto`` runs their PyTorch reference on a
-CPU). With ``dtype="bf16"`` the eager and compile backends use autocast, the optimized ones
-cast the model to bfloat16 (the custom kernels do not take part in autocast).
+CPU); on CUDA the optimized model is served through CUDA graphs (``fuseml.cuda_graphs``, one
+per batch bucket up to ``batch_size``, captured on first use; a model that cannot be captured
+runs eagerly, with a logged warning). With ``dtype="bf16"`` the eager and compile backends
+use autocast, the optimized ones cast the model to bfloat16 (the custom kernels do not take
+part in autocast).
+
+Timing: the model's first call (tuning, compilation) and every call that captured a CUDA
+graph are reported apart from the steady-state rows/s of the other calls.
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ from fuseml.data import (
 )
 from fuseml.data.criteo import open_maybe_gzip
 from fuseml.models.dlrm import DLRM
+from fuseml.serving import DEFAULT_BATCH_SIZES, CudaGraphs
 
 __all__ = ["BACKENDS", "PredictSummary", "predict"]
 
@@ -89,10 +96,21 @@ class PredictSummary:
     model_seconds: float  # time spent in the model (synchronised on CUDA)
     has_labels: bool
     metrics: dict[str, Any] | None  # AUC, log loss, accuracy when the source has labels
+    # Model calls that tuned, compiled or captured (the first call, and each call that
+    # captured a CUDA graph for a new batch bucket): part of model_seconds, reported apart.
+    setup_seconds: float = 0.0
+    setup_rows: int = 0
 
     @property
     def rows_per_s(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def steady_rows_per_s(self) -> float:
+        """Model-only rows/s over the calls that did no setup (nan when there are none)."""
+        seconds = self.model_seconds - self.setup_seconds
+        rows = self.rows - self.setup_rows
+        return rows / seconds if rows > 0 and seconds > 0 else float("nan")
 
 
 @dataclass
@@ -295,10 +313,13 @@ def predict(
         run, report = fuseml.optimize(model, backend=backend, inplace=True)
         swapped = ", ".join(f"{s.path or 'model'} -> {s.after}" for s in report.swapped)
         console.print(f"fuseml.optimize: {swapped or 'nothing to fuse'}")
+        if dev.type == "cuda":
+            run = CudaGraphs(run, _graph_buckets(batch_size), fallback="eager")
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_autocast)
 
     all_logits, all_labels = [], []
     rows, model_seconds = 0, 0.0
+    setup_rows, setup_seconds, calls = 0, 0.0, 0
     bar = Progress(
         TextColumn(f"predicting {source.name}"),
         BarColumn(),
@@ -321,11 +342,16 @@ def predict(
                     dense, sparse = batch.dense.to(dev, dense_dtype), batch.sparse.to(dev)
                     if backend == "compile":
                         dense, sparse = _pad(dense, batch_size), _pad(sparse, batch_size)
+                    captured = getattr(run, "num_graphs", 0)
                     t0 = time.perf_counter()
                     logits = run(dense, sparse, return_logits=True)[:n].float()
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)
-                    model_seconds += time.perf_counter() - t0
+                    elapsed = time.perf_counter() - t0
+                    model_seconds += elapsed
+                    if calls == 0 or getattr(run, "num_graphs", 0) != captured:
+                        setup_rows, setup_seconds = setup_rows + n, setup_seconds + elapsed
+                    calls += 1
                     logits = logits.cpu()
                     probs = torch.sigmoid(logits).numpy()
                     writer.write(batch.row_ids, probs, batch.labels)
@@ -344,13 +370,26 @@ def predict(
     metrics = None
     if stream.has_labels and all_logits:
         metrics = metrics_from_logits(np.concatenate(all_logits), np.concatenate(all_labels))
-    summary = PredictSummary(out, rows, seconds, model_seconds, stream.has_labels, metrics)
-    console.print(_summary_table(summary, backend, dev))
+    summary = PredictSummary(
+        out, rows, seconds, model_seconds, stream.has_labels, metrics, setup_seconds, setup_rows
+    )
+    graphs = None
+    if isinstance(run, CudaGraphs):
+        graphs = "none: ran eagerly (see the warning)" if run.eager else str(run.num_graphs)
+    console.print(_summary_table(summary, backend, dev, graphs))
     console.print(f"wrote {out.resolve()} ({rows:,} rows)", soft_wrap=True)  # a whole path
     return summary
 
 
-def _summary_table(s: PredictSummary, backend: str, device: torch.device) -> Table:
+def _graph_buckets(batch_size: int) -> tuple[int, ...]:
+    """Powers of two below ``batch_size``, and ``batch_size``: full batches replay one
+    graph, a short last batch (or a TSV chunk's tail) pads at most to twice its rows."""
+    return (*(b for b in DEFAULT_BATCH_SIZES if b < batch_size), batch_size)
+
+
+def _summary_table(
+    s: PredictSummary, backend: str, device: torch.device, graphs: str | None = None
+) -> Table:
     table = Table(title=f"DLRM prediction ({backend}, {device})", show_header=False)
     table.add_column("what")
     table.add_column("value", justify="right")
@@ -359,6 +398,16 @@ def _summary_table(s: PredictSummary, backend: str, device: torch.device) -> Tab
     table.add_row("rows/s (total)", f"{s.rows_per_s:,.0f}")
     if s.model_seconds > 0:
         table.add_row("rows/s (model only)", f"{s.rows / s.model_seconds:,.0f}")
+        table.add_row(
+            "seconds in first calls (tuning, compiling, capture)", f"{s.setup_seconds:.2f}"
+        )
+        steady = s.steady_rows_per_s
+        table.add_row(
+            "rows/s (model only, after first calls)",
+            "n/a" if steady != steady else f"{steady:,.0f}",
+        )
+    if graphs is not None:
+        table.add_row("CUDA graphs captured", graphs)
     if s.metrics is not None and s.metrics["auc"] is not None:
         m = s.metrics
         table.add_row(
