@@ -335,3 +335,19 @@ def test_wrong_shapes_and_types():
         ValueError, match=r"table 0 \(C1\): offsets must start at 0, never decrease"
     ):
         model(torch.rand(4, 13), bad_offsets)
+
+
+def test_validate_ids_is_the_forward_check_made_apart():
+    """validate_ids raises what the forward's check raises, for a caller that checks ids on
+    the host and runs the forward with check_ids off (a CUDA-graph capture)."""
+    emb = ConcatEmbeddingBags([3, 5], 4)
+    emb.validate_ids(torch.tensor([[0, 4], [2, 0]]))  # in range: nothing
+    bad = torch.tensor([[0, 4], [2, 5]])
+    with pytest.raises(ValueError, match=r"table 1 \(C2\) must be in \[0, 5\), got values in"):
+        emb.validate_ids(bad)
+    with pytest.raises(ValueError, match=r"table 1 \(C2\) must be in \[0, 5\)"):
+        emb(bad)
+    emb.check_ids = False
+    with pytest.raises(ValueError, match=r"table 1 \(C2\)"):
+        emb.validate_ids(bad)  # the check itself does not depend on check_ids
+    ConcatEmbeddingBags([3, 5], 4, hash_ids=True).validate_ids(bad)  # hashed: any id

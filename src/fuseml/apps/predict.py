@@ -23,8 +23,9 @@ Backends: ``eager`` (the model as trained), ``compile`` (torch.compile, one stat
 shape: the last batch is padded), and ``auto`` or ``triton`` (``fuseml.optimize`` with that
 op backend: fused Triton MLPs and linear layers; ``auto`` runs their PyTorch reference on a
 CPU); on CUDA the optimized model is served through CUDA graphs (``fuseml.cuda_graphs``, one
-per batch bucket up to ``batch_size``, captured on first use; a model that cannot be captured
-runs eagerly, with a logged warning). With ``dtype="bf16"`` the eager and compile backends
+per batch bucket up to ``batch_size``, captured on first use; the ids are checked on the
+host before they are copied, in place of the forward's check, which no graph can hold; a
+model that cannot be captured runs eagerly, with a logged warning). With ``dtype="bf16"`` the eager and compile backends
 use autocast, the optimized ones cast the model to bfloat16 (the custom kernels do not take
 part in autocast).
 
@@ -304,6 +305,7 @@ def predict(
     # One batch shape for the compiled model: the last batch is padded, not recompiled.
     run = torch.compile(model, dynamic=False) if backend == "compile" else model
     use_autocast = dtype == "bf16" and backend not in OPTIMIZE_BACKENDS
+    host_ids_check = None
     dense_dtype = torch.float32
     if backend in OPTIMIZE_BACKENDS:
         import fuseml
@@ -314,6 +316,10 @@ def predict(
         swapped = ", ".join(f"{s.path or 'model'} -> {s.after}" for s in report.swapped)
         console.print(f"fuseml.optimize: {swapped or 'nothing to fuse'}")
         if dev.type == "cuda":
+            # The forward's id check reads the ids back from the GPU, which no graph can
+            # hold: the ids are checked on the host instead, before they are copied.
+            host_ids_check = model.embeddings.validate_ids if model.embeddings.check_ids else None
+            model.embeddings.check_ids = False
             run = CudaGraphs(run, _graph_buckets(batch_size), fallback="eager")
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_autocast)
 
@@ -339,6 +345,8 @@ def predict(
             for batch, advance in stream:
                 if batch is not None:
                     n = len(batch.row_ids)
+                    if host_ids_check is not None:
+                        host_ids_check(batch.sparse)
                     dense, sparse = batch.dense.to(dev, dense_dtype), batch.sparse.to(dev)
                     if backend == "compile":
                         dense, sparse = _pad(dense, batch_size), _pad(sparse, batch_size)

@@ -273,6 +273,20 @@ def _init_linear(layer: nn.Linear) -> None:
         layer.bias.normal_(0.0, math.sqrt(1.0 / fan_out))
 
 
+def _check_id_range(ids: torch.Tensor, sizes: torch.Tensor, first: int) -> None:
+    """ValueError naming the first table of (N, k) ``ids`` with an id outside [0, size)."""
+    low, high = ids.amin(0), ids.amax(0)  # (k,) each: one reduction, one sync
+    bad = (low < 0) | (high >= sizes)
+    if bool(bad.any()):
+        k = int(bad.nonzero()[0, 0])
+        t = first + k
+        raise ValueError(
+            f"sparse ids of table {t} (C{t + 1}) must be in [0, {int(sizes[k])}), "
+            f"got values in [{int(low[k])}, {int(high[k])}] (hash_ids=True takes "
+            "raw ids modulo the table size)"
+        )
+
+
 class ConcatEmbeddingBags(nn.Module):
     """All tables in one weight (sum of cardinalities x dim); sum-pooled bags.
 
@@ -367,17 +381,15 @@ class ConcatEmbeddingBags(nn.Module):
         if self.hash_ids:
             return torch.remainder(ids.long(), sizes)  # floor modulo: always in [0, size)
         if self.check_ids and ids.shape[0] and not torch.compiler.is_compiling():
-            low, high = ids.amin(0), ids.amax(0)  # (k,) each: one reduction, one sync
-            bad = (low < 0) | (high >= sizes)
-            if bool(bad.any()):
-                k = int(bad.nonzero()[0, 0])
-                t = first + k
-                raise ValueError(
-                    f"sparse ids of table {t} (C{t + 1}) must be in [0, {int(sizes[k])}), "
-                    f"got values in [{int(low[k])}, {int(high[k])}] (hash_ids=True takes "
-                    "raw ids modulo the table size)"
-                )
+            _check_id_range(ids, sizes, first)
         return ids.long()
+
+    def validate_ids(self, ids: torch.Tensor) -> None:
+        """Check (B, T) one-hot ids against the tables where they are (e.g. on the host,
+        before they are copied to the GPU): the check ``check_ids`` makes in the forward,
+        for a caller that turns it off to capture the forward in a CUDA graph."""
+        if not self.hash_ids and ids.shape[0]:
+            _check_id_range(ids, self.cardinalities.to(ids.device), 0)
 
     def _check_offsets(self, t: int, offsets: torch.Tensor, n_indices: int) -> None:
         if not self.check_ids or torch.compiler.is_compiling() or offsets.shape[0] == 0:
