@@ -112,34 +112,13 @@ def test_cuda_build_warns_about_a_leftover_lock_file(tmp_path, caplog):
     assert str(tmp_path / "lock") in caplog.text and "delete that file" in caplog.text
 
 
-def test_env_helpers(monkeypatch):
-    monkeypatch.delenv("FUSEML_T", raising=False)
-    assert runtime.env_choice("FUSEML_T", "b", ("a", "b", "c")) == "b"
-    monkeypatch.setenv("FUSEML_T", "")  # empty: the default
-    assert runtime.env_flag("FUSEML_T") and not runtime.env_flag("FUSEML_T", default=False)
-    assert runtime.env_int("FUSEML_T", 3, 1) == 3
-    monkeypatch.setenv("FUSEML_T", "c")
-    assert runtime.env_choice("FUSEML_T", "b", ("a", "b", "c")) == "c"
-    for value, call, message in [
-        ("d", lambda: runtime.env_choice("FUSEML_T", "b", ("a", "b", "c")), "one of a, b, c"),
-        ("on", lambda: runtime.env_flag("FUSEML_T"), "0 or 1, got 'on'"),
-        ("2.5", lambda: runtime.env_int("FUSEML_T", 3, 1), "an integer >= 1, got '2.5'"),
-        ("0", lambda: runtime.env_int("FUSEML_T", 3, 1), "an integer >= 1, got '0'"),
-    ]:
-        monkeypatch.setenv("FUSEML_T", value)
-        with pytest.raises(ValueError, match=f"FUSEML_T must be {message}"):
-            call()
-    monkeypatch.setenv("FUSEML_T", "-2")
-    assert runtime.env_int("FUSEML_T", 3, -5) == -2
-
-
 @pytest.mark.parametrize(
     ("name", "value", "call"),
     [
         ("FUSEML_FP32_DOT", "tf32x9", "fuseml.ops.gemm.common.fp32_dot"),
         ("FUSEML_AUTOTUNE", "no", "fuseml.ops._tune.autotune_enabled"),
         ("FUSEML_TUNE_L2", "hot", "fuseml.ops._tune.l2_mode"),
-        ("FUSEML_COMPILE_THREADS", "many", "fuseml.ops._tune._compile_threads"),
+        ("FUSEML_COMPILE_THREADS", "many", "fuseml.settings.compile_threads"),
         ("FUSEML_PDL", "on", "fuseml.settings.pdl"),
     ],
 )

@@ -26,9 +26,6 @@ __all__ = [
     "cuda_toolchain_available",
     "device_info",
     "enable_triton_key_cache",
-    "env_choice",
-    "env_flag",
-    "env_int",
     "gpu_slug",
     "ninja_available",
     "nvcc_path",
@@ -45,31 +42,6 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 _INTERPRETING: list = []  # read once: kernels are bound to the mode when they are defined
-
-
-def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    """The environment variable ``name`` (``default`` where unset or empty), which must be
-    one of ``choices``: a mistyped setting raises instead of quietly taking another path.
-    (The user settings are read through fuseml.settings.)"""
-    value = os.environ.get(name, "") or default
-    if value not in choices:
-        expected = " or ".join(choices) if len(choices) == 2 else f"one of {', '.join(choices)}"
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
-    return value
-
-
-def env_flag(name: str, default: bool = True) -> bool:
-    """An on / off environment variable: 1 or 0 (``default`` where unset or empty)."""
-    return env_choice(name, "1" if default else "0", ("0", "1")) == "1"
-
-
-def env_int(name: str, default: int, minimum: int) -> int:
-    """An integer environment variable of at least ``minimum`` (``default`` where unset or
-    empty)."""
-    value = os.environ.get(name, "") or str(default)
-    if not re.fullmatch(r"-?\d+", value) or int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ import triton
 
 import fuseml
 from fuseml.ops import _lora_modes as lora_modes
-from fuseml.ops import _utils, lora_linear_ref
+from fuseml.ops import _utils, gemm, lora_linear_ref
 from fuseml.ops import lora as lora_mod
 from fuseml.ops.lora import LoraPath
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets
@@ -465,7 +465,7 @@ def test_lora_joint_persistent_every_tma_tile_gpu(adapters, tuned_gemm_call, mon
             # and the adapter dot's operands (BLOCK_M + BLOCK_N) x R_PAD together pass the
             # limit (128 x 256 x 64 with 4 stages at 64 stacked columns)
             smem = (cfg["num_stages"] * cfg["BLOCK_K"] + r_pad) * (bm + bn) * 2
-            assert smem > _gemm.SMEM_LIMIT, cfg
+            assert smem > gemm.SMEM_LIMIT, cfg
             continue
         ran += 1
         assert_close_verbose(out, ref, dtype)
@@ -883,7 +883,7 @@ def test_shrink_segments(device, backend, m, k, rank, adapters):
     ids = torch.randint(-1, adapters + 1, (m,), device=device)
     ids[ids == 1] = 0  # adapter 1 has no rows
     ref = _shrink_ref(x, a, 0.5, ids, rank, dtype)
-    for cfg in _gemm.SEGMENT_CONFIGS:
+    for cfg in gemm.SEGMENT_CONFIGS:
         outs = []
         for _ in range(2):
             xs = torch.full((m, r), float("nan"), dtype=dtype, device=device)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from fuseml.ops import gemm
 from fuseml.ops._utils import next_pow2
 from fuseml.ops.gemm import launch as _gemm
 from fuseml.ops.linear import linear_rows
@@ -88,13 +89,13 @@ def _joint_ok(loop: int, a_stacked: torch.Tensor) -> bool:
 
 
 def _spread_fits(x2: torch.Tensor, n: int, a_stacked: torch.Tensor):
-    """Which configs the spread mode can launch (``_gemm.spread_fits``: one wave, and
+    """Which configs the spread mode can launch (``gemm.spread_fits``: one wave, and
     shared memory for A's slice beside the main loop's buffers)."""
     m = x2.shape[0]
     r_pad = max(16, next_pow2(a_stacked.shape[0]))  # as launch_linear pads it
     sms = _gemm.persistent_programs(x2)
     es = x2.element_size()
-    return lambda c: _gemm.spread_fits(c, m, n, r_pad, es, sms)
+    return lambda c: gemm.spread_fits(c, m, n, r_pad, es, sms)
 
 
 def _spread_configs(loop: int, x2: torch.Tensor, n: int, a_stacked: torch.Tensor) -> list:
@@ -310,5 +311,5 @@ def _shrink_config(x2, a_stacked, ids, rank, run, extra: str, loop: int) -> dict
     adapters the segmented shrink's (``_gemm.launch_shrink_segments``)."""
     k = x2.shape[1]
     r = a_stacked.shape[0]
-    more = _gemm.SEGMENT_CONFIGS if ids is not None and r > rank else []
+    more = gemm.SEGMENT_CONFIGS if ids is not None and r > rank else []
     return _gemm.choose_config("linear", x2, r, k, run, extra, loop, more=more)

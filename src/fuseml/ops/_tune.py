@@ -142,12 +142,6 @@ def gpu_time_ms(fn: Callable[[], object]) -> float:
     return ms
 
 
-def _compile_threads() -> int:
-    """Threads that compile candidate configs before tuning times them
-    (``FUSEML_COMPILE_THREADS``, default: up to 8, one per CPU core; 0 or 1: none)."""
-    return settings.compile_threads()
-
-
 def _async_compile_module():
     """Triton's async-compile module where it has ``AsyncCompileMode``, else None."""
     try:
@@ -159,7 +153,7 @@ def _async_compile_module():
 
 def parallel_compile() -> str:
     """How a cold first call compiles its candidates here, in words (``fuseml env``)."""
-    threads = _compile_threads()
+    threads = settings.compile_threads()
     if threads <= 1:
         return "one at a time as they are timed (FUSEML_COMPILE_THREADS)"
     if _async_compile_module() is None:
@@ -176,7 +170,7 @@ def compile_candidates(candidates: list[dict], run: Callable[[dict], object]) ->
     number of candidates submitted (0 where this Triton has no async compile mode or
     threads are off). Errors are left to the timing pass, which skips a failing config.
     """
-    threads = min(_compile_threads(), len(candidates))
+    threads = min(settings.compile_threads(), len(candidates))
     if threads <= 1 or triton_interpreting():
         return 0
     ac = _async_compile_module()

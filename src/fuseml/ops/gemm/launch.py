@@ -22,14 +22,10 @@ from fuseml.ops._utils import (
     sm_count,
 )
 from fuseml.ops.gemm.common import dot_precision, lora_cols
-
-# lora.py and its tests reach these through this module too, where their patches land
-from fuseml.ops.gemm.configs import (  # noqa: F401
+from fuseml.ops.gemm.configs import (
     LOOP_PTR,
     LOOP_TMA,
     LOOP_TUNED,
-    SEGMENT_CONFIGS,
-    SMEM_LIMIT,
     TMA_MIN_M,
     TMA_TUNED_MAX_M,
     TMA_TUNED_N,
@@ -52,7 +48,6 @@ from fuseml.ops.gemm.lora_modes import (
     _shrink_segment_kernel,
     expand_stages,
     joint_flags,
-    spread_fits,  # noqa: F401
     spread_slice,
 )
 from fuseml.ops.gemm.pointer import _linear_kernel, _lora_kernel
