@@ -318,6 +318,7 @@ class ConcatEmbeddingBags(nn.Module):
         self.weight = nn.Parameter(torch.empty(int(cards.sum()), dim))
         # Buffers follow .to(device); they are derived from the config, so not saved.
         self.register_buffer("cardinalities", cards, persistent=False)
+        self._host_cardinalities = cards  # (stays on the CPU: validate_ids of host ids)
         offsets = torch.zeros(len(cards) + 1, dtype=torch.int64)
         offsets[1:] = torch.cumsum(cards, 0)
         self.register_buffer("table_offsets", offsets, persistent=False)  # (T + 1,)
@@ -389,7 +390,9 @@ class ConcatEmbeddingBags(nn.Module):
         before they are copied to the GPU): the check ``check_ids`` makes in the forward,
         for a caller that turns it off to capture the forward in a CUDA graph."""
         if not self.hash_ids and ids.shape[0]:
-            _check_id_range(ids, self.cardinalities.to(ids.device), 0)
+            host = ids.device.type == "cpu"
+            sizes = self._host_cardinalities if host else self.cardinalities.to(ids.device)
+            _check_id_range(ids, sizes, 0)
 
     def _check_offsets(self, t: int, offsets: torch.Tensor, n_indices: int) -> None:
         if not self.check_ids or torch.compiler.is_compiling() or offsets.shape[0] == 0:
