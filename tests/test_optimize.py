@@ -115,7 +115,7 @@ def test_optimize_dlrm_tiny(device, backend):
     model = DLRM(DLRMConfig.from_name("tiny", cardinalities=[4] * 26)).to(device).eval()
     fused, report = fuseml.optimize(model, backend=backend)
     assert [(s.path, s.after) for s in report.swapped] == [
-        ("bottom_mlp", "FusedMLP"), ("top_mlp", "FusedMLP"),
+        ("", "FusedDLRM"), ("bottom_mlp", "FusedMLP"), ("top_mlp", "FusedMLP"),
     ]  # fmt: skip
     assert list(fused.state_dict()) == list(model.state_dict())
     dense = torch.randn(6, 13, device=device)
@@ -376,7 +376,11 @@ def test_optimized_dlrm_large_batch_tuned_gpu(config, fresh_tuning):
         ref = model(dense, sparse)
         # The first call tunes every layer while the previous layers' kernels may still run
         # (a race once gave a few wrong rows here): the whole forward, then stage by stage.
-        assert rel_err(fused(dense, sparse), ref) <= tol, "first (tuning) call"
+        first = fused(dense, sparse)
+        assert rel_err(first, ref) <= tol, "first (tuning) call"
+        # probabilities: a few wrong rows hide in the norm over 65536, not in the worst one
+        worst = (first.float() - ref.float()).abs().max().item()
+        assert worst <= 0.02, f"first (tuning) call: a probability off by {worst:.3g}"
         for _ in range(2):
             bottom = fused.bottom_mlp(dense)
             assert rel_err(bottom, model.bottom_mlp(dense)) <= tol, "bottom MLP"

@@ -32,7 +32,7 @@ from torch import nn
 import fuseml
 from fuseml.bench.suites.mlp import MLPS
 from fuseml.models.dlrm import CONFIG_NAMES
-from fuseml.nn import FusedMLP, LoRALinear
+from fuseml.nn import FusedDLRM, FusedMLP, LoRALinear
 from fuseml.ops import _tune
 from fuseml.runtime import tf32_matmuls
 from fuseml.testing import (
@@ -212,6 +212,7 @@ def test_optimized_dlrm_tuned_gpu(config, dtype, batch, fresh_tuning, monkeypatc
     cfg, model = _dlrm(config, dtype)
     fused, report = fuseml.optimize(model)
     label = f"DLRM {config} {DTYPE_NAMES[dtype]} B={batch}"
+    assert type(fused) is FusedDLRM, f"{label}: the DLRM itself was not swapped:\n{report}"
     for part in ("bottom_mlp", "top_mlp"):  # one FusedMLP, or every Linear a FusedLinear
         mlp = getattr(fused, part)
         assert isinstance(mlp, FusedMLP) or not any(type(m) is nn.Linear for m in mlp), (

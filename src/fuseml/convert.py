@@ -8,6 +8,9 @@ values are unchanged and checkpoints load both ways; the one exception, peft ada
 cast to the base dtype, is below):
 
 * ``nn.Linear`` -> :class:`fuseml.nn.FusedLinear`.
+* A :class:`fuseml.models.DLRM` with the dot interaction -> :class:`fuseml.nn.FusedDLRM`
+  (the same submodules; the embedding gather and the interaction in one kernel), its
+  MLPs swapped as below.
 * Inside an ``nn.Sequential``: a Linear (or peft LoRA Linear) followed by ReLU, GELU
   (approximate none/tanh), SiLU, Sigmoid, Tanh or LeakyReLU(0.01) takes the activation
   into its epilogue; the activation's slot becomes ``nn.Identity`` so indices stay.
@@ -45,7 +48,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from fuseml.models.dlrm import DLRM, ConcatEmbeddingBags, DotInteraction
 from fuseml.nn._common import activation_of, check_backend
+from fuseml.nn.dlrm import FusedDLRM
 from fuseml.nn.linear import FusedLinear
 from fuseml.nn.lora import LoRALinear
 from fuseml.nn.mlp import FusedMLP
@@ -116,7 +121,7 @@ class OptimizeReport:
 @dataclass
 class _Action:
     path: str
-    kind: str  # "linear" | "lora" | "mlp" | "identity"
+    kind: str  # "linear" | "lora" | "mlp" | "dlrm" | "identity"
     before: str
     activation: str | None = None
     note: str = ""
@@ -263,6 +268,19 @@ def _mlp_chain(seq: nn.Sequential) -> tuple[bool, str | None]:
     return True, None
 
 
+def _dlrm_reason(m: DLRM) -> str | None:
+    """Why a DLRM's embeddings + interaction cannot be fused, or None."""
+    if type(m) is not DLRM:
+        return "a subclass of DLRM (its forward may differ)"
+    if m.config.interaction != "dot":
+        return f"interaction {m.config.interaction!r}: the fused kernel computes 'dot'"
+    if type(m.embeddings) is not ConcatEmbeddingBags or type(m.interaction) is not DotInteraction:
+        return "its embeddings or interaction module was replaced"
+    if any(_hooked(x) for x in (m, m.embeddings, m.interaction)):
+        return "it, its embeddings or its interaction has forward hooks"
+    return _dtype_reason(m.embeddings.weight)
+
+
 class _Planner:
     def __init__(self, mlp: bool) -> None:
         self.mlp = mlp
@@ -301,6 +319,13 @@ class _Planner:
             else:
                 return self.add(_Action(path, "linear", "Linear"))
             return None
+        if type(m) is DLRM or (isinstance(m, DLRM) and not isinstance(m, FusedDLRM)):
+            why = _dlrm_reason(m)
+            if why:
+                self.left(path, m, why)
+            else:
+                note = "gather + interaction: one fuseml.ops.embedding_interaction call"
+                self.add(_Action(path, "dlrm", "DLRM", note=note))
         if id(m) in self._stack:  # a module containing itself: do not loop
             return None
         self._stack.append(id(m))
@@ -357,6 +382,7 @@ def _describe(a: _Action) -> Swapped:
         "linear": f"FusedLinear({act})" if act else "FusedLinear",
         "lora": f"LoRALinear({act})" if act else "LoRALinear",
         "mlp": "FusedMLP",
+        "dlrm": "FusedDLRM",
         "identity": f"Identity (folded into {a.folded_into})",
     }[a.kind]
     return Swapped(a.path, a.before, after, a.note)
@@ -407,6 +433,8 @@ def _build(a: _Action, m: nn.Module, backend: str) -> nn.Module:
         return _lora_from_peft(m, a.activation, backend)
     if a.kind == "mlp":
         return FusedMLP.from_sequential(m, backend=backend)
+    if a.kind == "dlrm":
+        return FusedDLRM.from_dlrm(m, backend=backend)
     return nn.Identity()
 
 

@@ -94,6 +94,11 @@ def test_profile_dlrm_optimized_backend(tmp_path, backend):
     (trace,) = tmp_path.glob(f"dlrm-tiny-{backend}-fp32-bs64-*.json")
     names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     assert {"dlrm.bottom_mlp", "dlrm.top_mlp"} <= names  # stage ranges on the fused model
+    # triton (the interpreter here): the fused gather + interaction, one range; auto on a
+    # CPU: the DLRM's own forward, its two stages
+    fused = "dlrm.embedding_interaction" in names
+    assert fused == (backend == "triton")
+    assert ({"dlrm.embeddings", "dlrm.interaction"} <= names) == (backend == "auto")
 
 
 def test_errors_are_clear(tmp_path, cache):

@@ -7,7 +7,8 @@ Public API::
     result.top (top kernels / ops by time), result.stages (time per DLRM stage)
     with stage_ranges(model): ...  # record_function + NVTX range per stage
 
-Each stage (``bottom_mlp``, ``embeddings``, ``interaction``, ``top_mlp``) is wrapped in a
+Each stage (``bottom_mlp``, ``embeddings``, ``interaction``, ``top_mlp``; a FusedDLRM's
+fused ``embedding_interaction`` in place of the middle two) is wrapped in a
 ``record_function`` range named ``dlrm.<stage>`` (and an NVTX range of the same name on
 CUDA, for Nsight Systems) by forward hooks that exist only while profiling: the model's
 forward is untouched and pays nothing otherwise. Under ``torch.compile`` the hooks would
@@ -40,10 +41,12 @@ from fuseml.apps.common import (
 )
 from fuseml.models.bench_cases import random_inputs
 from fuseml.models.dlrm import DLRM, DLRMConfig
+from fuseml.nn.dlrm import FusedDLRM
 
 __all__ = ["STAGES", "ProfileResult", "profile_dlrm", "stage_ranges"]
 
-STAGES = ("bottom_mlp", "embeddings", "interaction", "top_mlp")
+# (a FusedDLRM runs embeddings + interaction as one stage, embedding_interaction)
+STAGES = ("bottom_mlp", "embeddings", "interaction", "embedding_interaction", "top_mlp")
 _PREFIX = "dlrm."
 _COMPILED_RANGE = "dlrm.forward (compiled)"
 
@@ -57,8 +60,25 @@ def stage_ranges(model: DLRM, *, nvtx: bool | None = None) -> Iterator[None]:
     if nvtx is None:
         nvtx = next(model.parameters()).is_cuda
     handles = []
+
+    @contextlib.contextmanager
+    def stage(name: str) -> Iterator[None]:  # a FusedDLRM's stages without a module call
+        with torch.profiler.record_function(_PREFIX + name):
+            if nvtx:
+                torch.cuda.nvtx.range_push(_PREFIX + name)
+            try:
+                yield
+            finally:
+                if nvtx:
+                    torch.cuda.nvtx.range_pop()
+
+    fused = isinstance(model, FusedDLRM)
+    if fused:
+        model.stage_range = stage
     for name in STAGES:
-        module = getattr(model, name)
+        module = getattr(model, name, None)
+        if module is None:
+            continue
         open_ranges: list[Any] = []  # per module: a stage never re-enters itself
 
         def enter(_module, _args, name=name, open_ranges=open_ranges) -> None:
@@ -80,6 +100,8 @@ def stage_ranges(model: DLRM, *, nvtx: bool | None = None) -> Iterator[None]:
     finally:
         for handle in handles:
             handle.remove()
+        if fused:
+            del model.stage_range
 
 
 @dataclass

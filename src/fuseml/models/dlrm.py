@@ -346,12 +346,17 @@ class ConcatEmbeddingBags(nn.Module):
         return self._bags(sparse)
 
     def _one_hot(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.ndim != 2 or ids.shape[1] != self.num_tables:
-            raise ValueError(
-                f"sparse ids: expected shape (B, {self.num_tables}), got {tuple(ids.shape)}"
-            )
-        ids = self._table_ids(ids, self.cardinalities)  # (B, T)
+        ids = self.one_hot_ids(ids).long()  # (B, T)
         return F.embedding(ids + self.table_offsets[:-1], self.weight)  # (B, T, d)
+
+    def one_hot_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) one-hot ids as the forward takes them: shape and dtype checked, then
+        hashed (``hash_ids``: int64) or range-checked (``check_ids``: the ids themselves),
+        each relative to its table."""
+        if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[1] != self.num_tables:
+            shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+            raise ValueError(f"sparse ids: expected shape (B, {self.num_tables}), got {shape}")
+        return self._table_ids(ids, self.cardinalities, keep_dtype=True)
 
     def _bags(self, bags: Bags) -> torch.Tensor:
         if len(bags) != self.num_tables:
@@ -375,15 +380,18 @@ class ConcatEmbeddingBags(nn.Module):
         )  # (T * B, d)
         return pooled.view(self.num_tables, batch, self.dim).transpose(0, 1)  # (B, T, d)
 
-    def _table_ids(self, ids: torch.Tensor, sizes: torch.Tensor, first: int = 0) -> torch.Tensor:
-        """Hash or validate (N, k) ids of tables first..first + k - 1 with ``sizes`` rows."""
+    def _table_ids(
+        self, ids: torch.Tensor, sizes: torch.Tensor, first: int = 0, keep_dtype: bool = False
+    ) -> torch.Tensor:
+        """Hash or validate (N, k) ids of tables first..first + k - 1 with ``sizes`` rows;
+        int64, or (keep_dtype, unhashed) in their own dtype."""
         if ids.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"sparse ids must be int32 or int64, got {ids.dtype}")
         if self.hash_ids:
             return torch.remainder(ids.long(), sizes)  # floor modulo: always in [0, size)
         if self.check_ids and ids.shape[0] and not torch.compiler.is_compiling():
             _check_id_range(ids, sizes, first)
-        return ids.long()
+        return ids if keep_dtype else ids.long()
 
     def validate_ids(self, ids: torch.Tensor) -> None:
         """Check (B, T) one-hot ids against the tables where they are (e.g. on the host,

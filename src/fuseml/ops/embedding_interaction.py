@@ -96,8 +96,7 @@ def _embedding_interaction_kernel(
     BLOCK_B: tl.constexpr,  # samples per program
     F_PAD: tl.constexpr,  # next power of two >= F (>= 16 with USE_DOT)
     D_PAD: tl.constexpr,  # next power of two >= D (>= 16 with USE_DOT)
-    R_PAD: tl.constexpr,  # next power of two >= F + 1: triangle rows, counted below
-    W_PAD: tl.constexpr,  # next power of two >= OUT_W - D: the columns after x
+    Z_PAD: tl.constexpr,  # next power of two >= OUT_W - D - PAIRS: the zero columns
     UPCAST: tl.constexpr,  # interpreter only: dot float32 copies (see below)
 ):
     pid = tl.program_id(0)
@@ -136,57 +135,74 @@ def _embedding_interaction_kernel(
         zf = z.to(tl.float32)
         gram = tl.sum(zf[:, :, None, :] * zf[:, None, :, :], axis=3)
 
-    # Column c after x holds pair c in row-major triangle order. Row i of the strictly
-    # lower triangle starts at pair i(i-1)/2, so i is the number of rows r >= 1 whose start
-    # is <= c; with the diagonal the triangle is the strictly lower one of F + 1 features
-    # shifted up a row. Exact integer arithmetic, no index tensor to keep per device.
-    c = tl.arange(0, W_PAD)
-    r = tl.arange(0, R_PAD)
-    starts = tl.where(r >= 1, r * (r - 1) // 2, PAIRS + W_PAD)
-    i_shift = tl.sum((starts[None, :] <= c[:, None]).to(tl.int32), axis=1)  # (W_PAD,)
-    j = c - i_shift * (i_shift - 1) // 2
-    i = i_shift - SELF
-    is_pair = c < PAIRS
-    flat = tl.where(is_pair, i * F_PAD + j, 0)
-    gram_flat = tl.reshape(gram, (BLOCK_B, F_PAD * F_PAD))
-    tri = tl.gather(gram_flat, tl.broadcast_to(flat[None, :], (BLOCK_B, W_PAD)), 1)
-    tri = tl.where(is_pair[None, :], tri, 0.0)  # the padding columns: zeros
-
-    out_row = out_ptr + b[:, None] * OUT_W
-    tl.store(out_row + d[None, :], xv, mask=x_mask)
+    # Gram entry (i, j) of the kept triangle goes to column D + i(i-1)/2 + j (row-major
+    # tril_indices order; with the diagonal, D + i(i+1)/2 + j), stored straight from the
+    # accumulator: no shuffle of the Gram, only the kept entries written.
+    gi = f[:, None]
+    gj = f[None, :]
+    if SELF:
+        keep = (gj <= gi) & (gi < F)
+        col = gi * (gi + 1) // 2 + gj
+    else:
+        keep = (gj < gi) & (gi < F)
+        col = gi * (gi - 1) // 2 + gj
+    out_row = out_ptr + b * OUT_W  # (BLOCK_B,)
     tl.store(
-        out_row + D + c[None, :],
-        tri.to(out_ptr.dtype.element_ty),
-        mask=b_ok[:, None] & (c < OUT_W - D)[None, :],
+        out_row[:, None, None] + D + col[None, :, :],
+        gram.to(out_ptr.dtype.element_ty),
+        mask=b_ok[:, None, None] & keep[None, :, :],
     )
+    tl.store(out_row[:, None] + d[None, :], xv, mask=x_mask)
+    if OUT_W > D + PAIRS:  # the padding columns: zeros
+        z_col = D + PAIRS + tl.arange(0, Z_PAD)
+        zeros = tl.zeros((BLOCK_B, Z_PAD), dtype=out_ptr.dtype.element_ty)
+        tl.store(
+            out_row[:, None] + z_col[None, :], zeros, mask=b_ok[:, None] & (z_col < OUT_W)[None, :]
+        )
 
 
-# Elements of the largest per-program tile (Z, the Gram, the output block, or the
-# broadcast product) that a block of samples may fill: about 64 float32 registers a
-# thread on 4 warps.
+# Samples and warps per program of the tensor-core form: 2 samples on 2 warps was the best
+# of 2-32 samples on 2-8 warps at d = 16 and d = 128, 4096 and 65536 rows (H200; kaggle
+# d = 16 at 65536 rows: 56 us against 66-124 for the others): many small programs keep
+# the most gathers in flight (docs/performance/dlrm.md).
+_DOT_BLOCK_B = 2
+_DOT_WARPS = 2
+# The broadcast form (fewer than 9 features): samples per program so that its largest
+# tile (the (F, F, d) product) fills about 64 float32 registers a thread on 4 warps.
 _TILE_ELEMS = 8192
 _MAX_BLOCK_B = 64
 
 
 @functools.cache
-def _plan(d: int, n_features: int, self_interaction: bool, out_width: int) -> tuple:
-    """(BLOCK_B, constexprs) for one shape signature."""
+def _plan(
+    d: int,
+    n_features: int,
+    self_interaction: bool,
+    out_width: int,
+    block_b: int | None = None,
+    num_warps: int | None = None,
+) -> tuple:
+    """(BLOCK_B, num_warps, constexprs) for one shape signature; ``block_b`` (a power of
+    two) and ``num_warps`` override the defaults (sweeps)."""
     f_pad = next_pow2(n_features)
     use_dot = f_pad >= 16
     d_pad = max(next_pow2(d), 16) if use_dot else next_pow2(d)
-    w_pad = next_pow2(out_width - d)
-    if use_dot:
-        per_sample = max(f_pad * d_pad, f_pad * f_pad, w_pad)
-    else:
-        per_sample = max(f_pad * f_pad * d_pad, w_pad)
-    block_b = max(1, min(_MAX_BLOCK_B, _TILE_ELEMS // per_sample))
-    block_b = 1 << (block_b.bit_length() - 1)  # a power of two
     pairs = num_pairs(n_features, self_interaction)
+    z_pad = next_pow2(max(1, out_width - d - pairs))
+    if block_b is None:
+        if use_dot:
+            block_b = _DOT_BLOCK_B
+        else:
+            per_sample = max(f_pad * f_pad * d_pad, z_pad)
+            block_b = max(1, min(_MAX_BLOCK_B, _TILE_ELEMS // per_sample))
+            block_b = 1 << (block_b.bit_length() - 1)  # a power of two
+    if num_warps is None:
+        num_warps = _DOT_WARPS if use_dot else 4
     consts = (
         d, n_features, pairs, out_width, int(self_interaction), use_dot,
-        block_b, f_pad, d_pad, next_pow2(n_features + 1), w_pad, triton_interpreting(),
+        block_b, f_pad, d_pad, z_pad, triton_interpreting(),
     )  # fmt: skip
-    return block_b, consts
+    return block_b, num_warps, consts
 
 
 def _forward(
@@ -197,13 +213,17 @@ def _forward(
     self_interaction: bool,
     out_width: int,
     traced: bool,
+    block_b: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     n_rows, d = x.shape
     out = torch.empty((n_rows, out_width), dtype=x.dtype, device=x.device)
     if n_rows == 0 or launches_skipped():
         return out
     # (int(): d and T become constexprs, static under torch.compile's tracing too)
-    block_b, consts = _plan(int(d), int(ids.shape[1]) + 1, self_interaction, int(out_width))
+    block_b, num_warps, consts = _plan(
+        int(d), int(ids.shape[1]) + 1, self_interaction, int(out_width), block_b, num_warps
+    )
     kernel = (
         torch.library.wrap_triton(_embedding_interaction_kernel)
         if traced
@@ -212,8 +232,38 @@ def _forward(
     kernel[(cdiv(n_rows, block_b),)](
         x, weight, table_offsets, ids, out, n_rows,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), table_offsets.stride(0),
-        ids.stride(0), ids.stride(1), *consts, num_warps=4,
+        ids.stride(0), ids.stride(1), *consts, num_warps=num_warps,
     )  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------- the gather alone
+@triton.jit
+def _gather_rows_kernel(
+    w_ptr, toff_ptr, ids_ptr, out_ptr, n_ids, T: tl.constexpr, D: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """out[k] = w[toff[k % T] + ids[k]] for the flat (b, t) index k: the gather alone."""
+    k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = k < n_ids
+    ids = tl.load(ids_ptr + k, mask=ok, other=0)
+    row = tl.load(toff_ptr + k % T, mask=ok, other=0) + ids.to(tl.int64)
+    d = tl.arange(0, D)
+    v = tl.load(w_ptr + row[:, None] * D + d[None, :], mask=ok[:, None])
+    tl.store(out_ptr + k[:, None] * D + d[None, :], v, mask=ok[:, None])
+
+
+def gather_rows(weight, table_offsets, ids) -> torch.Tensor:
+    """(B, T, d): row table_offsets[t] + ids[b, t] of ``weight`` (contiguous tensors, ids
+    valid), nothing computed: the floor of any gather at these ids (the ``interaction``
+    bench suite's reference), not a user op."""
+    n, t = ids.shape
+    d = weight.shape[1]
+    out = torch.empty((n, t, d), dtype=weight.dtype, device=weight.device)
+    block = max(16, 2048 // d)
+    _gather_rows_kernel[(triton.cdiv(n * t, block),)](
+        weight, table_offsets, ids, out, n * t, t, d, block, num_warps=4
+    )
     return out
 
 

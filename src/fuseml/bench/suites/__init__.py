@@ -2,12 +2,22 @@
 (how to draw it, or None for a table only) and ``README`` (how to tabulate it: one spec,
 or a list of them for several tables)."""
 
-from fuseml.bench.suites import dlrm, elementwise, linear, lora, mlp, softmax, tuning
+from fuseml.bench.suites import (
+    dlrm,
+    elementwise,
+    interaction,
+    linear,
+    lora,
+    mlp,
+    softmax,
+    tuning,
+)
 
 SUITES = {
     "elementwise": elementwise,
     "softmax": softmax,
     "dlrm": dlrm,
+    "interaction": interaction,
     "linear": linear,
     "mlp": mlp,
     "lora": lora,

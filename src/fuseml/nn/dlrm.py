@@ -1,0 +1,153 @@
+"""``FusedDLRM``: the DLRM forward with the embedding gather and the dot interaction in one
+kernel (``fuseml.ops.embedding_interaction``) writing the top MLP's input directly."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fuseml.models.dlrm import DLRM, SparseInput
+from fuseml.nn._common import activation_of, call_backend, check_backend
+from fuseml.nn.linear import FusedLinear
+from fuseml.ops._utils import kept_derived
+from fuseml.ops.embedding_interaction import embedding_interaction
+from fuseml.ops.gemm import pad_k
+from fuseml.ops.linear import PAD_K_MAX, PAD_K_TO
+from fuseml.ops.mlp import mlp as fused_mlp
+
+__all__ = ["FusedDLRM"]
+
+_NO_RANGE = contextlib.nullcontext()
+
+
+def interaction_width(k: int) -> int:
+    """Columns the fused interaction writes for a top MLP of input width k: k rounded up to
+    a multiple of PAD_K_TO (16-byte aligned bf16 rows, the GEMM's TMA path) in the range
+    where the linear layer would pad K itself (``fuseml.ops.linear``), else k."""
+    if k % PAD_K_TO == 0 or not 64 < k < PAD_K_MAX:
+        return k
+    return -(-k // PAD_K_TO) * PAD_K_TO
+
+
+class FusedDLRM(DLRM):
+    """A :class:`fuseml.models.dlrm.DLRM` (dot interaction) whose forward gathers the
+    embeddings and computes the interaction in one kernel.
+
+    It holds the very submodules of the DLRM it is built from (``FusedDLRM.from_dlrm``), so
+    its parameters, buffers and state_dict keys are that model's; ``fuseml.optimize`` then
+    swaps the MLPs inside it for fused ones. The interaction writes ``[x, tril(Z Z^T)]``
+    padded with zero columns to an aligned width, and when the top MLP starts with a
+    ``FusedLinear`` that layer reads the padded matrix with a zero-padded copy of its
+    weight (kept per weight version), so no pad pass runs per call.
+
+    The fused path takes one-hot ids ((B, T) int32/int64) with the tables, x and the
+    top MLP in one dtype, on a CUDA device; multi-hot bags, mixed dtypes, CPU tensors and
+    training (autograd recording) run the DLRM's own forward (the same result).
+    """
+
+    # stage_range(name) -> a context manager around a stage (fuseml.apps.profile sets it
+    # on an instance while profiling); None: no ranges, no cost
+    stage_range = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        raise TypeError("FusedDLRM: build it with FusedDLRM.from_dlrm(model)")
+
+    def _stage(self, name: str):
+        return _NO_RANGE if self.stage_range is None else self.stage_range(name)
+
+    @classmethod
+    def from_dlrm(cls, model: DLRM, *, backend: str = "auto") -> FusedDLRM:
+        if not isinstance(model, DLRM):
+            raise TypeError(
+                f"FusedDLRM.from_dlrm: model must be a DLRM, got {type(model).__name__}"
+            )
+        if model.config.interaction != "dot":
+            raise ValueError(
+                "FusedDLRM.from_dlrm: the fused kernel computes the dot interaction; "
+                f"this model's interaction is {model.config.interaction!r}"
+            )
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        fused.config = model.config
+        fused.backend = check_backend("FusedDLRM", backend)
+        for name, child in model.named_children():
+            setattr(fused, name, child)
+        fused.train(model.training)
+        return fused
+
+    def extra_repr(self) -> str:
+        return f"backend={self.backend!r}"
+
+    def forward(
+        self, dense: torch.Tensor, sparse: SparseInput, return_logits: bool = False
+    ) -> torch.Tensor:
+        if not self._fused_path(dense, sparse):
+            return super().forward(dense, sparse, return_logits)
+        self._check_dense(dense)
+        emb = self.embeddings
+        ids = emb.one_hot_ids(sparse)  # checked (or hashed) as the DLRM's forward does
+        x = self.bottom_mlp(dense)  # (B, d)
+        if x.dtype != emb.weight.dtype:  # e.g. under autocast: the reference interaction
+            rows = F.embedding(ids.long() + emb.table_offsets[:-1], emb.weight)
+            logits = self.top_mlp(self.interaction(x, rows)).squeeze(1)
+            return logits if return_logits else torch.sigmoid(logits)
+        k = self.interaction.output_dim(x.shape[1])
+        top = self._top_chain(x.dtype)
+        width = interaction_width(k) if top is not None else k
+        with self._stage("embedding_interaction"):
+            z = embedding_interaction(
+                x,
+                emb.weight,
+                emb.table_offsets,
+                ids,
+                self_interaction=self.interaction.self_interaction,
+                out_width=width,
+            )
+        if top is None:  # a top MLP of other modules: run as it is
+            logits = self.top_mlp(z).squeeze(1)
+            return logits if return_logits else torch.sigmoid(logits)
+        weights, biases, acts = top
+        if width != k:  # the first weight padded with zero columns, kept per version
+            w0 = weights[0]
+            weights = [kept_derived(w0, "dlrm-pad", lambda t: pad_k(width, t)[0]), *weights[1:]]
+        sigmoid_in_chain = not return_logits and acts[-1] == "none"
+        if sigmoid_in_chain:
+            acts = [*acts[:-1], "sigmoid"]
+        with self._stage("top_mlp"):
+            out = fused_mlp(z, weights, biases, acts, backend="triton").squeeze(1)
+        if return_logits or sigmoid_in_chain:
+            return out
+        return torch.sigmoid(out)
+
+    def _top_chain(self, dtype: torch.dtype) -> tuple[list, list, list] | None:
+        """The top MLP as (weights, biases, activation names) when it is a chain of linear
+        layers (nn.Linear or FusedLinear, each optionally followed by an activation or an
+        Identity) in ``dtype``, run by one ``fuseml.ops.mlp`` call (which tunes between
+        its chain kernels and the layers one by one); else None."""
+        mods = [m for m in self.top_mlp if type(m) is not nn.Identity]
+        weights, biases, acts = [], [], []
+        for m in mods:
+            if type(m) in (nn.Linear, FusedLinear):
+                weights.append(m.weight)
+                biases.append(m.bias)
+                acts.append(getattr(m, "activation", None) or "none")
+                continue
+            act, _ = activation_of(m)
+            if act is None or not acts or acts[-1] != "none":
+                return None
+            acts[-1] = act
+        if not weights or any(
+            w.dtype != dtype or (w.requires_grad and torch.is_grad_enabled()) for w in weights
+        ):
+            return None
+        return weights, biases, acts
+
+    def _fused_path(self, dense, sparse) -> bool:
+        """Whether this call can take the fused kernel (else the DLRM's forward)."""
+        if not (isinstance(sparse, torch.Tensor) and isinstance(dense, torch.Tensor)):
+            return False  # bags (or a bad argument: the DLRM's forward names it)
+        weight = self.embeddings.weight
+        return call_backend("FusedDLRM", self.backend, dense, [weight]) == "triton"
