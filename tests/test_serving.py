@@ -25,7 +25,7 @@ from fuseml.serving import (
     cuda_graphs,
     plan_batches,
 )
-from fuseml.testing import assert_close_verbose, poison_, requires_cuda
+from fuseml.testing import assert_close_verbose, capture_graph, poison_, requires_cuda
 
 # --- planning (pure) ------------------------------------------------------------------
 
@@ -331,6 +331,12 @@ def test_capture_failure_is_clear_or_falls_back():
         cuda_graphs(Syncs().eval(), BUCKETS)(x)
     served = cuda_graphs(Syncs().eval(), BUCKETS, fallback="eager")
     assert torch.equal(served(x), x * 2) and served.eager
+    # the process is left in order: random ops and new captures work
+    torch.randn(4, device="cuda")
+    g, out = capture_graph(lambda: torch.rand(3, device="cuda") + x[:1, :3], warmup=1)
+    g.replay()
+    torch.cuda.synchronize()
+    assert out.shape == (1, 3)
 
 
 @pytest.mark.gpu

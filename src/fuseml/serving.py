@@ -393,6 +393,8 @@ class CudaGraphs(nn.Module):
             with torch.cuda.graph(g.graph, pool=self._pool, stream=side):
                 out = self.module(*args, **kwargs)
         except Exception as e:
+            g.graph = None
+            _end_failed_capture(side)
             raise _CaptureError(
                 f"cuda_graphs: capturing {type(self.module).__name__} at batch {bucket} "
                 f"failed ({type(e).__name__}: {e}); a forward that syncs with the host "
@@ -404,6 +406,20 @@ class CudaGraphs(nn.Module):
 
 class _CaptureError(Exception):
     pass
+
+
+def _end_failed_capture(stream: torch.cuda.Stream) -> None:
+    """Put the process back in order after a capture that failed. When the capture was
+    invalidated (a host sync inside it), ending it raises before PyTorch takes its CUDA
+    random generators out of their capturing state, and every later random op on the
+    device fails ("Offset increment outside graph capture"). One empty capture on the
+    same stream begins and ends their capture cleanly."""
+    try:
+        torch.cuda.synchronize(stream.device)
+        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
+            pass
+    except Exception as e:  # the original error is what the caller reports
+        log.warning("cuda_graphs: could not reset the CUDA state after a failed capture: %s", e)
 
 
 def cuda_graphs(
