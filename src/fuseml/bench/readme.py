@@ -22,6 +22,7 @@ PAGE = "README.md"
 # side-by-side table; the others are suites.
 SECTIONS = (
     ("dlrm", "DLRM inference"),
+    ("interaction", "DLRM gather + interaction"),
     ("elementwise", "Elementwise"),
     ("fusion", "Fusion, side by side"),
     ("softmax", "Softmax"),
@@ -33,10 +34,18 @@ SECTIONS = (
 
 INTROS = {
     "dlrm": (
-        "Samples/s per batch size for the kaggle and mlperf configs (embedding tables "
-        "capped at 1M rows), fp32, fp32 with TF32 and bf16: eager PyTorch, torch.compile, max-autotune "
-        "(bf16, B = 4096) and `fuseml.optimize(model)` (bf16: the MLPs through fuseml's "
-        "kernels), each called eagerly and replayed as a CUDA graph (`+graph`)."
+        "Samples/s per batch size for the kaggle and mlperf configs (the full Kaggle tables, "
+        "33.8M rows; runs dated before 2026-11-28 capped each table at 1M rows), fp32, "
+        "fp32 with TF32 and bf16: eager PyTorch, torch.compile, max-autotune (bf16) and "
+        "`fuseml.optimize(model)` (bf16), each called eagerly and replayed as a CUDA graph "
+        "(`+graph`)."
+    ),
+    "interaction": (
+        "`fuseml.ops.embedding_interaction` alone: 26 ids a row gathered from the full "
+        "Kaggle tables and `[x, tril(Z Z^T)]` written padded to the top MLP's aligned width. "
+        "Arms: `torch` is what the model runs (embedding, cat, bmm, the triangle's index, "
+        "cat, pad), `compile` its torch.compile, `gather` a kernel that only reads the same "
+        "rows at the same ids and writes them out (the floor of any gather; a reference)."
     ),
     "elementwise": (
         "Arms: `manual` is the unfused torch chain a user would write, `builtin` torch's own "
