@@ -105,6 +105,7 @@ class FusedDLRM(DLRM):
                 ids,
                 self_interaction=self.interaction.self_interaction,
                 out_width=width,
+                backend="triton",
             )
         if top is None:  # a top MLP of other modules: run as it is
             logits = self.top_mlp(z).squeeze(1)

@@ -23,11 +23,14 @@ import triton
 import triton.language as tl
 
 from fuseml.ops._utils import (
+    CompiledLaunches,
+    aligned16,
     cdiv,
     check_same,
     check_tensor,
     compiled,
     fused_op,
+    int_spec,
     launches_skipped,
     needs_dispatch,
     next_pow2,
@@ -224,17 +227,23 @@ def _forward(
     block_b, num_warps, consts = _plan(
         int(d), int(ids.shape[1]) + 1, self_interaction, int(out_width), block_b, num_warps
     )
-    kernel = (
-        torch.library.wrap_triton(_embedding_interaction_kernel)
-        if traced
-        else _embedding_interaction_kernel
-    )
-    kernel[(cdiv(n_rows, block_b),)](
-        x, weight, table_offsets, ids, out, n_rows,
-        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), table_offsets.stride(0),
-        ids.stride(0), ids.stride(1), *consts, num_warps=num_warps,
+    grid = (cdiv(n_rows, block_b),)
+    ints = (
+        n_rows, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
+        table_offsets.stride(0), ids.stride(0), ids.stride(1),
     )  # fmt: skip
+    args = (x, weight, table_offsets, ids, out, *ints, *consts)
+    if traced:
+        torch.library.wrap_triton(_embedding_interaction_kernel)[grid](*args, num_warps=num_warps)
+        return out
+    key = (x.dtype, table_offsets.dtype, ids.dtype, num_warps, consts, *map(int_spec, ints))
+    aligned = aligned16(x, weight, table_offsets, ids, out)
+    _launches(grid, key, aligned, args, {"num_warps": num_warps})
     return out
+
+
+# Eager calls launch through the compiled kernel's own launcher (host time per call)
+_launches = CompiledLaunches(_embedding_interaction_kernel)
 
 
 # ------------------------------------------------------------- the gather alone
