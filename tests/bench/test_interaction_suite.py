@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 from fuseml.bench import harness, readme, report
 from fuseml.bench.suites import SUITES, interaction
-from fuseml.ops.embedding_interaction import gather_rows
+from fuseml.ops._interaction_kernels import gather_rows
 from fuseml.runtime import triton_interpreting
 
 

@@ -168,8 +168,8 @@ def test_fused_dlrm_other_top_modules_run_as_they_are(device, backend, monkeypat
 
 
 def test_fused_dlrm_reference_paths(monkeypatch):
-    """Bags, CPU tensors with backend auto, and autograd recording take the DLRM's own
-    forward (no fused call), with the same result."""
+    """On the CPU with backend auto (one-hot ids and bags) and while autograd records, the
+    DLRM's own forward runs (no fused call), with the same result."""
     model = _model("tiny", "cpu", torch.float32)
     fused = FusedDLRM.from_dlrm(model)
     calls = _count_ei_calls(monkeypatch)
@@ -210,3 +210,31 @@ def test_fused_dlrm_padded_weight_follows_updates(device, backend):
         fused.top_mlp[0].weight.mul_(-1.0)
         out = fused(dense, sparse, return_logits=True)
     assert_close_verbose(out, _ref64(fused, dense, sparse, return_logits=True))
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_dlrm_bags(device, backend, dtype, monkeypatch):
+    """Multi-hot bags (empty ones too) through the fused kernel, checked as the model
+    checks them."""
+    model = _model("kaggle", device, dtype)
+    fused, _ = fuseml.optimize(model, backend=backend)
+    gen = torch.Generator().manual_seed(7)
+    bags = []
+    for size in model.config.cardinalities:
+        lengths = torch.randint(0, 4, (11,), generator=gen)
+        offsets = torch.zeros(11, dtype=torch.int64)
+        offsets[1:] = lengths.cumsum(0)[:-1]
+        idx = torch.randint(0, size, (int(lengths.sum()),), generator=gen)
+        bags.append((idx.to(device), offsets.to(device)))
+    dense = torch.randn(11, 13).to(device, dtype)
+    calls = _count_ei_calls(monkeypatch)
+    with torch.no_grad():
+        out = fused(dense, bags)
+    assert calls == [(interaction_width(model.config.interaction_dim), "triton")]
+    assert_close_verbose(out, _ref64(model, dense, bags), dtype)
+    bad = list(bags)
+    bad[3] = (bags[3][0] + model.config.cardinalities[3], bags[3][1])
+    if bad[3][0].numel():
+        with torch.no_grad(), pytest.raises(ValueError, match=r"sparse ids of table 3 \(C4\)"):
+            fused(dense, bad)

@@ -3,7 +3,7 @@ import torch
 
 import fuseml
 from fuseml.models.dlrm import DLRM, DLRMConfig
-from fuseml.ops.embedding_interaction import embedding_interaction_ref, num_pairs
+from fuseml.ops.embedding_interaction import embedding_interaction_ref, num_pairs, pack_bags
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_allocator
 
 TARGETS = fused_targets(cuda_twin=False)
@@ -164,8 +164,11 @@ def test_embedding_interaction_opcheck(device, backend):
     x = torch.randn(5, 16, device=device)
     ids = _ids(5, cards, torch.int32, device)
     for self_interaction, width in ((False, 16 + 351), (True, 400)):
-        args = (x, weight, offsets, ids, self_interaction, width, backend)
+        args = (x, weight, offsets, ids, None, self_interaction, width, backend)
         torch.library.opcheck(torch.ops.fuseml.embedding_interaction, args)
+    flat, starts = pack_bags("t", _bags(5, cards, device), 5, 26, x.device)  # multi-hot
+    args = (x, weight, offsets, flat, starts, False, 16 + 351, backend)
+    torch.library.opcheck(torch.ops.fuseml.embedding_interaction, args)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
@@ -302,3 +305,92 @@ def test_embedding_interaction_rows_past_int32_offsets():
     small = torch.cat([weight[:1000], weight[first:]])  # the rows the ids can reach
     small_offsets = torch.tensor([0, 1000, 2000], device="cuda")
     assert_close_verbose(out, _expected(x, small, small_offsets, ids), torch.bfloat16)
+
+
+# ------------------------------------------------------------------------------- bags
+def _bags(batch, cards, device, *, max_len=4, seed=0, id_dtype=torch.int64):
+    """T (indices, offsets) pairs with bags of 0..max_len ids (empty ones included)."""
+    gen = torch.Generator().manual_seed(seed)
+    bags = []
+    for size in cards.tolist():
+        lengths = torch.randint(0, max_len + 1, (batch,), generator=gen)
+        offsets = torch.zeros(batch, dtype=torch.int64)
+        offsets[1:] = torch.cumsum(lengths, 0)[:-1]
+        idx = torch.randint(0, size, (int(lengths.sum()),), generator=gen)
+        bags.append((idx.to(id_dtype).to(device), offsets.to(id_dtype).to(device)))
+    return bags
+
+
+def _expected_bags(x, weight, offsets, bags, **kwargs):
+    """float64, with the pooled rows rounded once to the table's dtype as the model's
+    embedding_bag output is, then the interaction."""
+    rows = torch.stack(
+        [torch.nn.functional.embedding_bag(idx.long(), weight.double()[int(offsets[t]):],
+                                           off.long(), mode="sum")
+         for t, (idx, off) in enumerate(bags)], dim=1,
+    ).to(weight.dtype)  # fmt: skip
+    batch, n_tables = rows.shape[:2]
+    table = rows.reshape(batch * n_tables, -1)  # row b * T + t: sample b's pooled table t
+    ids = torch.arange(batch * n_tables, device=x.device).view(batch, n_tables)
+    zero_offsets = torch.zeros(n_tables + 1, dtype=torch.int64, device=x.device)
+    return _expected(x, table, zero_offsets, ids, **kwargs)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n_tables", "dim"), [(3, 4), (26, 16)])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+def test_embedding_interaction_bags_match_float64(device, backend, dtype, n_tables, dim, id_dtype):
+    """Multi-hot bags, sum-pooled (empty bags give zeros), against float64."""
+    weight, offsets, cards = _tables(n_tables, dim, dtype, device, seed=3)
+    x = torch.randn(9, dim, dtype=dtype, device=device)
+    bags = _bags(9, cards, device, id_dtype=id_dtype)
+    _prepare(device)
+    out = op(x, weight, offsets, bags, out_width=dim + num_pairs(n_tables + 1) + 5,
+             check_ids=True, backend=backend)  # fmt: skip
+    expected = _expected_bags(x, weight, offsets, bags, out_width=out.shape[1])
+    assert_close_verbose(out, expected, dtype)
+    assert torch.equal(out[:, -5:], torch.zeros_like(out[:, -5:]))
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_embedding_interaction_one_id_bags_equal_one_hot(device, backend):
+    """Bags of one id each give exactly the one-hot result."""
+    weight, offsets, cards = _tables(26, 16, torch.float32, device, seed=4)
+    x = torch.randn(6, 16, device=device)
+    ids = _ids(6, cards, torch.int64, device)
+    bags = [(ids[:, t].contiguous(), torch.arange(6, device=device)) for t in range(26)]
+    assert torch.equal(op(x, weight, offsets, bags, backend=backend),
+                       op(x, weight, offsets, ids, backend=backend))  # fmt: skip
+
+
+def test_embedding_interaction_bags_bad_input():
+    weight, offsets, cards = _tables(3, 4, torch.float32, "cpu")
+    x = torch.randn(2, 4)
+    good = _bags(2, cards, "cpu")
+    with pytest.raises(ValueError, match=r"3 \(indices, offsets\) bags, one per table"):
+        op(x, weight, offsets, good[:2])
+    with pytest.raises(TypeError, match=r"ids\[1\] must be an \(indices, offsets\) pair"):
+        op(x, weight, offsets, [good[0], good[1][0], good[2]])
+    with pytest.raises(
+        ValueError, match=r"ids\[2\] must be 1-D indices and 1-D offsets of length 2"
+    ):
+        op(x, weight, offsets, [*good[:2], (good[2][0], torch.zeros(3, dtype=torch.int64))])
+    with pytest.raises(TypeError, match=r"ids\[0\] indices"):
+        op(x, weight, offsets, [(good[0][0].float(), good[0][1]), *good[1:]])
+    bad_off = [(good[0][0], good[0][1] + 1), *good[1:]]
+    with pytest.raises(ValueError, match=r"ids\[0\] offsets must start at 0"):
+        op(x, weight, offsets, bad_off, check_ids=True)
+    big = [good[0], good[1], (good[2][0] + int(cards[2]), good[2][1])]
+    if big[2][0].numel():
+        with pytest.raises(ValueError, match=r"ids\[2\] indices must be in \[0, "):
+            op(x, weight, offsets, big, check_ids=True)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_embedding_interaction_bags_compile_fullgraph(device, backend):
+    weight, offsets, cards = _tables(3, 16, torch.float32, device, seed=5)
+    x = torch.randn(4, 16, device=device)
+    bags = _bags(4, cards, device, seed=5)
+    fn = torch.compile(lambda *a: op(*a, backend=backend), fullgraph=True)
+    assert_close_verbose(fn(x, weight, offsets, bags), _expected(x, weight, offsets, bags))

@@ -359,10 +359,28 @@ class ConcatEmbeddingBags(nn.Module):
         return self._table_ids(ids, self.cardinalities, keep_dtype=True)
 
     def _bags(self, bags: Bags) -> torch.Tensor:
-        if len(bags) != self.num_tables:
-            raise ValueError(f"sparse bags: expected {self.num_tables} tables, got {len(bags)}")
-        batch = bags[0][1].shape[0]
+        checked = self.bag_ids(bags)
+        batch = checked[0][1].shape[0]
         indices, offsets, start = [], [], 0
+        for t, (ids, off) in enumerate(checked):
+            indices.append(ids.long() + self.table_offsets[t])
+            offsets.append(off + start)
+            start += ids.shape[0]
+        # One call for all tables: bag t * B + b is bag b of table t.
+        pooled = F.embedding_bag(
+            torch.cat(indices), self.weight, torch.cat(offsets), mode="sum"
+        )  # (T * B, d)
+        return pooled.view(self.num_tables, batch, self.dim).transpose(0, 1)  # (B, T, d)
+
+    def bag_ids(self, bags: Bags) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """T ``(indices, offsets)`` bags as the forward takes them: shapes and offsets
+        checked, ids hashed (``hash_ids``) or range-checked (``check_ids``), each relative
+        to its table."""
+        if not isinstance(bags, (list, tuple)) or len(bags) != self.num_tables:
+            got = len(bags) if isinstance(bags, (list, tuple)) else type(bags).__name__
+            raise ValueError(f"sparse bags: expected {self.num_tables} tables, got {got}")
+        batch = bags[0][1].shape[0]
+        checked = []
         for t, (idx, off) in enumerate(bags):
             if idx.ndim != 1 or off.ndim != 1 or off.shape[0] != batch:
                 raise ValueError(
@@ -370,15 +388,11 @@ class ConcatEmbeddingBags(nn.Module):
                     f"of length {batch} (the batch), got {tuple(idx.shape)} and {tuple(off.shape)}"
                 )
             self._check_offsets(t, off, idx.shape[0])
-            ids = self._table_ids(idx.unsqueeze(1), self.cardinalities[t : t + 1], first=t)
-            indices.append(ids.squeeze(1) + self.table_offsets[t])
-            offsets.append(off + start)
-            start += idx.shape[0]
-        # One call for all tables: bag t * B + b is bag b of table t.
-        pooled = F.embedding_bag(
-            torch.cat(indices), self.weight, torch.cat(offsets), mode="sum"
-        )  # (T * B, d)
-        return pooled.view(self.num_tables, batch, self.dim).transpose(0, 1)  # (B, T, d)
+            ids = self._table_ids(
+                idx.unsqueeze(1), self.cardinalities[t : t + 1], first=t, keep_dtype=True
+            )
+            checked.append((ids.squeeze(1), off))
+        return checked
 
     def _table_ids(
         self, ids: torch.Tensor, sizes: torch.Tensor, first: int = 0, keep_dtype: bool = False

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fuseml.models.dlrm import DLRM, SparseInput
@@ -43,9 +42,10 @@ class FusedDLRM(DLRM):
     ``FusedLinear`` that layer reads the padded matrix with a zero-padded copy of its
     weight (kept per weight version), so no pad pass runs per call.
 
-    The fused path takes one-hot ids ((B, T) int32/int64) with the tables, x and the
-    top MLP in one dtype, on a CUDA device; multi-hot bags, mixed dtypes, CPU tensors and
-    training (autograd recording) run the DLRM's own forward (the same result).
+    The fused path takes one-hot ids ((B, T) int32/int64) or multi-hot bags (T
+    ``(indices, offsets)`` pairs) on a CUDA device; mixed dtypes (the bottom MLP's output
+    and the tables), CPU tensors and training (autograd recording) run the DLRM's own
+    stages (the same result).
     """
 
     # stage_range(name) -> a context manager around a stage (fuseml.apps.profile sets it
@@ -88,12 +88,13 @@ class FusedDLRM(DLRM):
             return super().forward(dense, sparse, return_logits)
         self._check_dense(dense)
         emb = self.embeddings
-        ids = emb.one_hot_ids(sparse)  # checked (or hashed) as the DLRM's forward does
         x = self.bottom_mlp(dense)  # (B, d)
-        if x.dtype != emb.weight.dtype:  # e.g. under autocast: the reference interaction
-            rows = F.embedding(ids.long() + emb.table_offsets[:-1], emb.weight)
-            logits = self.top_mlp(self.interaction(x, rows)).squeeze(1)
+        if x.dtype != emb.weight.dtype:  # e.g. under autocast: the DLRM's own stages
+            logits = self.top_mlp(self.interaction(x, emb(sparse))).squeeze(1)
             return logits if return_logits else torch.sigmoid(logits)
+        # checked (or hashed) as the DLRM's forward does
+        one_hot = isinstance(sparse, torch.Tensor)
+        ids = emb.one_hot_ids(sparse) if one_hot else emb.bag_ids(sparse)
         k = self.interaction.output_dim(x.shape[1])
         top = self._top_chain(x.dtype)
         width = interaction_width(k) if top is not None else k
@@ -148,7 +149,9 @@ class FusedDLRM(DLRM):
 
     def _fused_path(self, dense, sparse) -> bool:
         """Whether this call can take the fused kernel (else the DLRM's forward)."""
-        if not (isinstance(sparse, torch.Tensor) and isinstance(dense, torch.Tensor)):
-            return False  # bags (or a bad argument: the DLRM's forward names it)
+        if not isinstance(dense, torch.Tensor) or not isinstance(
+            sparse, (torch.Tensor, list, tuple)
+        ):
+            return False  # a bad argument: the DLRM's forward names it
         weight = self.embeddings.weight
         return call_backend("FusedDLRM", self.backend, dense, [weight]) == "triton"

@@ -24,7 +24,8 @@ import fuseml
 from fuseml.bench.harness import Case
 from fuseml.bench.suites._common import dtype_name, launch_bound
 from fuseml.data.synthetic import KAGGLE_CARDINALITIES
-from fuseml.ops.embedding_interaction import embedding_interaction_ref, gather_rows, num_pairs
+from fuseml.ops._interaction_kernels import gather_rows
+from fuseml.ops.embedding_interaction import embedding_interaction_ref, num_pairs
 
 BATCHES_FULL = [64, 256, 4096, 16384, 65536]
 BATCHES_QUICK = [64, 4096, 65536]

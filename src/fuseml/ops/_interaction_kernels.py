@@ -1,0 +1,278 @@
+"""The kernels of ``fuseml.ops.embedding_interaction``: the gather + dot interaction (one-hot
+ids or bags), its launch plan and launch, and a gather-only kernel (the ``interaction``
+bench suite's floor)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from fuseml.ops._utils import (
+    CompiledLaunches,
+    aligned16,
+    cdiv,
+    int_spec,
+    launches_skipped,
+    next_pow2,
+)
+from fuseml.runtime import triton_interpreting
+
+
+def num_pairs(num_features: int, self_interaction: bool = False) -> int:
+    """Entries of the kept triangle of an (F, F) Gram: F(F-1)/2, or F(F+1)/2 with the
+    diagonal."""
+    f = num_features
+    return f * (f + 1) // 2 if self_interaction else f * (f - 1) // 2
+
+
+@triton.jit
+def _round_to(v, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
+    """float32 v rounded to dtype, to nearest. The CPU interpreter truncates float32 to
+    bfloat16 (numpy has no bfloat16), a bias a two-rounding path (bags) makes visible:
+    there the rounding is done on the bits, the result an exact bfloat16 in float32."""
+    if INTERPRETED and dtype == tl.bfloat16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    return v.to(dtype)
+
+
+# Per sample it reads the T ids (4 or 8 bytes each), the T gathered rows and x's row (d
+# elements each) and writes one row of out_width elements; the table offsets are read once
+# per program. Kaggle's shape (T = 26, d = 16, bf16, int32 ids, 368 columns): 968 bytes
+# read and 736 written per sample.
+@triton.jit
+def _embedding_interaction_kernel(
+    x_ptr,  # (B, D) the bottom MLP's output
+    w_ptr,  # (rows, D) every table, concatenated
+    toff_ptr,  # (T + 1,) first row of each table in w (int32 or int64)
+    ids_ptr,  # (B, T) one id per table and sample, or (BAGS) every bag's ids, flat; each
+    # relative to its table
+    starts_ptr,  # BAGS: (T * B + 1,) where bag t * B + b starts in ids (CSR)
+    out_ptr,  # (B, OUT_W) contiguous: [x, the kept triangle, zeros]
+    n_rows,  # B
+    stride_xb,
+    stride_xd,
+    stride_w0,
+    stride_w1,
+    stride_t,
+    stride_ib,
+    stride_it,
+    D: tl.constexpr,  # embedding dim
+    F: tl.constexpr,  # features that interact: x and the T tables
+    PAIRS: tl.constexpr,  # kept Gram entries per sample
+    OUT_W: tl.constexpr,  # columns of out (>= D + PAIRS)
+    SELF: tl.constexpr,  # keep the Gram's diagonal
+    USE_DOT: tl.constexpr,  # Gram through tl.dot (else a broadcast multiply-sum)
+    BLOCK_B: tl.constexpr,  # samples per program
+    F_PAD: tl.constexpr,  # next power of two >= F (>= 16 with USE_DOT)
+    D_PAD: tl.constexpr,  # next power of two >= D (>= 16 with USE_DOT)
+    Z_PAD: tl.constexpr,  # next power of two >= OUT_W - D - PAIRS: the zero columns
+    UPCAST: tl.constexpr,  # interpreter only: dot float32 copies (see below)
+    BAGS: tl.constexpr,  # multi-hot: each table's row the sum of its bag's rows
+):
+    pid = tl.program_id(0)
+    b = pid.to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)  # (BLOCK_B,) int64 rows
+    f = tl.arange(0, F_PAD)
+    d = tl.arange(0, D_PAD)
+    b_ok = b < n_rows
+    d_ok = d < D
+
+    # Z = [x, e_1..e_T] as a (BLOCK_B, F_PAD, D_PAD) tile: feature f >= 1 is row
+    # table_offsets[f - 1] + ids[b, f - 1] of w, taken in int64 (tables past 2^31 rows)
+    is_emb = (f >= 1) & (f < F)
+    t = tl.where(is_emb, f - 1, 0)
+    first_row = tl.load(toff_ptr + t * stride_t, mask=is_emb, other=0).to(tl.int64)
+    id_mask = b_ok[:, None] & is_emb[None, :]
+    if BAGS:  # sum pooling in float32, rounded once to the table's dtype (as embedding_bag)
+        bag = t[None, :].to(tl.int64) * n_rows + b[:, None]  # (BLOCK_B, F_PAD)
+        first = tl.load(starts_ptr + bag, mask=id_mask, other=0).to(tl.int64)
+        count = tl.load(starts_ptr + bag + 1, mask=id_mask, other=0).to(tl.int64) - first
+        acc = tl.zeros((BLOCK_B, F_PAD, D_PAD), dtype=tl.float32)
+        for k in range(0, tl.max(tl.max(count, 1), 0)):
+            ok = id_mask & (k < count)
+            ids = tl.load(ids_ptr + first + k, mask=ok, other=0)
+            rows = first_row[None, :] + ids.to(tl.int64)
+            acc += tl.load(
+                w_ptr + rows[:, :, None] * stride_w0 + d[None, None, :] * stride_w1,
+                mask=ok[:, :, None] & d_ok[None, None, :],
+                other=0.0,
+            ).to(tl.float32)
+        e = _round_to(acc, w_ptr.dtype.element_ty, UPCAST)
+    else:
+        ids = tl.load(
+            ids_ptr + b[:, None] * stride_ib + t[None, :] * stride_it, mask=id_mask, other=0
+        )
+        rows = first_row[None, :] + ids.to(tl.int64)  # (BLOCK_B, F_PAD)
+        e_mask = id_mask[:, :, None] & d_ok[None, None, :]
+        e = tl.load(
+            w_ptr + rows[:, :, None] * stride_w0 + d[None, None, :] * stride_w1,
+            mask=e_mask,
+            other=0.0,
+        )
+    x_mask = b_ok[:, None] & d_ok[None, :]
+    xv = tl.load(x_ptr + b[:, None] * stride_xb + d[None, :] * stride_xd, mask=x_mask, other=0.0)
+    z = tl.where((f == 0)[None, :, None], xv[:, None, :], e)
+
+    # Gram per sample (BLOCK_B, F_PAD, F_PAD), accumulated in float32
+    if USE_DOT:
+        if UPCAST:  # the CPU interpreter multiplies bfloat16 dots wrongly (numpy has none);
+            z = z.to(tl.float32)  # products of 16-bit values are exact in float32
+        zt = tl.trans(z, 0, 2, 1)
+        if z.dtype == tl.float32:  # full float32 products, not TF32's 10-bit mantissas
+            gram = tl.dot(z, zt, input_precision="ieee")
+        else:  # 16-bit inputs: tensor cores, float32 accumulator
+            gram = tl.dot(z, zt)
+    else:
+        zf = z.to(tl.float32)
+        gram = tl.sum(zf[:, :, None, :] * zf[:, None, :, :], axis=3)
+
+    # Gram entry (i, j) of the kept triangle goes to column D + i(i-1)/2 + j (row-major
+    # tril_indices order; with the diagonal, D + i(i+1)/2 + j), stored straight from the
+    # accumulator: no shuffle of the Gram, only the kept entries written.
+    gi = f[:, None]
+    gj = f[None, :]
+    if SELF:
+        keep = (gj <= gi) & (gi < F)
+        col = gi * (gi + 1) // 2 + gj
+    else:
+        keep = (gj < gi) & (gi < F)
+        col = gi * (gi - 1) // 2 + gj
+    out_row = out_ptr + b * OUT_W  # (BLOCK_B,)
+    tl.store(
+        out_row[:, None, None] + D + col[None, :, :],
+        _round_to(gram, out_ptr.dtype.element_ty, UPCAST).to(out_ptr.dtype.element_ty),
+        mask=b_ok[:, None, None] & keep[None, :, :],
+    )
+    tl.store(out_row[:, None] + d[None, :], xv, mask=x_mask)
+    if OUT_W > D + PAIRS:  # the padding columns: zeros
+        z_col = D + PAIRS + tl.arange(0, Z_PAD)
+        zeros = tl.zeros((BLOCK_B, Z_PAD), dtype=out_ptr.dtype.element_ty)
+        tl.store(
+            out_row[:, None] + z_col[None, :], zeros, mask=b_ok[:, None] & (z_col < OUT_W)[None, :]
+        )
+
+
+# Samples and warps per program of the tensor-core form: 2 samples on 2 warps was the best
+# of 2-32 samples on 2-8 warps at d = 16 and d = 128, 4096 and 65536 rows (H200; kaggle
+# d = 16 at 65536 rows: 56 us against 66-124 for the others): many small programs keep
+# the most gathers in flight (docs/performance/dlrm.md).
+_DOT_BLOCK_B = 2
+_DOT_WARPS = 2
+# The broadcast form (fewer than 9 features): samples per program so that its largest
+# tile (the (F, F, d) product) fills about 64 float32 registers a thread on 4 warps.
+_TILE_ELEMS = 8192
+_MAX_BLOCK_B = 64
+
+
+@functools.cache
+def _plan(
+    d: int,
+    n_features: int,
+    self_interaction: bool,
+    out_width: int,
+    block_b: int | None = None,
+    num_warps: int | None = None,
+) -> tuple:
+    """(BLOCK_B, num_warps, constexprs) for one shape signature; ``block_b`` (a power of
+    two) and ``num_warps`` override the defaults (sweeps)."""
+    f_pad = next_pow2(n_features)
+    use_dot = f_pad >= 16
+    d_pad = max(next_pow2(d), 16) if use_dot else next_pow2(d)
+    pairs = num_pairs(n_features, self_interaction)
+    z_pad = next_pow2(max(1, out_width - d - pairs))
+    if block_b is None:
+        if use_dot:
+            block_b = _DOT_BLOCK_B
+        else:
+            per_sample = max(f_pad * f_pad * d_pad, z_pad)
+            block_b = max(1, min(_MAX_BLOCK_B, _TILE_ELEMS // per_sample))
+            block_b = 1 << (block_b.bit_length() - 1)  # a power of two
+    if num_warps is None:
+        num_warps = _DOT_WARPS if use_dot else 4
+    consts = (
+        d, n_features, pairs, out_width, int(self_interaction), use_dot,
+        block_b, f_pad, d_pad, z_pad, triton_interpreting(),
+    )  # fmt: skip
+    return block_b, num_warps, consts
+
+
+def _forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    table_offsets: torch.Tensor,
+    ids: torch.Tensor,
+    bag_starts: torch.Tensor | None,
+    self_interaction: bool,
+    out_width: int,
+    traced: bool,
+    block_b: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """The launch. ids: (B, T) one-hot, or with ``bag_starts`` (T * B + 1,) the flat ids
+    of every bag (see ``pack_bags``)."""
+    n_rows, d = x.shape
+    out = torch.empty((n_rows, out_width), dtype=x.dtype, device=x.device)
+    if n_rows == 0 or launches_skipped():
+        return out
+    # (int(): d and T become constexprs, static under torch.compile's tracing too)
+    n_tables = int(table_offsets.shape[0]) - 1
+    block_b, num_warps, consts = _plan(
+        int(d), n_tables + 1, self_interaction, int(out_width), block_b, num_warps
+    )
+    bags = bag_starts is not None
+    grid = (cdiv(n_rows, block_b),)
+    id_strides = (ids.stride(0), 0) if bags else (ids.stride(0), ids.stride(1))
+    ints = (
+        n_rows, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
+        table_offsets.stride(0), *id_strides,
+    )  # fmt: skip
+    starts = bag_starts if bags else ids  # (not read without bags)
+    args = (x, weight, table_offsets, ids, starts, out, *ints, *consts, bags)
+    if traced:
+        torch.library.wrap_triton(_embedding_interaction_kernel)[grid](*args, num_warps=num_warps)
+        return out
+    key = (
+        x.dtype, table_offsets.dtype, ids.dtype, starts.dtype, num_warps, consts, bags,
+        *map(int_spec, ints),
+    )  # fmt: skip
+    aligned = aligned16(x, weight, table_offsets, ids, starts, out)
+    _launches(grid, key, aligned, args, {"num_warps": num_warps})
+    return out
+
+
+# Eager calls launch through the compiled kernel's own launcher (host time per call)
+_launches = CompiledLaunches(_embedding_interaction_kernel)
+
+
+# ---------------------------------------------------------------------- the gather alone
+@triton.jit
+def _gather_rows_kernel(
+    w_ptr, toff_ptr, ids_ptr, out_ptr, n_ids, T: tl.constexpr, D: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """out[k] = w[toff[k % T] + ids[k]] for the flat (b, t) index k: the gather alone."""
+    k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = k < n_ids
+    ids = tl.load(ids_ptr + k, mask=ok, other=0)
+    row = tl.load(toff_ptr + k % T, mask=ok, other=0) + ids.to(tl.int64)
+    d = tl.arange(0, D)
+    v = tl.load(w_ptr + row[:, None] * D + d[None, :], mask=ok[:, None])
+    tl.store(out_ptr + k[:, None] * D + d[None, :], v, mask=ok[:, None])
+
+
+def gather_rows(weight, table_offsets, ids) -> torch.Tensor:
+    """(B, T, d): row table_offsets[t] + ids[b, t] of ``weight`` (contiguous tensors, ids
+    valid), nothing computed: the floor of any gather at these ids (the ``interaction``
+    bench suite's reference), not a user op."""
+    n, t = ids.shape
+    d = weight.shape[1]
+    out = torch.empty((n, t, d), dtype=weight.dtype, device=weight.device)
+    block = max(16, 2048 // d)
+    _gather_rows_kernel[(triton.cdiv(n * t, block),)](
+        weight, table_offsets, ids, out, n * t, t, d, block, num_warps=4
+    )
+    return out
