@@ -86,25 +86,23 @@ def _seed():
 
 
 @pytest.fixture
-def tuned_gemm_call(monkeypatch):
-    """As on a Hopper GPU at decode-like rows (LOOP_TUNED): ``run(cfg, fn)`` calls ``fn``
-    with the GEMM config forced to ``cfg`` and returns its output and the LoraLaunch of
-    every TMA-kernel launch it made (None for a plain layer). For calls that take no
-    ``loop=`` / ``config=`` of their own (plain layers: ``linear_rows`` takes both)."""
+def tma_launches(monkeypatch):
+    """As on a Hopper GPU at decode-like rows (LOOP_TUNED): ``record(fn)`` calls ``fn`` and
+    returns its output and the LoraLaunch of every TMA-kernel launch it made (None for a
+    plain layer)."""
     from fuseml.ops import gemm
 
     monkeypatch.setattr(gemm.launch, "_tma_device", lambda t: True)
     launch = gemm.launch._launch_tma
 
-    def run(cfg, fn):
+    def record(fn):
         used = []
-        monkeypatch.setattr(gemm.launch, "choose_config", lambda *a, **k: cfg)
         monkeypatch.setattr(
             gemm.launch, "_launch_tma", lambda *a, **k: used.append(a[-1]) or launch(*a, **k)
         )
         return fn(), used
 
-    return run
+    return record
 
 
 @pytest.fixture

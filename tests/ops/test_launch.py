@@ -143,9 +143,6 @@ def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch, every_argume
     seen = every_argument
     want = {"in_loop": gemm.LORA_IN_LOOP, "expand": gemm.LORA_EXPAND}.get(mode)
     want = {"joint": gemm.LORA_JOINT, "spread": gemm.LORA_SPREAD}.get(mode, want)
-    monkeypatch.setattr(gemm.launch, "pdl_available", lambda x, traced: mode != "in_loop")
-    monkeypatch.setattr(lora_mod, "capturing", lambda x: True)
-    monkeypatch.setattr(lora_mod, "_tuned_mode", lambda *a, **k: want)
     x = torch.randn(40, 64)
     w, b = torch.randn(48, 64), torch.randn(48)
     a, bb = torch.randn(8, 64), torch.randn(48, 8)
@@ -153,7 +150,11 @@ def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch, every_argume
         linear_mod.linear_rows(x, w, b, None, 1.0, 1, loop="tma")  # 1: relu
         assert seen == [gemm.tma._linear_tma_kernel]
     else:
-        path = lora_mod.LoraPath(loop="tma")  # (in-loop on the TMA kernel: forced)
+        # (in-loop on the TMA kernel: forced; the other modes as in a graph capture)
+        overlap = mode != "in_loop"
+        path = lora_mod.LoraPath(
+            loop="tma", overlap=overlap, capture=True, mode=want if overlap else None
+        )
         fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, backend="triton", path=path)
         assert gemm.tma._lora_tma_kernel in seen
 

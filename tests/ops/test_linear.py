@@ -948,20 +948,26 @@ def test_pad_k_rule():
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
-def test_linear_padded_k(device, backend, monkeypatch):
-    """The padded-K path (forced here on any device): x and W zero-padded, the same result;
-    W's padded copy is made once per weight and version."""
-    monkeypatch.setattr(linear_mod, "padded_k", lambda x2, k, traced: linear_mod.pad_k_rule(40, k))
+def test_linear_padded_k(device, backend):
+    """The padded-K path (asked for here on any device): x and W zero-padded, the same
+    result; W's padded copy is made once per weight and version."""
     x, w, b, r = _inputs(40, 100, 24, torch.float32, device, lead=(2,))
     x = x[..., :99]  # strided rows, K = 99 -> 112
     w = w[:, :99].contiguous()
-    out = fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
+    code = ACT_CODE["gelu"]
+
+    def call():
+        return linear_mod.linear_rows(x, w, b, r, 0.5, code, pad_to=112)
+
+    kept = dict(_utils._KEPT)
+    out = call()
     assert_close_verbose(out, _ref64(x, w, b, "gelu", r, 0.5), torch.float32)
+    assert len(_utils._KEPT) == len(kept) + 1  # W's padded copy, kept
     held = dict(_utils._KEPT)
-    fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
+    call()
     assert dict(_utils._KEPT) == held  # the padded W was reused
     w.mul_(2.0)  # a new version: padded again
-    out = fuseml.ops.linear(x, w, b, "gelu", r, 0.5, backend=backend)
+    out = call()
     assert_close_verbose(out, _ref64(x, w, b, "gelu", r, 0.5), torch.float32)
 
 

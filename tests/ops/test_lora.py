@@ -326,13 +326,13 @@ def test_lora_large_batch_tuned_gpu(adapters, r, fresh_tuning):
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("adapters", [None, 3])
 @pytest.mark.parametrize("pdl", [False, True])
-def test_lora_small_rows_tuned_loop(device, backend, adapters, pdl, tuned_gemm_call, monkeypatch):
+def test_lora_small_rows_tuned_loop(device, backend, adapters, pdl, tma_launches, monkeypatch):
     """Decode-like rows on a Hopper GPU (LOOP_TUNED): a config flagged TMA runs the LoRA
     launches on the TMA kernel (in-loop: A through a descriptor; with PDL the shrink and
     expand launches), any other the pointer kernel."""
     from fuseml.ops.gemm import launch as _gemm
 
-    path = LoraPath(overlap=True, capture=True) if pdl else None
+    forced = {"overlap": True, "capture": True} if pdl else {}
     if not pdl:
         monkeypatch.setenv("FUSEML_PDL", "0")
     want_modes = [_gemm.LORA_SHRINK, _gemm.LORA_EXPAND] if pdl else [_gemm.LORA_IN_LOOP]
@@ -345,9 +345,9 @@ def test_lora_small_rows_tuned_loop(device, backend, adapters, pdl, tuned_gemm_c
     cands = _gemm.candidates(5, 40, 64, dtype, _gemm.LOOP_TUNED)
     for want_tma in (True, False):
         cfg = next(c for c in cands if bool(c.get("TMA")) == want_tma)
-        out, used = tuned_gemm_call(
-            cfg,
-            lambda: fuseml.ops.lora_linear(
+        path = LoraPath(**forced, config=cfg)
+        out, used = tma_launches(
+            lambda path=path: fuseml.ops.lora_linear(
                 x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend=backend, path=path
             ),
         )
@@ -375,7 +375,7 @@ def test_lora_small_rows_tuned_gpu(m, adapters, pdl, fresh_tuning, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("mode", ["in_loop", "pdl", "joint", "spread", "spread16"])
-def test_lora_mid_rows_every_tma_tile_gpu(mode, tuned_gemm_call, monkeypatch):
+def test_lora_mid_rows_every_tma_tile_gpu(mode, tma_launches, monkeypatch):
     """65 to TMA_TUNED_MAX_M rows: every TMA tile the tuner may pick there (the deep
     pipelines too: up to 192 KiB of shared memory before the adapter's own buffers) runs
     the LoRA launches, in-loop, as the overlapped shrink / expand, as the joint launch and
@@ -384,14 +384,14 @@ def test_lora_mid_rows_every_tma_tile_gpu(mode, tuned_gemm_call, monkeypatch):
     ragged sizes."""
     from fuseml.ops.gemm import launch as _gemm
 
-    path = None
+    forced = {}
     if mode == "in_loop":
         monkeypatch.setenv("FUSEML_PDL", "0")
     else:
         want_mode = {"joint": _gemm.LORA_JOINT, "pdl": _gemm.LORA_EXPAND}.get(
             mode, _gemm.LORA_SPREAD
         )
-        path = LoraPath(capture=True, mode=want_mode)
+        forced = {"capture": True, "mode": want_mode}
     dtype = torch.bfloat16
     m, k, n = 200, 1024, 1000
     adapters = 16 if mode == "spread16" else None
@@ -410,9 +410,9 @@ def test_lora_mid_rows_every_tma_tile_gpu(mode, tuned_gemm_call, monkeypatch):
         tiles = [c for c in tiles if fits(c)]
         assert len(tiles) >= 3, tiles
     for cfg in tiles:
-        out, used = tuned_gemm_call(
-            cfg,
-            lambda: fuseml.ops.lora_linear(
+        path = LoraPath(**forced, config=cfg)
+        out, used = tma_launches(
+            lambda path=path: fuseml.ops.lora_linear(
                 x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend="triton", path=path
             ),
         )
@@ -428,13 +428,12 @@ def test_lora_mid_rows_every_tma_tile_gpu(mode, tuned_gemm_call, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("adapters", [None, 4])
-def test_lora_joint_persistent_every_tma_tile_gpu(adapters, tuned_gemm_call, monkeypatch):
+def test_lora_joint_persistent_every_tma_tile_gpu(adapters, tma_launches, monkeypatch):
     """Past IN_LOOP_MAX_M rows the joint launch's GEMM programs walk several tiles each
     (a persistent grid smaller than the SM count, the SMs left computing xs) and wait per
     row tile: every large TMA tile, ragged sizes, single and mixed batches."""
     from fuseml.ops.gemm import launch as _gemm
 
-    path = LoraPath(mode=_gemm.LORA_JOINT)
     grids = []
     compiled = _gemm._lora_tma_launches
     monkeypatch.setattr(
@@ -453,10 +452,10 @@ def test_lora_joint_persistent_every_tma_tile_gpu(adapters, tuned_gemm_call, mon
     for cfg in tiles:
         grids.clear()
         bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+        path = LoraPath(mode=_gemm.LORA_JOINT, config=cfg)
         try:
-            out, used = tuned_gemm_call(
-                cfg,
-                lambda: fuseml.ops.lora_linear(
+            out, used = tma_launches(
+                lambda path=path: fuseml.ops.lora_linear(
                     x, w, b, a, bb, 0.5, "relu", adapter_ids=ids, backend="triton", path=path
                 ),
             )

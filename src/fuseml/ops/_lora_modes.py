@@ -4,6 +4,8 @@ between modes, and how each mode runs the shrink (x @ A^T) and the main GEMM lau
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from fuseml.ops import gemm
@@ -12,6 +14,22 @@ from fuseml.ops.gemm import launch as _gemm
 from fuseml.ops.linear import linear_rows
 
 TMA_MAX_R = 64  # stacked LoRA columns the TMA kernel's fp32 epilogue takes (see lora_rows)
+
+
+class Force(NamedTuple):
+    """What a caller forces on every GEMM launch of one fused layer (``LoraPath``'s loop
+    and config): loop "auto" | "tma" | "ptr" (as ``main_loop``'s force); config a launch
+    config taken instead of the tuned one (None: tuned)."""
+
+    loop: str = "auto"
+    config: dict | None = None
+
+    def choose(self, *args, **kwargs) -> dict:
+        """``config``, else ``_gemm.choose_config(*args, **kwargs)``."""
+        return self.config or _gemm.choose_config(*args, **kwargs)
+
+
+AUTO = Force()
 
 
 def main_loop(x2: torch.Tensor, weight: torch.Tensor, traced: bool, force: str = "auto") -> int:
@@ -27,7 +45,7 @@ def _tuned_mode(
     default: int,
     overlap: bool = True,
     wide: bool = False,
-    force_loop: str = "auto",
+    force: Force = AUTO,
 ) -> int:
     """The LoRA mode for this shape bucket, from the tuning cache, else each timed whole
     (with its own tuned tiles) and the fastest kept: LORA_IN_LOOP, LORA_EXPAND with its
@@ -36,8 +54,7 @@ def _tuned_mode(
     IN_LOOP_MAX_R columns (several adapters), where in-loop and joint cannot run: the
     overlapped LORA_EXPAND or LORA_SPREAD where it can run. (The spread launch is offered
     to wide stacks only: for one adapter it lost at every size measured, and each mode
-    timed adds to a first call.) force_loop: as ``main_loop``'s force, for the launches
-    timed."""
+    timed adds to a first call.) force: for the launches timed."""
     from fuseml.ops import _tune
 
     _out, x2, weight, *_rest, ids, _code, _traced = args
@@ -63,9 +80,7 @@ def _tuned_mode(
         )
 
     def bench(cfg: dict) -> float:
-        return _tune.gpu_time_ms(
-            lambda: _run_mode(cfg["LORA"], loop, overlap, *args, force_loop=force_loop)
-        )
+        return _tune.gpu_time_ms(lambda: _run_mode(cfg["LORA"], loop, overlap, *args, force=force))
 
     def modes() -> list[dict]:
         found = [{"LORA": _gemm.LORA_EXPAND}]
@@ -115,12 +130,12 @@ def _spread_ok(loop: int, x2: torch.Tensor, n: int, a_stacked: torch.Tensor) -> 
 
 def _run_mode(
     mode, loop, pdl, out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code,
-    traced, *, force_loop: str = "auto",
+    traced, *, force: Force = AUTO,
 ) -> None:  # fmt: skip
     """Writes the fused layer to ``out`` in LoRA mode ``mode`` (see fuseml.ops.gemm); pdl:
-    the expand mode's two launches overlap; force_loop: as ``main_loop``'s force (the
-    shrink's and the precomputed x @ A^T's loop, and in-loop on the TMA kernel where it
-    names "tma")."""
+    the expand mode's two launches overlap; force: the loop (the shrink's and the
+    precomputed x @ A^T's, and in-loop on the TMA kernel where it names "tma") and the
+    config of every launch."""
     k = x2.shape[1]
     n = weight.shape[0]
     r = a_stacked.shape[0]
@@ -129,9 +144,9 @@ def _run_mode(
     if mode == _gemm.LORA_IN_LOOP:
         if loop != _gemm.LOOP_PTR:
             # In-loop inside the TMA kernel (A through a descriptor): a tuning candidate for
-            # decode-like rows (LOOP_TUNED), or forced (force_loop "tma"); otherwise in-loop
+            # decode-like rows (LOOP_TUNED), or forced (force.loop "tma"); otherwise in-loop
             # takes the pointer kernel.
-            forced = loop == _gemm.LOOP_TMA and force_loop == "tma"
+            forced = loop == _gemm.LOOP_TMA and force.loop == "tma"
             if not (_gemm.tma_eligible(a_stacked) and (loop == _gemm.LOOP_TUNED or forced)):
                 loop = _gemm.LOOP_PTR
     elif mode in (_gemm.LORA_JOINT, _gemm.LORA_SPREAD):
@@ -150,14 +165,14 @@ def _run_mode(
         if pdl:
             _overlapped_expand(
                 out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code,
-                traced, loop, force_loop,
+                traced, loop, force,
             )  # fmt: skip
             return
-        xa = _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, force_loop)
+        xa = _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, force)
     else:  # precomputed: x @ A^T in float32, by the same kernel; the epilogue scales, masks
         xa = linear_rows(
             x2, a_stacked, None, None, 1.0, 0, traced=traced, out_dtype=torch.float32,
-            loop=force_loop,
+            loop=force.loop, config=force.config,
         )  # fmt: skip
         if r_pad > TMA_MAX_R:
             # More than one epilogue step of the fp32 mode overflows the TMA kernel's
@@ -179,16 +194,16 @@ def _run_mode(
             _gemm.LORA_EXPAND, loop, False, out, x2, weight, b, a_stacked, b_stacked, xa,
             ids, scales, scaling, rank, code, traced,
         )  # fmt: skip
-        run(_gemm.choose_config("linear", x2, n, k, expand, expand_extra, loop))
+        run(force.choose("linear", x2, n, k, expand, expand_extra, loop))
         return
     if mode == _gemm.LORA_SPREAD:
         fits = _spread_fits(x2, n, a_stacked)
-        cfg = _gemm.choose_config("linear", x2, n, k, run, extra, loop, tma_only=True, fits=fits)
+        cfg = force.choose("linear", x2, n, k, run, extra, loop, tma_only=True, fits=fits)
         if not fits(cfg):  # the untuned default (inside a capture, say): the first that fits
             cfg = _spread_configs(loop, x2, n, a_stacked)[0]
         run(cfg)
         return
-    run(_gemm.choose_config("linear", x2, n, k, run, extra, loop, tma_only=joint))
+    run(force.choose("linear", x2, n, k, run, extra, loop, tma_only=joint))
 
 
 def _main_launch(
@@ -213,7 +228,7 @@ def _main_launch(
 
 def _overlapped_expand(
     out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code, traced, loop,
-    force_loop="auto",
+    force=AUTO,
 ) -> None:  # fmt: skip
     """The expand mode's two launches overlapped (programmatic dependent launch): the
     shrink writes xs while the main launch streams W, which waits for xs only before its
@@ -237,9 +252,9 @@ def _overlapped_expand(
         _gemm.LORA_EXPAND, loop, True, out, x2, weight, b, a_stacked, b_stacked, xs, ids,
         scales, scaling, rank, code, traced,
     )  # fmt: skip
-    main_alone = _gemm.choose_config("linear", x2, n, k, main, extra, loop)
+    main_alone = force.choose("linear", x2, n, k, main, extra, loop)
     shrink, shrink_loop = _shrink_launch(
-        xs, x2, a_stacked, rank, scaling, scales, ids, traced, True, force_loop
+        xs, x2, a_stacked, rank, scaling, scales, ids, traced, True, force.loop
     )
 
     def pair(cfg: dict) -> None:
@@ -250,7 +265,9 @@ def _overlapped_expand(
         f"shrinkpdl{'m' if ids is not None else ''}{_gemm.loop_key(shrink_loop)}"
         f":n{n}{_gemm.loop_key(loop)}"
     )
-    shrink_cfg = _shrink_config(x2, a_stacked, ids, rank, pair, shrink_extra, shrink_loop)
+    shrink_cfg = force.config or _shrink_config(
+        x2, a_stacked, ids, rank, pair, shrink_extra, shrink_loop
+    )
 
     def main_pair(cfg: dict) -> None:
         shrink(shrink_cfg)
@@ -258,7 +275,7 @@ def _overlapped_expand(
 
     main_cfg = main_alone
     if ids is not None and r > rank:
-        main_cfg = _gemm.choose_config("linear", x2, n, k, main_pair, extra + "pair", loop)
+        main_cfg = force.choose("linear", x2, n, k, main_pair, extra + "pair", loop)
     shrink(shrink_cfg)
     main(main_cfg)
 
@@ -271,7 +288,7 @@ def _expand_tma(r: int, b_stacked: torch.Tensor) -> bool:
     return r % 8 == 0 and _gemm.tma_eligible(b_stacked)
 
 
-def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, force_loop="auto") -> torch.Tensor:
+def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, force=AUTO) -> torch.Tensor:
     """xs = (x @ A^T) * scaling, each row keeping only its adapter's columns (MULTI), in
     x's dtype: the first launch of the expand mode in stream order (the rounding the
     unmerged chain does; ``_overlapped_expand`` runs its overlapped form)."""
@@ -279,11 +296,11 @@ def _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, force_loop="auto"
     r = a_stacked.shape[0]
     xs = torch.empty((m, r), dtype=x2.dtype, device=x2.device)
     run, loop = _shrink_launch(
-        xs, x2, a_stacked, rank, scaling, scales, ids, traced, False, force_loop
+        xs, x2, a_stacked, rank, scaling, scales, ids, traced, False, force.loop
     )
     if m:
         extra = f"shrink{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"
-        run(_shrink_config(x2, a_stacked, ids, rank, run, extra, loop))
+        run(force.config or _shrink_config(x2, a_stacked, ids, rank, run, extra, loop))
     return xs
 
 

@@ -79,7 +79,7 @@ def pad_k_rule(m, k: int) -> int:
     return -(-k // PAD_K_TO) * PAD_K_TO
 
 
-def _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop):
+def _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pad_to=None):
     """A linear call up to its launch, shared by ``linear_rows`` and ``linear_choice`` so
     that the query answers for the very launch the call makes: (out, loop, pick, run), with
     out the (M, N) output, loop gemm_loop's choice, pick(config) the config the launch takes
@@ -91,7 +91,7 @@ def _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop):
     out = torch.empty((x2.shape[0], n), dtype=out_dtype or x.dtype, device=x.device)
     res2 = None if residual is None else as_rows(residual.reshape(-1, n))
     b = None if bias is None else bias.contiguous()
-    kp = padded_k(x2, k, traced)
+    kp = padded_k(x2, k, traced) if pad_to is None else pad_to
     if kp != k:  # zero columns: the same sums, from aligned rows
         if keeps_derived(weight):  # W padded once (per version), x per call
             weight = kept_derived(weight, "padk", lambda w: pad_k(kp, w)[0], keep=True)
@@ -142,14 +142,18 @@ def linear_rows(
     out_dtype: torch.dtype | None = None,
     loop: str = "auto",
     config: dict | None = None,
+    pad_to: int | None = None,
 ) -> torch.Tensor:
     """act(x @ W^T + bias + alpha * residual) for validated inputs, shaped (..., N).
 
     loop: the main loop, "auto" or forced ("tma", "ptr", "tuned"; see ``gemm_loop``). config: this
-    launch config instead of the tuned one (tests). ``linear_choice`` names the config and
+    launch config instead of the tuned one (tests). pad_to: the K the GEMM runs at (x and W
+    zero-padded to it) instead of ``padded_k``'s. ``linear_choice`` names the config and
     kernel a call takes.
     """
-    out, _, pick, run = _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop)
+    out, _, pick, run = _prepare(
+        x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pad_to
+    )
     if out.numel():
         run(pick(config))
     flat = x.dim() == 2  # (the common case: no view of the output)

@@ -30,6 +30,7 @@ from fuseml.ops._lora_adapters import (
     stack_adapters,
 )
 from fuseml.ops._lora_modes import (
+    Force,
     _expand_tma,
     _joint_ok,
     _run_mode,
@@ -79,6 +80,8 @@ class LoraPath:
     LORA_JOINT and LORA_SPREAD fall back to LORA_EXPAND where they cannot run.
     in_loop_max_m: rows up to which the one-launch small-batch modes apply. b3d_max_m:
     rows up to which ``lora_linear`` reads a multi-adapter B in place (``stack_adapters``).
+    config: a GEMM launch config (a candidate of ``fuseml.ops.gemm.candidates``) taken by
+    every launch of the layer instead of the tuned ones.
     """
 
     loop: str = "auto"
@@ -87,6 +90,7 @@ class LoraPath:
     mode: int | None = None
     in_loop_max_m: int = IN_LOOP_MAX_M
     b3d_max_m: int = B3D_MAX_M
+    config: dict | None = None
 
 
 _AUTO = LoraPath()
@@ -191,7 +195,7 @@ def lora_rows(
             mode = _chosen_mode(path, args, loop, mode, overlap=False)
     else:
         mode = _gemm.LORA_PRECOMPUTED
-    _run_mode(mode, loop, pdl, *args, force_loop=path.loop)
+    _run_mode(mode, loop, pdl, *args, force=Force(path.loop, path.config))
     return out.view(*x.shape[:-1], n)
 
 
@@ -199,7 +203,7 @@ def _chosen_mode(path: LoraPath, args: tuple, loop: int, default: int, **kw) -> 
     """The tuned LoRA mode (``_tuned_mode``), or the one ``path`` forces."""
     forced = path.mode
     if forced is None:
-        return _tuned_mode(args, loop, default, force_loop=path.loop, **kw)
+        return _tuned_mode(args, loop, default, force=Force(path.loop, path.config), **kw)
     x2, weight, a_stacked = args[1], args[2], args[4]
     if forced == _gemm.LORA_SPREAD and not _spread_ok(loop, x2, weight.shape[0], a_stacked):
         return _gemm.LORA_EXPAND
