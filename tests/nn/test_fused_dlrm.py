@@ -238,3 +238,17 @@ def test_fused_dlrm_bags(device, backend, dtype, monkeypatch):
     if bad[3][0].numel():
         with torch.no_grad(), pytest.raises(ValueError, match=r"sparse ids of table 3 \(C4\)"):
             fused(dense, bad)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_fused_dlrm_compiles_fullgraph(device, backend):
+    """torch.compile(fuseml.optimize(model), fullgraph=True): one graph, the fused ops
+    inside it, the same predictions."""
+    model = _model("kaggle", device, torch.float32)
+    model.embeddings.check_ids = False
+    fused, _ = fuseml.optimize(model, backend=backend)
+    compiled = torch.compile(fused, fullgraph=True)
+    dense, sparse = _inputs(model, 8, device)
+    with torch.no_grad():
+        out = compiled(dense, sparse)
+    assert_close_verbose(out, _ref64(model, dense, sparse))

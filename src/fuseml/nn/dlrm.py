@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fuseml.models.dlrm import DLRM, SparseInput
@@ -29,6 +30,14 @@ def interaction_width(k: int) -> int:
     if k % PAD_K_TO == 0 or not 64 < k < PAD_K_MAX:
         return k
     return -(-k // PAD_K_TO) * PAD_K_TO
+
+
+def _padded(weight: torch.Tensor, width: int) -> torch.Tensor:
+    """weight with zero columns up to ``width``: kept per weight version on direct calls
+    (one pad launch per version), a traced pad under torch.compile."""
+    if torch.compiler.is_compiling():
+        return F.pad(weight, (0, width - weight.shape[1]))
+    return kept_derived(weight, "dlrm-pad", lambda t: pad_k(width, t)[0])
 
 
 class FusedDLRM(DLRM):
@@ -112,9 +121,8 @@ class FusedDLRM(DLRM):
             logits = self.top_mlp(z).squeeze(1)
             return logits if return_logits else torch.sigmoid(logits)
         weights, biases, acts = top
-        if width != k:  # the first weight padded with zero columns, kept per version
-            w0 = weights[0]
-            weights = [kept_derived(w0, "dlrm-pad", lambda t: pad_k(width, t)[0]), *weights[1:]]
+        if width != k:  # the first weight padded with zero columns
+            weights = [_padded(weights[0], width), *weights[1:]]
         sigmoid_in_chain = not return_logits and acts[-1] == "none"
         if sigmoid_in_chain:
             acts = [*acts[:-1], "sigmoid"]
