@@ -1,5 +1,5 @@
-"""Lazy build and load of fuseml's CUDA C++ extension (``csrc/elementwise.cu`` and
-``csrc/softmax.cu``, one library).
+"""Lazy build and load of fuseml's CUDA C++ extension (``csrc/elementwise.cu``,
+``csrc/softmax.cu`` and ``csrc/interaction.cu``, one library).
 
 The extension registers ``torch.ops.fuseml.bias_act_cuda_out``::
 
@@ -11,7 +11,15 @@ which writes ``act(x + bias + alpha * y)`` into ``out`` (``activation``: a code 
 
     softmax_cuda_out(Tensor x, bool log, Tensor(a!) out) -> ()
 
-which writes the softmax (``log``: log-softmax) of each row of the 2-D ``x`` into ``out``.
+which writes the softmax (``log``: log-softmax) of each row of the 2-D ``x`` into ``out``;
+and ``torch.ops.fuseml.embedding_interaction_cuda_out``::
+
+    embedding_interaction_cuda_out(Tensor x, Tensor weight, Tensor table_offsets,
+                                   Tensor ids, Tensor? bag_starts, bool self_interaction,
+                                   Tensor(a!) out) -> ()
+
+which writes DLRM's ``[x, tril(Z Z^T), zeros]`` rows into ``out`` (see
+``fuseml.ops.embedding_interaction``).
 
 Importing this module is free: torch is imported, and nvcc runs, only on the first call
 to :func:`status`, and the outcome, success or the reason
@@ -38,7 +46,7 @@ log = logging.getLogger("fuseml")
 EXT_NAME = "fuseml_cuda_ext"
 _CSRC = Path(__file__).resolve().parent / "csrc"
 # Compiled as separate translation units (in parallel under ninja) into one library.
-SOURCES = (_CSRC / "elementwise.cu", _CSRC / "softmax.cu")
+SOURCES = (_CSRC / "elementwise.cu", _CSRC / "softmax.cu", _CSRC / "interaction.cu")
 OP_NAME = "fuseml::bias_act_cuda_out"
 
 _lock = threading.Lock()
@@ -234,8 +242,13 @@ def _register_fake() -> None:
     def _softmax_cuda_out_fake(x, log, out) -> None:
         return None
 
+    def _interaction_cuda_out_fake(x, weight, offsets, ids, starts, self_, out) -> None:
+        return None
+
     for name, fake in ((OP_NAME, _bias_act_cuda_out_fake),
-                       ("fuseml::softmax_cuda_out", _softmax_cuda_out_fake)):  # fmt: skip
+                       ("fuseml::softmax_cuda_out", _softmax_cuda_out_fake),
+                       ("fuseml::embedding_interaction_cuda_out",
+                        _interaction_cuda_out_fake)):  # fmt: skip
         try:
             torch.library.register_fake(name)(fake)
         except RuntimeError as exc:

@@ -10,11 +10,12 @@ from fuseml.runtime import triton_interpreting
 
 def test_registered_and_well_formed():
     assert SUITES["interaction"] is interaction
+    assert "cuda" not in next(interaction.cases(quick=True, cuda=False)).arms
     for quick in (True, False):
         cases = list(interaction.cases(quick=quick))
         assert len({c.name for c in cases}) == len(cases)
         for case in cases:
-            assert list(case.arms) == ["torch", "compile", "triton", "gather"]
+            assert list(case.arms) == ["torch", "compile", "triton", "cuda", "gather"]
             assert case.unchecked_arms == ("gather",) and case.bytes > 0 and case.flops > 0
             assert {"config", "dtype", "batch"} <= set(case.params)
             assert case.params["shape"][1] % 16 == 0  # the top MLP's aligned width

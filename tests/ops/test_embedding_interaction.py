@@ -6,7 +6,7 @@ from fuseml.models.dlrm import DLRM, DLRMConfig
 from fuseml.ops.embedding_interaction import embedding_interaction_ref, num_pairs, pack_bags
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_allocator
 
-TARGETS = fused_targets(cuda_twin=False)
+TARGETS = fused_targets()
 op = fuseml.ops.embedding_interaction
 
 
@@ -234,7 +234,10 @@ def test_embedding_interaction_bad_input():
         op(x, weight, offsets, ids, out_width=12.0)
     with pytest.raises(ValueError, match="backend must be one of"):
         op(x, weight, offsets, ids, backend="fast")
-    with pytest.raises(ValueError, match="backend='cuda' is not offered"):
+    with pytest.raises(
+        ValueError,
+        match="backend='cuda' is unavailable here: the CUDA C\\+\\+ backend runs on CUDA",
+    ):
         op(x, weight, offsets, ids, backend="cuda")
     other = "cuda" if torch.cuda.is_available() else "meta"
     with pytest.raises(ValueError, match="all tensors must be on one device"):
@@ -249,7 +252,8 @@ def test_embedding_interaction_bad_input():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("self_interaction", [False, True])
 @pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
-def test_embedding_interaction_kaggle_size_on_gpu(self_interaction, id_dtype):
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+def test_embedding_interaction_kaggle_size_on_gpu(self_interaction, id_dtype, impl):
     """Kaggle's shape (B = 4096, T = 26, d = 16, bf16), tables of a few thousand rows,
     padded to a multiple of 8 columns; first and repeat call."""
     n_tables, dim, batch, dtype = 26, 16, 4096, torch.bfloat16
@@ -264,7 +268,7 @@ def test_embedding_interaction_kaggle_size_on_gpu(self_interaction, id_dtype):
     for _ in range(2):
         poison_allocator()
         out = op(x, weight, offsets, ids, self_interaction=self_interaction,
-                 out_width=padded, backend="triton")  # fmt: skip
+                 out_width=padded, backend=impl)  # fmt: skip
         assert out.shape == (batch, padded) and out.dtype == dtype
         assert torch.equal(out[:, :dim], x)
         assert torch.equal(out[:, width:], torch.zeros_like(out[:, width:]))
@@ -274,7 +278,8 @@ def test_embedding_interaction_kaggle_size_on_gpu(self_interaction, id_dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_embedding_interaction_in_cuda_graph(dtype):
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+def test_embedding_interaction_in_cuda_graph(dtype, impl):
     """Captured once, replayed on new ids and x written into the captured inputs."""
     from fuseml.testing import capture_graph, replay_poisoned
 
@@ -282,7 +287,7 @@ def test_embedding_interaction_in_cuda_graph(dtype):
     weight, offsets, cards = _tables(n_tables, dim, dtype, "cuda", max_rows=1000, seed=5)
     x = torch.randn(batch, dim, dtype=dtype, device="cuda")
     ids = _ids(batch, cards, torch.int32, "cuda")
-    graph, out = capture_graph(lambda: op(x, weight, offsets, ids, out_width=376))
+    graph, out = capture_graph(lambda: op(x, weight, offsets, ids, out_width=376, backend=impl))
     for _ in range(2):
         x.copy_(torch.randn_like(x))
         ids.copy_(_ids(batch, cards, torch.int32, "cuda"))
@@ -293,7 +298,8 @@ def test_embedding_interaction_in_cuda_graph(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_embedding_interaction_rows_past_int32_offsets():
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+def test_embedding_interaction_rows_past_int32_offsets(impl):
     """Rows whose element offset (row * d) passes 2^31: the second table starts at row
     2^27 of a d = 16 weight (4.3 GB in bf16)."""
     dim, first = 16, 2**27
@@ -301,7 +307,7 @@ def test_embedding_interaction_rows_past_int32_offsets():
     offsets = torch.tensor([0, first, first + 1000], device="cuda")
     x = torch.randn(64, dim, dtype=torch.bfloat16, device="cuda")
     ids = torch.randint(0, 1000, (64, 2), device="cuda")
-    out = op(x, weight, offsets, ids, check_ids=True)
+    out = op(x, weight, offsets, ids, check_ids=True, backend=impl)
     small = torch.cat([weight[:1000], weight[first:]])  # the rows the ids can reach
     small_offsets = torch.tensor([0, 1000, 2000], device="cuda")
     assert_close_verbose(out, _expected(x, small, small_offsets, ids), torch.bfloat16)

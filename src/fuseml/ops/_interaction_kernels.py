@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fuseml import _cuda_ext
 from fuseml.ops._utils import (
     CompiledLaunches,
     aligned16,
@@ -211,12 +212,19 @@ def _forward(
     traced: bool,
     block_b: int | None = None,
     num_warps: int | None = None,
+    impl: str = "triton",
 ) -> torch.Tensor:
-    """The launch. ids: (B, T) one-hot, or with ``bag_starts`` (T * B + 1,) the flat ids
-    of every bag (see ``pack_bags``)."""
+    """The launch (impl "triton", or "cuda": the CUDA C++ twin). ids: (B, T) one-hot, or
+    with ``bag_starts`` (T * B + 1,) the flat ids of every bag (see ``pack_bags``)."""
     n_rows, d = x.shape
     out = torch.empty((n_rows, out_width), dtype=x.dtype, device=x.device)
     if n_rows == 0 or launches_skipped():
+        return out
+    if impl == "cuda":
+        _cuda_ext.require("embedding_interaction")
+        torch.ops.fuseml.embedding_interaction_cuda_out(
+            x, weight, table_offsets, ids, bag_starts, self_interaction, out
+        )
         return out
     # (int(): d and T become constexprs, static under torch.compile's tracing too)
     n_tables = int(table_offsets.shape[0]) - 1

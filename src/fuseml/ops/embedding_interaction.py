@@ -107,8 +107,9 @@ def _embedding_interaction_op(
     impl: str,
 ) -> torch.Tensor:
     return _forward(
-        x, weight, table_offsets, ids, bag_starts, self_interaction, out_width, traced=True
-    )
+        x, weight, table_offsets, ids, bag_starts, self_interaction, out_width, traced=True,
+        impl=impl,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ public
@@ -236,14 +237,15 @@ def embedding_interaction(
     check_ids: check on the host (a device sync) that every id lies in its table (and
         bags' offsets are in order). Without it an id outside its table reads whatever row
         it addresses, as nn.Embedding does on CUDA. Skipped under torch.compile.
-    backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton.
+    backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton |
+        cuda (the CUDA C++ twin, built on first use).
 
     Returns (B, out_width) in x's dtype; the dot products accumulate in float32. Forward
     only: the result carries no gradient on the triton backend.
     """
     op = "embedding_interaction"
     width = _validate(op, x, weight, table_offsets, ids, self_interaction, out_width)
-    backend = resolve_backend(backend, x.device, op, cuda_twin=False)
+    backend = resolve_backend(backend, x.device, op)
     one_hot = isinstance(ids, torch.Tensor)
     if one_hot:
         flat, starts = ids, None
@@ -260,4 +262,7 @@ def embedding_interaction(
         return torch.ops.fuseml.embedding_interaction(
             x, weight, table_offsets, flat, starts, self_interaction, width, backend
         )
-    return _forward(x, weight, table_offsets, flat, starts, self_interaction, width, traced=False)
+    return _forward(
+        x, weight, table_offsets, flat, starts, self_interaction, width, traced=False,
+        impl=backend,
+    )  # fmt: skip

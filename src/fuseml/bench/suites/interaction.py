@@ -8,6 +8,7 @@ Arms
            runs
   compile  torch.compile of that reference
   triton   fuseml.ops.embedding_interaction (one kernel)
+  cuda     its CUDA C++ twin
   gather   a gather-only Triton kernel: the same rows at the same ids read and written
            out as (B, 26, d), nothing computed. Random 32-256-byte rows do not stream like
            a copy, so this is the floor of any gather at these ids, measured in the same
@@ -44,7 +45,7 @@ def _tables(
     return weight, offsets.to(device), cards.to(device)
 
 
-def _case(config: str, batch: int, dtype: torch.dtype) -> Case:
+def _case(config: str, batch: int, dtype: torch.dtype, cuda: bool) -> Case:
     d = DIMS[config]
     t = len(KAGGLE_CARDINALITIES)
     width = d + num_pairs(t + 1)
@@ -83,6 +84,15 @@ def _case(config: str, batch: int, dtype: torch.dtype) -> Case:
             "triton": lambda x, w, o, i: fuseml.ops.embedding_interaction(
                 x, w, o, i, out_width=out_width, backend="triton"
             ),
+            **(
+                {
+                    "cuda": lambda x, w, o, i: fuseml.ops.embedding_interaction(
+                        x, w, o, i, out_width=out_width, backend="cuda"
+                    )
+                }
+                if cuda
+                else {}
+            ),
             "gather": lambda x, w, o, i: gather_rows(w, o, i),
         },
         bytes=nbytes,
@@ -96,13 +106,13 @@ def _case(config: str, batch: int, dtype: torch.dtype) -> Case:
 def cases(quick: bool = False, cuda: bool = True):
     for config in DIMS:
         for batch in BATCHES_QUICK if quick else BATCHES_FULL:
-            yield _case(config, batch, torch.bfloat16)
+            yield _case(config, batch, torch.bfloat16, cuda)
 
 
 PLOT = {"x": "batch", "panels": ("config", "dtype"), "xlabel": "batch size", "logx": True}
 README = {
     "rows": ("config", "dtype", "batch"),
-    "arms": ("torch", "compile", "triton", "gather"),
+    "arms": ("torch", "compile", "triton", "cuda", "gather"),
     "min_numel": 0,
     "sort": "numeric",
     "reference_arms": ("gather",),

@@ -1,0 +1,286 @@
+// The CUDA C++ twin of fuseml.ops.embedding_interaction (ops/_interaction_kernels.py): DLRM's
+// embedding gather and dot interaction, one output row per sample,
+//
+//     out[b] = [x[b], tril(Z Z^T), zeros]    Z = [x[b], e_1, ..., e_T]  (F = T + 1 rows of d)
+//
+// with e_t row table_offsets[t] + ids[b, t] of the concatenated table w (one-hot), or the
+// sum of the rows of bag t of sample b (bags: ids flat, bag t * B + b at
+// ids[starts[t * B + b] .. starts[t * B + b + 1])), summed in float32 and rounded once to
+// w's dtype as embedding_bag rounds. The kept triangle is tril_indices(F, F, -1) (or
+// (F, F, 0) with the diagonal) in row-major order; each product is a float32 sum of exact
+// products, rounded once to the output dtype.
+//
+// One warp per sample: the warp stages Z in shared memory as float32 (row stride D + 1, so
+// that lanes reading different rows at one column fall in different banks), then each lane
+// takes every 32nd pair, so a warp's stores of one step land on consecutive columns. The
+// dot products run on the CUDA cores: a DLRM sample has 351 pairs of d = 16..128 products
+// (the Triton kernel uses tensor cores; at these sizes both are bound by the gather).
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace fuseml {
+namespace {
+
+#include "common.cuh"
+
+constexpr int kWarp = 32;
+constexpr int kMaxWarps = 4;             // samples per block
+constexpr int kSmemBytes = 48 * 1024;    // the default dynamic shared memory limit
+
+struct Args {
+  const void* x;
+  int64_t x_s0, x_s1;
+  const void* w;
+  int64_t w_s0, w_s1;
+  const void* toff;  // (T + 1,) int32 or int64
+  int64_t toff_s;
+  const void* ids;  // (B, T), or flat (bags)
+  int64_t ids_s0, ids_s1;
+  const int64_t* starts;  // bags: (T * B + 1,)
+  void* out;              // (B, out_w) contiguous
+  int64_t rows;
+  int tables;  // T
+  int d;
+  int pairs;
+  int out_w;
+  bool self;  // keep the diagonal
+};
+
+// Row i and column j of kept pair p (row-major triangle; with the diagonal, row i has i + 1
+// entries from i(i+1)/2, else i entries from i(i-1)/2). The square root's guess is off by
+// at most one either way; the loops correct it exactly in integers.
+__device__ __forceinline__ void pair_of(int p, bool self, int& i, int& j) {
+  if (self) {
+    i = static_cast<int>((sqrtf(8.0f * p + 1.0f) - 1.0f) * 0.5f);
+    while (i * (i + 1) / 2 > p) --i;
+    while ((i + 1) * (i + 2) / 2 <= p) ++i;
+    j = p - i * (i + 1) / 2;
+  } else {
+    i = static_cast<int>((sqrtf(8.0f * p + 1.0f) + 1.0f) * 0.5f);
+    while (i * (i - 1) / 2 > p) --i;
+    while ((i + 1) * i / 2 <= p) ++i;
+    j = p - i * (i - 1) / 2;
+  }
+}
+
+template <typename Id>
+__device__ __forceinline__ int64_t load_id(const void* base, int64_t at) {
+  return static_cast<int64_t>(static_cast<const Id*>(base)[at]);
+}
+
+template <typename Tr, typename Id, typename Off, bool kBags>
+__global__ void interaction_kernel(Args a) {
+  using S = typename Tr::Storage;
+  extern __shared__ float smem[];
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + warp;
+  pdl_begin();
+  if (b >= a.rows) return;
+  const int d = a.d;
+  const int stride = d + 1;
+  float* z = smem + static_cast<int64_t>(warp) * (a.tables + 1) * stride;
+  const S* x = static_cast<const S*>(a.x);
+  const S* w = static_cast<const S*>(a.w);
+  S* out = static_cast<S*>(a.out) + b * a.out_w;
+
+  // Z's first row is x; x is also the output row's first d columns, copied as stored
+  for (int k = lane; k < d; k += kWarp) {
+    const S v = x[b * a.x_s0 + k * a.x_s1];
+    z[k] = Tr::to_float(v);
+    out[k] = v;
+  }
+  // rows 1..T: the gathered (or pooled) rows, lanes over (table, column)
+  const int cells = a.tables * d;
+  for (int c = lane; c < cells; c += kWarp) {
+    const int t = c / d;
+    const int k = c - t * d;
+    const int64_t first = load_id<Off>(a.toff, t * a.toff_s);
+    float v;
+    if constexpr (kBags) {
+      const int64_t bag = static_cast<int64_t>(t) * a.rows + b;
+      float acc = 0.0f;
+      for (int64_t e = a.starts[bag]; e < a.starts[bag + 1]; ++e) {
+        const int64_t row = first + load_id<Id>(a.ids, e * a.ids_s0);
+        acc += Tr::to_float(w[row * a.w_s0 + k * a.w_s1]);
+      }
+      v = Tr::to_float(Tr::from_float(acc));  // the pooled row in w's dtype
+    } else {
+      const int64_t row = first + load_id<Id>(a.ids, b * a.ids_s0 + t * a.ids_s1);
+      v = Tr::to_float(w[row * a.w_s0 + k * a.w_s1]);
+    }
+    z[(t + 1) * stride + k] = v;
+  }
+  __syncwarp();
+
+  for (int p = lane; p < a.pairs; p += kWarp) {
+    int i, j;
+    pair_of(p, a.self, i, j);
+    const float* zi = z + i * stride;
+    const float* zj = z + j * stride;
+    float acc = 0.0f;
+    for (int k = 0; k < d; ++k) acc = fmaf(zi[k], zj[k], acc);
+    out[d + p] = Tr::from_float(acc);
+  }
+  const S zero = Tr::from_float(0.0f);
+  for (int c = d + a.pairs + lane; c < a.out_w; c += kWarp) out[c] = zero;
+}
+
+template <typename Tr, typename Id, typename Off>
+void launch_ids(const Args& a, bool bags, cudaStream_t stream, bool pdl) {
+  const int64_t per_warp = static_cast<int64_t>(a.tables + 1) * (a.d + 1) * sizeof(float);
+  TORCH_CHECK(per_warp <= kSmemBytes, "embedding_interaction_cuda_out: (T + 1) x (d + 1) "
+              "float32 must fit 48 KiB of shared memory, got T = ", a.tables, ", d = ", a.d);
+  const int warps = static_cast<int>(std::min<int64_t>(kMaxWarps, kSmemBytes / per_warp));
+  const int64_t blocks = (a.rows + warps - 1) / warps;
+  const dim3 grid(static_cast<unsigned>(blocks));
+  const dim3 block(warps * kWarp);
+  const size_t smem = static_cast<size_t>(warps * per_warp);
+  auto kernel =
+      bags ? interaction_kernel<Tr, Id, Off, true> : interaction_kernel<Tr, Id, Off, false>;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = pdl ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a));
+}
+
+template <typename Tr, typename Id>
+void launch_offsets(const Args& a, at::ScalarType off_type, bool bags, cudaStream_t stream,
+                    bool pdl) {
+  if (off_type == at::kInt) {
+    launch_ids<Tr, Id, int32_t>(a, bags, stream, pdl);
+  } else {
+    launch_ids<Tr, Id, int64_t>(a, bags, stream, pdl);
+  }
+}
+
+template <typename Tr>
+void launch_dtype(const Args& a, at::ScalarType id_type, at::ScalarType off_type, bool bags,
+                  cudaStream_t stream, bool pdl) {
+  if (id_type == at::kInt) {
+    launch_offsets<Tr, int32_t>(a, off_type, bags, stream, pdl);
+  } else {
+    launch_offsets<Tr, int64_t>(a, off_type, bags, stream, pdl);
+  }
+}
+
+void check_same_device(const at::Tensor& t, const char* name, const at::Tensor& x) {
+  TORCH_CHECK(t.is_cuda() && t.device() == x.device(), "embedding_interaction_cuda_out: ", name,
+              " is on ", t.device(), " but x is on ", x.device());
+}
+
+}  // namespace
+
+// The arguments are the Python op's, validated there; the checks here guard the kernel's
+// own assumptions (devices, dtypes, shapes it indexes by).
+void embedding_interaction_cuda_out(const at::Tensor& x, const at::Tensor& weight,
+                                    const at::Tensor& table_offsets, const at::Tensor& ids,
+                                    const std::optional<at::Tensor>& bag_starts,
+                                    bool self_interaction, at::Tensor& out) {
+  TORCH_CHECK(x.is_cuda(), "embedding_interaction_cuda_out: x must be a CUDA tensor, got one on ",
+              x.device());
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+              "embedding_interaction_cuda_out: x must be float32, float16 or bfloat16, got ",
+              dtype);
+  TORCH_CHECK(x.dim() == 2, "embedding_interaction_cuda_out: x must be 2-D, got ", x.dim(), "-D");
+  check_same_device(weight, "weight", x);
+  check_same_device(table_offsets, "table_offsets", x);
+  check_same_device(ids, "ids", x);
+  check_same_device(out, "out", x);
+  TORCH_CHECK(weight.scalar_type() == dtype && out.scalar_type() == dtype,
+              "embedding_interaction_cuda_out: weight and out must have x's dtype ", dtype);
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == x.size(1),
+              "embedding_interaction_cuda_out: weight must be (rows, ", x.size(1), "), got ",
+              weight.sizes());
+  const auto id_type = ids.scalar_type();
+  const auto off_type = table_offsets.scalar_type();
+  TORCH_CHECK((id_type == at::kInt || id_type == at::kLong) &&
+                  (off_type == at::kInt || off_type == at::kLong),
+              "embedding_interaction_cuda_out: ids and table_offsets must be int32 or int64, "
+              "got ", id_type, " and ", off_type);
+  const int64_t rows = x.size(0);
+  const int64_t tables = table_offsets.size(0) - 1;
+  const bool bags = bag_starts.has_value();
+  if (bags) {
+    TORCH_CHECK(ids.dim() == 1, "embedding_interaction_cuda_out: bags' ids must be 1-D");
+    const at::Tensor& s = *bag_starts;
+    check_same_device(s, "bag_starts", x);
+    TORCH_CHECK(s.scalar_type() == at::kLong && s.dim() == 1 && s.size(0) == tables * rows + 1 &&
+                    s.stride(0) == 1,
+                "embedding_interaction_cuda_out: bag_starts must be contiguous int64 of (T * B "
+                "+ 1,) = (", tables * rows + 1, ",), got ", s.sizes());
+  } else {
+    TORCH_CHECK(ids.dim() == 2 && ids.size(0) == rows && ids.size(1) == tables,
+                "embedding_interaction_cuda_out: ids must be (", rows, ", ", tables, "), got ",
+                ids.sizes());
+  }
+  const int64_t f = tables + 1;
+  const int64_t pairs = self_interaction ? f * (f + 1) / 2 : f * (f - 1) / 2;
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == rows && out.size(1) >= x.size(1) + pairs &&
+                  out.is_contiguous(),
+              "embedding_interaction_cuda_out: out must be contiguous (", rows, ", >= ",
+              x.size(1) + pairs, "), got ", out.sizes());
+  if (rows == 0) return;
+
+  c10::cuda::CUDAGuard device_guard(x.device());
+  Args a;
+  a.x = x.const_data_ptr();
+  a.x_s0 = x.stride(0);
+  a.x_s1 = x.stride(1);
+  a.w = weight.const_data_ptr();
+  a.w_s0 = weight.stride(0);
+  a.w_s1 = weight.stride(1);
+  a.toff = table_offsets.const_data_ptr();
+  a.toff_s = table_offsets.stride(0);
+  a.ids = ids.const_data_ptr();
+  a.ids_s0 = ids.stride(0);
+  a.ids_s1 = bags ? 0 : ids.stride(1);
+  a.starts = bags ? bag_starts->const_data_ptr<int64_t>() : nullptr;
+  a.out = out.mutable_data_ptr();
+  a.rows = rows;
+  a.tables = static_cast<int>(tables);
+  a.d = static_cast<int>(x.size(1));
+  a.pairs = static_cast<int>(pairs);
+  a.out_w = static_cast<int>(out.size(1));
+  a.self = self_interaction;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool pdl = pdl_enabled();
+  switch (dtype) {
+    case at::kFloat: launch_dtype<Fp32>(a, id_type, off_type, bags, stream, pdl); break;
+    case at::kHalf: launch_dtype<Fp16>(a, id_type, off_type, bags, stream, pdl); break;
+    case at::kBFloat16: launch_dtype<Bf16>(a, id_type, off_type, bags, stream, pdl); break;
+    default: TORCH_CHECK(false, "embedding_interaction_cuda_out: unsupported dtype ", dtype);
+  }
+}
+
+}  // namespace fuseml
+
+TORCH_LIBRARY_FRAGMENT(fuseml, m) {
+  m.def(
+      "embedding_interaction_cuda_out(Tensor x, Tensor weight, Tensor table_offsets, Tensor ids, "
+      "Tensor? bag_starts, bool self_interaction, Tensor(a!) out) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(fuseml, CUDA, m) {
+  m.impl("embedding_interaction_cuda_out", &fuseml::embedding_interaction_cuda_out);
+}
