@@ -29,6 +29,7 @@ SECTIONS = (
     ("linear", "Fused linear layers"),
     ("mlp", "Whole-MLP fusion"),
     ("lora", "LoRA"),
+    ("overhead", "Host time per eager call"),
     ("tuning", "Tuning latency"),
 )
 
@@ -39,6 +40,10 @@ INTROS = {
         "fp32 with TF32 and bf16: eager PyTorch, torch.compile, max-autotune (bf16) and "
         "`fuseml.optimize(model)` (bf16), each called eagerly and replayed as a CUDA graph "
         "(`+graph`)."
+    ),
+    "overhead": (
+        "Host time per eager call at host-bound sizes: every public op and "
+        "`fuseml.optimize`d models against their torch equivalents, in one run."
     ),
     "interaction": (
         "`fuseml.ops.embedding_interaction` alone: 26 ids a row gathered from the full "

@@ -9,6 +9,7 @@ from fuseml.bench.suites import (
     linear,
     lora,
     mlp,
+    overhead,
     softmax,
     tuning,
 )
@@ -21,5 +22,6 @@ SUITES = {
     "linear": linear,
     "mlp": mlp,
     "lora": lora,
+    "overhead": overhead,
     "tuning": tuning,
 }
