@@ -13,6 +13,8 @@ Arms
                    one kernel writing the top MLP's input, the MLPs as fused chains
                    (fuseml.nn.FusedDLRM); bf16 only, since its first call per layer shape
                    and batch bucket tunes the kernels (seconds each)
+  fuseml-compile   torch.compile(fuseml.optimize(model)) (default mode): fuseml's ops
+                   inside Inductor's graph, bf16
 Every case is also timed as CUDA-graph replays (rows with mode "graph": eager + CUDA graph).
 """
 
@@ -76,6 +78,7 @@ def cases(quick: bool = False, cuda: bool = True):
                 }
                 if fused_model is not None:
                     arms["fuseml"] = _model_arm(fused_model, dc.inputs)
+                    arms["fuseml-compile"] = _compiled_arm(fused_model, dc.inputs, None, tf32)
                 if not quick and (precision, dc.batch_size) in MAX_AUTOTUNE_AT:
                     # minutes of autotuning per compilation: two per config
                     arms["compile-max"] = _compiled_arm(
@@ -95,7 +98,8 @@ def cases(quick: bool = False, cuda: bool = True):
                     samples=dc.batch_size,
                     flops=dc.flops,
                     graph=True,
-                    compile_arms=("compile", "compile-max", "fuseml"),  # fuseml: tuning
+                    # (fuseml: its first call tunes)
+                    compile_arms=("compile", "compile-max", "fuseml", "fuseml-compile"),
                     dtype=dtype,
                     tf32=tf32,
                 )
@@ -112,8 +116,10 @@ README = {
         "compile-max",
         "fuseml",
         "fuseml+graph",
+        "fuseml-compile",
+        "fuseml-compile+graph",
     ),
-    "graph_arms": ("eager", "compile", "fuseml"),
+    "graph_arms": ("eager", "compile", "fuseml", "fuseml-compile"),
     "min_numel": 0,
     "cell": "samples",
     "sort": "numeric",
@@ -125,5 +131,5 @@ README = {
         "fuseml: fuseml.optimize(model) as of the row's commit (bf16; its first call per "
         "batch size tunes the kernels)."
     ),
-    "first_call_arms": ("compile", "compile-max", "fuseml"),
+    "first_call_arms": ("compile", "compile-max", "fuseml", "fuseml-compile"),
 }
