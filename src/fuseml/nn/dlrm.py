@@ -137,23 +137,46 @@ class FusedDLRM(DLRM):
         layers (nn.Linear or FusedLinear, each optionally followed by an activation or an
         Identity) in ``dtype``, run by one ``fuseml.ops.mlp`` call (which tunes between
         its chain kernels and the layers one by one); else None."""
-        mods = [m for m in self.top_mlp if type(m) is not nn.Identity]
-        weights, biases, acts = [], [], []
-        for m in mods:
+        plan = self._top_plan()
+        if plan is None:
+            return None
+        linears, acts = plan
+        weights = [m.weight for m in linears]
+        if any(w.dtype != dtype or (w.requires_grad and torch.is_grad_enabled()) for w in weights):
+            return None
+        return weights, [m.bias for m in linears], acts
+
+    def _top_plan(self) -> tuple[list, list] | None:
+        """(linear modules, activation names) of the top MLP as a chain, or None; read
+        again only when its children change (or an activation module's settings, or a
+        FusedLinear's activation): every call asks."""
+        top = self.top_mlp
+        children = tuple(
+            (m, m.__dict__.get("activation"), m.__dict__.get("approximate"),
+             m.__dict__.get("negative_slope"))
+            for m in top._modules.values()
+        )  # fmt: skip
+        cached = self.__dict__.get("_top_cache")
+        if cached is not None and cached[0] is top and cached[1] == children:
+            return cached[2]
+        linears, acts = [], []
+        plan = (linears, acts)
+        for m in top._modules.values():
+            if m is None or type(m) is nn.Identity:
+                continue
             if type(m) in (nn.Linear, FusedLinear):
-                weights.append(m.weight)
-                biases.append(m.bias)
+                linears.append(m)
                 acts.append(getattr(m, "activation", None) or "none")
                 continue
             act, _ = activation_of(m)
             if act is None or not acts or acts[-1] != "none":
-                return None
+                plan = None
+                break
             acts[-1] = act
-        if not weights or any(
-            w.dtype != dtype or (w.requires_grad and torch.is_grad_enabled()) for w in weights
-        ):
-            return None
-        return weights, biases, acts
+        if plan is not None and not linears:
+            plan = None
+        self.__dict__["_top_cache"] = (top, children, plan)
+        return plan
 
     def _fused_path(self, dense, sparse) -> bool:
         """Whether this call can take the fused kernel (else the DLRM's forward)."""
