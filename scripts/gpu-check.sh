@@ -10,15 +10,18 @@
 #
 # The whole check does not fit one 10-minute call on one GPU (the ops tests alone ran past
 # 570 s with 15 workers on an H200). On a two-GPU machine (device kind nvidia-h200-x2) it
-# fits one call as three parts run at once, 10 workers each, each with its own OUTDIR:
+# fits one call as three parts run at once, each with its own OUTDIR: the LoRA and linear
+# tests and the rest of tests/ on GPU 0, the other ops tests (the longest part) alone on
+# GPU 1 with more workers:
 #   A="tests/ops/test_lora.py tests/ops/test_linear.py"
 #   CUDA_VISIBLE_DEVICES=0 CHECK_SUITES=none CHECK_DEMO=0 CHECK_WORKERS=10 \
 #     CHECK_TESTS="$A" scripts/gpu-check.sh OUT/a &
-#   CUDA_VISIBLE_DEVICES=1 CHECK_SUITES=none CHECK_DEMO=0 CHECK_WORKERS=10 \
+#   CUDA_VISIBLE_DEVICES=1 CHECK_SUITES=none CHECK_DEMO=0 CHECK_WORKERS=14 \
 #     CHECK_TESTS="tests/ops --ignore=${A// / --ignore=}" scripts/gpu-check.sh OUT/b &
-#   CUDA_VISIBLE_DEVICES=1 CHECK_SUITES=none CHECK_WORKERS=10 \
+#   CUDA_VISIBLE_DEVICES=0 CHECK_SUITES=none CHECK_WORKERS=8 \
 #     CHECK_TESTS="tests --ignore=tests/ops" scripts/gpu-check.sh OUT/rest &
-#   wait   (about 550 s on two H200s), then one summary of the parts:
+#   wait   (a: 480 s, rest: 445 s before the demo on two H200s; b with 10 workers ran past
+#   565 s at 99%), then one summary of the parts:
 #   python -m fuseml.bench.gpu_check OUT/a OUT/b OUT/rest --write benchmarks/gpu-checks/<gpu>.txt
 # On one GPU, run the same parts one after another, one call each. Bench suites run apart:
 #   CHECK_TESTS=none CHECK_DEMO=0 CHECK_SUITES="linear mlp lora tuning" scripts/gpu-check.sh OUT/s1
