@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 import fuseml.apps.predict
 import fuseml.apps.train
-from fuseml.apps.cli import _flag_names, app
+from fuseml.apps.cli import app
 from fuseml.apps.common import RateColumn, check_fits_in_memory, human_bytes, training_bytes
 from fuseml.apps.train import TrainOptions, train
 from fuseml.data import prepare, synth
@@ -232,18 +232,24 @@ def test_messages_name_flags_not_parameters(trained, tmp_path):
     line = _error_line(_predict(checkpoint, tmp_path / "emptydir", tmp_path / "p.csv"))
     assert "emptydir is not a prepared dataset" in line and "fuseml data prepare" in line, line
 
-    # library messages of the data commands, as the CLI shows them
-    params = {"out": tmp_path, "mode": "hash", "max_ind_range": None, "overwrite": False}
-    params |= {"val_fraction": None, "data": None}
-    fixes = {
-        'mode="hash" needs max_ind_range (ids per table)': "--mode hash needs --max-ind-range",
-        "out exists: pass overwrite=True to replace it": "pass --overwrite to replace",
-        "is d a dataset written by prepare()?": "fuseml data prepare?",
-        "val_fraction must be in [0, 1)": "--val-fraction must be",
-        "the data must be": "the data must be",  # a word of prose stays
-    }
-    for message, expected in fixes.items():
-        assert expected in _flag_names(message, params), message
+    # the messages name flags through OptionError, as the running command spells them
+    line = _error_line(
+        runner.invoke(app, ["train", "--config", "tiny", "--synthetic", "100", "--epochs", "0"])
+    )
+    assert "--epochs must be at least 1, got 0" in line
+    line = _error_line(_predict(checkpoint, data_dir, tmp_path / "p.txt"))
+    assert "--out must end in .parquet or .csv, got 'p.txt'" in line, line
+    line = _error_line(runner.invoke(app, ["profile", "dlrm", "--steps", "0"]))
+    assert "--steps and --batch-size must be at least 1, --warmup at least 0" in line
+
+
+def test_option_errors_in_python_name_parameters():
+    """Called from Python, the same errors name the function's parameters."""
+    from fuseml.apps.train import TrainOptions
+    from fuseml.data.errors import OptionError
+
+    with pytest.raises(OptionError, match="^epochs must be at least 1, got 0$"):
+        TrainOptions(epochs=0)
 
 
 def _options(command) -> list:

@@ -170,7 +170,7 @@ def test_refuses_mismatched_data(trained, tmp_path):
 
 def test_bad_arguments(trained, tmp_path):
     _, _raw, data_dir, ckpt = trained
-    with pytest.raises(ValueError, match=r"--out must end in \.parquet or \.csv"):
+    with pytest.raises(ValueError, match=r"^out must end in \.parquet or \.csv"):
         predict(ckpt, data_dir, tmp_path / "p.json", console=_quiet())
     with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'eager', 'compile'"):
         predict(ckpt, data_dir, tmp_path / "p.csv", backend="fused", console=_quiet())

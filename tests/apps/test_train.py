@@ -104,7 +104,7 @@ def test_resume_refusals(small_data, tmp_path):
             TrainOptions(epochs=2, optimizer="adam", resume=first.checkpoint, progress=False),
             console=_quiet(),
         )
-    with pytest.raises(ValueError, match="differs from --config"):
+    with pytest.raises(ValueError, match="differs from config='kaggle'"):
         train(
             "kaggle",
             data_dir,

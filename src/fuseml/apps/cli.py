@@ -11,7 +11,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import re
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -149,30 +148,22 @@ def demo() -> None:
         _fail(err, code=1)  # the demo ran; what it showed was wrong
 
 
-# Library messages that name a Python call rather than a command.
-_MESSAGE_FIXES = (("prepare()", "fuseml data prepare"),)
+def _flag_renames() -> dict[str, str]:
+    """The running command's parameters whose flag is not ``--`` + the name with dashes
+    (``out_dir`` -> ``--out``) and its arguments (``src`` -> ``SRC``), from click's context:
+    what ``OptionError.for_cli`` needs to name them."""
+    import click
 
-
-def _flag_names(message: str, params: dict[str, Any]) -> str:
-    """``message`` with the names of the command's ``params`` as its flags: ``batch_size``
-    -> ``--batch-size``, ``overwrite=True`` -> ``--overwrite``, ``mode="hash"`` -> ``--mode
-    hash``; a one-word name only where a clause starts with its rule (``lr must be ...``)."""
-    for old, new in _MESSAGE_FIXES:
-        message = message.replace(old, new)
-    for name, value in params.items():
-        flag = "--" + name.replace("_", "-")
-        at = rf"(?<![\w.-]){re.escape(name)}"
-        message = re.sub(rf"{at}=True\b", flag, message)
-        if isinstance(value, bool):
-            message = re.sub(rf"{at}=False\b", "--no-" + flag[2:], message)
-        message = re.sub(rf"{at}=(['\"])(.*?)\1", rf"{flag} \2", message)
-        message = re.sub(rf"{at}=([\w.+-]+)", rf"{flag} \1", message)
-        if "_" in name:
-            message = re.sub(rf"{at}\b", flag, message)
-        else:
-            start = rf"(?:^|(?<=: )|(?<=\()){re.escape(name)}"
-            message = re.sub(rf"{start}(?= (must|needs) )", flag, message)
-    return message
+    ctx = click.get_current_context(silent=True)
+    renames: dict[str, str] = {}
+    for p in ctx.command.params if ctx is not None else ():
+        if isinstance(p, click.Argument):
+            renames[p.name] = p.human_readable_name
+        elif isinstance(p, click.Option):
+            flag = next((o for o in p.opts if o.startswith("--")), p.opts[0])
+            if flag != "--" + p.name.replace("_", "-"):
+                renames[p.name] = flag
+    return renames
 
 
 def _input_files(params: dict[str, Any]) -> list[Path]:
@@ -184,14 +175,19 @@ def _input_files(params: dict[str, Any]) -> list[Path]:
     return found
 
 
-def _fail(err: BaseException, code: int = 2) -> None:
-    """Exit with ``code`` after one line for ``err`` (its traceback first with --verbose)."""
+def _fail(err: BaseException, code: int = 2, library_names: dict | None = None) -> None:
+    """Exit with ``code`` after one line for ``err`` (its traceback first with --verbose).
+    An OptionError names the command's flags (``library_names``: flags of a library
+    function's parameters named otherwise than the command's)."""
     from fuseml.apps.common import user_message
 
     if _current["verbose"]:
         typer.echo("".join(traceback.format_exception(err)).rstrip(), err=True)
-    params = _current["params"]
-    message = _flag_names(user_message(err, _input_files(params)), params)
+    from fuseml.data.errors import OptionError
+
+    if isinstance(err, OptionError):  # the parameters it names, as the command's flags
+        err = err.for_cli(**{**_flag_renames(), **(library_names or {})})
+    message = user_message(err, _input_files(_current["params"]))
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code) from err
 
@@ -375,8 +371,6 @@ def _sigterm_exits() -> Iterator[None]:
 data_app = typer.Typer(no_args_is_help=True, help="Criteo data: prepare real files, synthesize.")
 app.add_typer(data_app, name="data")
 
-# prepare()'s parameters whose flag is not simply --name-with-dashes.
-_PREPARE_FLAGS = {"src": "SRC", "out_dir": "--out"}
 # One string per paragraph: the help renderer keeps single line breaks as they are.
 _PREPARE_HELP = (
     "Preprocess Criteo TSV files into parquet splits, as the reference DLRM does.\n\n"
@@ -453,7 +447,6 @@ def data_prepare(
 
     from fuseml.data import prepare
     from fuseml.data._progress import human_count, human_rate
-    from fuseml.data.errors import OptionError
 
     start = time.perf_counter()
     try:
@@ -463,10 +456,8 @@ def data_prepare(
             test_fraction=test_fraction, seed=seed, skip_bad_lines=skip_bad_lines,
             overwrite=overwrite, progress=progress,
         )  # fmt: skip
-    except OptionError as err:
-        _fail(err.for_cli(**_PREPARE_FLAGS))
     except (ValueError, OSError) as err:  # InputError names the file (and line)
-        _fail(err)
+        _fail(err, library_names={"out_dir": "--out"})  # prepare()'s name for --out
     seconds = time.perf_counter() - start
     splits = ", ".join(
         f"{name} {human_count(info['rows'])}" for name, info in meta["splits"].items()
@@ -506,17 +497,14 @@ def data_synth(
 ) -> None:
     """Generate Criteo-format TSV with a hidden click model (true probabilities saved)."""
     from fuseml.data import synth
-    from fuseml.data.errors import OptionError
 
     try:
         summary = synth(
             rows, out, seed=seed, scale=scale, max_cardinality=max_cardinality,
             gzip=str(out).endswith(".gz"), progress=progress,
         )  # fmt: skip
-    except OptionError as err:
-        _fail(err.for_cli(out_path="--out"))
     except (ValueError, OSError) as err:
-        _fail(err)
+        _fail(err, library_names={"out_path": "--out"})  # synth()'s name for --out
     auc = "n/a (one class only)" if summary.best_auc is None else f"{summary.best_auc:.4f}"
     typer.echo(
         f"wrote {summary.path}: {summary.rows:,} rows, {100 * summary.positive_rate:.1f}% "

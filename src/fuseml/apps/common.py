@@ -32,6 +32,7 @@ from rich.text import Text
 
 from fuseml import settings
 from fuseml.data import Vocabulary, load_metadata
+from fuseml.data.errors import Flag, OptionError
 from fuseml.models.dlrm import DLRM, DLRMConfig
 
 __all__ = [
@@ -79,14 +80,16 @@ def resolve_device(device: str | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but no CUDA device is visible to torch")
+        raise OptionError(
+            "{} asked for, but no CUDA device is visible to torch", Flag("device", device)
+        )
     return dev
 
 
 def check_model_backend(backend: str, *, name: str = "backend") -> str:
     """``backend`` if it is one of MODEL_BACKENDS; a ValueError naming ``name`` otherwise."""
     if backend not in MODEL_BACKENDS:
-        raise ValueError(f"{name} must be one of {MODEL_BACKENDS}, got {backend!r}")
+        raise OptionError("{} must be one of {}, got {!r}", Flag(name), MODEL_BACKENDS, backend)
     return backend
 
 
@@ -371,9 +374,10 @@ def check_fits_in_memory(
         return need
     tables = config.num_embeddings * config.embedding_dim
     biggest = max(config.cardinalities) if config.cardinalities else 0
-    raise ValueError(
-        f"the {config.name} model has {params:,} parameters ({tables / params:.0%} of them "
-        f"in embedding tables, the largest {biggest:,} rows); training it with {optimizer} "
-        f"needs about {human_bytes(need)}, but {device} has {human_bytes(free)} free. Pick a smaller "
-        "--config, or prepare the data with a smaller --max-ind-range (smaller tables)"
-    )
+    raise OptionError(
+        "the {} model has {:,} parameters ({:.0%} of them in embedding tables, the largest "
+        "{:,} rows); training it with {} needs about {}, but {} has {} free. Pick a smaller "
+        "{}, or prepare the data with a smaller {} (smaller tables)",
+        config.name, params, tables / params, biggest, optimizer, human_bytes(need), device,
+        human_bytes(free), Flag("config"), Flag("max_ind_range"),
+    )  # fmt: skip

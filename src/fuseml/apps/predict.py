@@ -79,6 +79,7 @@ from fuseml.data import (
     transform_dense,
 )
 from fuseml.data.criteo import open_maybe_gzip
+from fuseml.data.errors import Flag, OptionError
 from fuseml.models.dlrm import DLRM
 from fuseml.serving import DEFAULT_BATCH_SIZES, CudaGraphs
 
@@ -288,10 +289,12 @@ def predict(
     console = console or Console()
     check_model_backend(backend)
     if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        raise OptionError("{} must be at least 1, got {}", Flag("batch_size"), batch_size)
     source, out = Path(source), Path(out)
     if out.suffix not in _OUT_FORMATS:
-        raise ValueError(f"--out must end in {' or '.join(_OUT_FORMATS)}, got {out.name!r}")
+        raise OptionError(
+            "{} must end in {}, got {!r}", Flag("out"), " or ".join(_OUT_FORMATS), out.name
+        )
     dev = resolve_device(device)
     ckpt = load_checkpoint(checkpoint)
     model: DLRM = model_from_checkpoint(ckpt).to(dev).eval()

@@ -39,6 +39,7 @@ from fuseml.apps.common import (
     check_model_backend,
     resolve_device,
 )
+from fuseml.data.errors import Flag, OptionError
 from fuseml.models.bench_cases import random_inputs
 from fuseml.models.dlrm import DLRM, DLRMConfig
 from fuseml.nn.dlrm import FusedDLRM
@@ -146,9 +147,12 @@ def profile_dlrm(
     console = console or Console()
     check_model_backend(backend)
     if steps < 1 or batch_size < 1 or warmup < 0:
-        raise ValueError("steps and batch_size must be at least 1, warmup at least 0")
+        raise OptionError(
+            "{} and {} must be at least 1, {} at least 0; got {}, {}, {}",
+            Flag("steps"), Flag("batch_size"), Flag("warmup"), steps, batch_size, warmup,
+        )  # fmt: skip
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
+        raise OptionError("{} must be one of {}, got {!r}", Flag("dtype"), tuple(DTYPES), dtype)
     dev = resolve_device(device)
     gpu = dev.type == "cuda"
     cfg = DLRMConfig.from_name(config, max_cardinality=max_cardinality)

@@ -66,6 +66,7 @@ from fuseml.apps.common import (
     vocabulary_digest,
 )
 from fuseml.data import CriteoDataset, SynthSummary, load_metadata, prepare, synth
+from fuseml.data.errors import Flag, OptionError
 from fuseml.models.dlrm import DLRM, DLRMConfig
 
 __all__ = [
@@ -115,17 +116,21 @@ class TrainOptions:
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+            raise OptionError(
+                "{} must be one of {}, got {!r}", Flag("optimizer"), OPTIMIZERS, self.optimizer
+            )
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+            raise OptionError(
+                "{} must be one of {}, got {!r}", Flag("dtype"), tuple(DTYPES), self.dtype
+            )
         if self.epochs < 1:
-            raise ValueError(f"epochs must be at least 1, got {self.epochs}")
+            raise OptionError("{} must be at least 1, got {}", Flag("epochs"), self.epochs)
         for name in ("batch_size", "eval_batch_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+                raise OptionError("{} must be at least 1, got {}", Flag(name), value)
         if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
+            raise OptionError("{} must be positive, got {}", Flag("lr"), self.lr)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -304,10 +309,10 @@ def _resolve_config(
     if ckpt is not None:
         saved = DLRMConfig.from_dict(ckpt["config"])
         if dataclasses.replace(saved, name=resolved.name) != resolved:
-            raise ValueError(
-                f"--resume: the checkpoint's model ({saved.name}) differs from --config "
-                f"{resolved.name}: {_config_diff(saved, resolved)}"
-            )
+            raise OptionError(
+                "{}: the checkpoint's model ({}) differs from {}: {}", Flag("resume"),
+                saved.name, Flag("config", resolved.name), _config_diff(saved, resolved),
+            )  # fmt: skip
         resolved = saved
     return resolved
 
@@ -379,10 +384,10 @@ def train(
         check_data_matches(DLRMConfig.from_dict(ckpt["config"]), ckpt["data"], data_dir, metadata)
     config = _resolve_config(config, metadata["cardinalities"], ckpt)
     if ckpt is not None and ckpt["optimizer_name"] != options.optimizer:
-        raise ValueError(
-            f"--resume: the checkpoint was trained with {ckpt['optimizer_name']}, "
-            f"not {options.optimizer}"
-        )
+        raise OptionError(
+            "{}: the checkpoint was trained with {}, not {}", Flag("resume"),
+            ckpt["optimizer_name"], options.optimizer,
+        )  # fmt: skip
 
     batch_size = options.batch_size or _DEFAULT_BATCH_SIZE.get(config.name, 2048)
     lr = options.lr or _DEFAULT_LR[options.optimizer]

@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
-from fuseml.data.errors import InputError, check_input_file
+from fuseml.data.errors import Flag, InputError, OptionError, check_input_file
 
 __all__ = [
     "DEFAULT_CHUNK_ROWS",
@@ -146,7 +146,7 @@ class CriteoReader:
         skip_bad_lines: bool = False,
     ) -> None:
         if chunk_rows < 1:
-            raise ValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
+            raise OptionError("{} must be at least 1, got {}", Flag("chunk_rows"), chunk_rows)
         self.path = Path(path)
         self.has_label = has_label
         self.chunk_rows = chunk_rows
