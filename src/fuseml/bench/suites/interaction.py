@@ -13,6 +13,7 @@ Arms
            out as (B, 26, d), nothing computed. Random 32-256-byte rows do not stream like
            a copy, so this is the floor of any gather at these ids, measured in the same
            run. A reference, not a peer.
+--sweep adds the Triton kernel at every samples-per-program x warps pair (SWEEP).
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ import fuseml
 from fuseml.bench.harness import Case
 from fuseml.bench.suites._common import dtype_name, launch_bound
 from fuseml.data.synthetic import KAGGLE_CARDINALITIES
-from fuseml.ops._interaction_kernels import gather_rows
+from fuseml.ops._interaction_kernels import _forward, gather_rows
 from fuseml.ops.embedding_interaction import embedding_interaction_ref, num_pairs
 
+# --sweep: the Triton kernel's samples per program x warps (arms triton@b<B>w<W>)
+SWEEP = [(b, w) for b in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8)]
 BATCHES_FULL = [64, 256, 4096, 16384, 65536]
 BATCHES_QUICK = [64, 4096, 65536]
 DIMS = {"kaggle": 16, "mlperf": 128}
@@ -61,6 +64,16 @@ def _case(config: str, batch: int, dtype: torch.dtype, cuda: bool) -> Case:
 
     def ref(x, weight, offsets, ids):
         return embedding_interaction_ref(x, weight, offsets, ids, out_width=out_width)
+
+    def sweep() -> dict:
+        arms = {}
+        for block_b, warps in SWEEP:
+
+            def call(x, w, o, i, block_b=block_b, warps=warps):
+                return _forward(x, w, o, i, None, False, out_width, False, block_b, warps)
+
+            arms[f"triton@b{block_b}w{warps}"] = call
+        return arms
 
     es = torch.empty((), dtype=dtype).element_size()
     # reads: ids (int32), the gathered rows and x; writes: the output rows
@@ -99,6 +112,7 @@ def _case(config: str, batch: int, dtype: torch.dtype, cuda: bool) -> Case:
         flops=flops,
         dtype=dtype,
         unchecked_arms=("gather",),
+        sweep=sweep,
         graph=launch_bound(flops, nbytes),
     )
 
