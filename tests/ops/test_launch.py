@@ -160,11 +160,11 @@ def test_tma_launches_pass_every_kernel_argument(mode, monkeypatch, every_argume
 
 
 @pytest.mark.parametrize(
-    "op", ["softmax", "log_softmax", "add", "bias_act", "linear", "stream", "mlp"]
+    "op", ["softmax", "log_softmax", "add", "bias_act", "linear", "stream", "mlp", "interaction"]
 )
 def test_other_launches_pass_every_kernel_argument(op, every_argument):
-    """The on-chip softmax, elementwise, plain linear (both kernels) and MLP-chain launches
-    pass every kernel argument too (see ``every_argument``)."""
+    """The on-chip softmax, elementwise, plain linear (both kernels), MLP-chain and gather
+    + interaction launches pass every kernel argument too (see ``every_argument``)."""
     import importlib
 
     import torch
@@ -194,6 +194,15 @@ def test_other_launches_pass_every_kernel_argument(op, every_argument):
         cfg = next(c for c in gemm.candidates(600, 32, 64, xs.dtype, plain=True) if "STREAM" in c)
         gemm.launch_linear(torch.empty(600, 32, dtype=xs.dtype), xs, ws, bs, None, 1.0, 1, cfg)
         kernel = gemm.stream._linear_stream_kernel
+    elif op == "interaction":
+        from fuseml.ops import _interaction_kernels
+
+        offsets = torch.tensor([0, 5, 9])
+        ids = torch.tensor([[1, 2], [4, 0]])
+        fuseml.ops.embedding_interaction(
+            torch.randn(2, 16), torch.randn(9, 16), offsets, ids, backend="triton"
+        )
+        kernel = _interaction_kernels._embedding_interaction_kernel
     else:  # a narrow 16-bit chain: the register-resident chain kernel
         bf = torch.bfloat16
         ws = [torch.randn(32, 16, dtype=bf), torch.randn(16, 32, dtype=bf)]

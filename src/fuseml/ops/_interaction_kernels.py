@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from fuseml import _cuda_ext
+from fuseml.ops._math import _pdl_begin
 from fuseml.ops._utils import (
     CompiledLaunches,
     aligned16,
@@ -18,6 +19,7 @@ from fuseml.ops._utils import (
     int_spec,
     launches_skipped,
     next_pow2,
+    pdl_launch,
 )
 from fuseml.runtime import triton_interpreting
 
@@ -74,7 +76,10 @@ def _embedding_interaction_kernel(
     Z_PAD: tl.constexpr,  # next power of two >= OUT_W - D - PAIRS: the zero columns
     UPCAST: tl.constexpr,  # interpreter only: dot float32 copies (see below)
     BAGS: tl.constexpr,  # multi-hot: each table's row the sum of its bag's rows
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (pdl_launch)
 ):
+    if PDL:
+        _pdl_begin()
     pid = tl.program_id(0)
     b = pid.to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)  # (BLOCK_B,) int64 rows
     f = tl.arange(0, F_PAD)
@@ -239,16 +244,18 @@ def _forward(
         table_offsets.stride(0), *id_strides,
     )  # fmt: skip
     starts = bag_starts if bags else ids  # (not read without bags)
-    args = (x, weight, table_offsets, ids, starts, out, *ints, *consts, bags)
+    pdl = pdl_launch(x, traced)
+    args = (x, weight, table_offsets, ids, starts, out, *ints, *consts, bags, pdl)
+    options = {"num_warps": num_warps, "launch_pdl": True} if pdl else {"num_warps": num_warps}
     if traced:
         torch.library.wrap_triton(_embedding_interaction_kernel)[grid](*args, num_warps=num_warps)
         return out
     key = (
-        x.dtype, table_offsets.dtype, ids.dtype, starts.dtype, num_warps, consts, bags,
+        x.dtype, table_offsets.dtype, ids.dtype, starts.dtype, num_warps, consts, bags, pdl,
         *map(int_spec, ints),
     )  # fmt: skip
     aligned = aligned16(x, weight, table_offsets, ids, starts, out)
-    _launches(grid, key, aligned, args, {"num_warps": num_warps})
+    _launches(grid, key, aligned, args, options)
     return out
 
 
