@@ -12,10 +12,8 @@ from torch import nn
 from fuseml.models.dlrm import DLRM, SparseInput
 from fuseml.nn._common import activation_of, call_backend, check_backend
 from fuseml.nn.linear import FusedLinear
-from fuseml.ops._utils import kept_derived
 from fuseml.ops.embedding_interaction import embedding_interaction
-from fuseml.ops.gemm import pad_k
-from fuseml.ops.linear import PAD_K_MAX, PAD_K_TO
+from fuseml.ops.linear import padded_weight, padded_width
 from fuseml.ops.mlp import mlp as fused_mlp
 
 __all__ = ["FusedDLRM"]
@@ -24,12 +22,10 @@ _NO_RANGE = contextlib.nullcontext()
 
 
 def interaction_width(k: int) -> int:
-    """Columns the fused interaction writes for a top MLP of input width k: k rounded up to
-    a multiple of PAD_K_TO (16-byte aligned bf16 rows, the GEMM's TMA path) in the range
-    where the linear layer would pad K itself (``fuseml.ops.linear``), else k."""
-    if k % PAD_K_TO == 0 or not 64 < k < PAD_K_MAX:
-        return k
-    return -(-k // PAD_K_TO) * PAD_K_TO
+    """Columns the fused interaction writes for a top MLP of input width k: the width
+    ``fuseml.ops.linear`` would pad K to itself (16-byte aligned rows, the GEMM's TMA
+    path), written padded in the first place."""
+    return padded_width(k)
 
 
 def _padded(weight: torch.Tensor, width: int) -> torch.Tensor:
@@ -37,7 +33,7 @@ def _padded(weight: torch.Tensor, width: int) -> torch.Tensor:
     (one pad launch per version), a traced pad under torch.compile."""
     if torch.compiler.is_compiling():
         return F.pad(weight, (0, width - weight.shape[1]))
-    return kept_derived(weight, "dlrm-pad", lambda t: pad_k(width, t)[0])
+    return padded_weight(weight, width)
 
 
 class FusedDLRM(DLRM):

@@ -73,10 +73,24 @@ def padded_k(x2: torch.Tensor, k: int, traced: bool) -> int:
 
 
 def pad_k_rule(m, k: int) -> int:
-    """k, or k padded up to a multiple of PAD_K_TO (see PAD_K_MAX)."""
-    if k % PAD_K_TO == 0 or not 64 < k < PAD_K_MAX or type(m) is not int or m < PAD_K_MIN_M:
+    """k, or k padded up to a multiple of PAD_K_TO (see PAD_K_MAX), from PAD_K_MIN_M rows."""
+    if type(m) is not int or m < PAD_K_MIN_M:
+        return k
+    return padded_width(k)
+
+
+def padded_width(k: int) -> int:
+    """The K a GEMM of this width runs at once padded: k rounded up to a multiple of
+    PAD_K_TO between 64 and PAD_K_MAX (one K step below, a loss above), else k."""
+    if k % PAD_K_TO == 0 or not 64 < k < PAD_K_MAX:
         return k
     return -(-k // PAD_K_TO) * PAD_K_TO
+
+
+def padded_weight(weight: torch.Tensor, kp: int, keep: bool | None = None) -> torch.Tensor:
+    """weight with zero columns up to kp, kept per tensor and version where that is safe
+    (``kept_derived``; keep: ``keeps_derived(weight)`` where asked already)."""
+    return kept_derived(weight, "padk", lambda w: pad_k(kp, w)[0], keep=keep)
 
 
 def _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pad_to=None):
@@ -94,7 +108,7 @@ def _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pa
     kp = padded_k(x2, k, traced) if pad_to is None else pad_to
     if kp != k:  # zero columns: the same sums, from aligned rows
         if keeps_derived(weight):  # W padded once (per version), x per call
-            weight = kept_derived(weight, "padk", lambda w: pad_k(kp, w)[0], keep=True)
+            weight = padded_weight(weight, kp, keep=True)
             (x2,) = pad_k(kp, x2)
         else:  # (e.g. inside a graph capture) both, in one launch
             x2, weight = pad_k(kp, x2, weight)
