@@ -1,4 +1,4 @@
-// What both CUDA C++ twins (elementwise.cu, softmax.cu) share: the dtype traits, the
+// What the CUDA C++ twins (elementwise.cu, softmax.cu, interaction.cu) share: the dtype traits, the
 // 16-byte pack, weak stores in inline PTX, and the programmatic dependent launch. Included
 // inside each file's anonymous namespace, so each translation unit keeps its own copy.
 #pragma once
@@ -94,19 +94,26 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...), with the PDL attribute where pdl is set.
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where pdl is set.
 template <typename... Params, typename... Args>
-void launch_pdl(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                Args&&... args) {
+void launch_pdl_smem(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                     cudaStream_t stream, Args&&... args) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = pdl ? 1 : 0;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...), with the PDL attribute where pdl is set.
+template <typename... Params, typename... Args>
+void launch_pdl(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                Args&&... args) {
+  launch_pdl_smem(pdl, kernel, grid, block, 0, stream, std::forward<Args>(args)...);
 }

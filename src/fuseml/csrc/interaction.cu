@@ -150,17 +150,7 @@ void launch_ids(const Args& a, bool bags, cudaStream_t stream, bool pdl) {
   const size_t smem = static_cast<size_t>(warps * per_warp);
   auto kernel =
       bags ? interaction_kernel<Tr, Id, Off, true> : interaction_kernel<Tr, Id, Off, false>;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = pdl ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a));
+  launch_pdl_smem(pdl, kernel, grid, block, smem, stream, a);
 }
 
 template <typename Tr, typename Id>

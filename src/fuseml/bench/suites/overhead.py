@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import fuseml
-from fuseml.bench.harness import Case, Settings
+from fuseml.bench.harness import Case, Settings, host_overhead_us
 from fuseml.ops.embedding_interaction import embedding_interaction_ref
 
 ITERS_FULL, ITERS_QUICK = 2000, 500
@@ -36,17 +36,9 @@ DTYPE = torch.bfloat16
 
 
 def _host_us(fn, iters: int, repeats: int) -> tuple[float, float, float]:
-    """(p50, p20, p80) microseconds per call of ``fn()`` over ``repeats`` loops."""
-    per_call = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        per_call.append((t1 - t0) / iters * 1e6)
-    per_call.sort()
+    """(p50, p20, p80) microseconds per call of ``fn()`` over ``repeats`` loops
+    (``host_overhead_us`` each)."""
+    per_call = sorted(host_overhead_us(fn, (), iters) for _ in range(repeats))
     at = lambda q: per_call[min(len(per_call) - 1, round(q * (len(per_call) - 1)))]
     return at(0.5), at(0.2), at(0.8)
 
