@@ -42,10 +42,11 @@ class FusedDLRM(DLRM):
 
     It holds the very submodules of the DLRM it is built from (``FusedDLRM.from_dlrm``), so
     its parameters, buffers and state_dict keys are that model's; ``fuseml.optimize`` then
-    swaps the MLPs inside it for fused ones. The interaction writes ``[x, tril(Z Z^T)]``
-    padded with zero columns to an aligned width, and when the top MLP starts with a
-    ``FusedLinear`` that layer reads the padded matrix with a zero-padded copy of its
-    weight (kept per weight version), so no pad pass runs per call.
+    swaps the MLPs inside it for fused ones. When the top MLP is a chain of linear layers
+    (nn.Linear or FusedLinear, with activations), the interaction writes ``[x, tril(Z Z^T)]``
+    padded with zero columns to an aligned width and the chain runs as one
+    ``fuseml.ops.mlp`` call on it, its first weight zero-padded to match (kept per weight
+    version, so no pad pass runs per call) and the sigmoid in its last epilogue.
 
     The fused path takes one-hot ids ((B, T) int32/int64) or multi-hot bags (T
     ``(indices, offsets)`` pairs) on a CUDA device; mixed dtypes (the bottom MLP's output
