@@ -16,7 +16,7 @@ and ``torch.ops.fuseml.embedding_interaction_cuda_out``::
 
     embedding_interaction_cuda_out(Tensor x, Tensor weight, Tensor table_offsets,
                                    Tensor ids, Tensor? bag_starts, bool self_interaction,
-                                   Tensor(a!) out) -> ()
+                                   Tensor(a!) out, Tensor(b!)? bad_ids) -> ()
 
 which writes DLRM's ``[x, tril(Z Z^T), zeros]`` rows into ``out`` (see
 ``fuseml.ops.embedding_interaction``).
@@ -242,7 +242,7 @@ def _register_fake() -> None:
     def _softmax_cuda_out_fake(x, log, out) -> None:
         return None
 
-    def _interaction_cuda_out_fake(x, weight, offsets, ids, starts, self_, out) -> None:
+    def _interaction_cuda_out_fake(x, weight, offsets, ids, starts, self_, out, bad) -> None:
         return None
 
     for name, fake in ((OP_NAME, _bias_act_cuda_out_fake),

@@ -169,6 +169,9 @@ def test_embedding_interaction_opcheck(device, backend):
     flat, starts = pack_bags("t", _bags(5, cards, device), 5, 26, x.device)  # multi-hot
     args = (x, weight, offsets, flat, starts, False, 16 + 351, backend)
     torch.library.opcheck(torch.ops.fuseml.embedding_interaction, args)
+    flags = torch.zeros(26, dtype=torch.int32, device=device)  # the device-side id check
+    args = (x, weight, offsets, ids, None, False, 16 + 351, backend, flags)
+    torch.library.opcheck(torch.ops.fuseml.embedding_interaction_checked, args)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
@@ -182,6 +185,15 @@ def test_embedding_interaction_compile_fullgraph(device, backend):
 
     out = torch.compile(fn, fullgraph=True)(x, weight, offsets, ids)
     assert_close_verbose(out, _expected(x, weight, offsets, ids, out_width=368) * 2)
+    flags = torch.zeros(26, dtype=torch.int32, device=device)  # with the id flags
+    bad = ids.clone()
+    bad[1, 2] = -1
+
+    def checked(a, w, t, i, f):
+        return op(a, w, t, i, out_width=368, bad_ids=f, backend=backend) * 2
+
+    torch.compile(checked, fullgraph=True)(x, weight, offsets, bad, flags)
+    assert flags.nonzero().flatten().tolist() == [2]
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
@@ -202,6 +214,43 @@ def test_embedding_interaction_check_ids(device, backend):
     short[-1] = weight.shape[0] + 1  # the last table runs past weight
     with pytest.raises(ValueError, match="table_offsets must rise"):
         op(x, weight, short, ids, check_ids=True, backend=backend)
+
+
+@pytest.mark.parametrize(("device", "backend"), [*TARGETS, ("cpu", "eager")])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+def test_embedding_interaction_bad_ids_flags(device, backend, id_dtype):
+    """The check without a sync: a table with an id outside it is flagged, the other
+    samples' rows are right, nothing is read past a table."""
+    weight, offsets, cards = _tables(4, 16, torch.float32, device)
+    x = torch.randn(6, 16, device=device)
+    ids = _ids(6, cards, id_dtype, device)
+    flags = torch.zeros(4, dtype=torch.int32, device=device)
+    good = op(x, weight, offsets, ids, bad_ids=flags, backend=backend)
+    assert_close_verbose(good, _expected(x, weight, offsets, ids))
+    assert flags.tolist() == [0, 0, 0, 0]
+    bad = ids.clone()
+    bad[2, 1] = int(cards[1])  # one past table 1's last row
+    bad[4, 3] = -(2**31) if id_dtype == torch.int32 else -(2**40)
+    out = op(x, weight, offsets, bad, bad_ids=flags, backend=backend)
+    assert flags.tolist() == [0, 1, 0, 1]
+    keep = [0, 1, 3, 5]
+    assert_close_verbose(out[keep], _expected(x, weight, offsets, ids)[keep])
+    op(x, weight, offsets, ids, bad_ids=flags, backend=backend)
+    assert flags.tolist() == [0, 1, 0, 1]  # set, never cleared
+    # bags: every id of every bag checked
+    bags = _bags(6, cards, device, id_dtype=id_dtype)
+    flags.zero_()
+    op(x, weight, offsets, bags, bad_ids=flags, backend=backend)
+    assert flags.tolist() == [0, 0, 0, 0]
+    idx, off = bags[2]
+    if idx.numel():
+        bags[2] = (idx.clone().fill_(int(cards[2]) + 5), off)
+        op(x, weight, offsets, bags, bad_ids=flags, backend=backend)
+        assert flags.tolist() == [0, 0, 1, 0]
+    with pytest.raises(
+        ValueError, match=r"bad_ids must be a contiguous int32 tensor of shape \(4,\)"
+    ):
+        op(x, weight, offsets, ids, bad_ids=flags[:3], backend=backend)
 
 
 def test_embedding_interaction_bad_input():

@@ -24,6 +24,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
@@ -49,6 +50,7 @@ struct Args {
   const void* ids;  // (B, T), or flat (bags)
   int64_t ids_s0, ids_s1;
   const int64_t* starts;  // bags: (T * B + 1,)
+  int32_t* bad;  // (T,) or null: bad[t] = 1 where an id of table t lies outside it
   void* out;              // (B, out_w) contiguous
   int64_t rows;
   int tables;  // T
@@ -108,18 +110,30 @@ __global__ void interaction_kernel(Args a) {
     const int t = c / d;
     const int k = c - t * d;
     const int64_t first = load_id<Off>(a.toff, t * a.toff_s);
+    // with a flag: an id outside its table reads as a zero row and flags the table
+    const int64_t size =
+        a.bad != nullptr ? load_id<Off>(a.toff, (t + 1) * a.toff_s) - first : INT64_MAX;
     float v;
     if constexpr (kBags) {
       const int64_t bag = static_cast<int64_t>(t) * a.rows + b;
       float acc = 0.0f;
       for (int64_t e = a.starts[bag]; e < a.starts[bag + 1]; ++e) {
-        const int64_t row = first + load_id<Id>(a.ids, e * a.ids_s0);
-        acc += Tr::to_float(w[row * a.w_s0 + k * a.w_s1]);
+        const int64_t id = load_id<Id>(a.ids, e * a.ids_s0);
+        if (id < 0 || id >= size) {
+          if (a.bad != nullptr) a.bad[t] = 1;
+          continue;
+        }
+        acc += Tr::to_float(w[(first + id) * a.w_s0 + k * a.w_s1]);
       }
       v = Tr::to_float(Tr::from_float(acc));  // the pooled row in w's dtype
     } else {
-      const int64_t row = first + load_id<Id>(a.ids, b * a.ids_s0 + t * a.ids_s1);
-      v = Tr::to_float(w[row * a.w_s0 + k * a.w_s1]);
+      const int64_t id = load_id<Id>(a.ids, b * a.ids_s0 + t * a.ids_s1);
+      if (id < 0 || id >= size) {
+        if (a.bad != nullptr) a.bad[t] = 1;
+        v = 0.0f;
+      } else {
+        v = Tr::to_float(w[(first + id) * a.w_s0 + k * a.w_s1]);
+      }
     }
     z[(t + 1) * stride + k] = v;
   }
@@ -185,7 +199,8 @@ void check_same_device(const at::Tensor& t, const char* name, const at::Tensor& 
 void embedding_interaction_cuda_out(const at::Tensor& x, const at::Tensor& weight,
                                     const at::Tensor& table_offsets, const at::Tensor& ids,
                                     const std::optional<at::Tensor>& bag_starts,
-                                    bool self_interaction, at::Tensor& out) {
+                                    bool self_interaction, at::Tensor& out,
+                                    const std::optional<at::Tensor>& bad_ids) {
   TORCH_CHECK(x.is_cuda(), "embedding_interaction_cuda_out: x must be a CUDA tensor, got one on ",
               x.device());
   const auto dtype = x.scalar_type();
@@ -224,6 +239,14 @@ void embedding_interaction_cuda_out(const at::Tensor& x, const at::Tensor& weigh
                 "embedding_interaction_cuda_out: ids must be (", rows, ", ", tables, "), got ",
                 ids.sizes());
   }
+  if (bad_ids.has_value()) {
+    const at::Tensor& f = *bad_ids;
+    check_same_device(f, "bad_ids", x);
+    TORCH_CHECK(f.scalar_type() == at::kInt && f.dim() == 1 && f.size(0) == tables &&
+                    f.stride(0) == 1,
+                "embedding_interaction_cuda_out: bad_ids must be contiguous int32 of (T,) = (",
+                tables, ",), got ", f.scalar_type(), " ", f.sizes());
+  }
   const int64_t f = tables + 1;
   const int64_t pairs = self_interaction ? f * (f + 1) / 2 : f * (f - 1) / 2;
   TORCH_CHECK(out.dim() == 2 && out.size(0) == rows && out.size(1) >= x.size(1) + pairs &&
@@ -247,6 +270,7 @@ void embedding_interaction_cuda_out(const at::Tensor& x, const at::Tensor& weigh
   a.ids_s1 = bags ? 0 : ids.stride(1);
   a.starts = bags ? bag_starts->const_data_ptr<int64_t>() : nullptr;
   a.out = out.mutable_data_ptr();
+  a.bad = bad_ids.has_value() ? bad_ids->mutable_data_ptr<int32_t>() : nullptr;
   a.rows = rows;
   a.tables = static_cast<int>(tables);
   a.d = static_cast<int>(x.size(1));
@@ -268,7 +292,7 @@ void embedding_interaction_cuda_out(const at::Tensor& x, const at::Tensor& weigh
 TORCH_LIBRARY_FRAGMENT(fuseml, m) {
   m.def(
       "embedding_interaction_cuda_out(Tensor x, Tensor weight, Tensor table_offsets, Tensor ids, "
-      "Tensor? bag_starts, bool self_interaction, Tensor(a!) out) -> ()");
+      "Tensor? bag_starts, bool self_interaction, Tensor(a!) out, Tensor(b!)? bad_ids) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fuseml, CUDA, m) {

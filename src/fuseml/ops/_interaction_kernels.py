@@ -56,6 +56,7 @@ def _embedding_interaction_kernel(
     # relative to its table
     starts_ptr,  # BAGS: (T * B + 1,) where bag t * B + b starts in ids (CSR)
     out_ptr,  # (B, OUT_W) contiguous: [x, the kept triangle, zeros]
+    bad_ptr,  # CHECK: (T,) int32, bad[t] set to 1 where an id of table t lies outside it
     n_rows,  # B
     stride_xb,
     stride_xd,
@@ -76,6 +77,7 @@ def _embedding_interaction_kernel(
     Z_PAD: tl.constexpr,  # next power of two >= OUT_W - D - PAIRS: the zero columns
     UPCAST: tl.constexpr,  # interpreter only: dot float32 copies (see below)
     BAGS: tl.constexpr,  # multi-hot: each table's row the sum of its bag's rows
+    CHECK: tl.constexpr,  # ids checked against their tables (bad_ptr); a bad one reads zeros
     PDL: tl.constexpr,  # launched with programmatic dependent launch (pdl_launch)
 ):
     if PDL:
@@ -93,6 +95,10 @@ def _embedding_interaction_kernel(
     t = tl.where(is_emb, f - 1, 0)
     first_row = tl.load(toff_ptr + t * stride_t, mask=is_emb, other=0).to(tl.int64)
     id_mask = b_ok[:, None] & is_emb[None, :]
+    if CHECK:
+        size = tl.load(toff_ptr + (t + 1) * stride_t, mask=is_emb, other=0).to(tl.int64)
+        size = size - first_row
+        flag_ptrs = bad_ptr + t[None, :] + tl.zeros((BLOCK_B, 1), dtype=tl.int32)
     if BAGS:  # sum pooling in float32, rounded once to the table's dtype (as embedding_bag)
         bag = t[None, :].to(tl.int64) * n_rows + b[:, None]  # (BLOCK_B, F_PAD)
         first = tl.load(starts_ptr + bag, mask=id_mask, other=0).to(tl.int64)
@@ -101,6 +107,10 @@ def _embedding_interaction_kernel(
         for k in range(0, tl.max(tl.max(count, 1), 0)):
             ok = id_mask & (k < count)
             ids = tl.load(ids_ptr + first + k, mask=ok, other=0)
+            if CHECK:
+                bad = ok & ((ids < 0) | (ids.to(tl.int64) >= size[None, :]))
+                tl.store(flag_ptrs, 1, mask=bad)
+                ok = ok & ~bad
             rows = first_row[None, :] + ids.to(tl.int64)
             acc += tl.load(
                 w_ptr + rows[:, :, None] * stride_w0 + d[None, None, :] * stride_w1,
@@ -112,6 +122,10 @@ def _embedding_interaction_kernel(
         ids = tl.load(
             ids_ptr + b[:, None] * stride_ib + t[None, :] * stride_it, mask=id_mask, other=0
         )
+        if CHECK:
+            bad = id_mask & ((ids < 0) | (ids.to(tl.int64) >= size[None, :]))
+            tl.store(flag_ptrs, 1, mask=bad)
+            id_mask = id_mask & ~bad
         rows = first_row[None, :] + ids.to(tl.int64)  # (BLOCK_B, F_PAD)
         e_mask = id_mask[:, :, None] & d_ok[None, None, :]
         e = tl.load(
@@ -218,9 +232,11 @@ def _forward(
     block_b: int | None = None,
     num_warps: int | None = None,
     impl: str = "triton",
+    bad_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The launch (impl "triton", or "cuda": the CUDA C++ twin). ids: (B, T) one-hot, or
-    with ``bag_starts`` (T * B + 1,) the flat ids of every bag (see ``pack_bags``)."""
+    with ``bag_starts`` (T * B + 1,) the flat ids of every bag (see ``pack_bags``);
+    ``bad_ids`` ((T,) int32): flags set for tables with an id outside them."""
     n_rows, d = x.shape
     out = torch.empty((n_rows, out_width), dtype=x.dtype, device=x.device)
     if n_rows == 0 or launches_skipped():
@@ -228,7 +244,7 @@ def _forward(
     if impl == "cuda":
         _cuda_ext.require("embedding_interaction")
         torch.ops.fuseml.embedding_interaction_cuda_out(
-            x, weight, table_offsets, ids, bag_starts, self_interaction, out
+            x, weight, table_offsets, ids, bag_starts, self_interaction, out, bad_ids
         )
         return out
     # (int(): d and T become constexprs, static under torch.compile's tracing too)
@@ -244,17 +260,19 @@ def _forward(
         table_offsets.stride(0), *id_strides,
     )  # fmt: skip
     starts = bag_starts if bags else ids  # (not read without bags)
+    check = bad_ids is not None
+    flag = bad_ids if check else out  # (not written without a flag)
     pdl = pdl_launch(x, traced)
-    args = (x, weight, table_offsets, ids, starts, out, *ints, *consts, bags, pdl)
+    args = (x, weight, table_offsets, ids, starts, out, flag, *ints, *consts, bags, check, pdl)
     options = {"num_warps": num_warps, "launch_pdl": True} if pdl else {"num_warps": num_warps}
     if traced:
         torch.library.wrap_triton(_embedding_interaction_kernel)[grid](*args, num_warps=num_warps)
         return out
     key = (
-        x.dtype, table_offsets.dtype, ids.dtype, starts.dtype, num_warps, consts, bags, pdl,
-        *map(int_spec, ints),
+        x.dtype, table_offsets.dtype, ids.dtype, starts.dtype, num_warps, consts, bags, check,
+        pdl, *map(int_spec, ints),
     )  # fmt: skip
-    aligned = aligned16(x, weight, table_offsets, ids, starts, out)
+    aligned = aligned16(x, weight, table_offsets, ids, starts, out, bad_ids)
     _launches(grid, key, aligned, args, options)
     return out
 

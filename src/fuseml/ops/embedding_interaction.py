@@ -112,6 +112,59 @@ def _embedding_interaction_op(
     )  # fmt: skip
 
 
+# With the device-side id check: the flags are mutated (a separate op, so that the common
+# call has no mutable argument for torch.compile to functionalize).
+@fused_op("fuseml::embedding_interaction_checked", mutates_args=("bad_ids",))
+def _embedding_interaction_checked_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    table_offsets: torch.Tensor,
+    ids: torch.Tensor,
+    bag_starts: torch.Tensor | None,
+    self_interaction: bool,
+    out_width: int,
+    impl: str,
+    bad_ids: torch.Tensor,
+) -> torch.Tensor:
+    return _forward(
+        x, weight, table_offsets, ids, bag_starts, self_interaction, out_width, traced=True,
+        impl=impl, bad_ids=bad_ids,
+    )  # fmt: skip
+
+
+def _check_flag(op: str, bad_ids, n_tables: int, device: torch.device) -> None:
+    if not isinstance(bad_ids, torch.Tensor):
+        raise TypeError(f"{op}: bad_ids must be a tensor or None, got {type(bad_ids).__name__}")
+    if (
+        bad_ids.dtype != torch.int32
+        or tuple(bad_ids.shape) != (n_tables,)
+        or bad_ids.device != device
+        or not bad_ids.is_contiguous()
+    ):
+        raise ValueError(
+            f"{op}: bad_ids must be a contiguous int32 tensor of shape ({n_tables},) (one flag "
+            f"per table) on {device}, got {bad_ids.dtype} of shape {tuple(bad_ids.shape)} on "
+            f"{bad_ids.device}"
+        )
+
+
+def _flag_bad_ids(bad_ids: torch.Tensor, table_offsets: torch.Tensor, ids):
+    """The eager backends' form of the kernels' check: bad_ids[t] set where an id of
+    table t lies outside it (torch ops, no sync), and such ids replaced by 0 (in range) in
+    the ids returned."""
+    sizes = table_offsets.long().diff()
+    if isinstance(ids, torch.Tensor):
+        bad = (ids < 0) | (ids.long() >= sizes)  # (B, T)
+        bad_ids.copy_(bad_ids | bad.any(0).to(torch.int32))
+        return ids.masked_fill(bad, 0)
+    cleaned = []
+    for t, (idx, off) in enumerate(ids):
+        bad = (idx < 0) | (idx.long() >= sizes[t])
+        bad_ids[t : t + 1].copy_(bad_ids[t : t + 1] | bad.any().to(torch.int32))
+        cleaned.append((idx.masked_fill(bad, 0), off))
+    return cleaned
+
+
 # ------------------------------------------------------------------------------ public
 def _validate(op, x, weight, table_offsets, ids, self_interaction, out_width) -> int:
     """Check the arguments (bags: all but the bags, see ``pack_bags``); the output's
@@ -219,6 +272,7 @@ def embedding_interaction(
     self_interaction: bool = False,
     out_width: int | None = None,
     check_ids: bool = False,
+    bad_ids: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """DLRM's gather + dot interaction: ``cat([x, tril(Z Z^T)])`` with Z = [x, e_1..e_T].
@@ -237,6 +291,11 @@ def embedding_interaction(
     check_ids: check on the host (a device sync) that every id lies in its table (and
         bags' offsets are in order). Without it an id outside its table reads whatever row
         it addresses, as nn.Embedding does on CUDA. Skipped under torch.compile.
+    bad_ids: the check without a sync (e.g. inside a CUDA graph): a (T,) int32 tensor of
+        flags on x's device; the kernel sets bad_ids[t] to 1 when an id of table t lies
+        outside it (a bag's offsets are not checked) and reads no memory for that id (its
+        row's share of the result is unspecified: read the flags, e.g. after the batch,
+        and drop the batch). The flags are only ever set, never cleared.
     backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton |
         cuda (the CUDA C++ twin, built on first use).
 
@@ -253,16 +312,24 @@ def embedding_interaction(
         flat, starts = pack_bags(op, ids, x.shape[0], table_offsets.shape[0] - 1, x.device)
     if check_ids and not torch.compiler.is_compiling():
         _check_ids(op, weight, table_offsets, ids)
+    if bad_ids is not None:
+        _check_flag(op, bad_ids, table_offsets.shape[0] - 1, x.device)
     if backend in ("eager", "compile"):
+        if bad_ids is not None:
+            ids = _flag_bad_ids(bad_ids, table_offsets, ids)
         fn = (
             embedding_interaction_ref if backend == "eager" else compiled(embedding_interaction_ref)
         )
         return fn(x, weight, table_offsets, ids, self_interaction=self_interaction, out_width=width)
     if needs_dispatch(x, weight, table_offsets, flat):
+        if bad_ids is not None:
+            return torch.ops.fuseml.embedding_interaction_checked(
+                x, weight, table_offsets, flat, starts, self_interaction, width, backend, bad_ids
+            )
         return torch.ops.fuseml.embedding_interaction(
             x, weight, table_offsets, flat, starts, self_interaction, width, backend
         )
     return _forward(
         x, weight, table_offsets, flat, starts, self_interaction, width, traced=False,
-        impl=backend,
+        impl=backend, bad_ids=bad_ids,
     )  # fmt: skip
