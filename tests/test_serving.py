@@ -272,6 +272,33 @@ def test_dlrm_optimized_matches_eager():
         assert_close_verbose(served(dense, sparse), ref, torch.float32, tf32=True)
 
 
+@pytest.mark.parametrize("optimized", [False, True])
+@pytest.mark.gpu
+@requires_cuda
+def test_dlrm_default_id_check_is_captured(optimized):
+    """check_ids as built (the default): captured without a host sync, ids checked on the
+    device, a bad id raising after the call that saw it, naming its table."""
+    model = _dlrm()
+    assert model.embeddings.check_ids
+    served_model = fuseml.optimize(model)[0] if optimized else model
+    served = cuda_graphs(served_model, BUCKETS)
+    for rows in ROWS:
+        dense, sparse = _dlrm_inputs(model, rows)
+        with torch.no_grad():
+            ref = model(dense, sparse)
+        assert_close_verbose(served(dense, sparse), ref, torch.float32, tf32=True)
+    dense, sparse = _dlrm_inputs(model, 5)
+    bad = sparse.clone()
+    bad[3, 7] = model.config.cardinalities[7]  # one past table 7's last row
+    with pytest.raises(ValueError, match=r"sparse ids of table 7 \(C8\) must be in \[0, "):
+        served(dense, bad)
+    with torch.no_grad():  # the flags were cleared: good ids run again
+        assert_close_verbose(served(dense, sparse), model(dense, sparse), torch.float32, tf32=True)
+    if optimized:  # the eager fused forward checks in its kernel, one sync at the end
+        with pytest.raises(ValueError, match=r"sparse ids of table 7 \(C8\)"):
+            served_model(dense, bad)
+
+
 @pytest.mark.gpu
 @requires_cuda
 def test_outputs_are_fresh_and_static_outputs_are_overwritten():

@@ -32,7 +32,9 @@ differs raises a ValueError naming the argument and what was expected.
 Limits: inference only (calls run under ``torch.no_grad``; the model must be in eval mode);
 one call at a time (not thread-safe: graphs share their pool and buffers); a forward that
 syncs with the host (``.item()``, ``bool(tensor)``, data-dependent shapes) cannot be
-captured; parameters must be updated in place (``load_state_dict`` copies in place) for
+captured (DLRM's id check flags bad ids on the device inside a capture instead, and the
+wrapper calls the model's ``raise_if_bad_ids()``, where it has one, after each call's
+replays: one sync); parameters must be updated in place (``load_state_dict`` copies in place) for
 replays to see them. ``fallback="eager"`` runs the model eagerly instead of failing where
 graphs cannot be used (no CUDA, a CPU model, a failed capture), logging why once.
 """
@@ -49,7 +51,10 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["DEFAULT_BATCH_SIZES", "CudaGraphs", "bucket_for", "cuda_graphs", "plan_batches"]
+__all__ = [
+    "DEFAULT_BATCH_SIZES", "CudaGraphs", "ReplayCache", "bucket_for", "cuda_graphs",
+    "plan_batches",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -369,6 +374,11 @@ class CudaGraphs(nn.Module):
                     results = [o.new_empty((rows, *o.shape[1:])) for o in g.outputs]
                 for r, o in zip(results, g.outputs, strict=True):
                     r[start:stop].copy_(o[: stop - start])
+        # A model that checks its inputs on the device inside the graph (DLRM's ids)
+        # raises here for what the replays flagged (one sync).
+        check = getattr(self.module, "raise_if_bad_ids", None)
+        if callable(check):
+            check()
         if kind == "tensor":
             return results[0]
         return tuple(results) if kind == "tuple" else results
@@ -398,7 +408,7 @@ class CudaGraphs(nn.Module):
             raise _CaptureError(
                 f"cuda_graphs: capturing {type(self.module).__name__} at batch {bucket} "
                 f"failed ({type(e).__name__}: {e}); a forward that syncs with the host "
-                "(.item(), bool(tensor), data-dependent shapes; e.g. DLRM's id range check) "
+                "(.item(), bool(tensor), data-dependent shapes) "
                 "cannot be captured; fallback='eager' runs such a model eagerly"
             ) from e
         g.outputs, g.kind = _outputs(out, bucket)
@@ -445,3 +455,95 @@ def cuda_graphs(
     tensors. See ``fuseml.serving`` for the rules on inputs.
     """
     return CudaGraphs(model, batch_sizes, pad=pad, fallback=fallback, warmup=warmup)
+
+
+# --------------------------------------------------------------- replays of eager calls
+class ReplayCache:
+    """Repeated eager calls of a forward replayed from CUDA graphs, one per call signature.
+
+    For a model whose eager forward costs more host time than GPU time (a few launches of
+    Triton kernels through Python), a graph replay takes the host cost of one launch. The
+    owner decides what a signature is (the inputs' shapes, dtypes and strides, static
+    settings, and the data pointers and versions of every parameter, so that a weight
+    replaced or updated in place is never replayed stale) and calls :meth:`run`. A
+    signature's first ``capture_after`` calls run eagerly (tuning, compilation and warm-up
+    happen there); the next one captures its graph and every later one replays it: the
+    inputs are copied into the graph's static buffers and the output copied out, so every
+    call returns a fresh tensor. At most ``max_graphs`` graphs are kept (least recently
+    used dropped, their memory with them: each has its own pool). A capture that fails
+    turns the replays off for the owner, logged once, and the eager forward runs (the same
+    result).
+    """
+
+    def __init__(self, owner: str, *, capture_after: int = 2, max_graphs: int = 4) -> None:
+        self.owner = owner
+        self.capture_after = capture_after
+        self.max_graphs = max_graphs
+        self.enabled = True
+        self._seen: dict[tuple, int] = {}
+        self._graphs: dict[tuple, tuple] = {}  # key -> (graph, static inputs, static output)
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._graphs)
+
+    def __deepcopy__(self, memo) -> ReplayCache:  # a copy of the owner starts with none
+        return ReplayCache(self.owner, capture_after=self.capture_after, max_graphs=self.max_graphs)
+
+    def __getstate__(self) -> dict:  # pickled (torch.save of the owner): without graphs
+        state = dict(self.__dict__)
+        state["_seen"], state["_graphs"] = {}, {}
+        return state
+
+    def clear(self) -> None:
+        self._seen.clear()
+        self._graphs.clear()
+
+    def run(self, key: tuple, fn, inputs: list[torch.Tensor]) -> torch.Tensor:
+        """``fn(*inputs)`` (one output tensor), replayed from the graph of ``key`` once it
+        is captured."""
+        entry = self._graphs.get(key)
+        if entry is not None:
+            self._graphs[key] = self._graphs.pop(key)  # most recently used last
+            graph, static, out = entry
+            for s, x in zip(static, inputs, strict=True):
+                s.copy_(x)
+            graph.replay()
+            return out.clone()
+        seen = self._seen.get(key, 0) + 1
+        if seen <= self.capture_after or not self.enabled or self.max_graphs < 1:
+            if len(self._seen) > 64 * max(1, self.max_graphs):  # many signatures: forget
+                self._seen.clear()
+            self._seen[key] = seen
+            return fn(*inputs)
+        self._seen.pop(key, None)
+        with torch.inference_mode(False):
+            static = [x.clone() for x in inputs]
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(side):  # the recipe's warm-up on the capture stream
+                fn(*static)
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(graph, stream=side):
+                out = fn(*static)
+        except Exception as e:
+            _end_failed_capture(side)
+            self.enabled = False
+            self.clear()
+            log.warning(
+                "%s: replaying eager calls from CUDA graphs is off: the capture failed "
+                "(%s: %s); calls run eagerly (the same result)", self.owner, type(e).__name__, e,
+            )  # fmt: skip
+            return fn(*inputs)
+        if not isinstance(out, torch.Tensor):
+            self.enabled = False
+            return fn(*inputs)
+        while len(self._graphs) >= self.max_graphs:
+            self._graphs.pop(next(iter(self._graphs)))
+        self._graphs[key] = (graph, static, out)
+        for s, x in zip(static, inputs, strict=True):
+            s.copy_(x)
+        graph.replay()
+        return out.clone()

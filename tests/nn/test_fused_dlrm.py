@@ -252,3 +252,42 @@ def test_fused_dlrm_compiles_fullgraph(device, backend):
     with torch.no_grad():
         out = compiled(dense, sparse)
     assert_close_verbose(out, _ref64(model, dense, sparse))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_dlrm_eager_calls_replay_graphs(dtype, monkeypatch):
+    """Repeated eager calls of one signature replay a CUDA graph: fresh outputs, new
+    inputs seen, a weight updated in place or replaced seen, bad ids still raising;
+    replay_graphs = 0 launches every call."""
+    model = _model("kaggle", "cuda", dtype)
+    fused, _ = fuseml.optimize(model)
+    calls = _count_ei_calls(monkeypatch)
+    outs = []
+    with torch.no_grad():
+        for _ in range(6):
+            dense, sparse = _inputs(model, 37, "cuda", dtype=dtype)
+            poison_allocator()
+            out = fused(dense, sparse)
+            assert_close_verbose(out, _ref64(model, dense, sparse), dtype)
+            outs.append((out, out.clone()))
+        assert len(calls) == 4  # two eager calls, the warm-up and the capture, then replays
+        assert fused._replays().num_graphs == 1
+        assert all(torch.equal(o, kept) for o, kept in outs)  # each call's own tensor
+        fused.top_mlp[0].weight.mul_(-1.0)  # in place: a new version, a new graph
+        fused.bottom_mlp[0].bias = nn.Parameter(fused.bottom_mlp[0].bias + 1)  # replaced
+        for _ in range(4):
+            out = fused(dense, sparse, return_logits=True)
+            ref = _ref64(fused, dense, sparse, return_logits=True)
+            assert_close_verbose(out, ref, dtype)
+        bad = sparse.clone()
+        bad[5, 2] = model.config.cardinalities[2]
+        with pytest.raises(ValueError, match=r"sparse ids of table 2 \(C3\)"):
+            fused(dense, bad, return_logits=True)  # a replayed signature
+        fused.replay_graphs = 0
+        n = len(calls)
+        for _ in range(3):
+            fused(dense, sparse)
+        assert len(calls) == n + 3 and fused._replays().num_graphs == 0
+    copy.deepcopy(fused)  # the graphs are not copied

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,67 +41,15 @@ from fuseml.apps.common import (
 from fuseml.data.errors import Flag, OptionError
 from fuseml.models.bench_cases import random_inputs
 from fuseml.models.dlrm import DLRM, DLRMConfig
-from fuseml.nn.dlrm import FusedDLRM
+from fuseml.nn.dlrm import STAGES, stage_ranges
 
 __all__ = ["STAGES", "ProfileResult", "profile_dlrm", "stage_ranges"]
 
-# (a FusedDLRM runs embeddings + interaction as one stage, embedding_interaction)
-STAGES = ("bottom_mlp", "embeddings", "interaction", "embedding_interaction", "top_mlp")
 _PREFIX = "dlrm."
 _COMPILED_RANGE = "dlrm.forward (compiled)"
 
 
 BACKENDS = MODEL_BACKENDS  # auto, triton: the fuseml.optimize'd model
-
-
-@contextlib.contextmanager
-def stage_ranges(model: DLRM, *, nvtx: bool | None = None) -> Iterator[None]:
-    """Wrap each stage's forward in ``record_function`` (+ NVTX) ranges, until exit."""
-    if nvtx is None:
-        nvtx = next(model.parameters()).is_cuda
-    handles = []
-
-    @contextlib.contextmanager
-    def stage(name: str) -> Iterator[None]:  # a FusedDLRM's stages without a module call
-        with torch.profiler.record_function(_PREFIX + name):
-            if nvtx:
-                torch.cuda.nvtx.range_push(_PREFIX + name)
-            try:
-                yield
-            finally:
-                if nvtx:
-                    torch.cuda.nvtx.range_pop()
-
-    fused = isinstance(model, FusedDLRM)
-    if fused:
-        model.stage_range = stage
-    for name in STAGES:
-        module = getattr(model, name, None)
-        if module is None:
-            continue
-        open_ranges: list[Any] = []  # per module: a stage never re-enters itself
-
-        def enter(_module, _args, name=name, open_ranges=open_ranges) -> None:
-            rf = torch.profiler.record_function(_PREFIX + name)
-            rf.__enter__()
-            open_ranges.append(rf)
-            if nvtx:
-                torch.cuda.nvtx.range_push(_PREFIX + name)
-
-        def leave(_module, _args, _out, open_ranges=open_ranges) -> None:
-            if nvtx:
-                torch.cuda.nvtx.range_pop()
-            open_ranges.pop().__exit__(None, None, None)
-
-        handles.append(module.register_forward_pre_hook(enter))
-        handles.append(module.register_forward_hook(leave))
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        if fused:
-            del model.stage_range
 
 
 @dataclass

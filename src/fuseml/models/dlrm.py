@@ -296,7 +296,10 @@ class ConcatEmbeddingBags(nn.Module):
         (offsets (B,) are the bag starts, beginning at 0; an empty bag gives zeros).
 
     Ids of table t must lie in [0, cardinalities[t]), checked on every call outside
-    ``torch.compile`` (``check_ids=False`` skips the check and its device sync). With
+    ``torch.compile`` (``check_ids=False`` skips the check and its device sync). Inside a
+    CUDA graph's capture the check cannot sync: it sets a per-table flag on the device
+    instead (the id read as 0), and :meth:`raise_if_bad_ids` (called by
+    ``fuseml.cuda_graphs`` after each replay) raises for a flagged table. With
     ``hash_ids`` raw ids (any int64, negatives too) are first taken modulo the table size.
     """
 
@@ -349,14 +352,42 @@ class ConcatEmbeddingBags(nn.Module):
         ids = self.one_hot_ids(ids).long()  # (B, T)
         return F.embedding(ids + self.table_offsets[:-1], self.weight)  # (B, T, d)
 
-    def one_hot_ids(self, ids: torch.Tensor) -> torch.Tensor:
+    def one_hot_ids(self, ids: torch.Tensor, *, range_check: bool = True) -> torch.Tensor:
         """(B, T) one-hot ids as the forward takes them: shape and dtype checked, then
         hashed (``hash_ids``: int64) or range-checked (``check_ids``: the ids themselves),
-        each relative to its table."""
+        each relative to its table. ``range_check=False``: the caller checks the range
+        itself (e.g. in its kernel, through :meth:`bad_id_flags`)."""
         if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[1] != self.num_tables:
             shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
             raise ValueError(f"sparse ids: expected shape (B, {self.num_tables}), got {shape}")
-        return self._table_ids(ids, self.cardinalities, keep_dtype=True)
+        return self._table_ids(ids, self.cardinalities, keep_dtype=True, range_check=range_check)
+
+    def bad_id_flags(self, device: torch.device) -> torch.Tensor:
+        """The (T,) int32 flags on ``device`` that the sync-free check sets (flag t: an id
+        of table t outside it was seen); kept until :meth:`raise_if_bad_ids` reads them."""
+        flags = self.__dict__.setdefault("_bad_id_flags", {})
+        f = flags.get(device)
+        if f is None:
+            with torch.inference_mode(False):  # written in and out of inference mode
+                f = flags[device] = torch.zeros(self.num_tables, dtype=torch.int32, device=device)
+        return f
+
+    def raise_if_bad_ids(self) -> None:
+        """ValueError naming the first table whose flag the sync-free check set (a device
+        sync per flag tensor); the flags are cleared."""
+        flags = self.__dict__.get("_bad_id_flags", {})
+        if flags and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return  # read after the replay, not inside a capture
+        for f in flags.values():
+            if bool(f.any()):
+                t = int(f.nonzero()[0, 0])
+                f.zero_()
+                raise ValueError(
+                    f"sparse ids of table {t} (C{t + 1}) must be in [0, "
+                    f"{int(self._host_cardinalities[t])}): an id outside it was seen "
+                    "(checked on the device; the batch's results are not valid; "
+                    "hash_ids=True takes raw ids modulo the table size)"
+                )
 
     def _bags(self, bags: Bags) -> torch.Tensor:
         checked = self.bag_ids(bags)
@@ -372,10 +403,12 @@ class ConcatEmbeddingBags(nn.Module):
         )  # (T * B, d)
         return pooled.view(self.num_tables, batch, self.dim).transpose(0, 1)  # (B, T, d)
 
-    def bag_ids(self, bags: Bags) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def bag_ids(
+        self, bags: Bags, *, range_check: bool = True
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """T ``(indices, offsets)`` bags as the forward takes them: shapes and offsets
-        checked, ids hashed (``hash_ids``) or range-checked (``check_ids``), each relative
-        to its table."""
+        checked, ids hashed (``hash_ids``) or range-checked (``check_ids``; not with
+        ``range_check=False``), each relative to its table."""
         if not isinstance(bags, (list, tuple)) or len(bags) != self.num_tables:
             got = len(bags) if isinstance(bags, (list, tuple)) else type(bags).__name__
             raise ValueError(f"sparse bags: expected {self.num_tables} tables, got {got}")
@@ -389,13 +422,19 @@ class ConcatEmbeddingBags(nn.Module):
                 )
             self._check_offsets(t, off, idx.shape[0])
             ids = self._table_ids(
-                idx.unsqueeze(1), self.cardinalities[t : t + 1], first=t, keep_dtype=True
-            )
+                idx.unsqueeze(1), self.cardinalities[t : t + 1], first=t, keep_dtype=True,
+                range_check=range_check,
+            )  # fmt: skip
             checked.append((ids.squeeze(1), off))
         return checked
 
     def _table_ids(
-        self, ids: torch.Tensor, sizes: torch.Tensor, first: int = 0, keep_dtype: bool = False
+        self,
+        ids: torch.Tensor,
+        sizes: torch.Tensor,
+        first: int = 0,
+        keep_dtype: bool = False,
+        range_check: bool = True,
     ) -> torch.Tensor:
         """Hash or validate (N, k) ids of tables first..first + k - 1 with ``sizes`` rows;
         int64, or (keep_dtype, unhashed) in their own dtype."""
@@ -403,8 +442,15 @@ class ConcatEmbeddingBags(nn.Module):
             raise TypeError(f"sparse ids must be int32 or int64, got {ids.dtype}")
         if self.hash_ids:
             return torch.remainder(ids.long(), sizes)  # floor modulo: always in [0, size)
-        if self.check_ids and ids.shape[0] and not torch.compiler.is_compiling():
-            _check_id_range(ids, sizes, first)
+        if range_check and self.check_ids and ids.shape[0] and not torch.compiler.is_compiling():
+            if ids.is_cuda and torch.cuda.is_current_stream_capturing():
+                # no sync inside a capture: flag the table, read the id as 0
+                bad = (ids < 0) | (ids >= sizes)  # (N, k)
+                flags = self.bad_id_flags(ids.device)[first : first + ids.shape[1]]
+                flags.bitwise_or_(bad.any(0).to(torch.int32))
+                ids = ids.masked_fill(bad, 0)
+            else:
+                _check_id_range(ids, sizes, first)
         return ids if keep_dtype else ids.long()
 
     def validate_ids(self, ids: torch.Tensor) -> None:
@@ -500,6 +546,11 @@ class DLRM(nn.Module):
             if isinstance(layer, nn.Linear):
                 _init_linear(layer)
         self.embeddings.reset_parameters()
+
+    def raise_if_bad_ids(self) -> None:
+        """Raise for ids outside their tables seen by the sync-free check (inside CUDA
+        graphs); see ``ConcatEmbeddingBags.raise_if_bad_ids``."""
+        self.embeddings.raise_if_bad_ids()
 
     def forward(
         self, dense: torch.Tensor, sparse: SparseInput, return_logits: bool = False

@@ -4,6 +4,8 @@ kernel (``fuseml.ops.embedding_interaction``) writing the top MLP's input direct
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -12,11 +14,16 @@ from torch import nn
 from fuseml.models.dlrm import DLRM, SparseInput
 from fuseml.nn._common import activation_of, call_backend, check_backend
 from fuseml.nn.linear import FusedLinear
+from fuseml.ops._utils import needs_dispatch
 from fuseml.ops.embedding_interaction import embedding_interaction
 from fuseml.ops.linear import padded_weight, padded_width
 from fuseml.ops.mlp import mlp as fused_mlp
+from fuseml.serving import ReplayCache
 
-__all__ = ["FusedDLRM"]
+__all__ = ["STAGES", "FusedDLRM", "stage_ranges"]
+
+# (a FusedDLRM runs embeddings + interaction as one stage, embedding_interaction)
+STAGES = ("bottom_mlp", "embeddings", "interaction", "embedding_interaction", "top_mlp")
 
 _NO_RANGE = contextlib.nullcontext()
 
@@ -57,6 +64,9 @@ class FusedDLRM(DLRM):
     # stage_range(name) -> a context manager around a stage (fuseml.apps.profile sets it
     # on an instance while profiling); None: no ranges, no cost
     stage_range = None
+    # Eager calls: how many CUDA graphs of repeated call signatures to keep (see
+    # fuseml.serving.ReplayCache); 0: every call launches its kernels.
+    replay_graphs = 4
 
     def __init__(self, *args, **kwargs) -> None:
         raise TypeError("FusedDLRM: build it with FusedDLRM.from_dlrm(model)")
@@ -92,15 +102,79 @@ class FusedDLRM(DLRM):
     ) -> torch.Tensor:
         if not self._fused_path(dense, sparse):
             return super().forward(dense, sparse, return_logits)
+        emb = self.embeddings
+        # ids checked in the kernel, which flags a table with an id outside it (no sync);
+        # the flags read once the forward is queued (a sync, as the DLRM's own check)
+        check = emb.check_ids and not emb.hash_ids and not torch.compiler.is_compiling()
+        key = self._replay_key(dense, sparse, return_logits) if self.replay_graphs else None
+        if key is None:
+            out = self._fused(dense, sparse, return_logits, check)
+        else:
+            out = self._replays().run(
+                key, lambda d, s: self._fused(d, s, return_logits, check), [dense, sparse]
+            )
+        if check:
+            emb.raise_if_bad_ids()
+        return out
+
+    def _replays(self):
+        cache = self.__dict__.get("_replay_cache")
+        if cache is None or cache.max_graphs != self.replay_graphs:
+            cache = ReplayCache("FusedDLRM", max_graphs=self.replay_graphs)
+            self.__dict__["_replay_cache"] = cache
+        return cache
+
+    def _replay_key(self, dense, sparse, return_logits: bool) -> tuple | None:
+        """The signature of an eager call whose replays a CUDA graph can serve, or None:
+        inference on CUDA with one-hot ids (bags vary in length), not inside a capture,
+        a compilation or a profile's stage ranges."""
+        if (
+            torch.is_grad_enabled()
+            or self.training
+            or type(sparse) is not torch.Tensor
+            or type(dense) is not torch.Tensor
+            or not dense.is_cuda
+            or self.stage_range is not None
+            or torch.compiler.is_compiling()
+            or torch.cuda.is_current_stream_capturing()
+            or torch.is_autocast_enabled("cuda")
+            or needs_dispatch(dense, sparse)
+        ):
+            return None
+        state = self._state_tensors()
+        try:
+            versions = tuple((t.data_ptr(), t._version) for t in state)
+        except RuntimeError:  # inference tensors keep no version: nothing to key on
+            return None
+        return (
+            tuple(dense.shape), dense.stride(), dense.dtype, dense.device,
+            tuple(sparse.shape), sparse.stride(), sparse.dtype, return_logits,
+            torch.backends.cuda.matmul.allow_tf32, versions,
+        )  # fmt: skip
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        """Every parameter and buffer, listed again when a child module changes."""
+        shape = tuple((m, *m._modules.values()) for m in self._modules.values() if m is not None)
+        cached = self.__dict__.get("_state_cache")
+        if cached is None or cached[0] != shape:
+            tensors = [*self.parameters(), *self.buffers()]
+            cached = self.__dict__["_state_cache"] = (shape, tensors)
+        return cached[1]
+
+    def _fused(self, dense, sparse, return_logits: bool, check: bool) -> torch.Tensor:
+        """The fused forward (flags of bad ids set, not read)."""
         self._check_dense(dense)
         emb = self.embeddings
         x = self.bottom_mlp(dense)  # (B, d)
         if x.dtype != emb.weight.dtype:  # e.g. under autocast: the DLRM's own stages
             logits = self.top_mlp(self.interaction(x, emb(sparse))).squeeze(1)
             return logits if return_logits else torch.sigmoid(logits)
-        # checked (or hashed) as the DLRM's forward does
         one_hot = isinstance(sparse, torch.Tensor)
-        ids = emb.one_hot_ids(sparse) if one_hot else emb.bag_ids(sparse)
+        if one_hot:
+            ids = emb.one_hot_ids(sparse, range_check=False)
+        else:
+            ids = emb.bag_ids(sparse, range_check=False)
+        flags = emb.bad_id_flags(x.device) if check else None
         k = self.interaction.output_dim(x.shape[1])
         top = self._top_chain(x.dtype)
         width = interaction_width(k) if top is not None else k
@@ -112,8 +186,12 @@ class FusedDLRM(DLRM):
                 ids,
                 self_interaction=self.interaction.self_interaction,
                 out_width=width,
+                bad_ids=flags,
                 backend="triton",
             )
+        return self._top(z, top, k, width, return_logits)
+
+    def _top(self, z, top, k: int, width: int, return_logits: bool) -> torch.Tensor:
         if top is None:  # a top MLP of other modules: run as it is
             logits = self.top_mlp(z).squeeze(1)
             return logits if return_logits else torch.sigmoid(logits)
@@ -183,3 +261,57 @@ class FusedDLRM(DLRM):
             return False  # a bad argument: the DLRM's forward names it
         weight = self.embeddings.weight
         return call_backend("FusedDLRM", self.backend, dense, [weight]) == "triton"
+
+
+@contextlib.contextmanager
+def stage_ranges(model: DLRM, *, nvtx: bool | None = None) -> Iterator[None]:
+    """Wrap each stage's forward in ``record_function`` (+ NVTX) ranges named
+    ``dlrm.<stage>`` (STAGES), until exit: forward hooks on a DLRM's stage modules, and a
+    FusedDLRM's ``stage_range`` for the stages it runs without a module call. The model's
+    forward is untouched and pays nothing otherwise (``fuseml profile``, the dlrm bench
+    suite's per-stage breakdown)."""
+    if nvtx is None:
+        nvtx = next(model.parameters()).is_cuda
+    handles = []
+
+    @contextlib.contextmanager
+    def stage(name: str) -> Iterator[None]:  # a FusedDLRM's stages without a module call
+        with torch.profiler.record_function("dlrm." + name):
+            if nvtx:
+                torch.cuda.nvtx.range_push("dlrm." + name)
+            try:
+                yield
+            finally:
+                if nvtx:
+                    torch.cuda.nvtx.range_pop()
+
+    fused = isinstance(model, FusedDLRM)
+    if fused:
+        model.stage_range = stage
+    for name in STAGES:
+        module = getattr(model, name, None)
+        if module is None:
+            continue
+        open_ranges: list[Any] = []  # per module: a stage never re-enters itself
+
+        def enter(_module, _args, name=name, open_ranges=open_ranges) -> None:
+            rf = torch.profiler.record_function("dlrm." + name)
+            rf.__enter__()
+            open_ranges.append(rf)
+            if nvtx:
+                torch.cuda.nvtx.range_push("dlrm." + name)
+
+        def leave(_module, _args, _out, open_ranges=open_ranges) -> None:
+            if nvtx:
+                torch.cuda.nvtx.range_pop()
+            open_ranges.pop().__exit__(None, None, None)
+
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        if fused:
+            del model.stage_range
