@@ -13,9 +13,15 @@ class _Compiled(CompiledKernel):
     def __init__(self, calls):  # (CompiledKernel's own __init__ loads a binary)
         self.calls = calls
         self.module = None  # (read by CompiledKernel.__del__ in newer Triton)
+        self.function, self.packed_metadata = "fn", "meta"
 
-    def __getitem__(self, grid):
-        return lambda *args: self.calls.append(("direct", grid, args))
+    def __getitem__(self, grid):  # the launch that calls a profiler's hooks
+        return lambda *args: self.calls.append(("hooked", grid, args))
+
+    def run(self, gx, gy, gz, stream, function, metadata, launch_meta, enter, leave, *args):
+        assert (stream, function, metadata) == ("stream0", "fn", "meta")
+        assert launch_meta is enter is leave is None
+        self.calls.append(("direct", (gx, gy, gz), args))
 
 
 class _Kernel:
@@ -35,7 +41,9 @@ class _Kernel:
 
 @pytest.fixture
 def launches(monkeypatch):
-    monkeypatch.setattr(_utils.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_utils, "_current_device", lambda: 0)
+    monkeypatch.setattr(_utils, "_raw_stream", lambda device: f"stream{device}")
+    monkeypatch.setattr(_utils, "_launch_hooks", lambda: None)
     kernel = _Kernel()
     fast = _utils.CompiledLaunches(kernel)
     fast.enabled = True  # (off under the interpreter, which these tests may run in)
@@ -72,6 +80,14 @@ def test_off_switch_and_compile_only(launches, monkeypatch):
     monkeypatch.setattr(_utils, "grid_launch", lambda k, g: k[g])
     fast((4,), "k1", True, (1,), {})
     assert [c[0] for c in kernel.calls] == ["ordinary"] * 3
+
+
+def test_launch_hooks_take_the_launch_that_calls_them(launches, monkeypatch):
+    kernel, fast = launches
+    fast((4,), "k1", True, (1,), {})
+    monkeypatch.setattr(_utils, "_launch_hooks", lambda: print)  # e.g. proton profiling
+    fast((4,), "k1", True, (2,), {})
+    assert kernel.calls[-1] == ("hooked", (4, 1, 1), (2,))
 
 
 def test_the_environment_switch(monkeypatch):

@@ -276,16 +276,47 @@ class CompiledLaunches:
         if not (aligned and self.enabled) or compiling_only():
             grid_launch(self.kernel, grid)(*args, **options)
             return
-        key = (key, torch.cuda.current_device())
+        device = _current_device()
+        key = (key, device)
         ck = self.compiled.get(key)
         if ck is not None:
-            ck[(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)](*args)
+            g = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+            if _launch_hooks() is None:  # the launcher itself: 3 us less than ck[grid]
+                ck.run(
+                    *g, _raw_stream(device), ck.function, ck.packed_metadata, None, None, None,
+                    *args,
+                )  # fmt: skip
+            else:  # (a profiler's launch hooks: the launch that calls them)
+                ck[g](*args)
             return
         ck = self.kernel[grid](*args, **options)
         from triton.compiler import CompiledKernel
 
-        if isinstance(ck, CompiledKernel):
+        if isinstance(ck, CompiledKernel) and hasattr(ck, "packed_metadata"):
             self.compiled[key] = ck
+
+
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda device: torch.cuda.current_stream(device).cuda_stream
+)
+
+
+_knobs_runtime = None
+
+
+def _launch_hooks():
+    """Triton's launch enter/exit hooks (set by profilers such as proton), None when
+    neither is set."""
+    global _knobs_runtime
+    runtime = _knobs_runtime
+    if runtime is None:
+        import triton
+
+        runtime = _knobs_runtime = getattr(getattr(triton, "knobs", None), "runtime", False)
+    if runtime is False:
+        return True  # (a Triton without knobs: the launch that knows where hooks live)
+    return runtime.launch_enter_hook or getattr(runtime, "launch_exit_hook", None)
 
 
 def aligned16(*tensors: torch.Tensor | None) -> bool:
