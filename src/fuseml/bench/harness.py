@@ -298,10 +298,16 @@ def _first_line(exc: BaseException) -> str:
 def _row(case: Case, arm: str, meta: dict, ceilings: dict, **fields) -> dict:
     row = {"suite": case.suite, "case": case.name, "arm": arm, **case.params}
     p50 = fields.get("p50_ms")
-    if p50 and case.samples:  # model suites: samples/s, no hardware ceiling
+    if p50 and case.samples:  # model suites: samples/s, and how near both hardware limits
         fields.update(rate=round(case.samples / (p50 * 1e-3), 1), rate_unit="samples/s")
         if case.flops:
             fields["tflops"] = round(case.flops / (p50 * 1e-3) / 1e12, 2)
+            matmul = ceilings.get(case.ceiling) if case.ceiling.startswith("matmul") else None
+            if matmul:  # % of the matmul ceiling (its dtype's) measured in the run
+                fields["pct_of_matmul"] = round(100 * fields["tflops"] / matmul, 2)
+        copy = ceilings.get("copy_gbps")
+        if case.bytes and copy:  # % of the memory floor: the fewest bytes at copy speed
+            fields["pct_of_copy"] = round(100 * case.bytes / (p50 * 1e-3) / 1e9 / copy, 2)
     elif p50 and (case.bytes or case.flops):
         by_flops = bool(case.flops) and (not case.bytes or case.ceiling.startswith("matmul"))
         if by_flops:

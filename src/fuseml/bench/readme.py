@@ -107,6 +107,7 @@ FAMILIES = (
 # fuseml.optimize was timed (eager call and CUDA-graph replay), against these peers.
 DLRM_PEERS = (("eager", "PyTorch"), ("compile", "torch.compile"))
 DLRM_FUSED = "fuseml"
+DLRM_HEADLINE_BATCHES = (64, 4096, 65536)
 
 
 def _anchor(title: str) -> str:
@@ -303,15 +304,17 @@ def family_row(doc: dict, where: dict) -> dict | None:
 
 
 def dlrm_rows(doc: dict) -> list[dict]:
-    """Per config, the smallest and the largest batch at which fuseml was timed, with
-    the rows of fuseml and of each peer, eager call ("events") and graph replay."""
+    """Per config (uniform ids), the batches of DLRM_HEADLINE_BATCHES at which fuseml was
+    timed (else the smallest and the largest), with the rows of fuseml and of each peer,
+    eager call ("events") and graph replay."""
     by = {(r["case"], r["arm"], r["mode"]): r for r in doc["rows"] if r.get("p50_ms")}
     timed = [r for r in doc["rows"] if r["arm"] == DLRM_FUSED and r["mode"] == "events"
-             and r.get("p50_ms")]  # fmt: skip
+             and r.get("p50_ms") and r.get("ids", "uniform") == "uniform"]  # fmt: skip
     out = []
     for config in dict.fromkeys(r["config"] for r in timed):
         rows = sorted((r for r in timed if r["config"] == config), key=lambda r: r["batch"])
-        for r in rows[:1] + rows[1:][-1:]:
+        headline = [r for r in rows if r["batch"] in DLRM_HEADLINE_BATCHES]
+        for r in headline or rows[:1] + rows[1:][-1:]:
             cells = {(arm, mode): by.get((r["case"], arm, mode))
                      for mode in ("events", "graph")
                      for arm in (DLRM_FUSED, *(a for a, _ in DLRM_PEERS))}  # fmt: skip

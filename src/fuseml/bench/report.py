@@ -160,7 +160,7 @@ def plot_suite(doc: dict, spec: dict, out_png: Path) -> Path:
     rows = [r for r in shown_rows(doc, spec) if r.get("p50_ms" if by_time else "rate")]
     if spec.get("arms"):
         rows = [r for r in rows if r["arm"] in spec["arms"]]
-    panels = {tuple(r[k] for k in spec["panels"]) for r in rows}
+    panels = {tuple(r.get(k, "") for k in spec["panels"]) for r in rows}
     if spec.get("sort") == "numeric":
         panels = sorted(panels, key=lambda p: tuple(_numeric_key(v) for v in p))
     else:
@@ -176,7 +176,7 @@ def plot_suite(doc: dict, spec: dict, out_png: Path) -> Path:
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.6 * nrows + 0.8), squeeze=False)
     unit = "median time (us)" if by_time else rows[0]["rate_unit"]
     for ax, panel in zip(axes.flat, panels, strict=False):
-        sel = [r for r in rows if tuple(r[k] for k in spec["panels"]) == panel]
+        sel = [r for r in rows if tuple(r.get(k, "") for k in spec["panels"]) == panel]
         by_arm = defaultdict(list)
         for r in sel:
             y = r["p50_ms"] * 1e3 if by_time else r["rate"]
@@ -280,7 +280,8 @@ def markdown_table(doc: dict, spec: dict, *, footer: bool = True) -> str:
     keyed = defaultdict(dict)
     for r in rows:
         key = tuple(
-            "x".join(map(str, r[k])) if isinstance(r[k], list) else r[k] for k in spec["rows"]
+            "x".join(map(str, r[k])) if isinstance(r.get(k), list) else r.get(k, "")
+            for k in spec["rows"]
         )
         if r.get("_graph"):
             key = (*key[:-1], f"{key[-1]} (graph)")

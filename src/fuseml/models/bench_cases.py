@@ -46,14 +46,31 @@ def random_inputs(
     dtype: torch.dtype = torch.float32,
     *,
     seed: int = 0,
+    ids: str = "uniform",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense features like log(1 + counts) and one uniform id per table, seeded."""
+    """Dense features like log(1 + counts) and one id per table, seeded: ``ids``
+    "uniform" over each table (the worst case for caches), or "zipf" (P(rank k) ~ k^-ZIPF_S,
+    as real click logs are skewed; the ranks scattered over the table by a multiplicative
+    hash, so the hot rows do not sit side by side)."""
+    if ids not in ID_LAWS:
+        raise ValueError(f"ids must be one of {ID_LAWS}, got {ids!r}")
     g = torch.Generator().manual_seed(seed)
     dense = torch.log1p(torch.rand(batch_size, config.num_dense, generator=g) * 1000)
     cards = torch.tensor(config.cardinalities, dtype=torch.float64)
     u = torch.rand(batch_size, config.num_tables, generator=g, dtype=torch.float64)
-    sparse = (u * cards).long().clamp_max(cards.long() - 1)
+    if ids == "uniform":
+        sparse = (u * cards).long().clamp_max(cards.long() - 1)
+    else:  # inverse CDF of a power law over ranks 1..card, then scattered
+        tail = 1.0 - (cards + 1.0) ** (1.0 - ZIPF_S)
+        rank = (1.0 - u * tail) ** (1.0 / (1.0 - ZIPF_S))
+        rank = rank.floor().long().clamp(1, None) - 1
+        rank = torch.minimum(rank, cards.long() - 1)
+        sparse = (rank * 2654435761) % cards.long()
     return dense.to(device, dtype), sparse.to(device)
+
+
+ID_LAWS = ("uniform", "zipf")
+ZIPF_S = 1.05  # the skew of Criteo-like categorical features
 
 
 def dlrm_work(config: DLRMConfig, batch_size: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -85,8 +102,10 @@ def dlrm_inference_cases(
     cardinalities: Sequence[int] | None = None,
     seed: int = 0,
     compile_mode: str | None = None,
+    ids: str = "uniform",
 ) -> list[DLRMCase]:
-    """One case per batch size, sharing one model; arms "eager" and "compile".
+    """One case per batch size, sharing one model; arms "eager" and "compile"; ids as
+    ``random_inputs`` draws them.
 
     The compile arm is ``torch.compile(model, dynamic=False, mode=compile_mode)``, one
     wrapper per batch size; it compiles on its first call (keep that out of the timing).
@@ -104,7 +123,7 @@ def dlrm_inference_cases(
     dtype_name = str(dtype).removeprefix("torch.")
     cases = []
     for b in batch_sizes:
-        dense, sparse = random_inputs(config, b, device, dtype, seed=seed + b)
+        dense, sparse = random_inputs(config, b, device, dtype, seed=seed + b, ids=ids)
         compiled = torch.compile(model, dynamic=False, mode=compile_mode)
 
         def eager(dense=dense, sparse=sparse) -> torch.Tensor:

@@ -1,8 +1,12 @@
 """Suite ``dlrm``: DLRM inference (forward + sigmoid) per batch, samples/s and latency.
 
-Configs kaggle and mlperf over the full Kaggle tables (26 tables, 33.8M rows; ids uniform,
-so nearly every lookup misses the cache, as on real traffic); batch sizes 1 to 65,536;
-fp32 without TF32, fp32 with TF32, bf16.
+Configs kaggle and mlperf over the full Kaggle tables (26 tables, 33.8M rows); batch sizes
+1 to 65,536; fp32 without TF32, fp32 with TF32, bf16. Ids uniform over each table (nearly
+every lookup misses the cache: the worst case), and for bf16 also Zipf-skewed as real click
+logs are (cases named .../zipf/...; see ``fuseml.models.bench_cases.random_inputs``). Rows
+carry samples/s, TFLOP/s, % of the precision's matmul ceiling (pct_of_matmul) and % of
+the memory floor (pct_of_copy: the fewest bytes a forward moves, at the copy bandwidth),
+both ceilings measured in the same run.
 
 Arms
   eager            the plain PyTorch model
@@ -16,6 +20,10 @@ Arms
   fuseml-compile   torch.compile(fuseml.optimize(model)) (default mode): fuseml's ops
                    inside Inductor's graph, bf16
 Every case is also timed as CUDA-graph replays (rows with mode "graph": eager + CUDA graph).
+Per-stage breakdown (bf16, uniform ids, B = 4096 and 65536; cases .../stages, rows with
+mode "stage", arms "fuseml:<stage>" and "compile:<stage>"): GPU time per call of the bottom
+MLP, the gather + interaction and the top MLP, from the profiler; fuseml as the optimized
+model runs them, torch.compile with each stage compiled apart.
 """
 
 from __future__ import annotations
@@ -25,12 +33,18 @@ import torch
 import fuseml
 from fuseml.bench.harness import Case
 from fuseml.models.bench_cases import dlrm_inference_cases
+from fuseml.nn.dlrm import stage_ranges
 from fuseml.runtime import tf32_matmuls
 
 MAX_CARDINALITY = None  # the full Kaggle tables
 BATCHES_FULL = [1, 64, 256, 4096, 32768, 65536]
 BATCHES_QUICK = [1, 256, 4096, 65536]
 MAX_AUTOTUNE_AT = (("bf16", 4096), ("bf16", 65536))  # (precision, batch): compile-max
+CEILINGS = {  # the matmul ceiling of a precision (rows' pct_of_matmul)
+    "fp32": "matmul_fp32_tflops",
+    "tf32": "matmul_tf32_tflops",
+    "bf16": "matmul_bf16_tflops",
+}
 PRECISIONS = {  # name -> (dtype, allow_tf32)
     "fp32": (torch.float32, False),
     "tf32": (torch.float32, True),
@@ -59,15 +73,72 @@ def _compiled_arm(model, inputs, mode: str, tf32: bool):
     return _with_tf32(_model_arm(compiled, inputs), tf32)
 
 
+STAGE_BATCHES = (4096, 65536)  # bf16, uniform ids: the per-stage breakdown
+STAGE_CALLS = 10
+
+
+def _stage_times(calls) -> dict[str, float]:
+    """GPU microseconds per call of each stage, from the profiler: ``calls()`` runs one
+    forward whose stages sit in ``record_function`` ranges named dlrm.<stage>."""
+    for _ in range(3):
+        calls()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:  # (ranges are CPU events)
+        for _ in range(STAGE_CALLS):
+            calls()
+        torch.cuda.synchronize()
+    return {
+        e.key.removeprefix("dlrm."): e.device_time_total / STAGE_CALLS
+        for e in prof.key_averages()
+        if e.key.startswith("dlrm.")
+    }
+
+
+def _stages_measure(model, fused_model, inputs):
+    """measure(settings) of a per-stage breakdown: fuseml's stages as the optimized model
+    runs them (its profile ranges), torch.compile's with each stage compiled apart (the
+    bottom MLP, gather + interaction, the top MLP + sigmoid)."""
+
+    def measure(settings) -> dict[str, dict]:
+        dense, sparse = inputs
+        rows = {}
+        with torch.no_grad():
+            with stage_ranges(fused_model, nvtx=False):
+                fuseml_us = _stage_times(lambda: fused_model(dense, sparse))
+            bottom = torch.compile(model.bottom_mlp, dynamic=False)
+            middle = torch.compile(
+                lambda x, s: model.interaction(x, model.embeddings(s)), dynamic=False
+            )
+            top = torch.compile(lambda z: torch.sigmoid(model.top_mlp(z).squeeze(1)), dynamic=False)
+
+            def compiled_forward():
+                rf = torch.profiler.record_function
+                with rf("dlrm.bottom_mlp"):
+                    x = bottom(dense)
+                with rf("dlrm.embedding_interaction"):
+                    z = middle(x, sparse)
+                with rf("dlrm.top_mlp"):
+                    return top(z)
+
+            compile_us = _stage_times(compiled_forward)
+        for arm, times in (("fuseml", fuseml_us), ("compile", compile_us)):
+            for stage, us in times.items():
+                rows[f"{arm}:{stage}"] = {"mode": "stage", "stage": stage, "p50_ms": us / 1e3}
+        return rows
+
+    return measure
+
+
 def cases(quick: bool = False, cuda: bool = True):
     configs = ["kaggle"] if quick else ["kaggle", "mlperf"]
     precisions = ["fp32", "bf16"] if quick else list(PRECISIONS)
     batches = BATCHES_QUICK if quick else BATCHES_FULL
     for config in configs:
-        for precision in precisions:
+        for precision, ids in [(p, "uniform") for p in precisions] + [("bf16", "zipf")]:
             dtype, tf32 = PRECISIONS[precision]
             dl_cases = dlrm_inference_cases(
-                config, batches, dtype, "cuda", max_cardinality=MAX_CARDINALITY
+                config, batches, dtype, "cuda", max_cardinality=MAX_CARDINALITY, ids=ids
             )
             # One optimized copy per model (the cases share one model).
             fused_model = fuseml.optimize(dl_cases[0].model)[0] if precision == "bf16" else None
@@ -79,17 +150,19 @@ def cases(quick: bool = False, cuda: bool = True):
                 if fused_model is not None:
                     arms["fuseml"] = _model_arm(fused_model, dc.inputs)
                     arms["fuseml-compile"] = _compiled_arm(fused_model, dc.inputs, None, tf32)
-                if not quick and (precision, dc.batch_size) in MAX_AUTOTUNE_AT:
+                if not quick and ids == "uniform" and (precision, dc.batch_size) in MAX_AUTOTUNE_AT:
                     # minutes of autotuning per compilation: two per config
                     arms["compile-max"] = _compiled_arm(
                         dc.model, dc.inputs, "max-autotune-no-cudagraphs", tf32
                     )
+                law = "" if ids == "uniform" else f"/{ids}"
                 yield Case(
                     suite="dlrm",
-                    name=f"{config}/{precision}/bs{dc.batch_size}",
+                    name=f"{config}/{precision}{law}/bs{dc.batch_size}",
                     params={
                         "config": config,
                         "precision": precision,
+                        "ids": ids,
                         "batch": dc.batch_size,
                         "numel": dc.batch_size,
                     },
@@ -97,17 +170,41 @@ def cases(quick: bool = False, cuda: bool = True):
                     arms=arms,
                     samples=dc.batch_size,
                     flops=dc.flops,
+                    bytes=dc.bytes,
+                    ceiling=CEILINGS[precision],
                     graph=True,
                     # (fuseml: its first call tunes)
                     compile_arms=("compile", "compile-max", "fuseml", "fuseml-compile"),
                     dtype=dtype,
                     tf32=tf32,
                 )
+                if fused_model is not None and ids == "uniform" and dc.batch_size in STAGE_BATCHES:
+                    yield Case(
+                        suite="dlrm",
+                        name=f"{config}/{precision}/bs{dc.batch_size}/stages",
+                        params={
+                            "config": config,
+                            "precision": precision,
+                            "ids": ids,
+                            "batch": dc.batch_size,
+                            "numel": dc.batch_size,
+                        },
+                        make_inputs=tuple,
+                        arms={},
+                        check=False,
+                        dtype=dtype,
+                        measure=_stages_measure(dc.model, fused_model, dc.inputs),
+                    )
 
 
-PLOT = {"x": "batch", "panels": ("config", "precision"), "xlabel": "batch size", "logx": True}
+PLOT = {
+    "x": "batch",
+    "panels": ("config", "precision", "ids"),
+    "xlabel": "batch size",
+    "logx": True,
+}
 README = {
-    "rows": ("config", "precision", "batch"),
+    "rows": ("config", "precision", "ids", "batch"),
     "arms": (
         "eager",
         "eager+graph",
