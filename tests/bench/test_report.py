@@ -72,7 +72,10 @@ def test_results_of_a_case_subset_say_so(tmp_path):
     more = {**doc["meta"], "cases": "^gelu/"}
     path = report.write_results("elementwise", doc["rows"], doc["ceilings"], more, tmp_path,
                                 merge=True)  # fmt: skip
-    assert report.load_results(path)["meta"]["cases"] == "^add/|^gelu/"
+    assert report.load_results(path)["meta"]["cases"] == "^add/ | ^gelu/"
+    path = report.write_results("elementwise", doc["rows"], doc["ceilings"], more, tmp_path,
+                                merge=True)  # fmt: skip
+    assert report.load_results(path)["meta"]["cases"] == "^add/ | ^gelu/"  # named once
     # a whole-suite file topped up with a subset stays a whole-suite file
     report.write_results("elementwise", doc["rows"], doc["ceilings"], doc["meta"], tmp_path)
     path = report.write_results("elementwise", doc["rows"], doc["ceilings"], subset, tmp_path,

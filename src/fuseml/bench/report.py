@@ -19,6 +19,9 @@ def results_path(suite: str, gpu_slug: str, root: Path = RESULTS_DIR) -> Path:
     return Path(root) / gpu_slug / f"{suite}.json"
 
 
+CASES_SEP = " | "  # between the --cases patterns of a file's merged runs
+
+
 def write_results(
     suite: str,
     rows: list[dict],
@@ -46,8 +49,11 @@ def write_results(
         if "cases" in meta and "cases" not in old["meta"]:
             # merged into a file of the whole suite: the file is no longer a subset
             meta = {k: v for k, v in meta.items() if k != "cases"}
-        elif "cases" in meta and old["meta"]["cases"] != meta["cases"]:
-            meta = {**meta, "cases": f"{old['meta']['cases']}|{meta['cases']}"}
+        elif "cases" in meta:  # each run's pattern once (a run writes after every case)
+            parts = old["meta"]["cases"].split(CASES_SEP)
+            if meta["cases"] not in parts:
+                parts.append(meta["cases"])
+            meta = {**meta, "cases": CASES_SEP.join(parts)}
     doc = {
         "format": FORMAT_VERSION,
         "suite": suite,
