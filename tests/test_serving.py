@@ -4,6 +4,7 @@ buckets, with repeat calls, mismatched inputs and NaN-poisoned static outputs.""
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 
@@ -447,3 +448,103 @@ def test_call_path_matches_eager_on_cpu(cpu_served, pad):
     with pytest.raises(ValueError, match="sparse: expected a torch.int64"):
         served(dense, sparse.int())
     assert served(dense[:0], sparse[:0]).shape == (0,)  # no rows: the model's own result
+
+
+# --- ReplayCache, on the CPU with stand-ins for CUDA graphs and streams -----------------
+
+
+class _FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph: the function called inside the capture says
+    what a replay recomputes (``body``)."""
+
+    capturing: _FakeGraph | None = None
+
+    def __init__(self) -> None:
+        self.body = None
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.body()
+
+
+class _FakeStream:
+    def wait_stream(self, other) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    import contextlib
+
+    @contextlib.contextmanager
+    def graph(g, stream=None, pool=None):
+        _FakeGraph.capturing = g
+        try:
+            yield
+        finally:
+            _FakeGraph.capturing = None
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+
+def _counting_fn(calls: list):
+    def fn(a, b):
+        calls.append("call")
+        out = a * 2 + b
+        g = _FakeGraph.capturing
+        if g is not None:  # what the captured kernels would redo on replay
+            g.body = lambda: out.copy_(a * 2 + b)
+        return out
+
+    return fn
+
+
+def test_replay_cache_runs_eagerly_then_captures_then_replays(fake_cuda):
+    from fuseml.serving import ReplayCache
+
+    cache, calls = ReplayCache("T", capture_after=2, max_graphs=2), []
+    fn = _counting_fn(calls)
+    outs = []
+    for i in range(6):
+        a, b = torch.full((3,), float(i)), torch.ones(3)
+        out = cache.run(("k",), fn, [a, b])
+        assert torch.equal(out, a * 2 + b)
+        outs.append(out)
+    # two eager calls, then the warm-up and the capture, then replays only
+    assert len(calls) == 4 and cache.num_graphs == 1
+    graph, _, static_out = cache._graphs[("k",)]
+    assert graph.replays == 4  # the capturing call replays too
+    assert all(o is not static_out for o in outs)  # each call's own output
+    assert [float(o[0]) for o in outs] == [1, 3, 5, 7, 9, 11]  # none overwritten later
+    # a third signature evicts the least recently used graph
+    for key in (("k2",), ("k3",)):
+        for _ in range(3):
+            cache.run(key, fn, [torch.ones(3), torch.ones(3)])
+    assert cache.num_graphs == 2 and ("k",) not in cache._graphs
+    assert copy.deepcopy(cache).num_graphs == 0  # a copied owner starts without graphs
+
+
+def test_replay_cache_capture_failure_turns_replays_off(fake_cuda, caplog):
+    from fuseml.serving import ReplayCache
+
+    cache, calls = ReplayCache("Owner", capture_after=1), []
+    fn = _counting_fn(calls)
+
+    def fails_inside_capture(a, b):
+        if _FakeGraph.capturing is not None:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return fn(a, b)
+
+    a, b = torch.ones(2), torch.ones(2)
+    with caplog.at_level(logging.WARNING, logger="fuseml.serving"):
+        for _ in range(4):
+            assert torch.equal(cache.run(("k",), fails_inside_capture, [a, b]), a * 2 + b)
+    assert not cache.enabled and cache.num_graphs == 0
+    assert sum("Owner: replaying eager calls from CUDA graphs is off" in r.message
+               for r in caplog.records) == 1  # fmt: skip
