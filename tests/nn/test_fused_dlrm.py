@@ -285,6 +285,12 @@ def test_fused_dlrm_eager_calls_replay_graphs(dtype, monkeypatch):
         bad[5, 2] = model.config.cardinalities[2]
         with pytest.raises(ValueError, match=r"sparse ids of table 2 \(C3\)"):
             fused(dense, bad, return_logits=True)  # a replayed signature
+        fused.embeddings.check_ids = False  # graphs captured without the check ...
+        for _ in range(3):
+            fused(dense, sparse, return_logits=True)
+        fused.embeddings.check_ids = True  # ... are not replayed once it is back on
+        with pytest.raises(ValueError, match=r"sparse ids of table 2 \(C3\)"):
+            fused(dense, bad, return_logits=True)
         fused.replay_graphs = 0
         n = len(calls)
         for _ in range(3):

@@ -106,7 +106,7 @@ class FusedDLRM(DLRM):
         # ids checked in the kernel, which flags a table with an id outside it (no sync);
         # the flags read once the forward is queued (a sync, as the DLRM's own check)
         check = emb.check_ids and not emb.hash_ids and not torch.compiler.is_compiling()
-        key = self._replay_key(dense, sparse, return_logits) if self.replay_graphs else None
+        key = self._replay_key(dense, sparse, return_logits, check) if self.replay_graphs else None
         if key is None:
             out = self._fused(dense, sparse, return_logits, check)
         else:
@@ -124,7 +124,7 @@ class FusedDLRM(DLRM):
             self.__dict__["_replay_cache"] = cache
         return cache
 
-    def _replay_key(self, dense, sparse, return_logits: bool) -> tuple | None:
+    def _replay_key(self, dense, sparse, return_logits: bool, check: bool) -> tuple | None:
         """The signature of an eager call whose replays a CUDA graph can serve, or None:
         inference on CUDA with one-hot ids (bags vary in length), not inside a capture,
         a compilation or a profile's stage ranges."""
@@ -150,6 +150,8 @@ class FusedDLRM(DLRM):
             tuple(dense.shape), dense.stride(), dense.dtype, dense.device,
             tuple(sparse.shape), sparse.stride(), sparse.dtype, return_logits,
             torch.backends.cuda.matmul.allow_tf32, versions,
+            # the settings the forward reads besides its tensors
+            check, self.embeddings.hash_ids, self.interaction.self_interaction,
         )  # fmt: skip
 
     def _state_tensors(self) -> list[torch.Tensor]:
