@@ -136,6 +136,19 @@ def test_fused_dlrm_matches_float64(device, backend, dtype, name, id_dtype, monk
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_fused_dlrm_few_rows(device, backend, rows):
+    """One row and other tiny batches (a single program, masked samples) against float64."""
+    model = _model("kaggle", device, torch.bfloat16)
+    fused, _ = fuseml.optimize(model, backend=backend)
+    dense, sparse = _inputs(model, rows, device, torch.int32, torch.bfloat16)
+    with torch.no_grad():
+        out = fused(dense, sparse)
+    assert out.shape == (rows,)
+    assert_close_verbose(out, _ref64(model, dense, sparse), torch.bfloat16)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("self_interaction", [False, True])
 def test_fused_dlrm_options(device, backend, self_interaction):
     """The diagonal kept, hashed raw ids, and a top MLP of plain modules."""
