@@ -1,3 +1,5 @@
+import importlib.util
+
 from fuseml.bench import harness, readme, report
 from fuseml.bench.suites import SUITES, overhead
 
@@ -14,6 +16,8 @@ def test_registered_and_every_public_op_has_a_case():
     assert ops >= {"gelu", "softmax", "add", "bias_act relu", "linear", "mlp", "lora_linear",
                    "embedding_interaction"}  # fmt: skip
     assert any(c.params["kind"] == "model" and "DLRM" in c.params["name"] for c in cases)
+    if importlib.util.find_spec("peft") is not None:  # the peft model as users build it
+        assert any(c.params["name"] == "peft LoRA MLP" for c in cases)
     for case in cases:
         assert case.measure is not None and case.arms == {} and not case.check
 

@@ -10,16 +10,19 @@ Arms
   torch     the nearest torch equivalent: one op where torch has one (F.gelu,
             torch.softmax, torch.add, F.linear), the unfused chain otherwise (bias + act,
             F.linear + act, the MLP's layers, the unmerged LoRA layer, the DLRM model's
-            embedding + interaction, the plain model)
+            embedding + interaction, the plain model, the peft model as peft runs it)
   cublaslt  linear + activation in cuBLASLt's epilogue (torch._addmm_activation)
-  merged    the LoRA layer with its adapter merged into the weight (one GEMM)
+  merged    the LoRA layer with its adapter merged into the weight (one GEMM); for the
+            peft model, peft's merge_and_unload()
   fuseml    the fuseml op (backend auto), or the fuseml.optimize'd model
 Cells: microseconds of host time per call (median over the loops, p20-p80 beside it).
 """
 
 from __future__ import annotations
 
+import collections
 import copy
+import importlib.util
 import itertools
 import time
 
@@ -193,11 +196,38 @@ def _models() -> dict[str, tuple[str, object]]:
         x = _t(64, 367)
         return {"torch": lambda: model(x), "fuseml": lambda: fused(x)}
 
-    return {
+    def peft_model():
+        """A 4096-wide 3-layer GELU MLP in bf16 with peft's default LoRA (r=16 on every
+        Linear, float32 adapters), as users build it; merged: the adapters merged in."""
+        import peft
+
+        torch.manual_seed(0)
+        base = torch.nn.Sequential(
+            collections.OrderedDict(
+                fc1=torch.nn.Linear(4096, 4096), act1=torch.nn.GELU(),
+                fc2=torch.nn.Linear(4096, 4096), act2=torch.nn.GELU(),
+                fc3=torch.nn.Linear(4096, 4096),
+            )
+        ).to("cuda", DTYPE)  # fmt: skip
+        config = peft.LoraConfig(r=16, target_modules=["fc1", "fc2", "fc3"])
+        pm = peft.get_peft_model(base, config).eval()
+        with torch.no_grad():
+            for name, p in pm.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(std=0.02)  # (peft starts B at zero: as trained instead)
+        merged = copy.deepcopy(pm).merge_and_unload().eval()
+        fused, _ = fuseml.optimize(copy.deepcopy(pm))
+        x = _t(16, 4096)
+        return {"torch": lambda: pm(x), "merged": lambda: merged(x), "fuseml": lambda: fused(x)}
+
+    models = {
         "DLRM kaggle": ("B=64", dlrm("kaggle")),
         "DLRM mlperf": ("B=64", dlrm("mlperf")),
         "MLP kaggle top": ("B=64", mlp_model),
     }
+    if importlib.util.find_spec("peft") is not None:
+        models["peft LoRA MLP"] = ("B=16 4096x3 r16", peft_model)
+    return models
 
 
 def cases(quick: bool = False, cuda: bool = True):
