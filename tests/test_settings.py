@@ -56,7 +56,7 @@ def test_values_are_parsed_once_per_raw_text(monkeypatch):
     monkeypatch.setattr(settings, "_parsed", {})  # (nothing parsed by earlier tests)
     monkeypatch.setenv("FUSEML_TUNE_L2", "warm")
     assert settings.tune_l2() == "warm"
-    assert settings._parsed["FUSEML_TUNE_L2", "warm"] == "warm"
+    assert "warm" in settings._parsed.values() and len(settings._parsed) == 1
     calls = []
     setting = settings.SETTINGS["FUSEML_TUNE_L2"]
     monkeypatch.setitem(
@@ -68,6 +68,21 @@ def test_values_are_parsed_once_per_raw_text(monkeypatch):
     monkeypatch.setenv("FUSEML_TUNE_L2", "cold")
     assert settings.tune_l2() == "cold" and calls == ["cold"]  # a new text: parsed once
     assert settings.tune_l2() == "cold" and calls == ["cold"]
+
+
+def test_every_change_of_the_environment_is_seen(monkeypatch):
+    """Set, changed, made bad, unset: each read sees the environment as it is then."""
+    monkeypatch.setenv("FUSEML_PDL", "0")
+    assert settings.pdl() is False
+    monkeypatch.setenv("FUSEML_PDL", "1")
+    assert settings.pdl() is True
+    monkeypatch.setenv("FUSEML_PDL", "yes")
+    with pytest.raises(ValueError, match="FUSEML_PDL must be 0 or 1, got 'yes'"):
+        settings.pdl()
+    monkeypatch.delenv("FUSEML_PDL")
+    assert settings.pdl() is True  # the default
+    monkeypatch.setenv("FUSEML_PDL", "")  # empty: the default
+    assert settings.pdl() is True
 
 
 def test_describe_lists_every_setting_and_never_raises(monkeypatch):

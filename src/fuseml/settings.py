@@ -94,21 +94,41 @@ _DECLARED = (
 )  # fmt: skip
 SETTINGS: dict[str, Setting] = {s.name: s for s in _DECLARED}
 
-_parsed: dict[tuple[str, str], Any] = {}  # (name, raw text) -> value: read on every launch
+_parsed: dict[tuple[str, Any], Any] = {}  # (name, raw value) -> value: read on every launch
+
+
+def _environ_reader():
+    """name -> the variable's raw value now (None where unset). ``os.environ.get`` encodes
+    the name and decodes the value on every call (0.8 us); the mapping behind os.environ
+    (which every change through os.environ updates) is read with the name encoded once,
+    where this Python has one."""
+    data = getattr(os.environ, "_data", None)
+    encode = getattr(os.environ, "encodekey", None)
+    if type(data) is not dict or encode is None:
+        return lambda name: os.environ.get(name)
+    keys = {name: encode(name) for name in SETTINGS}
+    return lambda name: data.get(keys[name])
+
+
+_raw_value = _environ_reader()
 
 
 def get(name: str) -> Any:
     """The value of setting ``name`` from the environment now; ValueError if it is bad."""
-    raw = os.environ.get(name, "")
+    raw = _raw_value(name)
     try:
         return _parsed[name, raw]
     except KeyError:
         pass
+    key = (name, raw)
+    if isinstance(raw, bytes):
+        raw = os.fsdecode(raw)
+    raw = raw or ""
     setting = SETTINGS[name]
     value = setting.parse(raw or setting.default)
     if value is None and (raw or setting.default):
         raise ValueError(f"{name} must be {setting.allowed}, got {raw!r}")
-    _parsed[name, raw] = value
+    _parsed[key] = value
     return value
 
 

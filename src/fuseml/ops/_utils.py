@@ -329,6 +329,7 @@ def aligned16(*tensors: torch.Tensor | None) -> bool:
     return ptrs % 16 == 0
 
 
+@functools.lru_cache(maxsize=1 << 16)  # (a lookup: half the cost of computing it, per int)
 def int_spec(v: int) -> tuple[bool, bool, bool]:
     """What Triton specializes an int argument on: == 1, a multiple of 16, 32-bit."""
     return v == 1, v % 16 == 0, -(2**31) <= v < 2**31
