@@ -289,7 +289,11 @@ def test_fused_dlrm_eager_calls_replay_graphs(dtype, monkeypatch):
         assert fused._replays().num_graphs == 1
         assert all(torch.equal(o, kept) for o, kept in outs)  # each call's own tensor
         fused.top_mlp[0].weight.mul_(-1.0)  # in place: a new version, a new graph
+        out = fused(dense, sparse)  # (the signature whose graph was captured)
+        assert_close_verbose(out, _ref64(fused, dense, sparse), dtype)
         fused.bottom_mlp[0].bias = nn.Parameter(fused.bottom_mlp[0].bias + 1)  # replaced
+        out = fused(dense, sparse)
+        assert_close_verbose(out, _ref64(fused, dense, sparse), dtype)
         for _ in range(4):
             out = fused(dense, sparse, return_logits=True)
             ref = _ref64(fused, dense, sparse, return_logits=True)
@@ -310,3 +314,24 @@ def test_fused_dlrm_eager_calls_replay_graphs(dtype, monkeypatch):
             fused(dense, sparse)
         assert len(calls) == n + 3 and fused._replays().num_graphs == 0
     copy.deepcopy(fused)  # the graphs are not copied
+
+
+def test_fused_dlrm_replay_key_state_follows_replaced_tensors_and_modules():
+    """What a replayed graph is keyed on sees a parameter replaced by another, a
+    submodule replaced deep inside, and an in-place update (its version)."""
+    model = _model("tiny", "cpu", torch.float32)
+    fused, _ = fuseml.optimize(model)
+    before = fused._state_tensors()
+    assert len(before) == len([*fused.parameters(), *fused.buffers()])
+    layer = fused.top_mlp[0]
+    old = layer.bias
+    layer.bias = nn.Parameter(old.detach() + 1)  # the same module, a new tensor
+    after = fused._state_tensors()
+    assert any(t is layer.bias for t in after) and not any(t is old for t in after)
+    fused.bottom_mlp[0] = copy.deepcopy(fused.bottom_mlp[0])  # a module replaced below
+    fresh = fused._state_tensors()
+    assert any(t is fused.bottom_mlp[0].weight for t in fresh)
+    version = layer.weight._version
+    with torch.no_grad():
+        layer.weight.mul_(2)
+    assert layer.weight._version != version

@@ -143,7 +143,7 @@ class FusedDLRM(DLRM):
             return None
         state = self._state_tensors()
         try:
-            versions = tuple((t.data_ptr(), t._version) for t in state)
+            versions = tuple(None if t is None else (t.data_ptr(), t._version) for t in state)
         except RuntimeError:  # inference tensors keep no version: nothing to key on
             return None
         return (
@@ -154,14 +154,18 @@ class FusedDLRM(DLRM):
             check, self.embeddings.hash_ids, self.interaction.self_interaction,
         )  # fmt: skip
 
-    def _state_tensors(self) -> list[torch.Tensor]:
-        """Every parameter and buffer, listed again when a child module changes."""
-        shape = tuple((m, *m._modules.values()) for m in self._modules.values() if m is not None)
-        cached = self.__dict__.get("_state_cache")
-        if cached is None or cached[0] != shape:
-            tensors = [*self.parameters(), *self.buffers()]
-            cached = self.__dict__["_state_cache"] = (shape, tensors)
-        return cached[1]
+    def _state_tensors(self) -> list[torch.Tensor | None]:
+        """Every parameter and buffer slot's tensor now (None where a slot holds none): a
+        parameter replaced by another is seen, and the slots are listed again when a
+        module anywhere below is replaced."""
+        plan = self.__dict__.get("_state_slots")
+        if plan is None or any(p._modules.get(n) is not c for p, n, c in plan[0]):
+            modules = list(self.modules())
+            children = [(p, n, c) for p in modules for n, c in p._modules.items()]
+            slots = [(m._parameters, n) for m in modules for n in m._parameters]
+            slots += [(m._buffers, n) for m in modules for n in m._buffers]
+            plan = self.__dict__["_state_slots"] = (children, slots)
+        return [d.get(n) for d, n in plan[1]]
 
     def _fused(self, dense, sparse, return_logits: bool, check: bool) -> torch.Tensor:
         """The fused forward (flags of bad ids set, not read)."""
