@@ -143,7 +143,10 @@ class FusedDLRM(DLRM):
             return None
         state = self._state_tensors()
         try:
-            versions = tuple(None if t is None else (t.data_ptr(), t._version) for t in state)
+            # (shape and dtype too: a new tensor may be given a freed one's address)
+            versions = tuple(
+                None if t is None else (t.data_ptr(), t._version, t.shape, t.dtype) for t in state
+            )
         except RuntimeError:  # inference tensors keep no version: nothing to key on
             return None
         return (
