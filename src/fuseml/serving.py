@@ -392,19 +392,13 @@ class CudaGraphs(nn.Module):
             self._pool = torch.cuda.graph_pool_handle()
             self._stream = torch.cuda.Stream()
         side = self._stream
-        side.wait_stream(torch.cuda.current_stream())
+        forward = lambda: self.module(*args, **kwargs)
         # The warm-up is an eager call on real rows: its errors are the model's, as they are.
-        with torch.cuda.stream(side):
-            for _ in range(self.warmup):
-                self.module(*args, **kwargs)
-        torch.cuda.current_stream().wait_stream(side)
+        _warm_up(side, forward, self.warmup)
         try:
-            g.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g.graph, pool=self._pool, stream=side):
-                out = self.module(*args, **kwargs)
+            g.graph, out = _capture_graph(side, forward, self._pool)
         except Exception as e:
             g.graph = None
-            _end_failed_capture(side)
             raise _CaptureError(
                 f"cuda_graphs: capturing {type(self.module).__name__} at batch {bucket} "
                 f"failed ({type(e).__name__}: {e}); a forward that syncs with the host "
@@ -416,6 +410,29 @@ class CudaGraphs(nn.Module):
 
 class _CaptureError(Exception):
     pass
+
+
+def _warm_up(stream: torch.cuda.Stream, fn, times: int) -> None:
+    """``fn()`` ``times`` times on ``stream``, ordered after the current stream's work
+    and before its later work (the warm-up of PyTorch's capture recipe)."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(times):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+
+
+def _capture_graph(stream: torch.cuda.Stream, fn, pool=None) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """(graph, output) of ``fn()`` captured on ``stream``; when the capture fails, the
+    CUDA state is put back in order (``_end_failed_capture``) and the error raised."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            out = fn()
+    except Exception:
+        _end_failed_capture(stream)
+        raise
+    return graph, out
 
 
 def _end_failed_capture(stream: torch.cuda.Stream) -> None:
@@ -519,17 +536,11 @@ class ReplayCache:
         self._seen.pop(key, None)
         with torch.inference_mode(False):
             static = [x.clone() for x in inputs]
-        graph = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
         try:
-            with torch.cuda.stream(side):  # the recipe's warm-up on the capture stream
-                fn(*static)
-            torch.cuda.current_stream().wait_stream(side)
-            with torch.cuda.graph(graph, stream=side):
-                out = fn(*static)
+            _warm_up(side, lambda: fn(*static), 1)
+            graph, out = _capture_graph(side, lambda: fn(*static))
         except Exception as e:
-            _end_failed_capture(side)
             self.enabled = False
             self.clear()
             log.warning(
