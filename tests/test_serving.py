@@ -259,18 +259,22 @@ def test_dlrm_matches_eager(variant):
     assert served.num_graphs == 2 * len(BUCKETS)  # per bucket, per return_logits
 
 
+def _served_matches_the_model(served, model: DLRM) -> None:
+    """The served (optimized) model against the plain one, at every ROWS count."""
+    for rows in ROWS:
+        dense, sparse = _dlrm_inputs(model, rows)
+        with torch.no_grad():
+            ref = model(dense, sparse)
+        assert_close_verbose(served(dense, sparse), ref, torch.float32, tf32=True)
+
+
 @pytest.mark.gpu
 @requires_cuda
 def test_dlrm_optimized_matches_eager():
     model = _dlrm()
     model.embeddings.check_ids = False
     fused, _ = fuseml.optimize(model)
-    served = cuda_graphs(fused, BUCKETS)
-    for rows in ROWS:
-        dense, sparse = _dlrm_inputs(model, rows)
-        with torch.no_grad():
-            ref = model(dense, sparse)
-        assert_close_verbose(served(dense, sparse), ref, torch.float32, tf32=True)
+    _served_matches_the_model(cuda_graphs(fused, BUCKETS), model)
 
 
 @pytest.mark.parametrize("optimized", [False, True])
@@ -283,11 +287,7 @@ def test_dlrm_default_id_check_is_captured(optimized):
     assert model.embeddings.check_ids
     served_model = fuseml.optimize(model)[0] if optimized else model
     served = cuda_graphs(served_model, BUCKETS)
-    for rows in ROWS:
-        dense, sparse = _dlrm_inputs(model, rows)
-        with torch.no_grad():
-            ref = model(dense, sparse)
-        assert_close_verbose(served(dense, sparse), ref, torch.float32, tf32=True)
+    _served_matches_the_model(served, model)
     dense, sparse = _dlrm_inputs(model, 5)
     bad = sparse.clone()
     bad[3, 7] = model.config.cardinalities[7]  # one past table 7's last row

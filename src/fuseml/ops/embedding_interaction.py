@@ -155,12 +155,12 @@ def _flag_bad_ids(bad_ids: torch.Tensor, table_offsets: torch.Tensor, ids):
     sizes = table_offsets.long().diff()
     if isinstance(ids, torch.Tensor):
         bad = (ids < 0) | (ids.long() >= sizes)  # (B, T)
-        bad_ids.copy_(bad_ids | bad.any(0).to(torch.int32))
+        bad_ids.bitwise_or_(bad.any(0).to(torch.int32))
         return ids.masked_fill(bad, 0)
     cleaned = []
     for t, (idx, off) in enumerate(ids):
         bad = (idx < 0) | (idx.long() >= sizes[t])
-        bad_ids[t : t + 1].copy_(bad_ids[t : t + 1] | bad.any().to(torch.int32))
+        bad_ids[t].bitwise_or_(bad.any().to(torch.int32))
         cleaned.append((idx.masked_fill(bad, 0), off))
     return cleaned
 

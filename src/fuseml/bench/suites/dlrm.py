@@ -176,16 +176,17 @@ def cases(quick: bool = False, cuda: bool = True):
                         dc.model, dc.inputs, "max-autotune-no-cudagraphs", tf32
                     )
                 law = "" if ids == "uniform" else f"/{ids}"
+                params = {
+                    "config": config,
+                    "precision": precision,
+                    "ids": ids,
+                    "batch": dc.batch_size,
+                    "numel": dc.batch_size,
+                }
                 yield Case(
                     suite="dlrm",
                     name=f"{config}/{precision}{law}/bs{dc.batch_size}",
-                    params={
-                        "config": config,
-                        "precision": precision,
-                        "ids": ids,
-                        "batch": dc.batch_size,
-                        "numel": dc.batch_size,
-                    },
+                    params=params,
                     make_inputs=tuple,  # the arms close over their own inputs
                     arms=arms,
                     samples=dc.batch_size,
@@ -202,13 +203,7 @@ def cases(quick: bool = False, cuda: bool = True):
                     yield Case(
                         suite="dlrm",
                         name=f"{config}/{precision}/bs{dc.batch_size}/stages",
-                        params={
-                            "config": config,
-                            "precision": precision,
-                            "ids": ids,
-                            "batch": dc.batch_size,
-                            "numel": dc.batch_size,
-                        },
+                        params=params,
                         make_inputs=tuple,
                         arms={},
                         check=False,
