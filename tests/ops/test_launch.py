@@ -1,6 +1,8 @@
 """CompiledLaunches: which launch path a call takes (the GPU tests of the MLP and linear
 kernels check that both paths compute the same thing)."""
 
+import types
+
 import pytest
 from triton.compiler import CompiledKernel
 
@@ -88,6 +90,27 @@ def test_launch_hooks_take_the_launch_that_calls_them(launches, monkeypatch):
     monkeypatch.setattr(_utils, "_launch_hooks", lambda: print)  # e.g. proton profiling
     fast((4,), "k1", True, (2,), {})
     assert kernel.calls[-1] == ("hooked", (4, 1, 1), (2,))
+
+
+class _Chain:  # Triton's HookChain: an object even when no hook is set
+    def __init__(self, *calls):
+        self.calls = list(calls)
+
+
+@pytest.mark.parametrize(
+    ("enter", "exit_", "hooked"),
+    [
+        (None, None, False),
+        (_Chain(), _Chain(), False),  # empty chains: no hook set
+        (_Chain(print), _Chain(), True),
+        (_Chain(), _Chain(print), True),
+        (print, None, True),  # an older Triton's plain function
+    ],
+)
+def test_launch_hooks_seen_through_empty_chains(monkeypatch, enter, exit_, hooked):
+    runtime = types.SimpleNamespace(launch_enter_hook=enter, launch_exit_hook=exit_)
+    monkeypatch.setattr(_utils, "_knobs_runtime", runtime)
+    assert (_utils._launch_hooks() is not None) == hooked
 
 
 def test_the_environment_switch(monkeypatch):

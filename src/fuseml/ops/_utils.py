@@ -272,10 +272,11 @@ class CompiledLaunches:
         # (the interpreter runs kernels as Python: nothing compiled to launch)
         self.enabled = settings.direct_launch() and not triton_interpreting()
 
-    def __call__(self, grid: tuple, key, aligned: bool, args: tuple, options: dict) -> None:
+    def __call__(self, grid: tuple, key, aligned: bool, args: tuple, options: dict):
+        """Launch; the compiled kernel that ran when it went through one, else None."""
         if not (aligned and self.enabled) or compiling_only():
             grid_launch(self.kernel, grid)(*args, **options)
-            return
+            return None
         device = _current_device()
         key = (key, device)
         ck = self.compiled.get(key)
@@ -288,12 +289,14 @@ class CompiledLaunches:
                 )  # fmt: skip
             else:  # (a profiler's launch hooks: the launch that calls them)
                 ck[g](*args)
-            return
+                return None
+            return ck
         ck = self.kernel[grid](*args, **options)
         from triton.compiler import CompiledKernel
 
         if isinstance(ck, CompiledKernel) and hasattr(ck, "packed_metadata"):
             self.compiled[key] = ck
+        return None
 
 
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
@@ -316,7 +319,11 @@ def _launch_hooks():
         runtime = _knobs_runtime = getattr(getattr(triton, "knobs", None), "runtime", False)
     if runtime is False:
         return True  # (a Triton without knobs: the launch that knows where hooks live)
-    return runtime.launch_enter_hook or getattr(runtime, "launch_exit_hook", None)
+    # (newer Tritons keep each hook as a chain of calls: an object even when empty)
+    for hook in (runtime.launch_enter_hook, getattr(runtime, "launch_exit_hook", None)):
+        if hook is not None and getattr(hook, "calls", True):
+            return hook
+    return None
 
 
 def aligned16(*tensors: torch.Tensor | None) -> bool:
