@@ -50,6 +50,11 @@ def env_report(*, remeasure: bool = False, build_cuda: bool = True) -> dict:
             False,
             ("needs " + ", ".join(missing)) if missing else f"toolchain ok (nvcc {nvcc})",
         )
+    if gpu and toolchain and build_cuda:
+        from fuseml.ops import _fastcall
+
+        loaded = _fastcall.wait(timeout=900)
+        backends["eager fast path (C++ launches)"] = (loaded, _fastcall.status()[1])
     report["backends"] = backends
     report["tuning"] = _tuning_cache()
     report["triton_key"] = _triton_key_cache()

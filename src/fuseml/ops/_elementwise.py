@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from fuseml import _cuda_ext
+from fuseml.ops import _fastcall
 from fuseml.ops._activations import (  # noqa: F401 (the ops import the names from here)
     ACT_CODE,
     ACTIVATIONS,
@@ -373,7 +374,12 @@ def _launch(
     flags += (y is not None, bias is not None, activation, pdl)
     grid, consts, warps, key = _direct_plan(*flags) if config is None else _key(*flags, config)
     options = {"num_warps": warps, "launch_pdl": True} if pdl else {"num_warps": warps}
-    _bias_act_launches(grid, key, aligned16(x, y, bias, out), (*ptrs, *args_tail, *consts), options)
+    args = (*ptrs, *args_tail, *consts)
+    ck = _bias_act_launches(grid, key, aligned16(x, y, bias, out), args, options)
+    if ck is not None and config is None:  # (a heuristic plan: what later calls would get)
+        _fastcall.register(
+            _fastcall.ELEMENTWISE, activation, x, y, bias, out, alpha, ck, grid, options, args
+        )
 
 
 def _plan(

@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from fuseml.ops import _elementwise as ew
+from fuseml.ops import _fastcall
 from fuseml.ops._utils import (
+    PLAIN_TENSORS,
     check_choice,
     check_same,
     check_shape,
@@ -150,6 +152,10 @@ def _validate(x, bias, residual, alpha, activation, out) -> float:
     return float(alpha)
 
 
+_REAL = (float, int)  # (not bool: its own type)
+_CODES = {a: ew.ACT_CODE[a] for a in ACTIVATIONS}
+
+
 def bias_act(
     x: torch.Tensor,
     bias: torch.Tensor | None,
@@ -167,6 +173,21 @@ def bias_act(
     out: write the result there (``out=x`` works in place); returned.
     backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton | cuda.
     """
+    fast = _fastcall.fast  # a repeat call launched from C++ (see fuseml.ops._fastcall)
+    plain = (
+        fast is not None
+        and out is None
+        and type(x) is torch.Tensor
+        and (bias is None or type(bias) in PLAIN_TENSORS)
+        and (residual is None or type(residual) in PLAIN_TENSORS)
+        and type(alpha) in _REAL
+        and type(activation) is str
+    )
+    if plain and _fastcall.usable(backend):
+        code = _CODES.get(activation, -1)
+        result = fast.call(_fastcall.ELEMENTWISE, code, x, residual, bias, alpha, -1)
+        if result is not None:
+            return result
     alpha = _validate(x, bias, residual, alpha, activation, out)
     backend = resolve_backend(backend, x.device, "bias_act")
     if backend in ("eager", "compile"):

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from fuseml.ops import _elementwise as ew
+from fuseml.ops import _fastcall
 from fuseml.ops._utils import check_choice, check_tensor, compiled, fused_op, needs_dispatch
 from fuseml.runtime import resolve_backend
 
@@ -19,6 +20,9 @@ def gelu_ref(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 
 def _code(approximate: str) -> int:
     return ew.ACT_CODE["gelu" if approximate == "none" else "gelu_tanh"]
+
+
+_CODES = {a: _code(a) for a in APPROXIMATIONS}
 
 
 def _forward(x: torch.Tensor, approximate: str, impl: str, traced: bool) -> torch.Tensor:
@@ -52,6 +56,13 @@ def gelu(x: torch.Tensor, approximate: str = "none", *, backend: str = "auto") -
     approximate: "none" (exact, erf) or "tanh", as in torch.nn.functional.gelu.
     backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton | cuda.
     """
+    fast = _fastcall.fast  # a repeat call launched from C++ (see fuseml.ops._fastcall)
+    plain = fast is not None and type(x) is torch.Tensor and type(approximate) is str
+    if plain and _fastcall.usable(backend):
+        code = _CODES.get(approximate, -1)
+        out = fast.call(_fastcall.ELEMENTWISE, code, x, None, None, 1.0, -1)
+        if out is not None:
+            return out
     check_tensor("gelu", "x", x)
     check_choice("gelu", "approximate", approximate, APPROXIMATIONS)
     backend = resolve_backend(backend, x.device, "gelu")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from fuseml import _cuda_ext
+from fuseml.ops import _fastcall
 from fuseml.ops._softmax.long_rows import launch_long_rows
 from fuseml.ops._softmax.rows import MAX_ONCHIP_COLS, _launch_rows
 from fuseml.ops._softmax.strided import _launch_strided, _three_dim_view
@@ -173,9 +174,21 @@ def softmax(x: torch.Tensor, dim: int = -1, *, backend: str = "auto") -> torch.T
 
     backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton | cuda.
     """
+    fast = _fastcall.fast  # a repeat call launched from C++ (see fuseml.ops._fastcall)
+    plain = fast is not None and type(x) is torch.Tensor and type(dim) is int
+    if plain and _fastcall.usable(backend):
+        out = fast.call(_fastcall.SOFTMAX_ROWS, 0, x, None, None, 1.0, dim)
+        if out is not None:
+            return out
     return _public("softmax", x, dim, backend, log=False)
 
 
 def log_softmax(x: torch.Tensor, dim: int = -1, *, backend: str = "auto") -> torch.Tensor:
     """log(softmax(x)) along ``dim``, computed as x - max - log(sum(exp(x - max)))."""
+    fast = _fastcall.fast
+    plain = fast is not None and type(x) is torch.Tensor and type(dim) is int
+    if plain and _fastcall.usable(backend):
+        out = fast.call(_fastcall.SOFTMAX_ROWS, 1, x, None, None, 1.0, dim)
+        if out is not None:
+            return out
     return _public("log_softmax", x, dim, backend, log=True)

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
 
+from fuseml.ops import _fastcall
 from fuseml.ops._math import LOG2E, _exp2, _pdl_begin, _rcp
 from fuseml.ops._utils import (
     CompiledLaunches,
@@ -241,7 +242,12 @@ def _launch_rows(x2: torch.Tensor, out2: torch.Tensor, log: bool, traced: bool) 
         if len(_ROWS_PLANS) < 4096:
             _ROWS_PLANS[pkey] = plan
     grid, consts, options, key = plan
-    _rows_launches(grid, key, aligned16(x2, out2), (x2, out2, *ints, *consts), options)
+    args = (x2, out2, *ints, *consts)
+    ck = _rows_launches(grid, key, aligned16(x2, out2), args, options)
+    if ck is not None:
+        _fastcall.register(
+            _fastcall.SOFTMAX_ROWS, int(log), x2, None, None, out2, 1.0, ck, grid, options, args
+        )
 
 
 _ROWS_PLANS: dict[tuple, tuple] = {}

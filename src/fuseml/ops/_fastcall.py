@@ -1,0 +1,173 @@
+"""The eager fast path: repeat calls of the elementwise ops and the on-chip softmax
+launched from C++ (``csrc/fastcall.cpp``).
+
+A fuseml call planned in Python costs several times torch's own call on the host
+(validation, plan lookup, Triton's launcher). The Python path stays the one that decides:
+after each direct launch it hands the plan to the C++ side (:func:`register`), which keeps
+it only when the arguments it recomputes from the same tensors equal the ones Python
+passed and the compiled function's parameters have the sizes it will write. A later call
+with the same signature (op, dtype, sizes, device, alignment, FUSEML_PDL) is then one
+lookup, an allocation and ``cuLaunchKernelEx``; anything else the C++ side does not vouch
+for returns None and takes the Python path.
+
+The extension builds in a background thread the first time a direct launch happens (a
+C++ file; the build is cached across processes), so no call waits for it: calls take the
+Python path until it is loaded. ``FUSEML_DIRECT_LAUNCH=0`` turns it off with the direct
+launches. A failed build logs one warning; every call then stays on the Python path, with
+the same results.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import torch
+
+from fuseml import _cuda_ext, settings
+
+log = logging.getLogger("fuseml")
+
+EXT_NAME = "fuseml_fastcall"
+SOURCE = _cuda_ext._CSRC / "fastcall.cpp"
+
+# Ops and parameter kinds, as csrc/fastcall.cpp numbers them.
+ELEMENTWISE, SOFTMAX_ROWS = 0, 1
+_KINDS = {"i32": 1, "i64": 2, "fp32": 3}
+
+_BACKENDS = ("auto", "triton")  # the backends whose CUDA calls the fast path may serve
+_compiling = torch.compiler.is_compiling
+
+
+def usable(backend: str) -> bool:
+    """May a public call with this ``backend`` try the fast path? Not under torch.compile,
+    which traces the public functions: the fast call must stay out of its graphs."""
+    return (backend == "auto" or backend == "triton") and not _compiling()
+
+
+fast = None  # the loaded extension: ``fast.call(op, code, x, y, bias, alpha)``
+_started = False
+_done = threading.Event()
+_lock = threading.Lock()
+_reason: str | None = None  # why the fast path is off, once known
+# why the C++ side turned plans down -> (op, code, dtype, shape) of the first such call
+refusals: dict = {}
+
+
+def start() -> None:
+    """Build and load the extension in the background (once per process)."""
+    global _started
+    if _started:
+        return
+    with _lock:
+        if _started:
+            return
+        _started = True
+    threading.Thread(target=_build, name="fuseml-fastcall-build", daemon=True).start()
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Start the build if needed and wait for it: True when the fast path is loaded."""
+    start()
+    _done.wait(timeout)
+    return fast is not None
+
+
+def status() -> tuple[bool, str]:
+    """(loaded, reason it is not): for ``fuseml env`` and tests; does not start a build."""
+    if fast is not None:
+        return True, "ok"
+    if not _started:
+        return False, "not built yet (builds on the first direct launch)"
+    return False, _reason or "building"
+
+
+def _build() -> None:
+    global fast, _reason
+    try:
+        missing = _cuda_ext._missing_toolchain()
+        if missing is not None:
+            _reason = missing
+            log.info("fuseml: eager fast path off: %s", missing)
+            return
+        from torch.utils import cpp_extension
+
+        kwargs = {}
+        ext_dir = settings.ext_dir()
+        if ext_dir is not None:
+            kwargs["build_directory"] = os.path.join(os.path.abspath(ext_dir), EXT_NAME)
+            os.makedirs(kwargs["build_directory"], exist_ok=True)
+        start_time = time.perf_counter()
+        module = cpp_extension.load(
+            name=EXT_NAME,
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3"],
+            extra_ldflags=_cuda_ext._libstdcxx_ldflags(),
+            with_cuda=True,
+            verbose=False,
+            **kwargs,
+        )
+        fast = module
+        log.debug("fuseml: eager fast path loaded in %.1f s", time.perf_counter() - start_time)
+    except Exception as exc:  # the Python path serves every call without it
+        _reason = f"building {EXT_NAME} failed: {_cuda_ext._summarize(exc)}"
+        log.warning("fuseml: eager fast path off: %s", _reason)
+    finally:
+        _done.set()
+
+
+def register(op: int, code: int, x, y, bias, out, alpha: float, ck, grid, options, args) -> None:
+    """Offer the C++ side the plan of the direct launch just made: ``ck`` (the compiled
+    kernel) launched on ``grid`` with ``options`` and ``args`` (every argument in the
+    kernel's order, constexprs included), for the call (op, code, x, y, bias, alpha) whose
+    output is ``out``. Builds the extension on first use; a no-op until it is loaded."""
+    if fast is None:
+        start()
+        return
+    layout = _LAYOUTS.get(ck)
+    if layout is None:
+        layout = _LAYOUTS[ck] = _layout(ck, len(args))
+    if not layout:
+        return
+    positions, kinds = layout
+    passed = [args[p] for p in positions]
+    g = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+    why = fast.register_plan(
+        op, code, x, y, bias, out, float(alpha), ck.function, list(g), options["num_warps"],
+        ck.metadata.shared, bool(options.get("launch_pdl", False)), positions, kinds, passed,
+    )  # fmt: skip
+    if why and why not in refusals and len(refusals) < 64:
+        refusals[why] = (op, code, x.dtype, tuple(x.shape))
+        log.debug("fuseml: fast path not taken for op %d %s: %s", op, tuple(x.shape), why)
+
+
+_LAYOUTS: dict = {}  # compiled kernel -> _layout(...)
+
+
+def _layout(ck, n_args: int) -> tuple[list, list] | tuple[()]:
+    """(positions, kinds) of the compiled kernel's non-constexpr parameters among its
+    ``n_args`` arguments, or () for a kernel the C++ side cannot launch (scratch memory,
+    clusters, tuples, other parameter types)."""
+    meta = ck.metadata
+    if (
+        getattr(meta, "global_scratch_size", 0)
+        or getattr(meta, "profile_scratch_size", 0)
+        or getattr(meta, "num_ctas", 1) != 1
+        or getattr(meta, "launch_cooperative_grid", False)
+    ):
+        return ()
+    signature = list(getattr(ck.src, "signature", {}).values())
+    if len(signature) != n_args:
+        return ()
+    positions, kinds = [], []
+    for pos, ty in enumerate(signature):
+        if ty == "constexpr":
+            continue
+        kind = (0 if ty.startswith("*") else _KINDS.get(ty)) if isinstance(ty, str) else None
+        if kind is None:
+            return ()
+        positions.append(pos)
+        kinds.append(kind)
+    return positions, kinds

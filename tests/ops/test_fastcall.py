@@ -1,0 +1,218 @@
+"""The eager fast path (fuseml.ops._fastcall, csrc/fastcall.cpp): a repeat call of an
+elementwise op or the on-chip softmax launched from C++ gives what the Python path gives,
+and every call the C++ side cannot vouch for takes the Python path."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fuseml
+from fuseml.ops import _fastcall
+from fuseml.testing import DTYPES, assert_close_verbose, poison_allocator, replay_poisoned
+
+
+def gpu(test):
+    """A GPU test: the gpu marker, skipped without a GPU."""
+    skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+    return pytest.mark.gpu(skip(test))
+
+
+# ------------------------------------------------------------------------------ CPU
+def _kernel(signature: dict, **meta):
+    defaults = {"global_scratch_size": 0, "profile_scratch_size": 0, "num_ctas": 1}
+    return SimpleNamespace(
+        src=SimpleNamespace(signature=signature),
+        metadata=SimpleNamespace(**{**defaults, **meta}),
+    )
+
+
+def test_layout_keeps_the_non_constexpr_parameters_in_order():
+    ck = _kernel({"x": "*bf16", "n": "i32", "one": "constexpr", "a": "fp32", "BLOCK": "constexpr",
+                  "big": "i64"})  # fmt: skip
+    assert _fastcall._layout(ck, 6) == ([0, 1, 3, 5], [0, 1, 3, 2])
+
+
+@pytest.mark.parametrize(
+    ("signature", "meta", "n_args"),
+    [
+        ({"x": "*fp32", "n": "i32"}, {}, 3),  # not the launch's argument count
+        ({"x": "*fp32", "h": "fp16"}, {}, 2),  # a parameter kind the C++ side does not pass
+        ({"x": "*fp32", "t": ("i32", "i32")}, {}, 2),  # a tuple
+        ({"x": "*fp32"}, {"global_scratch_size": 64}, 1),  # scratch memory
+        ({"x": "*fp32"}, {"num_ctas": 2}, 1),  # a cluster launch
+    ],
+)
+def test_layout_refuses_what_the_cpp_side_cannot_launch(signature, meta, n_args):
+    assert _fastcall._layout(_kernel(signature, **meta), n_args) == ()
+
+
+def test_usable_only_for_triton_backends():
+    assert _fastcall.usable("auto") and _fastcall.usable("triton")
+    assert not _fastcall.usable("cuda") and not _fastcall.usable("eager")
+
+
+# ------------------------------------------------------------------------------ GPU
+@pytest.fixture
+def fast():
+    """The loaded extension, its plans forgotten: each test's calls register their own."""
+    if not _fastcall.wait(timeout=900):
+        pytest.fail(f"the fast path did not load: {_fastcall.status()}")
+    _fastcall.fast.clear()
+    return _fastcall.fast
+
+
+def _hits(fast) -> int:
+    return fast.stats()[0]
+
+
+def _inputs(shape, dtype):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = 3 * torch.randn(shape, dtype=dtype, device="cuda", generator=g)
+    y = torch.randn(shape, dtype=dtype, device="cuda", generator=g)
+    b = torch.randn(shape[-1], dtype=dtype, device="cuda", generator=g)
+    return x, y, b
+
+
+# name -> (fuseml call, float64 reference) on (x, y, bias)
+CASES = {
+    "gelu": (lambda x, y, b: fuseml.ops.gelu(x), lambda x, y, b: F.gelu(x)),
+    "gelu_tanh": (
+        lambda x, y, b: fuseml.ops.gelu(x, "tanh"),
+        lambda x, y, b: F.gelu(x, approximate="tanh"),
+    ),
+    "add": (lambda x, y, b: fuseml.ops.add(x, y), lambda x, y, b: x + y),
+    "bias_relu": (lambda x, y, b: fuseml.ops.bias_act(x, b), lambda x, y, b: F.relu(x + b)),
+    "bias_residual_silu": (
+        lambda x, y, b: fuseml.ops.bias_act(x, b, y, 0.5, "silu"),
+        lambda x, y, b: F.silu(x + b + 0.5 * y),
+    ),
+    "residual_gelu": (
+        lambda x, y, b: fuseml.ops.bias_act(x, None, y, 2, "gelu"),
+        lambda x, y, b: F.gelu(x + 2 * y),
+    ),
+    "softmax": (lambda x, y, b: fuseml.ops.softmax(x), lambda x, y, b: torch.softmax(x, -1)),
+    "log_softmax": (
+        lambda x, y, b: fuseml.ops.log_softmax(x, dim=x.dim() - 1),
+        lambda x, y, b: torch.log_softmax(x, -1),
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", [(64, 512), (3, 33), (2, 3, 17), (1, 4096)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(CASES))
+@gpu
+def test_repeat_calls_launch_from_cpp_with_the_python_paths_result(fast, case, dtype, shape):
+    fn, ref = CASES[case]
+    x, y, b = _inputs(shape, dtype)
+    with torch.no_grad():
+        fn(x, y, b)  # compiles (the first launch of a specialization registers nothing)
+        fast.clear()
+        python = fn(x, y, b)  # the Python path's launch, which registers its plan
+        poison_allocator()  # an element the fast launch leaves unwritten shows as NaN
+        before = _hits(fast)
+        out = fn(x, y, b)
+        torch.cuda.synchronize()
+    assert _hits(fast) == before + 1, "the repeat call did not take the fast path"
+    assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
+    assert torch.equal(out, python)
+    assert_close_verbose(out, ref(x.double(), y.double(), b.double()), dtype)
+
+
+def _warm(fn, *args):
+    with torch.no_grad():
+        for _ in range(3):
+            fn(*args)
+
+
+@gpu
+def test_autograd_calls_take_the_python_path(fast):
+    x, _, b = _inputs((64, 512), torch.float32)
+    _warm(fuseml.ops.gelu, x)
+    before = _hits(fast)
+    xg = x.clone().requires_grad_()
+    out = fuseml.ops.gelu(xg)
+    assert out.grad_fn is not None and _hits(fast) == before
+    out.sum().backward()
+    assert xg.grad is not None
+    bg = b.clone().requires_grad_()  # a bias that needs a gradient
+    assert fuseml.ops.bias_act(x, bg).grad_fn is not None and _hits(fast) == before
+    with torch.no_grad():
+        fuseml.ops.bias_act(x, bg)  # no gradient recorded: a plain call
+        fuseml.ops.bias_act(x, bg)
+        assert fuseml.ops.bias_act(x, bg).grad_fn is None and _hits(fast) == before + 1
+
+
+class _Counting(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+@gpu
+def test_layouts_and_modes_the_cpp_side_does_not_vouch_for(fast):
+    x, y, _ = _inputs((64, 512), torch.bfloat16)
+    for fn in (fuseml.ops.gelu, fuseml.ops.softmax):
+        _warm(fn, x)
+    before = _hits(fast)
+    t = x.t()  # not contiguous
+    assert_close_verbose(fuseml.ops.gelu(t), F.gelu(t.double()), torch.bfloat16)
+    assert_close_verbose(fuseml.ops.softmax(x, 0), torch.softmax(x.double(), 0), torch.bfloat16)
+    mode = _Counting()
+    with mode:
+        fuseml.ops.gelu(x)
+    assert mode.ops > 0  # the dispatch mode saw the call
+    assert _hits(fast) == before
+    with pytest.raises(ValueError, match="y"):  # bad input: the Python path's error
+        fuseml.ops.add(x, y[:32])
+    with pytest.raises(ValueError, match="activation"):
+        fuseml.ops.bias_act(x, None, None, 1.0, "swish")
+    with pytest.raises(TypeError, match="x must have dtype"):
+        fuseml.ops.gelu(x.to(torch.int32))
+
+
+@gpu
+def test_a_change_of_fuseml_pdl_is_a_new_signature(fast, monkeypatch):
+    x, _, _ = _inputs((64, 512), torch.float16)
+    _warm(fuseml.ops.gelu, x)
+    ref = fuseml.ops.gelu(x)
+    monkeypatch.setenv("FUSEML_PDL", "0")
+    before = _hits(fast)
+    first = fuseml.ops.gelu(x)
+    assert _hits(fast) == before  # no plan for this setting yet
+    _warm(fuseml.ops.gelu, x)
+    assert _hits(fast) > before
+    assert torch.equal(first, ref) and torch.equal(fuseml.ops.gelu(x), ref)
+
+
+@gpu
+def test_fast_calls_inside_a_cuda_graph(fast):
+    x, y, b = _inputs((64, 512), torch.bfloat16)
+
+    def step():
+        h = fuseml.ops.bias_act(x, b, y, 1.0, "relu")
+        return fuseml.ops.softmax(fuseml.ops.gelu(h))
+
+    _warm(step)
+    before = _hits(fast)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        out = step()
+    assert _hits(fast) == before + 6  # three on the side stream, three captured
+    x.copy_(torch.randn_like(x))  # a replay reads the inputs as they are then
+    got = replay_poisoned(graph, out)
+    torch.cuda.synchronize()
+    want = torch.softmax(F.gelu(F.relu(x.double() + b.double() + y.double())), -1)
+    assert_close_verbose(got, want, torch.bfloat16)
