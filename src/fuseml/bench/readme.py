@@ -408,6 +408,21 @@ def headline_markdown(root: Path, base: Path = Path(".")) -> str | None:
             f"| {label} | {row['case']} | {_us(fused['p50_ms'])} | {row['peer']} "
             f"{_us(peer['p50_ms'])} | {ratio(fused, peer)} | {link(path, suite)} |"
         )
+    host_part = []
+    host = newest("overhead")
+    if host:
+        doc = report.load_results(host)
+        meta_of[host.parent.name] = doc["meta"]["gpu"]
+        cut = (
+            " (a run cut short: not every case ran)" if doc["meta"].get("complete") is False else ""
+        )
+        host_part = [
+            f"Eager calls on the {doc['meta']['gpu']}{cut}: host time per call at host-bound "
+            "sizes, against the nearest torch equivalent. All rows: "
+            f"{link(host, 'overhead')}.\n",
+            report.markdown_table(doc, SUITES["overhead"].README),
+            "",
+        ]
     main_gpu = report.load_results(next(main.glob("*.json")))["meta"]["gpu"]
     parts += [
         f"Ops on the {main_gpu}: median time per call of the largest size measured of each "
@@ -416,6 +431,7 @@ def headline_markdown(root: Path, base: Path = Path(".")) -> str | None:
         "them); (graph): timed as CUDA-graph replays.\n",
         *lines,
         "",
+        *host_part,
         "Every table, per GPU: "
         + ", ".join(
             f"[{report.load_results(next(d.glob('*.json')))['meta']['gpu']}]"
