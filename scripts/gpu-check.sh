@@ -23,7 +23,8 @@
 #   wait   (a: 480 s, rest: 445 s before the demo on two H200s; b with 10 workers ran past
 #   565 s at 99%), then one summary of the parts:
 #   python -m fuseml.bench.gpu_check OUT/a OUT/b OUT/rest --write benchmarks/gpu-checks/<gpu>.txt
-# On one GPU, run the same parts one after another, one call each. Bench suites run apart:
+# Four parts on four GPUs at once ran slower (one build lock, shared CPUs): neither ops
+# part finished in 560 s. On one GPU, run the same parts one after another, one call each. Bench suites run apart:
 #   CHECK_TESTS=none CHECK_DEMO=0 CHECK_SUITES="linear mlp lora tuning" scripts/gpu-check.sh OUT/s1
 # CHECK_TESTS: pytest paths (and options) of the GPU tests ("none": skip);
 # CHECK_WORKERS (default 14); CHECK_DEMO=0 skips the demo; CHECK_SUITES: suites

@@ -9,12 +9,16 @@ AFTER's median is more than ``limit`` times BEFORE's and the two p20-p80 ranges 
 overlap (a difference the timing's own spread does not explain). Exit status 1 when a
 case is slower, so a script can stop on it.
 
-A change measured in one call, each suite's two runs back to back on one GPU::
+A change measured in one call, each suite's two runs back to back on one GPU, fuseml's
+arms only (all arms, torch.compile's included, take about 3.5 minutes a quick elementwise
+run on an H200: five suites twice do not fit a 10-minute call); trees from before the
+``apps/`` move start the command line as ``python -m fuseml.cli``::
 
     git worktree add /tmp/before BASE_COMMIT
+    run="python -m fuseml bench --quick --arms triton,cuda"
     for s in elementwise softmax linear mlp lora; do
-        (cd /tmp/before && PYTHONPATH=src python -m fuseml bench $s --quick --out $OUT/before)
-        PYTHONPATH=src python -m fuseml bench $s --quick --out $OUT/after
+        (cd /tmp/before && PYTHONPATH=src $run $s --out $OUT/before)
+        PYTHONPATH=src $run $s --out $OUT/after
     done
     python -m fuseml.bench.compare $OUT/before $OUT/after --write $OUT/compare.md
 """
