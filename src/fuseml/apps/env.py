@@ -53,7 +53,8 @@ def env_report(*, remeasure: bool = False, build_cuda: bool = True) -> dict:
     if gpu and toolchain and build_cuda:
         from fuseml.ops import _fastcall
 
-        loaded = _fastcall.wait(timeout=900)
+        # (a first build takes about 20 s; a report is not held longer than two minutes)
+        loaded = _fastcall.wait(timeout=120)
         backends["eager fast path (C++ launches)"] = (loaded, _fastcall.status()[1])
     report["backends"] = backends
     report["tuning"] = _tuning_cache()
