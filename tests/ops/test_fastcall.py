@@ -49,6 +49,18 @@ def test_layout_refuses_what_the_cpp_side_cannot_launch(signature, meta, n_args)
     assert _fastcall._layout(_kernel(signature, **meta), n_args) == ()
 
 
+def test_suspended_hides_the_loaded_extension_inside_the_block(monkeypatch):
+    loaded = object()
+    monkeypatch.setattr(_fastcall, "_loaded", loaded)
+    monkeypatch.setattr(_fastcall, "fast", loaded)
+    with _fastcall.suspended():
+        assert _fastcall.fast is None
+        with _fastcall.suspended():  # nested
+            assert _fastcall.fast is None
+        assert _fastcall.fast is None
+    assert _fastcall.fast is loaded
+
+
 def test_usable_only_for_triton_backends():
     assert _fastcall.usable("auto") and _fastcall.usable("triton")
     assert not _fastcall.usable("cuda") and not _fastcall.usable("eager")

@@ -14,11 +14,13 @@ The extension builds in a background thread the first time a direct launch happe
 C++ file; the build is cached across processes), so no call waits for it: calls take the
 Python path until it is loaded. ``FUSEML_DIRECT_LAUNCH=0`` turns it off with the direct
 launches. A failed build logs one warning; every call then stays on the Python path, with
-the same results.
+the same results. Inside ``with suspended():`` every call takes the Python path (tests of
+that path's plans and launches).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -48,6 +50,8 @@ def usable(backend: str) -> bool:
 
 
 fast = None  # the loaded extension: ``fast.call(op, code, x, y, bias, alpha)``
+_loaded = None  # the same, also while suspended()
+_suspended = 0  # suspended() blocks open
 _started = False
 _done = threading.Event()
 _lock = threading.Lock()
@@ -72,12 +76,29 @@ def wait(timeout: float | None = None) -> bool:
     """Start the build if needed and wait for it: True when the fast path is loaded."""
     start()
     _done.wait(timeout)
-    return fast is not None
+    return _loaded is not None
+
+
+@contextlib.contextmanager
+def suspended():
+    """Inside the block every call takes the Python path (for tests and measurements of
+    that path; a build that finishes meanwhile takes effect after the block)."""
+    global fast, _suspended
+    with _lock:
+        _suspended += 1
+        fast = None
+    try:
+        yield
+    finally:
+        with _lock:
+            _suspended -= 1
+            if not _suspended:
+                fast = _loaded
 
 
 def status() -> tuple[bool, str]:
     """(loaded, reason it is not): for ``fuseml env`` and tests; does not start a build."""
-    if fast is not None:
+    if _loaded is not None:
         return True, "ok"
     if not _started:
         return False, "not built yet (builds on the first direct launch)"
@@ -85,7 +106,7 @@ def status() -> tuple[bool, str]:
 
 
 def _build() -> None:
-    global fast, _reason
+    global fast, _loaded, _reason
     try:
         missing = _cuda_ext._missing_toolchain()
         if missing is not None:
@@ -109,7 +130,10 @@ def _build() -> None:
             verbose=False,
             **kwargs,
         )
-        fast = module
+        with _lock:
+            _loaded = module
+            if not _suspended:
+                fast = module
         log.debug("fuseml: eager fast path loaded in %.1f s", time.perf_counter() - start_time)
     except Exception as exc:  # the Python path serves every call without it
         _reason = f"building {EXT_NAME} failed: {_cuda_ext._summarize(exc)}"
