@@ -11,7 +11,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fuseml
 from fuseml.ops import _fastcall
-from fuseml.testing import DTYPES, assert_close_verbose, poison_allocator, replay_poisoned
+from fuseml.testing import (
+    DTYPES,
+    assert_close_verbose,
+    fused_targets,
+    poison_allocator,
+    replay_poisoned,
+)
 
 
 def gpu(test):
@@ -59,6 +65,31 @@ def test_suspended_hides_the_loaded_extension_inside_the_block(monkeypatch):
             assert _fastcall.fast is None
         assert _fastcall.fast is None
     assert _fastcall.fast is loaded
+
+
+class _Refusing:
+    """A loaded extension that must not be called."""
+
+    def call(self, *args):
+        raise AssertionError("the fast call was reached")
+
+
+@pytest.mark.parametrize(("device", "backend"), fused_targets())
+def test_compiled_callers_never_reach_the_fast_call(device, backend, monkeypatch):
+    # torch.compile traces the public functions: with the extension loaded, the fast
+    # branch folds away (no graph break under fullgraph) and the op's kernel is traced
+    monkeypatch.setattr(_fastcall, "fast", _Refusing())
+    x = torch.randn(6, 16, device=device)
+    b = torch.randn(16, device=device)
+
+    def chain(a, bias):
+        h = fuseml.ops.bias_act(a, bias, None, 1.0, "relu", backend=backend)
+        h = fuseml.ops.add(fuseml.ops.gelu(h, backend=backend), a, backend=backend)
+        return fuseml.ops.softmax(h, -1, backend=backend)
+
+    out = torch.compile(chain, fullgraph=True)(x, b)
+    x64, b64 = x.double(), b.double()
+    assert_close_verbose(out, torch.softmax(F.gelu(F.relu(x64 + b64)) + x64, -1), x.dtype)
 
 
 def test_usable_only_for_triton_backends():
