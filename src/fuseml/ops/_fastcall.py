@@ -39,13 +39,13 @@ SOURCE = _cuda_ext._CSRC / "fastcall.cpp"
 ELEMENTWISE, SOFTMAX_ROWS = 0, 1
 _KINDS = {"i32": 1, "i64": 2, "fp32": 3}
 
-_BACKENDS = ("auto", "triton")  # the backends whose CUDA calls the fast path may serve
 _compiling = torch.compiler.is_compiling
 
 
 def usable(backend: str) -> bool:
-    """May a public call with this ``backend`` try the fast path? Not under torch.compile,
-    which traces the public functions: the fast call must stay out of its graphs."""
+    """May a public call with this ``backend`` try the fast path? The backends whose CUDA
+    calls run the Triton kernels, and not under torch.compile, which traces the public
+    functions: the fast call must stay out of its graphs."""
     return (backend == "auto" or backend == "triton") and not _compiling()
 
 
