@@ -92,6 +92,46 @@ def test_compiled_callers_never_reach_the_fast_call(device, backend, monkeypatch
     assert_close_verbose(out, torch.softmax(F.gelu(F.relu(x64 + b64)) + x64, -1), x.dtype)
 
 
+class _Recording:
+    """A loaded extension that records its calls and takes none of them."""
+
+    def __init__(self):
+        self.calls = []
+
+    def call(self, *args):
+        self.calls.append(args[:2] + args[6:])  # (op, code, dim)
+        return None
+
+
+def test_public_calls_offer_the_fast_call_their_op_code_and_dim(monkeypatch):
+    rec = _Recording()
+    monkeypatch.setattr(_fastcall, "fast", rec)
+    x = torch.randn(4, 8)
+    relu = fuseml.ops._elementwise.ACT_CODE["relu"]
+    gelu_tanh = fuseml.ops._elementwise.ACT_CODE["gelu_tanh"]
+    none = fuseml.ops._elementwise.ACT_CODE["none"]
+    outs = [
+        fuseml.ops.softmax(x, backend="triton"),
+        fuseml.ops.log_softmax(x, 1, backend="triton"),
+        fuseml.ops.gelu(x, "tanh", backend="triton"),
+        fuseml.ops.add(x, x, backend="triton"),
+        fuseml.ops.bias_act(x, x[0], None, 1.0, "relu", backend="triton"),
+    ]
+    assert rec.calls == [
+        (_fastcall.SOFTMAX_ROWS, 0, -1), (_fastcall.SOFTMAX_ROWS, 1, 1),
+        (_fastcall.ELEMENTWISE, gelu_tanh, -1), (_fastcall.ELEMENTWISE, none, -1),
+        (_fastcall.ELEMENTWISE, relu, -1),
+    ]  # fmt: skip
+    # each declined, so the Python path answered
+    x64 = x.double()
+    refs = [torch.softmax(x64, -1), torch.log_softmax(x64, 1), F.gelu(x64, approximate="tanh"),
+            2 * x64, F.relu(x64 + x64[0])]  # fmt: skip
+    for out, ref in zip(outs, refs, strict=True):
+        assert_close_verbose(out, ref, torch.float32)
+    fuseml.ops.softmax(x, backend="eager")  # other backends never offer it
+    assert len(rec.calls) == 5
+
+
 def test_usable_only_for_triton_backends():
     assert _fastcall.usable("auto") and _fastcall.usable("triton")
     assert not _fastcall.usable("cuda") and not _fastcall.usable("eager")

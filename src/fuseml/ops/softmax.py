@@ -156,6 +156,12 @@ def _normalize_dim(op: str, x: torch.Tensor, dim) -> int:
 
 
 def _public(op: str, x, dim, backend: str, log: bool) -> torch.Tensor:
+    fast = _fastcall.fast  # a repeat call launched from C++ (see fuseml.ops._fastcall)
+    plain = fast is not None and type(x) is torch.Tensor and type(dim) is int
+    if plain and _fastcall.usable(backend):
+        out = fast.call(_fastcall.SOFTMAX_ROWS, int(log), x, None, None, 1.0, dim)
+        if out is not None:
+            return out
     check_tensor(op, "x", x)
     dim = _normalize_dim(op, x, dim)
     backend = resolve_backend(backend, x.device, op)
@@ -174,21 +180,9 @@ def softmax(x: torch.Tensor, dim: int = -1, *, backend: str = "auto") -> torch.T
 
     backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton | cuda.
     """
-    fast = _fastcall.fast  # a repeat call launched from C++ (see fuseml.ops._fastcall)
-    plain = fast is not None and type(x) is torch.Tensor and type(dim) is int
-    if plain and _fastcall.usable(backend):
-        out = fast.call(_fastcall.SOFTMAX_ROWS, 0, x, None, None, 1.0, dim)
-        if out is not None:
-            return out
     return _public("softmax", x, dim, backend, log=False)
 
 
 def log_softmax(x: torch.Tensor, dim: int = -1, *, backend: str = "auto") -> torch.Tensor:
     """log(softmax(x)) along ``dim``, computed as x - max - log(sum(exp(x - max)))."""
-    fast = _fastcall.fast
-    plain = fast is not None and type(x) is torch.Tensor and type(dim) is int
-    if plain and _fastcall.usable(backend):
-        out = fast.call(_fastcall.SOFTMAX_ROWS, 1, x, None, None, 1.0, dim)
-        if out is not None:
-            return out
     return _public("log_softmax", x, dim, backend, log=True)
