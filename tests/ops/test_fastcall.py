@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fuseml
 from fuseml.ops import _fastcall
+from fuseml.ops.linear import linear_choice
 from fuseml.testing import (
     DTYPES,
     assert_close_verbose,
@@ -299,3 +300,86 @@ def test_fast_calls_inside_a_cuda_graph(fast):
     torch.cuda.synchronize()
     want = torch.softmax(F.gelu(F.relu(x.double() + b.double() + y.double())), -1)
     assert_close_verbose(got, want, torch.bfloat16)
+
+
+# ------------------------------------------------------------------- linear (GEMM)
+LINEAR_SHAPES = [  # (x's shape, out_features)
+    ((64, 512), 256),
+    ((64, 64), 16),
+    ((2, 3, 64), 48),
+    ((1, 128), 1),
+    ((300, 256), 96),
+]
+
+
+@gpu
+@pytest.mark.parametrize(("shape", "n"), LINEAR_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("activation", "with_bias"), [(None, False), ("relu", True), ("gelu", True)]
+)
+def test_linear_repeat_calls_launch_from_cpp(fast, shape, n, dtype, activation, with_bias):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    k = shape[-1]
+    x = torch.randn(shape, dtype=dtype, device="cuda", generator=g)
+    w = torch.randn(n, k, dtype=dtype, device="cuda", generator=g) / k**0.5
+    b = torch.randn(n, dtype=dtype, device="cuda", generator=g) if with_bias else None
+    with torch.no_grad():
+        fuseml.ops.linear(x, w, b, activation)  # compiles (and tunes where tuning is on)
+        fast.clear()
+        python = fuseml.ops.linear(x, w, b, activation)  # offers its plan
+        poison_allocator()
+        before = _hits(fast)
+        out = fuseml.ops.linear(x, w, b, activation)
+        torch.cuda.synchronize()
+    kernel = linear_choice(x, w, b, activation)["kernel"]
+    # (the TMA loop's descriptors are built per call: those launches stay in Python)
+    assert _hits(fast) == before + (kernel != "tma"), kernel
+    assert out.shape == (*shape[:-1], n) and out.dtype == dtype
+    assert torch.equal(out, python)
+    ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+    ref = ref if activation is None else getattr(F, activation)(ref)
+    assert_close_verbose(out, ref, dtype)
+
+
+@gpu
+def test_linear_calls_the_cpp_side_does_not_take(fast):
+    g = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(200, 100, dtype=torch.bfloat16, device="cuda", generator=g)
+    w = torch.randn(96, 100, dtype=torch.bfloat16, device="cuda", generator=g) / 10
+    r = torch.randn(200, 96, dtype=torch.bfloat16, device="cuda", generator=g)
+    x32, w32 = x.float(), w.float()
+    with torch.no_grad():
+        for _ in range(3):
+            padded = fuseml.ops.linear(x, w)  # K = 100 from 128 rows: padded to 112 per call
+            fp32 = fuseml.ops.linear(x32, w32)  # float32: TF32 flags decide its dots
+            residual = fuseml.ops.linear(x, w, None, "relu", r, 0.5)
+            transposed = fuseml.ops.linear(x.t().contiguous().t(), w)
+    assert _hits(fast) == 0
+    ref = F.linear(x.double(), w.double())
+    for out in (padded, transposed):
+        assert_close_verbose(out, ref, torch.bfloat16)
+    assert_close_verbose(residual, F.relu(ref + 0.5 * r.double()), torch.bfloat16)
+    assert_close_verbose(fp32, ref, torch.float32, tf32=torch.backends.cuda.matmul.allow_tf32)
+
+
+@gpu
+def test_linear_tuned_and_heuristic_plans_are_apart(fast, monkeypatch):
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(48, 256, dtype=torch.bfloat16, device="cuda", generator=g)
+    w = torch.randn(128, 256, dtype=torch.bfloat16, device="cuda", generator=g) / 16
+    ref = F.linear(x.double(), w.double())
+    for tune in ("0", "1"):  # heuristic, then tuned tiles: a new signature each
+        monkeypatch.setenv("FUSEML_AUTOTUNE", tune)
+        before = _hits(fast)
+        with torch.no_grad():
+            first = fuseml.ops.linear(x, w)
+            assert _hits(fast) == before  # no plan under this setting yet
+            for _ in range(3):
+                out = fuseml.ops.linear(x, w)
+        # the later calls launch from C++ (the first of them too, where the first call's
+        # kernel was compiled already), the TMA loop's stay in Python
+        hits = _hits(fast) - before
+        assert hits >= 2 if linear_choice(x, w)["kernel"] != "tma" else hits == 0, (tune, hits)
+        assert torch.equal(out, first)
+        assert_close_verbose(out, ref, torch.bfloat16)

@@ -1,6 +1,6 @@
-// The eager fast path of fuseml's elementwise ops and the on-chip softmax
-// (ops/_fastcall.py): a repeat call launches the kernel the Python path compiled for the
-// same call signature, from C++.
+// The eager fast path of fuseml's elementwise ops, the on-chip softmax and the plain
+// 16-bit linear layer (ops/_fastcall.py): a repeat call launches the kernel the Python
+// path compiled for the same call signature, from C++.
 //
 // An eager fuseml call used to spend ~3x torch's time on the host (gelu on 64 x 512:
 // 26 us against 8.8, H200 host): validation, the plan lookup, Triton's launcher (a Python
@@ -16,9 +16,10 @@
 // signature never registered) returns None and the caller takes the Python path.
 //
 // The key holds everything the Python plan depends on: op, activation / log flag, device,
-// dtype, rows and columns, which optional inputs are given, 16-byte alignment of every
-// pointer (Triton specializes on it) and FUSEML_PDL's value (read on each call, as the
-// Python side reads it).
+// dtype, rows, columns (and the GEMM's depth), which optional inputs are given, 16-byte
+// alignment of every pointer (Triton specializes on it) and the settings the plan reads
+// (read on each call, as the Python side reads them). A GEMM plan is offered only from a
+// launch with the tuned (or heuristic) tile, never from the tuner's timed candidates.
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -43,13 +44,14 @@ namespace {
 // Ops, as ops/_fastcall.py names them.
 constexpr int64_t kElementwise = 0;  // _elementwise._bias_act_kernel: act(x + bias + alpha y)
 constexpr int64_t kSoftmaxRows = 1;  // _softmax/rows.py: the on-chip softmax of each row
+constexpr int64_t kGemm = 2;  // gemm/pointer.py, stream.py: act(x @ W^T + bias), 16-bit
 
 // Kinds of kernel parameters.
 constexpr int64_t kPtr = 0, kI32 = 1, kI64 = 2, kF32 = 3;
 
 constexpr int kMaxArgs = 16;
 
-using Key = std::array<int64_t, 10>;
+using Key = std::array<int64_t, 12>;
 
 struct KeyHash {
   size_t operator()(const Key& k) const {
@@ -110,13 +112,18 @@ int64_t dtype_code(at::ScalarType t) {
   }
 }
 
-// FUSEML_PDL as part of the key: a change of the setting is a new signature.
-int64_t pdl_setting() {
-  const char* v = std::getenv("FUSEML_PDL");
-  if (v == nullptr || v[0] == '\0') return 1;
-  if (std::strcmp(v, "0") == 0) return 0;
-  if (std::strcmp(v, "1") == 0) return 1;
-  return 2;  // a bad value: the Python path raises on it
+// The settings a plan depends on, as part of the key: a change of one is a new signature.
+// FUSEML_PDL for every op; for the GEMM also FUSEML_AUTOTUNE and FUSEML_CACHE (tuned or
+// heuristic tiles, and which tuning table).
+int64_t settings_hash(bool gemm) {
+  uint64_t h = 1469598103934665603ull;
+  const char* names[] = {"FUSEML_PDL", "FUSEML_AUTOTUNE", "FUSEML_CACHE"};
+  for (int i = 0; i < (gemm ? 3 : 1); ++i) {
+    const char* v = std::getenv(names[i]);
+    for (const char* c = v ? v : ""; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;  // (separator)
+  }
+  return static_cast<int64_t>(h);
 }
 
 // Tensors the fast path may read as raw memory: a plain dense CUDA tensor on the current
@@ -136,7 +143,7 @@ bool plain(const at::Tensor& t, int64_t device, bool grad) {
 // call is not one this file handles (dim: the softmax's).
 bool describe(int64_t op, int64_t code, const at::Tensor& x, const std::optional<at::Tensor>& y,
               const std::optional<at::Tensor>& bias, int64_t dim, Key& key, int64_t& rows,
-              int64_t& cols) {
+              int64_t& cols, int64_t& depth) {
   const int64_t device = c10::cuda::current_device();
   const bool grad = at::GradMode::is_enabled();
   if (!plain(x, device, grad) || x.numel() == 0 || x.dim() == 0) return false;
@@ -145,6 +152,22 @@ bool describe(int64_t op, int64_t code, const at::Tensor& x, const std::optional
   if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return false;
   const bool has_y = y.has_value() && y->defined();
   const bool has_b = bias.has_value() && bias->defined();
+  depth = 0;
+  if (op == kGemm) {  // y is the weight (N, K)
+    if (dt == 0 || !has_y || !plain(*y, device, grad) || y->scalar_type() != x.scalar_type() ||
+        y->dim() != 2 || y->size(1) != x.size(-1) || y->size(0) == 0) {
+      return false;
+    }
+    depth = x.size(-1);
+    cols = y->size(0);
+    rows = x.numel() / depth;
+    if (has_b && (!plain(*bias, device, grad) || bias->scalar_type() != x.scalar_type() ||
+                  bias->dim() != 1 || bias->size(0) != cols)) {
+      return false;
+    }
+    key = {op, code, device, dt, rows, cols, depth, has_b, 0, settings_hash(true), 0, 0};
+    return true;
+  }
   if (has_y && (!plain(*y, device, grad) || y->scalar_type() != x.scalar_type() ||
                 y->sizes() != x.sizes())) {
     return false;
@@ -166,17 +189,37 @@ bool describe(int64_t op, int64_t code, const at::Tensor& x, const std::optional
   } else {
     return false;
   }
-  key = {op, code, device, dt, rows, cols, has_y, has_b, 0, pdl_setting()};
+  key = {op, code, device, dt, rows, cols, has_y, has_b, 0, settings_hash(false), 0, 0};
   return true;
 }
 
 // The op's arguments in the kernel's order, up to its first constexpr; their count.
-int fill(int64_t op, int64_t rows, int64_t cols, const at::Tensor& x,
+int fill(int64_t op, int64_t rows, int64_t cols, int64_t depth, const at::Tensor& x,
          const std::optional<at::Tensor>& y, const std::optional<at::Tensor>& bias,
          const at::Tensor& out, double alpha, Value* v) {
   auto ptr = [](const at::Tensor& t) { return reinterpret_cast<int64_t>(t.data_ptr()); };
   const bool has_y = y.has_value() && y->defined();
   const bool has_b = bias.has_value() && bias->defined();
+  if (op == kGemm) {
+    // (x, weight, bias or x, residual: x, out, m, n, k, x's strides, weight's strides,
+    //  the residual's row stride: 0, out's row stride, alpha)
+    v[0].i = ptr(x);
+    v[1].i = ptr(*y);
+    v[2].i = has_b ? ptr(*bias) : ptr(x);
+    v[3].i = ptr(x);
+    v[4].i = ptr(out);
+    v[5].i = rows;
+    v[6].i = cols;
+    v[7].i = depth;
+    v[8].i = depth;
+    v[9].i = 1;
+    v[10].i = depth;
+    v[11].i = 1;
+    v[12].i = 0;
+    v[13].i = cols;
+    v[14].f = alpha;
+    return 15;
+  }
   if (op == kElementwise) {
     // (x, y or x, bias or x, out, n_rows, n_cols, stride_x, stride_y, stride_out, alpha)
     v[0].i = ptr(x);
@@ -251,8 +294,8 @@ void launch(const Plan& plan, const Value* v, cudaStream_t stream) {
 py::object call(int64_t op, int64_t code, const at::Tensor& x, const std::optional<at::Tensor>& y,
                 const std::optional<at::Tensor>& bias, double alpha, int64_t dim) {
   Key key;
-  int64_t rows = 0, cols = 0;
-  if (launch_ex() == nullptr || !describe(op, code, x, y, bias, dim, key, rows, cols)) {
+  int64_t rows = 0, cols = 0, depth = 0;
+  if (launch_ex() == nullptr || !describe(op, code, x, y, bias, dim, key, rows, cols, depth)) {
     return py::none();
   }
   Plan plan;
@@ -266,9 +309,9 @@ py::object call(int64_t op, int64_t code, const at::Tensor& x, const std::option
     }
     plan = it->second;
   }
-  at::Tensor out = at::empty_like(x);
+  at::Tensor out = op == kGemm ? at::empty({rows, cols}, x.options()) : at::empty_like(x);
   Value v[kMaxArgs];
-  fill(op, rows, cols, x, y, bias, out, alpha, v);
+  fill(op, rows, cols, depth, x, y, bias, out, alpha, v);
   if (!aligned16(v, plan)) {
     std::lock_guard<std::mutex> guard(table_lock);
     ++misses;
@@ -278,6 +321,11 @@ py::object call(int64_t op, int64_t code, const at::Tensor& x, const std::option
   {
     std::lock_guard<std::mutex> guard(table_lock);
     ++hits;
+  }
+  if (op == kGemm && x.dim() != 2) {  // (..., N), as the Python path returns it
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = cols;
+    return py::cast(out.view(shape));
   }
   return py::cast(out);
 }
@@ -293,10 +341,15 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
   static ParamInfo param_info = driver_entry<ParamInfo>("cuFuncGetParamInfo");
   if (param_info == nullptr) return "cuFuncGetParamInfo is not available";
   Key key;
-  int64_t rows = 0, cols = 0;
-  if (!describe(op, code, x, y, bias, -1, key, rows, cols)) return "not a call the fast path takes";
-  if (!out.is_contiguous() || out.sizes() != x.sizes() || out.scalar_type() != x.scalar_type()) {
-    return "the output is not laid out as empty_like(x)";
+  int64_t rows = 0, cols = 0, depth = 0;
+  if (!describe(op, code, x, y, bias, -1, key, rows, cols, depth)) {
+    return "not a call the fast path takes";
+  }
+  const bool laid_out = op == kGemm
+      ? out.dim() == 2 && out.size(0) == rows && out.size(1) == cols
+      : out.sizes() == x.sizes();
+  if (!out.is_contiguous() || !laid_out || out.scalar_type() != x.scalar_type()) {
+    return "the output is not laid out as the fast call allocates it";
   }
   const int n = static_cast<int>(positions.size());
   if (n > kMaxArgs || kinds.size() != positions.size() || passed.size() != positions.size() ||
@@ -304,7 +357,7 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
     return "malformed plan";
   }
   Value v[kMaxArgs];
-  const int n_values = fill(op, rows, cols, x, y, bias, out, alpha, v);
+  const int n_values = fill(op, rows, cols, depth, x, y, bias, out, alpha, v);
   Plan plan;
   plan.function = reinterpret_cast<CUfunction>(function);
   for (int d = 0; d < 3; ++d) plan.grid[d] = static_cast<unsigned>(grid[d]);

@@ -1,5 +1,5 @@
-"""The eager fast path: repeat calls of the elementwise ops and the on-chip softmax
-launched from C++ (``csrc/fastcall.cpp``).
+"""The eager fast path: repeat calls of the elementwise ops, the on-chip softmax and the
+plain 16-bit linear layer launched from C++ (``csrc/fastcall.cpp``).
 
 A fuseml call planned in Python costs several times torch's own call on the host
 (validation, plan lookup, Triton's launcher). The Python path stays the one that decides:
@@ -36,17 +36,17 @@ EXT_NAME = "fuseml_fastcall"
 SOURCE = _cuda_ext._CSRC / "fastcall.cpp"
 
 # Ops and parameter kinds, as csrc/fastcall.cpp numbers them.
-ELEMENTWISE, SOFTMAX_ROWS = 0, 1
+ELEMENTWISE, SOFTMAX_ROWS, GEMM = 0, 1, 2
 _KINDS = {"i32": 1, "i64": 2, "fp32": 3}
 
-_compiling = torch.compiler.is_compiling
+compiling = torch.compiler.is_compiling
 
 
 def usable(backend: str) -> bool:
     """May a public call with this ``backend`` try the fast path? The backends whose CUDA
     calls run the Triton kernels, and not under torch.compile, which traces the public
     functions: the fast call must stay out of its graphs."""
-    return (backend == "auto" or backend == "triton") and not _compiling()
+    return (backend == "auto" or backend == "triton") and not compiling()
 
 
 fast = None  # the loaded extension: ``fast.call(op, code, x, y, bias, alpha)``

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from fuseml.ops import _elementwise as ew
+from fuseml.ops import _fastcall
 from fuseml.ops._utils import (
     PLAIN_TENSORS,
     as_rows,
@@ -116,10 +117,10 @@ def _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pa
 
     loop = gemm_launch.gemm_loop(x2, weight, traced, loop)
 
-    def run(cfg: dict) -> None:
+    def run(cfg: dict, fast: bool = False) -> None:  # (fast: see launch_linear)
         tma = gemm_launch.takes_tma(loop, cfg)
         gemm_launch.launch_linear(
-            out, x2, weight, b, res2, alpha, code, cfg, traced=traced, tma=tma
+            out, x2, weight, b, res2, alpha, code, cfg, traced=traced, tma=tma, fast=fast
         )
 
     def pick(config: dict | None) -> dict:
@@ -165,11 +166,18 @@ def linear_rows(
     zero-padded to it) instead of ``padded_k``'s. ``linear_choice`` names the config and
     kernel a call takes.
     """
+    fast = _fastcall.fast  # a repeat call launched from C++ (see fuseml.ops._fastcall)
+    usual = not traced and residual is None and out_dtype is None and loop == "auto"
+    usual = usual and config is None and pad_to is None
+    if fast is not None and usual and type(x) is torch.Tensor and not _fastcall.compiling():
+        result = fast.call(_fastcall.GEMM, code, x, weight, bias, alpha, -1)
+        if result is not None:
+            return result
     out, _, pick, run = _prepare(
         x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pad_to
     )
     if out.numel():
-        run(pick(config))
+        run(pick(config), fast=usual)
     flat = x.dim() == 2  # (the common case: no view of the output)
     return out if flat else out.view(*x.shape[:-1], out.shape[1])
 
@@ -313,6 +321,10 @@ def check_linear_args(op, x, weight, bias, residual, alpha, activation) -> str:
     return activation
 
 
+_REAL = (float, int)  # (not bool: its own type)
+_CODES = {None: ew.ACT_CODE["none"], **{a: ew.ACT_CODE[a] for a in ACTIVATIONS}}
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -333,6 +345,20 @@ def linear(
     The first call of a new (M bucket, N, K) on a GPU tunes the tile (a few seconds) and
     stores the result on disk (see ``fuseml.ops._tune``).
     """
+    fast = _fastcall.fast  # a repeat call launched from C++ (see fuseml.ops._fastcall)
+    plain = (
+        fast is not None
+        and residual is None
+        and type(x) is torch.Tensor
+        and type(weight) in PLAIN_TENSORS
+        and (bias is None or type(bias) in PLAIN_TENSORS)
+        and type(alpha) in _REAL
+        and (activation is None or type(activation) is str)
+    )
+    if plain and _fastcall.usable(backend):
+        out = fast.call(_fastcall.GEMM, _CODES.get(activation, -1), x, weight, bias, alpha, -1)
+        if out is not None:
+            return out
     op = "linear"
     activation = check_linear_args(op, x, weight, bias, residual, alpha, activation)
     alpha = float(alpha)

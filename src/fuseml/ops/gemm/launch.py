@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from fuseml.ops import _tune
+from fuseml.ops import _fastcall, _tune
 from fuseml.ops._utils import (
     CompiledLaunches,
     aligned16,
@@ -313,6 +313,7 @@ def launch_linear(
     tma: bool = False,
     pdl: bool = False,
     programs: int | None = None,
+    fast: bool = False,
 ) -> None:
     """One launch of ``_linear_kernel``; x (M, K), weight (N, K), out (M, N), all validated.
 
@@ -321,7 +322,9 @@ def launch_linear(
     lora_a can be read through a descriptor: see ``fuseml.ops.lora``). pdl (LORA_SHRINK and
     the LORA_EXPAND launch right after it; see ``pdl_available``): the expand launch starts while
     the shrink runs and waits for xs only before its last K steps. programs: the TMA
-    kernel's persistent grid size (see ``_launch_tma``).
+    kernel's persistent grid size (see ``_launch_tma``). fast: a plain layer's launch with
+    the tile its calls take (not a tuning candidate): offered to the eager fast path
+    (``fuseml.ops._fastcall``).
     """
     if launches_skipped():
         return
@@ -364,9 +367,12 @@ def launch_linear(
             0 if residual is None else residual.stride(0), out.stride(0),
         )  # fmt: skip
         dep = pdl_launch(x, traced)  # programmatic dependent launch (not LoRA's pdl)
+        offer = (activation, bias) if fast and residual is None else None
         if config.get("STREAM"):
             flags = (bias is not None, residual is not None, activation, precision, upcast)
-            _launch_stream(out, x, weight, b_arg, r_arg, ints, alpha, flags, config, traced, dep)
+            _launch_stream(
+                out, x, weight, b_arg, r_arg, ints, alpha, flags, config, traced, dep, offer
+            )
             return
         consts = (
             bias is not None, residual is not None, activation, precision, upcast,
@@ -376,7 +382,7 @@ def launch_linear(
         tensors = (x, weight, b_arg, r_arg, out)
         _launch_plain(
             _linear_kernel, _linear_launches, grid, tensors, ints, alpha, consts, config, dep,
-            traced,
+            traced, offer,
         )  # fmt: skip
         return
     kernel = torch.library.wrap_triton(_lora_kernel) if traced else _lora_kernel
@@ -416,10 +422,10 @@ def stream_grid(m: int, n: int, config: dict, sms: int | None) -> tuple[int]:
 
 
 def _launch_stream(
-    out, x, weight, b_arg, r_arg, ints, alpha, flags, config, traced, dep=False
+    out, x, weight, b_arg, r_arg, ints, alpha, flags, config, traced, dep=False, offer=None
 ) -> None:  # fmt: skip
     """One launch of ``_linear_stream_kernel`` (a "STREAM" config; plain layers only); dep:
-    with programmatic dependent launch (``pdl_launch``)."""
+    with programmatic dependent launch (``pdl_launch``); offer: see ``_launch_plain``."""
     m, n, k = ints[:3]
     grid = stream_grid(m, n, config, persistent_programs(x))
     consts = (
@@ -429,15 +435,18 @@ def _launch_stream(
     tensors = (x, weight, b_arg, r_arg, out)
     _launch_plain(
         _linear_stream_kernel, _stream_launches, grid, tensors, ints, alpha, consts, config, dep,
-        traced,
+        traced, offer,
     )  # fmt: skip
 
 
-def _launch_plain(kernel, launches, grid, tensors, ints, alpha, consts, config, dep, traced):
+def _launch_plain(
+    kernel, launches, grid, tensors, ints, alpha, consts, config, dep, traced, offer=None
+):  # fmt: skip
     """One launch of a plain-layer kernel (``_linear_kernel`` or ``_linear_stream_kernel``):
     tensors (x, weight, bias, residual, out), the ints, alpha and the constexprs in the
     kernel's order; dep: with programmatic dependent launch. Traced launches go through
-    wrap_triton, the others repeat through ``launches`` (CompiledLaunches)."""
+    wrap_triton, the others repeat through ``launches`` (CompiledLaunches). offer: None, or
+    (activation code, bias) of a launch whose plan the eager fast path may keep."""
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     if dep:
         options["launch_pdl"] = True
@@ -450,7 +459,13 @@ def _launch_plain(kernel, launches, grid, tensors, ints, alpha, consts, config, 
         tensors[0].dtype, tensors[-1].dtype, consts, options["num_warps"],
         options["num_stages"], *map(int_spec, ints),
     )  # fmt: skip
-    launches(grid, key, aligned16(*tensors), args, options)
+    ck = launches(grid, key, aligned16(*tensors), args, options)
+    if ck is not None and offer is not None:
+        code, bias = offer
+        x, weight, out = tensors[0], tensors[1], tensors[-1]
+        _fastcall.register(
+            _fastcall.GEMM, code, x, weight, bias, out, alpha, ck, grid, options, args
+        )
 
 
 def launch_shrink_segments(
