@@ -558,3 +558,57 @@ class ReplayCache:
             s.copy_(x)
         graph.replay()
         return out.clone()
+
+
+# ------------------------------------------------------------------ replays of modules
+def replay_cache(module: nn.Module, owner: str) -> ReplayCache:
+    """``module``'s ReplayCache of at most ``module.replay_graphs`` graphs (made anew when
+    that number changes), kept outside its state: not in state_dict, not deep-copied."""
+    cache = module.__dict__.get("_replay_cache")
+    if cache is None or cache.max_graphs != module.replay_graphs:
+        cache = ReplayCache(owner, max_graphs=module.replay_graphs)
+        module.__dict__["_replay_cache"] = cache
+    return cache
+
+
+def module_state(module: nn.Module) -> list[torch.Tensor | None]:
+    """Every parameter and buffer slot's tensor of ``module`` now (None where a slot holds
+    none): a parameter replaced by another is seen, and the slots are listed again when a
+    module anywhere below is replaced."""
+    plan = module.__dict__.get("_state_slots")
+    if plan is None or any(p._modules.get(n) is not c for p, n, c in plan[0]):
+        modules = list(module.modules())
+        children = [(p, n, c) for p in modules for n, c in p._modules.items()]
+        slots = [(m._parameters, n) for m in modules for n in m._parameters]
+        slots += [(m._buffers, n) for m in modules for n in m._buffers]
+        plan = module.__dict__["_state_slots"] = (children, slots)
+    return [d.get(n) for d, n in plan[1]]
+
+
+def state_key(module: nn.Module) -> tuple | None:
+    """What a replayed graph of ``module`` depends on of its state: each slot's tensor's
+    address, version, shape and dtype (a new tensor may be given a freed one's address);
+    None where an inference tensor (no version) leaves nothing to key on."""
+    try:
+        return tuple(
+            None if t is None else (t.data_ptr(), t._version, t.shape, t.dtype)
+            for t in module_state(module)
+        )
+    except RuntimeError:
+        return None
+
+
+def replayable(*inputs: torch.Tensor) -> bool:
+    """May an eager call on ``inputs`` be served by graph replays? Inference (no autograd
+    recording) on plain CUDA tensors, not inside a capture, a compilation, autocast or a
+    dispatch mode."""
+    from fuseml.ops._utils import needs_dispatch
+
+    return not (
+        torch.is_grad_enabled()
+        or any(type(t) is not torch.Tensor or not t.is_cuda for t in inputs)
+        or torch.compiler.is_compiling()
+        or torch.cuda.is_current_stream_capturing()
+        or torch.is_autocast_enabled("cuda")
+        or needs_dispatch(*inputs)
+    )

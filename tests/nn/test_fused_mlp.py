@@ -129,3 +129,68 @@ def test_fused_mlp_bad_input():
         FusedMLP.from_sequential(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Tanh()))
     with pytest.raises(ValueError, match=r"weights\[1\] must be"):
         FusedMLP.from_sequential(nn.Sequential(nn.Linear(8, 8), nn.Linear(6, 4)))(torch.randn(2, 8))
+
+
+def test_fused_mlp_replay_key():
+    """What a replayed graph is keyed on: no key off CUDA or while autograd records; the
+    activations, an in-place weight update and a replaced parameter all change it."""
+    mlp = FusedMLP([8, 16, 4], ["relu", None])
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert mlp._replay_key(x, ["relu", None], "triton") is None  # a CPU tensor
+    state = fuseml.serving.state_key(mlp)
+    assert len(state) == 4
+    with torch.no_grad():
+        mlp[0].weight.mul_(2)  # in place: a new version
+    assert fuseml.serving.state_key(mlp) != state
+    state = fuseml.serving.state_key(mlp)
+    mlp[2].bias = nn.Parameter(mlp[2].bias.detach() + 1)  # replaced
+    assert fuseml.serving.state_key(mlp) != state
+    assert not fuseml.serving.replayable(x)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_mlp_eager_calls_replay_graphs(dtype, monkeypatch):
+    """Repeated eager inference calls replay a CUDA graph: fresh outputs, new inputs seen,
+    a weight updated in place or replaced and a changed activation child seen; calls
+    under autograd and replay_graphs = 0 launch every time."""
+    from fuseml.testing import poison_allocator
+
+    mlp = FusedMLP([367, 512, 256, 1], ["relu", "relu", None], device="cuda", dtype=dtype)
+    calls = []
+    real = fuseml.nn.mlp.fused_mlp
+    monkeypatch.setattr(
+        fuseml.nn.mlp, "fused_mlp", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    outs = []
+    with torch.no_grad():
+        for _ in range(6):
+            x = torch.randn(64, 367, device="cuda", dtype=dtype)
+            poison_allocator()
+            out = mlp(x)
+            assert_close_verbose(out, _ref64(mlp, x), dtype)
+            outs.append((out, out.clone()))
+        assert len(calls) == 4  # two eager calls, the warm-up and the capture, then replays
+        assert mlp.__dict__["_replay_cache"].num_graphs == 1
+        assert all(torch.equal(o, kept) for o, kept in outs)  # each call's own tensor
+        mlp[0].weight.mul_(-1.0)  # in place: a new version, a new graph
+        assert_close_verbose(mlp(x), _ref64(mlp, x), dtype)
+        mlp[2].bias = nn.Parameter(mlp[2].bias + 1)  # replaced
+        assert_close_verbose(mlp(x), _ref64(mlp, x), dtype)
+        mlp[1] = nn.GELU()  # another activation
+        assert_close_verbose(mlp(x), _ref64(mlp, x), dtype)
+        mlp.replay_graphs = 0
+        n = len(calls)
+        for _ in range(3):
+            mlp(x)
+        assert len(calls) == n + 3
+    mlp.replay_graphs = 4
+    cache = fuseml.serving.replay_cache(mlp, "FusedMLP")
+    graphs = cache.num_graphs
+    for _ in range(4):  # autograd records: never captured nor replayed
+        out = mlp(x)
+        assert out.grad_fn is not None
+        assert_close_verbose(out, _ref64(mlp, x), dtype)
+    assert cache.num_graphs == graphs

@@ -18,7 +18,7 @@ from fuseml.ops._utils import needs_dispatch
 from fuseml.ops.embedding_interaction import embedding_interaction
 from fuseml.ops.linear import padded_weight, padded_width
 from fuseml.ops.mlp import mlp as fused_mlp
-from fuseml.serving import ReplayCache
+from fuseml.serving import ReplayCache, module_state, replay_cache, state_key
 
 __all__ = ["STAGES", "FusedDLRM", "stage_ranges"]
 
@@ -117,12 +117,8 @@ class FusedDLRM(DLRM):
             emb.raise_if_bad_ids()
         return out
 
-    def _replays(self):
-        cache = self.__dict__.get("_replay_cache")
-        if cache is None or cache.max_graphs != self.replay_graphs:
-            cache = ReplayCache("FusedDLRM", max_graphs=self.replay_graphs)
-            self.__dict__["_replay_cache"] = cache
-        return cache
+    def _replays(self) -> ReplayCache:
+        return replay_cache(self, "FusedDLRM")
 
     def _replay_key(self, dense, sparse, return_logits: bool, check: bool) -> tuple | None:
         """The signature of an eager call whose replays a CUDA graph can serve, or None:
@@ -141,13 +137,8 @@ class FusedDLRM(DLRM):
             or needs_dispatch(dense, sparse)
         ):
             return None
-        state = self._state_tensors()
-        try:
-            # (shape and dtype too: a new tensor may be given a freed one's address)
-            versions = tuple(
-                None if t is None else (t.data_ptr(), t._version, t.shape, t.dtype) for t in state
-            )
-        except RuntimeError:  # inference tensors keep no version: nothing to key on
+        versions = state_key(self)
+        if versions is None:  # inference tensors keep no version: nothing to key on
             return None
         return (
             tuple(dense.shape), dense.stride(), dense.dtype, dense.device,
@@ -158,17 +149,7 @@ class FusedDLRM(DLRM):
         )  # fmt: skip
 
     def _state_tensors(self) -> list[torch.Tensor | None]:
-        """Every parameter and buffer slot's tensor now (None where a slot holds none): a
-        parameter replaced by another is seen, and the slots are listed again when a
-        module anywhere below is replaced."""
-        plan = self.__dict__.get("_state_slots")
-        if plan is None or any(p._modules.get(n) is not c for p, n, c in plan[0]):
-            modules = list(self.modules())
-            children = [(p, n, c) for p in modules for n, c in p._modules.items()]
-            slots = [(m._parameters, n) for m in modules for n in m._parameters]
-            slots += [(m._buffers, n) for m in modules for n in m._buffers]
-            plan = self.__dict__["_state_slots"] = (children, slots)
-        return [d.get(n) for d, n in plan[1]]
+        return module_state(self)
 
     def _fused(self, dense, sparse, return_logits: bool, check: bool) -> torch.Tensor:
         """The fused forward (flags of bad ids set, not read)."""

@@ -16,6 +16,7 @@ from fuseml.nn._common import (
     check_backend,
 )
 from fuseml.ops.mlp import mlp as fused_mlp
+from fuseml.serving import replay_cache, replayable, state_key
 
 
 class FusedMLP(nn.Sequential):
@@ -160,12 +161,33 @@ class FusedMLP(nn.Sequential):
             self.__dict__["_layers_cache"] = cached
         return cached[1], cached[2]
 
+    # Repeated eager inference calls of one signature replay a CUDA graph of the forward
+    # (at most this many graphs, see fuseml.serving.ReplayCache); 0: every call launches.
+    replay_graphs = 4
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         linears, acts = self._layers_now()
         weights = [lin.weight for lin in linears]
         biases = [lin.bias for lin in linears]
         backend = call_backend("FusedMLP", self.backend, x, [*weights, *biases])
-        return fused_mlp(x, weights, biases, acts, backend=backend)
+        key = self._replay_key(x, acts, backend) if self.replay_graphs else None
+        if key is None:
+            return fused_mlp(x, weights, biases, acts, backend=backend)
+        run = lambda t: fused_mlp(t, weights, biases, acts, backend=backend)
+        return replay_cache(self, "FusedMLP").run(key, run, [x])
+
+    def _replay_key(self, x: torch.Tensor, acts, backend: str) -> tuple | None:
+        """The signature of an eager call whose replays a CUDA graph can serve (inference
+        on CUDA, see fuseml.serving.replayable), or None."""
+        if self.training or not replayable(x):
+            return None
+        state = state_key(self)
+        if state is None:
+            return None
+        return (
+            tuple(x.shape), x.stride(), x.dtype, x.device, tuple(acts), backend,
+            torch.backends.cuda.matmul.allow_tf32, state,
+        )  # fmt: skip
 
     def __getitem__(self, idx):
         if isinstance(idx, slice):  # a part of the chain is a plain Sequential
