@@ -26,6 +26,10 @@ to :func:`status`, and the outcome, success or the reason
 for failure, is cached for the life of the process. A failed build logs one warning.
 The toolchain probes live here too (fuseml.runtime re-exports them), so that this module
 needs nothing of fuseml but its settings.
+
+The eager fast path's launcher (``csrc/fastcall.cpp``, a library of its own) builds here
+too: ``python -m fuseml._cuda_ext fastcall`` is the child process that
+``fuseml.ops._fastcall`` starts to build it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ _CSRC = Path(__file__).resolve().parent / "csrc"
 # Compiled as separate translation units (in parallel under ninja) into one library.
 SOURCES = (_CSRC / "elementwise.cu", _CSRC / "softmax.cu", _CSRC / "interaction.cu")
 OP_NAME = "fuseml::bias_act_cuda_out"
+# The eager fast path's launcher (csrc/fastcall.cpp, a C++ file; see fuseml.ops._fastcall)
+FASTCALL_NAME = "fuseml_fastcall"
+FASTCALL_SOURCE = _CSRC / "fastcall.cpp"
 
 _lock = threading.Lock()
 _status: tuple[bool, str] | None = None
@@ -276,3 +283,63 @@ def _summarize(exc: BaseException, max_lines: int = 6) -> str:
     ]
     kept = [head[:300], *(line[:300] for line in found[: max_lines - 1])]
     return f"{type(exc).__name__}: " + " | ".join(kept)
+
+
+# -------------------------------------------------------------------- the fast path's build
+def fastcall_build_dir() -> str | None:
+    """The fast path extension's build folder: FUSEML_EXT_DIR/fuseml_fastcall, else
+    torch's (None where unknown)."""
+    ext_dir = settings.ext_dir()
+    if ext_dir is not None:
+        return os.path.join(os.path.abspath(ext_dir), FASTCALL_NAME)
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return _get_build_directory(FASTCALL_NAME, verbose=False)
+    except Exception:  # a private helper: its absence only costs a lock warning
+        return None
+
+
+def load_fastcall():
+    """Build (where not up to date) and load the fast path's extension module."""
+    from torch.utils import cpp_extension
+
+    kwargs = {}
+    if settings.ext_dir() is not None:
+        kwargs["build_directory"] = fastcall_build_dir()
+        os.makedirs(kwargs["build_directory"], exist_ok=True)
+    return cpp_extension.load(
+        name=FASTCALL_NAME,
+        sources=[str(FASTCALL_SOURCE)],
+        extra_cflags=["-O3"],
+        extra_ldflags=_libstdcxx_ldflags(),
+        with_cuda=True,
+        verbose=False,
+        **kwargs,
+    )
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m fuseml._cuda_ext fastcall``: build the fast path's extension (the child
+    process fuseml.ops._fastcall starts); exit status 1 with the reason on failure."""
+    import sys
+
+    if argv != ["fastcall"]:
+        print("usage: python -m fuseml._cuda_ext fastcall", file=sys.stderr)
+        return 2
+    missing = _missing_toolchain()
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 1
+    try:
+        load_fastcall()
+    except Exception as exc:
+        print(_summarize(exc), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))

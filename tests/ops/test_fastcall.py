@@ -133,6 +133,13 @@ def test_public_calls_offer_the_fast_call_their_op_code_and_dim(monkeypatch):
     assert len(rec.calls) == 5
 
 
+@pytest.mark.skipif(torch.version.cuda is not None, reason="checks the CPU-only torch's answer")
+def test_the_build_runs_in_a_child_process_and_reports_why_it_failed():
+    # The child imports this fuseml (its folder put on PYTHONPATH) and builds nothing here
+    why = _fastcall._build_apart()
+    assert why is not None and "CPU-only build" in why
+
+
 def test_usable_only_for_triton_backends():
     assert _fastcall.usable("auto") and _fastcall.usable("triton")
     assert not _fastcall.usable("cuda") and not _fastcall.usable("eager")

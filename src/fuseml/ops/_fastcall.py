@@ -10,10 +10,10 @@ with the same signature (op, dtype, sizes, device, alignment, FUSEML_PDL) is the
 lookup, an allocation and ``cuLaunchKernelEx``; anything else the C++ side does not vouch
 for returns None and takes the Python path.
 
-The extension builds in a background thread the first time a direct launch happens (a
-C++ file; the build is cached across processes), so no call waits for it: calls take the
-Python path until it is loaded. ``FUSEML_DIRECT_LAUNCH=0`` turns it off with the direct
-launches. A failed build logs one warning; every call then stays on the Python path, with
+The extension builds in the background the first time a direct launch happens (a C++
+file, built by a child process that finishes even if this one exits; cached across
+processes), so no call waits for it: calls take the Python path until it is loaded.
+``FUSEML_DIRECT_LAUNCH=0`` turns it off with the direct launches. A failed build logs one warning; every call then stays on the Python path, with
 the same results. Inside ``with suspended():`` every call takes the Python path (tests of
 that path's plans and launches).
 """
@@ -23,17 +23,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
 
-from fuseml import _cuda_ext, settings
+from fuseml import _cuda_ext
 
 log = logging.getLogger("fuseml")
 
-EXT_NAME = "fuseml_fastcall"
-SOURCE = _cuda_ext._CSRC / "fastcall.cpp"
+EXT_NAME = _cuda_ext.FASTCALL_NAME
 
 # Ops and parameter kinds, as csrc/fastcall.cpp numbers them.
 ELEMENTWISE, SOFTMAX_ROWS, GEMM = 0, 1, 2
@@ -113,23 +115,11 @@ def _build() -> None:
             _reason = missing
             log.info("fuseml: eager fast path off: %s", missing)
             return
-        from torch.utils import cpp_extension
-
-        kwargs = {}
-        ext_dir = settings.ext_dir()
-        if ext_dir is not None:
-            kwargs["build_directory"] = os.path.join(os.path.abspath(ext_dir), EXT_NAME)
-            os.makedirs(kwargs["build_directory"], exist_ok=True)
         start_time = time.perf_counter()
-        module = cpp_extension.load(
-            name=EXT_NAME,
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3"],
-            extra_ldflags=_cuda_ext._libstdcxx_ldflags(),
-            with_cuda=True,
-            verbose=False,
-            **kwargs,
-        )
+        why = _build_apart()
+        if why is not None:
+            raise RuntimeError(why)
+        module = _cuda_ext.load_fastcall()  # (built: torch finds it up to date)
         with _lock:
             _loaded = module
             if not _suspended:
@@ -140,6 +130,27 @@ def _build() -> None:
         log.warning("fuseml: eager fast path off: %s", _reason)
     finally:
         _done.set()
+
+
+def _build_apart() -> str | None:
+    """Build the extension in a process of its own (``python -m fuseml._cuda_ext
+    fastcall``); None when it is built, else the build's last error line.
+
+    A build that outlives this process (a short program that exits while it builds)
+    finishes and releases torch's build lock; killed halfway in a thread of this process,
+    it would leave the lock behind and every later process's build would wait on it."""
+    root = str(Path(_cuda_ext.__file__).resolve().parents[1])  # (the fuseml this runs)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    _cuda_ext._warn_if_locked(_cuda_ext.fastcall_build_dir())
+    done = subprocess.run(
+        [sys.executable, "-m", "fuseml._cuda_ext", "fastcall"],
+        env=env, capture_output=True, text=True, start_new_session=True, check=False,
+    )  # fmt: skip
+    if done.returncode == 0:
+        return None
+    lines = [line for line in (done.stderr or "").splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit status {done.returncode}"
 
 
 def register(op: int, code: int, x, y, bias, out, alpha: float, ck, grid, options, args) -> None:
