@@ -307,3 +307,55 @@ def test_lora_linear_cuda_graph_sees_adapter_writes_gpu(multi, fresh_tuning):
             m.lora_B[name].weight.copy_(torch.randn_like(m.lora_B[name].weight) * 0.1)
         assert_close_verbose(replay_poisoned(graph, static), _ref64(m, x, ids), torch.bfloat16)
         assert_close_verbose(m(x, ids), _ref64(m, x, ids), torch.bfloat16)  # eager, after
+
+
+def test_lora_linear_replay_key():
+    """No key off CUDA; an adapter written in place, a changed scaling or another active
+    adapter changes what a replayed graph is keyed on."""
+    m = _make("cpu", ranks=(4, 8))
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        assert m._replay_key(x, "a0", m.scaling["a0"], "triton") is None  # a CPU tensor
+    state = fuseml.serving.state_key(m)
+    with torch.no_grad():
+        m.lora_B["a0"].weight.add_(1)
+    assert fuseml.serving.state_key(m) != state
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lora_linear_eager_calls_replay_graphs_gpu(dtype, monkeypatch):
+    """Repeated eager inference calls with one active adapter replay a CUDA graph of the
+    layer: fresh outputs, new inputs seen, adapter weights written in place, another
+    scaling or another active adapter seen; replay_graphs = 0 launches every call."""
+    from fuseml.testing import poison_allocator
+
+    m = _make("cuda", dtype, ranks=(4, 8), activation="gelu")
+    calls = []
+    real = fuseml.nn.lora.lora_linear
+    monkeypatch.setattr(
+        fuseml.nn.lora, "lora_linear", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    outs = []
+    with torch.no_grad():
+        for _ in range(6):
+            x = torch.randn(40, 32, device="cuda", dtype=dtype)
+            poison_allocator()
+            out = m(x)
+            assert_close_verbose(out, _ref64(m, x), dtype)
+            outs.append((out, out.clone()))
+        assert len(calls) == 4  # two eager calls, the warm-up and the capture, then replays
+        assert all(torch.equal(o, kept) for o, kept in outs)  # each call's own tensor
+        m.lora_B["a0"].weight.mul_(-1.0)  # in place: a new version, a new graph
+        assert_close_verbose(m(x), _ref64(m, x), dtype)
+        m.scaling["a0"] *= 3  # another scaling
+        assert_close_verbose(m(x), _ref64(m, x), dtype)
+        m.set_adapter("a1")
+        for _ in range(4):
+            assert_close_verbose(m(x), _ref64(m, x), dtype)
+        m.replay_graphs = 0
+        n = len(calls)
+        for _ in range(3):
+            m(x)
+        assert len(calls) == n + 3

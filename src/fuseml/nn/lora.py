@@ -22,6 +22,7 @@ from fuseml.ops.lora import (
     lora_stacked,
     stack_adapters,
 )
+from fuseml.serving import replay_cache, replayable, state_key
 
 _OWNER = "LoRALinear"
 
@@ -328,7 +329,30 @@ class LoRALinear(nn.Module):
         a = self.lora_A[name].weight
         bb = self.lora_B[name].weight
         backend = call_backend(_OWNER, self.backend, x, (w, b, a, bb))
-        return lora_linear(x, w, b, a, bb, self.scaling[name], self.activation, backend=backend)
+        scaling, act = self.scaling[name], self.activation
+        key = self._replay_key(x, name, scaling, backend) if self.replay_graphs else None
+        if key is None:
+            return lora_linear(x, w, b, a, bb, scaling, act, backend=backend)
+        run = lambda t: lora_linear(t, w, b, a, bb, scaling, act, backend=backend)
+        return replay_cache(self, _OWNER).run(key, run, [x])
+
+    # Repeated eager inference calls of one signature (one active adapter) replay a CUDA
+    # graph of the layer (at most this many graphs a layer, see fuseml.serving.ReplayCache:
+    # a call's host time, about 100 us, for a copy in, a replay and a copy out); 0: off.
+    replay_graphs = 2
+
+    def _replay_key(self, x: torch.Tensor, name: str, scaling: float, backend: str):
+        """The signature of an eager call whose replays a CUDA graph can serve (inference
+        on CUDA, see fuseml.serving.replayable), or None."""
+        if self.training or not replayable(x):
+            return None
+        state = state_key(self)
+        if state is None:
+            return None
+        return (
+            tuple(x.shape), x.stride(), x.dtype, x.device, name, float(scaling),
+            self.activation, backend, torch.backends.cuda.matmul.allow_tf32, state,
+        )  # fmt: skip
 
     def _check_ids(self, x: torch.Tensor, ids, n: int) -> None:
         check_adapter_ids_tensor(_OWNER, x, ids)
