@@ -16,9 +16,10 @@
 // signature never registered) returns None and the caller takes the Python path.
 //
 // The key holds everything the Python plan depends on: op, activation / log flag, device,
-// dtype, rows, columns (and the GEMM's depth), which optional inputs are given, 16-byte
-// alignment of every pointer (Triton specializes on it) and the settings the plan reads
-// (read on each call, as the Python side reads them). A GEMM plan is offered only from a
+// dtype, rows, columns (and the GEMM's depth), which optional inputs are given and the
+// settings the plan reads (read on each call, as the Python side reads them). Plans come
+// only from launches with every pointer 16-byte aligned (Triton specializes on it), and a
+// call whose pointers are not takes the Python path. A GEMM plan is offered only from a
 // launch with the tuned (or heuristic) tile, never from the tuner's timed candidates.
 
 #include <ATen/ATen.h>
@@ -51,7 +52,7 @@ constexpr int64_t kPtr = 0, kI32 = 1, kI64 = 2, kF32 = 3;
 
 constexpr int kMaxArgs = 16;
 
-using Key = std::array<int64_t, 12>;
+using Key = std::array<int64_t, 9>;
 
 struct KeyHash {
   size_t operator()(const Key& k) const {
@@ -165,7 +166,7 @@ bool describe(int64_t op, int64_t code, const at::Tensor& x, const std::optional
                   bias->dim() != 1 || bias->size(0) != cols)) {
       return false;
     }
-    key = {op, code, device, dt, rows, cols, depth, has_b, 0, settings_hash(true), 0, 0};
+    key = {op, code, device, dt, rows, cols, depth, has_b, settings_hash(true)};
     return true;
   }
   if (has_y && (!plain(*y, device, grad) || y->scalar_type() != x.scalar_type() ||
@@ -189,7 +190,7 @@ bool describe(int64_t op, int64_t code, const at::Tensor& x, const std::optional
   } else {
     return false;
   }
-  key = {op, code, device, dt, rows, cols, has_y, has_b, 0, settings_hash(false), 0, 0};
+  key = {op, code, device, dt, rows, cols, has_y, has_b, settings_hash(false)};
   return true;
 }
 
@@ -315,7 +316,6 @@ py::object call(int64_t op, int64_t code, const at::Tensor& x, const std::option
   Plan plan;
   {
     std::lock_guard<std::mutex> guard(table_lock);
-    key[8] = 1;  // a kernel specialized for 16-byte aligned pointers
     auto it = table.find(key);
     if (it == table.end()) {
       ++misses;
@@ -401,7 +401,6 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
     }
   }
   if (!aligned16(v, plan)) return "unaligned pointers";
-  key[8] = 1;
   {  // kept already (a call the fast path does not take, e.g. in place, offers it each time)
     std::lock_guard<std::mutex> guard(table_lock);
     auto it = table.find(key);

@@ -158,18 +158,20 @@ def linear_rows(
     loop: str = "auto",
     config: dict | None = None,
     pad_to: int | None = None,
+    fast_tried: bool = False,
 ) -> torch.Tensor:
     """act(x @ W^T + bias + alpha * residual) for validated inputs, shaped (..., N).
 
     loop: the main loop, "auto" or forced ("tma", "ptr", "tuned"; see ``gemm_loop``). config: this
     launch config instead of the tuned one (tests). pad_to: the K the GEMM runs at (x and W
     zero-padded to it) instead of ``padded_k``'s. ``linear_choice`` names the config and
-    kernel a call takes.
+    kernel a call takes. fast_tried: the caller offered the call to the fast path already.
     """
     fast = _fastcall.fast  # a repeat call launched from C++ (see fuseml.ops._fastcall)
     usual = not traced and residual is None and out_dtype is None and loop == "auto"
     usual = usual and config is None and pad_to is None
-    if fast is not None and usual and type(x) is torch.Tensor and not _fastcall.compiling():
+    tries = fast is not None and usual and not fast_tried and type(x) is torch.Tensor
+    if tries and not _fastcall.compiling():
         result = fast.call(_fastcall.GEMM, code, x, weight, bias, alpha, -1)
         if result is not None:
             return result
@@ -355,7 +357,8 @@ def linear(
         and type(alpha) in _REAL
         and (activation is None or type(activation) is str)
     )
-    if plain and _fastcall.usable(backend):
+    tried = plain and _fastcall.usable(backend)
+    if tried:
         out = fast.call(_fastcall.GEMM, _CODES.get(activation, -1), x, weight, bias, alpha, -1)
         if out is not None:
             return out
@@ -368,4 +371,4 @@ def linear(
         return fn(x, weight, bias, activation, residual, alpha)
     if needs_dispatch(x, weight, bias, residual):
         return torch.ops.fuseml.linear(x, weight, bias, residual, alpha, activation)
-    return linear_rows(x, weight, bias, residual, alpha, ew.ACT_CODE[activation])
+    return linear_rows(x, weight, bias, residual, alpha, ew.ACT_CODE[activation], fast_tried=tried)
