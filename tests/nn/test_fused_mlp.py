@@ -159,6 +159,7 @@ def test_fused_mlp_eager_calls_replay_graphs(dtype, monkeypatch):
     from fuseml.testing import poison_allocator
 
     mlp = FusedMLP([367, 512, 256, 1], ["relu", "relu", None], device="cuda", dtype=dtype)
+    mlp.eval()  # (a module in training mode never replays)
     calls = []
     real = fuseml.nn.mlp.fused_mlp
     monkeypatch.setattr(
@@ -194,3 +195,9 @@ def test_fused_mlp_eager_calls_replay_graphs(dtype, monkeypatch):
         assert out.grad_fn is not None
         assert_close_verbose(out, _ref64(mlp, x), dtype)
     assert cache.num_graphs == graphs
+    mlp.train()  # training mode: never captured nor replayed
+    with torch.no_grad():
+        n = len(calls)
+        for _ in range(4):
+            assert_close_verbose(mlp(x), _ref64(mlp, x), dtype)
+    assert len(calls) == n + 4 and cache.num_graphs == graphs

@@ -331,7 +331,7 @@ def test_lora_linear_eager_calls_replay_graphs_gpu(dtype, monkeypatch):
     scaling or another active adapter seen; replay_graphs = 0 launches every call."""
     from fuseml.testing import poison_allocator
 
-    m = _make("cuda", dtype, ranks=(4, 8), activation="gelu")
+    m = _make("cuda", dtype, ranks=(4, 8), activation="gelu").eval()  # (training: no replays)
     calls = []
     real = fuseml.nn.lora.lora_linear
     monkeypatch.setattr(

@@ -336,9 +336,10 @@ class LoRALinear(nn.Module):
         run = lambda t: lora_linear(t, w, b, a, bb, scaling, act, backend=backend)
         return replay_cache(self, _OWNER).run(key, run, [x])
 
-    # Repeated eager inference calls of one signature (one active adapter) replay a CUDA
-    # graph of the layer (at most this many graphs a layer, see fuseml.serving.ReplayCache:
-    # a call's host time, about 100 us, for a copy in, a replay and a copy out); 0: off.
+    # Repeated eager inference calls (eval mode, no autograd) of one signature (one active
+    # adapter) replay a CUDA graph of the layer (at most this many graphs a layer, see
+    # fuseml.serving.ReplayCache: a call's host time, about 100 us, for a copy in, a replay
+    # and a copy out); 0: off.
     replay_graphs = 2
 
     def _replay_key(self, x: torch.Tensor, name: str, scaling: float, backend: str):

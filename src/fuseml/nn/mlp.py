@@ -161,8 +161,9 @@ class FusedMLP(nn.Sequential):
             self.__dict__["_layers_cache"] = cached
         return cached[1], cached[2]
 
-    # Repeated eager inference calls of one signature replay a CUDA graph of the forward
-    # (at most this many graphs, see fuseml.serving.ReplayCache); 0: every call launches.
+    # Repeated eager inference calls (eval mode, no autograd) of one signature replay a
+    # CUDA graph of the forward (at most this many graphs, see fuseml.serving.ReplayCache);
+    # 0: every call launches.
     replay_graphs = 4
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
