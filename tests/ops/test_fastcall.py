@@ -2,6 +2,7 @@
 elementwise op or the on-chip softmax launched from C++ gives what the Python path gives,
 and every call the C++ side cannot vouch for takes the Python path."""
 
+import types
 from types import SimpleNamespace
 
 import pytest
@@ -79,18 +80,24 @@ class _Refusing:
 def test_compiled_callers_never_reach_the_fast_call(device, backend, monkeypatch):
     # torch.compile traces the public functions: with the extension loaded, the fast
     # branch folds away (no graph break under fullgraph) and the op's kernel is traced
-    monkeypatch.setattr(_fastcall, "fast", _Refusing())
+    # (a module object, as the loaded extension is: Dynamo cannot guard on one)
+    refusing = types.ModuleType("fuseml_fastcall")
+    refusing.call = _Refusing().call
+    monkeypatch.setattr(_fastcall, "fast", refusing)
     x = torch.randn(6, 16, device=device)
     b = torch.randn(16, device=device)
+    w = torch.randn(16, 16, device=device) / 4
 
     def chain(a, bias):
         h = fuseml.ops.bias_act(a, bias, None, 1.0, "relu", backend=backend)
         h = fuseml.ops.add(fuseml.ops.gelu(h, backend=backend), a, backend=backend)
+        h = fuseml.ops.linear(h, w, bias, "relu", backend=backend)
         return fuseml.ops.softmax(h, -1, backend=backend)
 
     out = torch.compile(chain, fullgraph=True)(x, b)
-    x64, b64 = x.double(), b.double()
-    assert_close_verbose(out, torch.softmax(F.gelu(F.relu(x64 + b64)) + x64, -1), x.dtype)
+    x64, b64, w64 = x.double(), b.double(), w.double()
+    h64 = F.relu(F.linear(F.gelu(F.relu(x64 + b64)) + x64, w64, b64))
+    assert_close_verbose(out, torch.softmax(h64, -1), x.dtype)
 
 
 class _Recording:

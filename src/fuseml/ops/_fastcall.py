@@ -52,6 +52,15 @@ def usable(backend: str) -> bool:
 
 
 fast = None  # the loaded extension: ``fast.call(op, code, x, y, bias, alpha)``
+
+
+def loaded():
+    """``fast`` for a public call to try, or None under torch.compile: Dynamo traces the
+    public functions, and a global read there becomes a guard on its value, which a module
+    object cannot be (compilation fails)."""
+    return None if compiling() else fast
+
+
 _loaded = None  # the same, also while suspended()
 _suspended = 0  # suspended() blocks open
 _started = False

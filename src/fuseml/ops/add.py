@@ -51,7 +51,7 @@ def add(x: torch.Tensor, y: torch.Tensor, *, backend: str = "auto") -> torch.Ten
 
     backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton | cuda.
     """
-    fast = _fastcall.fast  # a repeat call launched from C++ (see fuseml.ops._fastcall)
+    fast = _fastcall.loaded()  # a repeat call launched from C++ (see fuseml.ops._fastcall)
     plain = fast is not None and type(x) is torch.Tensor and type(y) is torch.Tensor
     if plain and _fastcall.usable(backend):
         out = fast.call(_fastcall.ELEMENTWISE, _NONE, x, y, None, 1.0, -1)

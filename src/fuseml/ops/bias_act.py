@@ -173,7 +173,7 @@ def bias_act(
     out: write the result there (``out=x`` works in place); returned.
     backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton | cuda.
     """
-    fast = _fastcall.fast  # a repeat call launched from C++ (see fuseml.ops._fastcall)
+    fast = _fastcall.loaded()  # a repeat call launched from C++ (see fuseml.ops._fastcall)
     plain = (
         fast is not None
         and out is None

@@ -56,7 +56,7 @@ def gelu(x: torch.Tensor, approximate: str = "none", *, backend: str = "auto") -
     approximate: "none" (exact, erf) or "tanh", as in torch.nn.functional.gelu.
     backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton | cuda.
     """
-    fast = _fastcall.fast  # a repeat call launched from C++ (see fuseml.ops._fastcall)
+    fast = _fastcall.loaded()  # a repeat call launched from C++ (see fuseml.ops._fastcall)
     plain = fast is not None and type(x) is torch.Tensor and type(approximate) is str
     if plain and _fastcall.usable(backend):
         code = _CODES.get(approximate, -1)

@@ -167,7 +167,7 @@ def linear_rows(
     zero-padded to it) instead of ``padded_k``'s. ``linear_choice`` names the config and
     kernel a call takes. fast_tried: the caller offered the call to the fast path already.
     """
-    fast = _fastcall.fast  # a repeat call launched from C++ (see fuseml.ops._fastcall)
+    fast = _fastcall.loaded()  # a repeat call launched from C++ (see fuseml.ops._fastcall)
     usual = not traced and residual is None and out_dtype is None and loop == "auto"
     usual = usual and config is None and pad_to is None
     tries = fast is not None and usual and not fast_tried and type(x) is torch.Tensor
@@ -347,7 +347,7 @@ def linear(
     The first call of a new (M bucket, N, K) on a GPU tunes the tile (a few seconds) and
     stores the result on disk (see ``fuseml.ops._tune``).
     """
-    fast = _fastcall.fast  # a repeat call launched from C++ (see fuseml.ops._fastcall)
+    fast = _fastcall.loaded()  # a repeat call launched from C++ (see fuseml.ops._fastcall)
     plain = (
         fast is not None
         and residual is None

@@ -156,7 +156,7 @@ def _normalize_dim(op: str, x: torch.Tensor, dim) -> int:
 
 
 def _public(op: str, x, dim, backend: str, log: bool) -> torch.Tensor:
-    fast = _fastcall.fast  # a repeat call launched from C++ (see fuseml.ops._fastcall)
+    fast = _fastcall.loaded()  # a repeat call launched from C++ (see fuseml.ops._fastcall)
     plain = fast is not None and type(x) is torch.Tensor and type(dim) is int
     if plain and _fastcall.usable(backend):
         out = fast.call(_fastcall.SOFTMAX_ROWS, int(log), x, None, None, 1.0, dim)
