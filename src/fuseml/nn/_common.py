@@ -81,17 +81,31 @@ def activation_module(name: str | None) -> nn.Module:
 _told_training: set[str] = set()
 
 
-def call_backend(owner: str, backend: str, x, params) -> str:
+def inductor_traces() -> bool:
+    """Is torch.compile (not torch.export) tracing this call? Then the swapped layers
+    (FusedLinear, FusedMLP, LoRALinear) hand Inductor the math of the modules they
+    replaced, which it fuses as it would in the original model: their GEMM kernels traced
+    into Inductor's graph run the pointer loop on untuned tiles (no TMA descriptors, no
+    padded K), slower than Inductor's own code on most of the models suite (the kaggle top
+    MLP 1.6-9.3x at 64-65536 rows, H200; docs/performance/host.md). torch.export keeps
+    fuseml's ops in the exported program."""
+    return torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+
+
+def call_backend(owner: str, backend: str, x, params, *, compiled_reference: bool = True) -> str:
     """The concrete backend for one call of a forward-only fused op.
 
     ``fuseml.ops.lora_linear`` and ``fuseml.ops.mlp`` have no backward on their fused
     kernels. When autograd must record the call (grad mode on and x or a parameter
     requiring grad), the module runs the eager reference instead: the same result, with
-    torch's backward. Said once per module class.
+    torch's backward. Said once per module class. compiled_reference: under torch.compile
+    the eager reference too (``inductor_traces``).
     """
     if not isinstance(x, torch.Tensor):
         return backend  # the op raises its own TypeError naming x
     resolved = resolve_backend(backend, x.device, owner, cuda_twin=False)
+    if resolved == "triton" and compiled_reference and inductor_traces():
+        return "eager"
     if resolved != "triton" or not torch.is_grad_enabled():
         return resolved
     if not (x.requires_grad or any(p is not None and p.requires_grad for p in params)):

@@ -250,7 +250,10 @@ class FusedDLRM(DLRM):
         ):
             return False  # a bad argument: the DLRM's forward names it
         weight = self.embeddings.weight
-        return call_backend("FusedDLRM", self.backend, dense, [weight]) == "triton"
+        # (under torch.compile too: the gather + interaction kernel traced into Inductor's
+        # graph beats Inductor's own code, 235 against 838 us at 65536 rows, H200)
+        backend = call_backend("FusedDLRM", self.backend, dense, [weight], compiled_reference=False)
+        return backend == "triton"
 
 
 @contextlib.contextmanager

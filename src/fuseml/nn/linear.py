@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fuseml.nn._common import check_activation, check_backend
+from fuseml.nn._common import check_activation, check_backend, inductor_traces
 from fuseml.ops.linear import linear as fused_linear
 
 
@@ -73,7 +73,10 @@ class FusedLinear(nn.Module):
         return fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fused_linear(x, self.weight, self.bias, self.activation, backend=self.backend)
+        backend = self.backend
+        if backend != "eager" and inductor_traces():  # (see inductor_traces)
+            backend = "eager"
+        return fused_linear(x, self.weight, self.bias, self.activation, backend=backend)
 
     def extra_repr(self) -> str:
         return (

@@ -426,7 +426,8 @@ class LoRALinear(nn.Module):
             *(self.lora_A[n].weight for n in names),
             *(self.lora_B[n].weight for n in names),
         ]
-        backend = call_backend(_OWNER, self.backend, x, params)
+        # (under torch.compile the fused op: the reference's masked passes sync with the host)
+        backend = call_backend(_OWNER, self.backend, x, params, compiled_reference=False)
         if backend != "triton":  # eager / compile: the reference, differentiable
             a3, b3 = self._padded(names)
             scales = [self.scaling[n] for n in names]

@@ -1,0 +1,97 @@
+"""The swapped layers under torch.compile: Inductor is handed the replaced modules' math
+(no fuseml GEMM op in its graph), with the same result and one graph (fullgraph); under
+torch.export fuseml's ops stay; FusedDLRM keeps its fused kernel under torch.compile."""
+
+import pytest
+import torch
+from torch import nn
+
+import fuseml
+from fuseml.nn import FusedLinear, FusedMLP, LoRALinear
+from fuseml.testing import assert_close_verbose, fused_targets
+
+
+def _graph_ops(module, *inputs, fullgraph: bool = True) -> tuple[set[str], torch.Tensor]:
+    """(the ops in the FX graph torch.compile hands its backend, the compiled output)."""
+    seen: set[str] = set()
+
+    def backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op == "call_function":
+                seen.add(str(node.target))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(module, backend=backend, fullgraph=fullgraph)(*inputs)
+    return seen, out
+
+
+def _layers(device, backend):
+    torch.manual_seed(0)
+    lora = LoRALinear((32, 24), activation="gelu", backend=backend, device=device)
+    lora.add_adapter("a0", 4, lora_alpha=8)
+    with torch.no_grad():
+        lora.lora_B["a0"].weight.normal_()
+    lora.set_adapter("a0")
+    return {
+        "FusedLinear": FusedLinear(32, 24, activation="relu", device=device, backend=backend),
+        "FusedMLP": FusedMLP([32, 48, 24], ["relu", None], device=device, backend=backend),
+        "LoRALinear": lora,
+    }
+
+
+@pytest.mark.parametrize(("device", "backend"), fused_targets(cuda_twin=False))
+@pytest.mark.parametrize("layer", ["FusedLinear", "FusedMLP", "LoRALinear"])
+def test_compile_traces_the_replaced_modules_math(device, backend, layer):
+    m = _layers(device, backend)[layer].eval()
+    x = torch.randn(8, 32, device=device)
+    with torch.no_grad():
+        expected = m(x)  # the fused kernel, called directly
+    ops, out = _graph_ops(m, x)
+    assert not any(op.startswith("fuseml.") for op in ops), ops
+    assert any("linear" in op or "addmm" in op or "mm" in op for op in ops), ops
+    assert_close_verbose(out, expected)
+
+
+@pytest.mark.parametrize(("device", "backend"), fused_targets(cuda_twin=False))
+def test_export_keeps_the_fused_op(device, backend):
+    m = FusedLinear(32, 24, activation="relu", device=device, backend=backend).eval()
+    x = torch.randn(8, 32, device=device)
+    with torch.no_grad():
+        program = torch.export.export(m, (x,))
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert "fuseml.linear.default" in targets, targets
+
+
+@pytest.mark.parametrize(("device", "backend"), fused_targets(cuda_twin=False))
+def test_multi_adapter_layer_keeps_the_fused_op_under_compile(device, backend):
+    # (the reference's masked passes would sync with the host: a graph break)
+    m = _layers(device, backend)["LoRALinear"]
+    m.add_adapter("a1", 4, lora_alpha=4)
+    m.eval()
+    x = torch.randn(8, 32, device=device)
+    ids = torch.tensor([0, 1, -1, 0, 1, 1, 0, -1], device=device)
+    with torch.no_grad():
+        expected = m(x, ids)
+    ops, out = _graph_ops(lambda a, i: m(a, i), x, ids, fullgraph=False)
+    assert any(op.startswith("fuseml.lora_linear") for op in ops), ops
+    assert_close_verbose(out, expected)
+
+
+def test_fused_dlrm_keeps_its_fused_kernel_under_compile():
+    from fuseml.models.dlrm import DLRM, DLRMConfig
+
+    if not fuseml.runtime.triton_interpreting():
+        pytest.skip("the fused DLRM path on CPU needs the Triton interpreter")
+    cfg = DLRMConfig.from_name("kaggle", max_cardinality=50)
+    torch.manual_seed(0)
+    model = DLRM(cfg).eval()
+    model.embeddings.check_ids = False
+    fused, _ = fuseml.optimize(model, backend="triton")
+    dense = torch.randn(4, cfg.num_dense)
+    sparse = torch.randint(0, 50, (4, len(cfg.cardinalities)))
+    ops, out = _graph_ops(fused, dense, sparse)
+    assert any(op.startswith("fuseml.embedding_interaction") for op in ops), ops
+    with torch.no_grad():
+        assert_close_verbose(out, model(dense, sparse))
