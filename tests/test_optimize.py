@@ -135,14 +135,24 @@ def test_optimize_wide_sequential_is_swapped_layer_by_layer():
 
 
 def test_optimize_heavy_sequential_is_swapped_layer_by_layer():
-    # 2 x 512 x 512 fp32 weights = 2 MiB: a fused MLP would re-read them per row block
-    model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.Tanh())
-    fused, report = fuseml.optimize(model)
+    # 655 KiB of bf16 weights behind a 64-wide input: the chain kernel's case, which would
+    # re-read them per row block, and tuning would not time the layers one by one
+    model = nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 256), nn.Tanh())
+    fused, report = fuseml.optimize(model.bfloat16())
     assert type(fused) is nn.Sequential and type(fused[0]) is FusedLinear
     assert fused[2].activation == "tanh"
     assert "KiB of weights" in report.left[0].reason and report.left[0].path == ""
     light = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256)).bfloat16()
     assert type(fuseml.optimize(light)[0]) is FusedMLP  # 256 KiB: still one MLP
+    # heavy, but its tuning times the layers one by one against the fused kernels (a
+    # wide input; float32): one FusedMLP, which replays repeated eager calls
+    for heavy in (
+        nn.Sequential(nn.Linear(367, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                      nn.Linear(256, 1)).bfloat16(),  # the DLRM kaggle top MLP, 640 KiB
+        nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512)),  # 2 MiB fp32
+    ):  # fmt: skip
+        fused, report = fuseml.optimize(heavy)
+        assert type(fused) is FusedMLP and not report.left
 
 
 def test_optimize_nothing_to_fuse():

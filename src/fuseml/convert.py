@@ -15,8 +15,10 @@ cast to the base dtype, is below):
   (approximate none/tanh), SiLU, Sigmoid, Tanh or LeakyReLU(0.01) takes the activation
   into its epilogue; the activation's slot becomes ``nn.Identity`` so indices stay.
 * An ``nn.Sequential`` that is only Linear(+activation) layers (at least two, every width
-  <= 1024, at most 512 KiB of weights) -> :class:`fuseml.nn.FusedMLP` (``mlp=False`` to
-  keep per-layer swaps). A
+  <= 1024; above 512 KiB of weights only where the FusedMLP's tuning also times the layers
+  one by one: an input wider than 64, or a chain the register-resident kernel does not
+  take) ->
+  :class:`fuseml.nn.FusedMLP` (``mlp=False`` to keep per-layer swaps). A
   FusedMLP is a Sequential with the same children, so its keys are the same too.
 * peft's LoRA ``Linear`` (``peft.tuners.lora.layer.Linear``) -> :class:`fuseml.nn.LoRALinear`
   with the same adapters, unmerged and shared (peft's state_dict keys). The converted
@@ -54,15 +56,18 @@ from fuseml.nn.dlrm import FusedDLRM
 from fuseml.nn.linear import FusedLinear
 from fuseml.nn.lora import LoRALinear
 from fuseml.nn.mlp import FusedMLP
+from fuseml.ops._mlp_plan import times_layers
 from fuseml.ops.mlp import MAX_WIDTH
 from fuseml.runtime import FLOAT_DTYPES
 
 __all__ = ["Left", "OptimizeReport", "Swapped", "optimize"]
 
-# A FusedMLP re-reads all of its weights from L2 for every block of rows, so it pays only
-# while they are small: the kaggle bottom MLP (310 KiB) is faster fused than eager (13.0
-# vs 27.4 us, H100, bf16, B = 4096); the kaggle top (640 KiB) and mlperf top (4.7 MiB)
-# MLPs stay separate layers (FusedLinear each), which were faster than any fused chain
+# A fused MLP kernel re-reads all of the weights from L2 for every block of rows, so it
+# pays only while they are small: the kaggle bottom MLP (310 KiB) is faster fused than
+# eager (13.0 vs 27.4 us, H100, bf16, B = 4096). Heavier chains become a FusedMLP only
+# where its tuning also times the layers one by one (``times_layers``: the kaggle top,
+# 640 KiB, runs so), which keeps the FusedMLP's eager-call replays (see
+# fuseml.serving.ReplayCache); else they stay separate FusedLinear layers
 # (docs/performance/mlp.md).
 MLP_MAX_WEIGHT_BYTES = 512 * 1024
 
@@ -259,7 +264,7 @@ def _mlp_chain(seq: nn.Sequential) -> tuple[bool, str | None]:
     if _hooked(seq):
         return False, "not one FusedMLP: it has forward hooks; its layers are swapped one by one"
     weight_bytes = sum(lin.weight.numel() * lin.weight.element_size() for lin in linears)
-    if weight_bytes > MLP_MAX_WEIGHT_BYTES:
+    if weight_bytes > MLP_MAX_WEIGHT_BYTES and not times_layers(widths, linears[0].weight.dtype):
         return False, (
             f"not one FusedMLP: {weight_bytes / 1024:,.0f} KiB of weights (> "
             f"{MLP_MAX_WEIGHT_BYTES // 1024} KiB), which the fused kernel re-reads for every "

@@ -7,7 +7,7 @@ from torch import nn
 import fuseml
 import fuseml.nn.dlrm
 from fuseml.models.dlrm import DLRM, DLRMConfig
-from fuseml.nn import FusedDLRM, FusedLinear
+from fuseml.nn import FusedDLRM, FusedMLP
 from fuseml.nn.dlrm import interaction_width
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_allocator
 
@@ -66,7 +66,9 @@ def test_optimize_swaps_the_dlrm_and_keeps_its_parameters():
     ):
         assert torch.equal(a, b), name
     assert fused.embeddings.weight is not model.embeddings.weight  # a copy (inplace=False)
-    assert type(fused.top_mlp[0]) is FusedLinear  # the MLPs swapped inside it as before
+    # the MLPs swapped inside it as any Sequential (the top MLP's tuning times its layers
+    # one by one: one FusedMLP)
+    assert type(fused.top_mlp) is FusedMLP and type(fused.bottom_mlp) is FusedMLP
     _, report2 = fuseml.optimize(fused)
     assert not any(s.after == "FusedDLRM" for s in report2.swapped)
 

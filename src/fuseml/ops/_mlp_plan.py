@@ -232,6 +232,13 @@ def _launch_scratch(x2, out, weights, biases, codes, cfg, traced) -> None:
     )  # fmt: skip
 
 
+def times_layers(widths: Sequence[int], dtype: torch.dtype) -> bool:
+    """Does tuning time the layers-one-by-one plan for this chain (``candidates``)? Then
+    a chain whose fused kernels lose (heavy weights, a wide input) still runs as fast as
+    its layers through fuseml.ops.linear."""
+    return not (chain_fits(widths, dtype) and widths[0] <= CHAIN_SMALL_INPUT)
+
+
 def candidates(m: int, widths: Sequence[int], dtype: torch.dtype) -> list[dict]:
     """The configs tuning times for a batch of m rows through these widths."""
     small = m <= SMALL_BATCH
