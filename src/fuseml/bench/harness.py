@@ -79,7 +79,8 @@ class Case:
     tf32: bool = False  # float32 matmuls through tf32: the looser tolerance applies
     compile_arms: tuple[str, ...] = ("compile",)  # arms whose first call is a compilation
     unchecked_arms: tuple[str, ...] = ("copy",)  # baselines that compute something else
-    # Not a kernel timing: measure(settings) -> {arm: row fields (mode, p50_ms, ...)}.
+    # Not a kernel timing: measure(settings) -> {arm: row fields (mode, p50_ms, ...), or a
+    # list of them, one per mode}.
     measure: Callable[[Settings], dict[str, dict]] | None = None
     # describe(arm) -> more row fields, asked right after the arm's first call (e.g. the
     # launch config the tuner chose for it)
@@ -358,11 +359,12 @@ def spin_up(fn: Callable, inputs: tuple, ms: float = 50.0) -> float:
 
 def _run_case(case, ceilings, settings, wanted, meta, l2, history=None) -> list[dict]:
     if case.measure is not None:
-        measured = case.measure(settings)
+        measured = case.measure(settings)  # {arm: fields, or a list of them (modes)}
         return [
             _row(case, arm, meta, ceilings, **fields)
-            for arm, fields in measured.items()
+            for arm, per_arm in measured.items()
             if wanted is None or arm in wanted
+            for fields in (per_arm if isinstance(per_arm, list) else [per_arm])
         ]
     arms = {k: v for k, v in case.arms.items() if wanted is None or k in wanted}
     ref_name = next(iter(case.arms))

@@ -22,6 +22,7 @@ PAGE = "README.md"
 # side-by-side table; the others are suites.
 SECTIONS = (
     ("dlrm", "DLRM inference"),
+    ("models", "MLP and LoRA models"),
     ("interaction", "DLRM gather + interaction"),
     ("elementwise", "Elementwise"),
     ("fusion", "Fusion, side by side"),
@@ -29,7 +30,7 @@ SECTIONS = (
     ("linear", "Fused linear layers"),
     ("mlp", "Whole-MLP fusion"),
     ("lora", "LoRA"),
-    ("overhead", "Host time per eager call"),
+    ("overhead", "Time per eager call"),
     ("tuning", "Tuning latency"),
 )
 
@@ -41,8 +42,14 @@ INTROS = {
         "`fuseml.optimize(model)` (bf16), each called eagerly and replayed as a CUDA graph "
         "(`+graph`)."
     ),
+    "models": (
+        "Whole models as users run them (the DLRM kaggle top MLP as an `nn.Sequential`; a "
+        "4096-wide 3-layer MLP with peft's default LoRA): called eagerly (wall time per "
+        "call) and replayed from a CUDA graph, against torch.compile and, for peft, the "
+        "merged weights; `fuseml-compile` is `torch.compile(fuseml.optimize(model))`."
+    ),
     "overhead": (
-        "Host time per eager call at host-bound sizes: every public op and "
+        "Wall time per eager call at host-bound sizes: every public op and "
         "`fuseml.optimize`d models against their torch equivalents, in one run."
     ),
     "interaction": (
@@ -417,7 +424,7 @@ def headline_markdown(root: Path, base: Path = Path(".")) -> str | None:
             " (a run cut short: not every case ran)" if doc["meta"].get("complete") is False else ""
         )
         host_part = [
-            f"Eager calls on the {doc['meta']['gpu']}{cut}: host time per call at host-bound "
+            f"Eager calls on the {doc['meta']['gpu']}{cut}: wall time per call at host-bound "
             "sizes, against the nearest torch equivalent. All rows: "
             f"{link(host, 'overhead')}.\n",
             report.markdown_table(doc, SUITES["overhead"].README),

@@ -9,6 +9,7 @@ from fuseml.bench.suites import (
     linear,
     lora,
     mlp,
+    models,
     overhead,
     softmax,
     tuning,
@@ -22,6 +23,7 @@ SUITES = {
     "linear": linear,
     "mlp": mlp,
     "lora": lora,
+    "models": models,
     "overhead": overhead,
     "tuning": tuning,
 }
