@@ -1,6 +1,7 @@
 """The swapped layers under torch.compile: Inductor is handed the replaced modules' math
-(no fuseml GEMM op in its graph), with the same result and one graph (fullgraph); under
-torch.export fuseml's ops stay; FusedDLRM keeps its fused kernel under torch.compile."""
+(no fuseml GEMM op in its graph), with the same result and one graph (fullgraph); so is
+torch.export, where an op called by name stays; FusedDLRM keeps its fused kernel under
+torch.compile."""
 
 import pytest
 import torch
@@ -55,11 +56,20 @@ def test_compile_traces_the_replaced_modules_math(device, backend, layer):
 
 
 @pytest.mark.parametrize(("device", "backend"), fused_targets(cuda_twin=False))
-def test_export_keeps_the_fused_op(device, backend):
+def test_export_takes_the_modules_math_and_the_ops_themselves(device, backend):
     m = FusedLinear(32, 24, activation="relu", device=device, backend=backend).eval()
     x = torch.randn(8, 32, device=device)
     with torch.no_grad():
         program = torch.export.export(m, (x,))
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert not any(t.startswith("fuseml.") for t in targets), targets  # portable aten ops
+
+    class Direct(nn.Module):  # the op called by name stays in the exported program
+        def forward(self, a):
+            return fuseml.ops.linear(a, m.weight, m.bias, "relu", backend=backend)
+
+    with torch.no_grad():
+        program = torch.export.export(Direct(), (x,))
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert "fuseml.linear.default" in targets, targets
 

@@ -1063,3 +1063,31 @@ def test_pad_k_copies_in_one_launch(dtype, monkeypatch):
         gemm.pad_k(64, x, w[:, :40])
     with pytest.raises(ValueError, match="kp >= K"):
         gemm.pad_k(32, x)
+
+
+@pytest.mark.parametrize(("rows", "loop", "plain", "penalized"), [
+    (64, gemm.LOOP_TUNED, True, True),  # host-bound plain layer: TMA must win by more
+    (512, gemm.LOOP_TUNED, True, False),  # narrow output, many rows: GPU time decides
+    (64, gemm.LOOP_TUNED, False, False),  # LoRA's modes: no C++ fast path either way
+    (64, gemm.LOOP_PTR, True, False),
+])  # fmt: skip
+def test_host_bound_plain_layers_time_tma_tiles_with_a_penalty(
+    monkeypatch, rows, loop, plain, penalized
+):
+    """Up to TMA_TUNED_MAX_M rows a plain layer's eager call repeats from C++ only on a
+    pointer tile, so tuning times a TMA tile TMA_HOST_BOUND_PENALTY slower than it ran."""
+    timed = {}
+
+    def choose(memo_key, device, key, candidates, bench, default, **kw):
+        timed.update(ptr=bench({"BLOCK_M": 16}), tma=bench({"BLOCK_M": 16, "TMA": True}))
+        return default
+
+    monkeypatch.setattr(_tune, "choose", choose)
+    monkeypatch.setattr(_tune, "gpu_time_ms", lambda fn: 0.004)
+    x = torch.empty(rows, 512)
+    gemm.launch.choose_config("linear", x, 256, 512, lambda c: None, "", loop, plain=plain)
+    assert timed["ptr"] == 0.004
+    expected = 0.004 * gemm.configs.TMA_HOST_BOUND_PENALTY if penalized else 0.004
+    if loop == gemm.LOOP_PTR:
+        expected = 0.004  # (no TMA tile on the pointer loop)
+    assert timed["tma"] == pytest.approx(expected)

@@ -82,14 +82,15 @@ _told_training: set[str] = set()
 
 
 def inductor_traces() -> bool:
-    """Is torch.compile (not torch.export) tracing this call? Then the swapped layers
-    (FusedLinear, FusedMLP, LoRALinear) hand Inductor the math of the modules they
-    replaced, which it fuses as it would in the original model: their GEMM kernels traced
-    into Inductor's graph run the pointer loop on untuned tiles (no TMA descriptors, no
-    padded K), slower than Inductor's own code on most of the models suite (the kaggle top
-    MLP 1.6-9.3x at 64-65536 rows, H200; docs/performance/host.md). torch.export keeps
-    fuseml's ops in the exported program."""
-    return torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+    """Is torch.compile or torch.export tracing this call? Then the swapped layers
+    (FusedLinear, FusedMLP, LoRALinear) hand the tracer the math of the modules they
+    replaced, which Inductor fuses as it would in the original model: their GEMM kernels
+    traced into Inductor's graph run the pointer loop on untuned tiles (no TMA descriptors,
+    no padded K), slower than Inductor's own code on most of the models suite (the kaggle
+    top MLP 1.6-10x at 64-65536 rows, H200; docs/performance/host.md). (Dynamo folds
+    torch.compiler.is_exporting() to True under torch.compile too, on torch 2.11: the two
+    cannot be told apart there.)"""
+    return torch.compiler.is_compiling()
 
 
 def call_backend(owner: str, backend: str, x, params, *, compiled_reference: bool = True) -> str:

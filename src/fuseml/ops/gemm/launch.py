@@ -26,6 +26,7 @@ from fuseml.ops.gemm.configs import (
     LOOP_PTR,
     LOOP_TMA,
     LOOP_TUNED,
+    TMA_HOST_BOUND_PENALTY,
     TMA_MIN_M,
     TMA_TUNED_MAX_M,
     TMA_TUNED_N,
@@ -547,8 +548,11 @@ def choose_config(
             f"{op}:{str(x.dtype)[6:]}:{precision}:m{bucket}:n{n}:k{k}{':' + extra if extra else ''}"
         )
 
+    penalized = plain and loop == LOOP_TUNED and m <= TMA_TUNED_MAX_M  # (see the constant)
+
     def bench(c: dict) -> float:
-        return _tune.gpu_time_ms(lambda: launch(c))
+        ms = _tune.gpu_time_ms(lambda: launch(c))
+        return ms * TMA_HOST_BOUND_PENALTY if penalized and takes_tma(loop, c) else ms
 
     def listed() -> list[dict]:
         own = [
