@@ -18,8 +18,8 @@ TMA_TUNED_MAX_M = 256
 TMA_TUNED_N = 64
 # Up to TMA_TUNED_MAX_M rows a plain layer's eager call is bound by host time, and only a
 # pointer tile repeats from C++ (fuseml.ops._fastcall): a TMA tile's Python launch took
-# 113 against 12 us a call (64 x 512 -> 256, H200) for 3.4 against 3.7 us of GPU time. So
-# there a TMA tile is timed this much slower than it runs, and wins only by more.
+# 113 against 9 us a call (64 x 512 -> 256, H200, two runs) for 3.4 against 3.7 us of GPU
+# time. So there a TMA tile is timed this much slower than it runs, and wins only by more.
 TMA_HOST_BOUND_PENALTY = 1.25
 LOOP_PTR, LOOP_TMA, LOOP_TUNED = 0, 1, 2  # gemm_loop's answers
 
