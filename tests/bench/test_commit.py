@@ -5,7 +5,14 @@ import subprocess
 import pytest
 
 from fuseml.bench import gpu_check
-from fuseml.bench.commit import DIRTY, NO_GIT, dirty_paths, git_commit
+from fuseml.bench.commit import (
+    DIRTY,
+    NO_GIT,
+    commit_label,
+    dirty_paths,
+    git_commit,
+    source_tree,
+)
 
 
 def _git(repo, *args):
@@ -88,3 +95,31 @@ def test_gpu_check_asks_git_when_no_commit_is_given(repo, monkeypatch):
     monkeypatch.setattr(gpu_check, "git_commit", lambda short: git_commit(repo, short=short))
     assert gpu_check._commit(None) == _git(repo, "rev-parse", "HEAD")
     assert gpu_check._commit("abc123") == "abc123"
+
+
+def test_source_tree_names_src_as_on_disk_without_touching_the_index(repo):
+    committed = _git(repo, "rev-parse", "HEAD:src")[:12]
+    assert source_tree(repo) == committed
+    status = _git(repo, "status", "--porcelain")
+    (repo / "src/pkg/a.py").write_text("x = 2\n")
+    changed = source_tree(repo)
+    assert changed != committed
+    (repo / "src/pkg/b.py").write_text("y = 1\n")  # untracked: imported, so counted
+    assert source_tree(repo) not in (committed, changed)
+    (repo / "notes.txt").write_text("scratch\n")  # outside src/: not the code
+    assert _git(repo, "status", "--porcelain") != status  # (the files), but the index:
+    assert _git(repo, "diff", "--cached", "--name-only") == ""
+
+
+def test_a_stale_history_is_labelled_by_the_commit_whose_src_was_measured(repo):
+    old = _git(repo, "rev-parse", "--short", "HEAD")
+    (repo / "src/pkg/a.py").write_text("x = 2\n")
+    measured = source_tree(repo)
+    stamp = git_commit(repo)  # as a copy whose history stops at `old` would stamp it
+    assert stamp == old + DIRTY
+    _git(repo, "commit", "-q", "-am", "the change")
+    new = _git(repo, "rev-parse", "--short", "HEAD")
+    assert commit_label(stamp, measured, repo) == f"{new} (src/; stamped {old}{DIRTY})"
+    assert commit_label(stamp, "0" * 12, repo) == stamp  # no commit has it: as stamped
+    assert commit_label(old, measured, repo) == old  # a clean stamp stands
+    assert commit_label(stamp, None, repo) == stamp

@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
 
-from fuseml.bench.commit import git_commit
+from fuseml.bench.commit import DIRTY, git_commit, source_tree
 
 
 def test_counts(xml_path: Path) -> dict[str, float] | None:
@@ -81,6 +81,10 @@ def report(out_dirs: Path | list[Path], commit: str | None = None, device=None) 
         f"torch:   {torch_v}",
         f"triton:  {triton_v}",
         f"commit:  {_commit(commit)}",
+    ]
+    if commit is None and lines[-1].endswith(DIRTY):  # the code tested (see commit.py)
+        lines.append(f"src/:    tree {source_tree()}")
+    lines += [
         f"date:    {datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}",
     ]
     ok, ran, demo, suites = True, False, [], []

@@ -34,7 +34,9 @@ A suite yields :class:`Case` objects: a way to make one input set, the arms to c
   the same arm's committed run on this GPU, is timed again before its row is written; the
   row records ``reruns``, and ``noisy`` (why) if it stays so (noise.py).
 * Every row is stamped with the commit it ran from, asked of git (commit.py): marked
-  ``+dirty`` where the tree differs from it, ``unknown (no git)`` in a copied tree.
+  ``+dirty`` where the tree differs from it, with the git tree id of src/ as on disk
+  (``src_tree``; tables name the local commit with that src/), ``unknown (no git)`` in a
+  copied tree.
 * A case with ``measure`` is not a kernel timing (e.g. the first call of a fresh process,
   timed in a subprocess): it returns its rows' fields itself and skips all of the above.
 """
@@ -52,7 +54,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fuseml import runtime
-from fuseml.bench.commit import git_commit
+from fuseml.bench.commit import DIRTY, git_commit, source_tree
 from fuseml.bench.noise import History, settle
 from fuseml.testing import rel_err, tolerance
 
@@ -124,6 +126,7 @@ def pdl_on() -> bool:
 
 def run_metadata() -> dict:
     info = runtime.device_info()
+    commit = git_commit()
     return {
         "gpu": info["name"],
         "gpu_slug": info["slug"],
@@ -131,7 +134,9 @@ def run_metadata() -> dict:
         "torch": torch.__version__,
         "triton": runtime.triton_version(),
         "cuda": torch.version.cuda,
-        "commit": git_commit(),
+        "commit": commit,
+        # the code measured, where the commit alone does not say it (see commit.py)
+        **({"src_tree": source_tree()} if commit.endswith(DIRTY) else {}),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "pdl": pdl_on(),
     }

@@ -11,6 +11,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from fuseml.bench.commit import commit_label
+
 RESULTS_DIR = Path("benchmarks/results")
 FORMAT_VERSION = 1
 
@@ -348,7 +350,7 @@ def commits_note(rows: list[dict], meta: dict) -> str:
     runs ('--merge'), each commit and how many of the rows it measured."""
     counts: dict[str, int] = {}
     for r in rows:
-        c = r.get("commit", meta.get("commit", "?"))
+        c = commit_label(r.get("commit", meta.get("commit", "?")), r.get("src_tree"))
         counts[c] = counts.get(c, 0) + 1
     if len(counts) <= 1:
         # the rows' own date (a subset of a merged file may predate its last run)
