@@ -72,6 +72,11 @@ done
 echo "== summary"
 if [ -d "$OUT/results" ]; then
     "$PY" -m fuseml.bench.summary "$OUT/results" 2>&1 | tee "$OUT/bench-summary.txt"
+    # A copy of each results file beside the logs (OUTDIR/<gpu>-<suite>.json): a remote
+    # runner may bring back only files a few folders deep (OUTDIR/results/<gpu>/ is two).
+    for f in "$OUT"/results/*/*.json; do
+        [ -e "$f" ] && cp "$f" "$OUT/$(basename "$(dirname "$f")")-$(basename "$f")"
+    done
 fi
 "$PY" -m fuseml.bench.gpu_check "$OUT" || status=1
 exit $status
