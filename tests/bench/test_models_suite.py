@@ -4,7 +4,7 @@ import time
 import torch
 
 from fuseml.bench import harness, report
-from fuseml.bench.suites import SUITES, models, overhead
+from fuseml.bench.suites import SUITES, _common, models
 
 META = {"gpu": "Test GPU", "gpu_slug": "test-gpu", "torch": "2.x", "triton": "3.x",
         "commit": "abc", "date": "2026-01-01T00:00:00Z", "run": "quick"}  # fmt: skip
@@ -70,7 +70,7 @@ def test_wall_time_counts_the_loop_and_synchronizes(monkeypatch):
         calls.append(1)
         time.sleep(0.002)
 
-    p50, p20, p80 = overhead.wall_us(fn, iters=5, repeats=3)
+    p50, p20, p80 = _common.wall_us(fn, iters=5, repeats=3)
     assert len(calls) == 10 + 15  # a warm-up, then three loops of five
     assert len(syncs) == 6  # before and after each loop
     assert p20 <= p50 <= p80 and p50 >= 2000  # microseconds per call, at least the sleep

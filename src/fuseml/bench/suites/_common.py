@@ -1,8 +1,12 @@
-"""Helpers shared by the bench suites (the GEMM suites, softmax, elementwise)."""
+"""Helpers shared by the bench suites (the GEMM suites, softmax, elementwise; the
+overhead and models suites' eager wall time and whole models)."""
 
 from __future__ import annotations
 
+import collections
+import copy
 import math
+import time
 from collections.abc import Callable
 
 import torch
@@ -78,3 +82,56 @@ def unique_name(name: str, taken) -> str:
     while name in taken:
         name += "'"
     return name
+
+
+def wall_us(fn, iters: int, repeats: int) -> tuple[float, float, float]:
+    """(p50, p20, p80) microseconds per call of ``fn()``: wall time of a loop of ``iters``
+    calls, the GPU synchronized before and after it (a call whose GPU work outlasts its
+    host time counts the GPU's), over ``repeats`` loops."""
+    for _ in range(10):
+        fn()
+    per_call = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+        per_call.append((time.perf_counter() - t0) / iters * 1e6)
+    per_call.sort()
+    at = lambda q: per_call[min(len(per_call) - 1, round(q * (len(per_call) - 1)))]
+    return at(0.5), at(0.2), at(0.8)
+
+
+def mlp_top_model(dtype: torch.dtype) -> torch.nn.Module:
+    """The DLRM kaggle top MLP (367-512-256-1) as users write it, on CUDA, eval mode."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(367, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
+        torch.nn.ReLU(), torch.nn.Linear(256, 1),
+    )  # fmt: skip
+    return model.to("cuda", dtype).eval()
+
+
+def peft_mlp_model(dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the peft model, its merged copy): a 4096-wide 3-layer GELU MLP with peft's default
+    LoRA (r = 16 on every Linear, float32 adapters over the ``dtype`` base), as users build
+    it, lora_B drawn at random (peft starts it at zero: as trained instead); merged:
+    peft's merge_and_unload() of a copy."""
+    import peft
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(
+        collections.OrderedDict(
+            fc1=torch.nn.Linear(4096, 4096), act1=torch.nn.GELU(),
+            fc2=torch.nn.Linear(4096, 4096), act2=torch.nn.GELU(),
+            fc3=torch.nn.Linear(4096, 4096),
+        )
+    ).to("cuda", dtype)  # fmt: skip
+    config = peft.LoraConfig(r=16, target_modules=["fc1", "fc2", "fc3"])
+    pm = peft.get_peft_model(base, config).eval()
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.02)
+    return pm, copy.deepcopy(pm).merge_and_unload().eval()

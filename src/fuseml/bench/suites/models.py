@@ -25,8 +25,8 @@ of bf16; the merged arm differs from the unmerged model by rounding W + s B A to
 
 from __future__ import annotations
 
-import collections
 import copy
+import functools
 import importlib.util
 import time
 
@@ -34,7 +34,7 @@ import torch
 
 import fuseml
 from fuseml.bench.harness import Case, Settings, bench_graph_ms
-from fuseml.bench.suites.overhead import wall_us
+from fuseml.bench.suites._common import mlp_top_model, peft_mlp_model, wall_us
 from fuseml.testing import rel_err, tolerance
 
 DTYPE = torch.bfloat16
@@ -44,32 +44,11 @@ MIN_LOOP_S = 0.05  # a loop of eager calls lasts at least this long
 
 
 def _mlp_top():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(367, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
-        torch.nn.ReLU(), torch.nn.Linear(256, 1),
-    )  # fmt: skip
-    return model.to("cuda", DTYPE).eval(), 367, None
+    return mlp_top_model(DTYPE), 367, None
 
 
 def _peft_mlp():
-    import peft
-
-    torch.manual_seed(0)
-    base = torch.nn.Sequential(
-        collections.OrderedDict(
-            fc1=torch.nn.Linear(4096, 4096), act1=torch.nn.GELU(),
-            fc2=torch.nn.Linear(4096, 4096), act2=torch.nn.GELU(),
-            fc3=torch.nn.Linear(4096, 4096),
-        )
-    ).to("cuda", DTYPE)  # fmt: skip
-    config = peft.LoraConfig(r=16, target_modules=["fc1", "fc2", "fc3"])
-    pm = peft.get_peft_model(base, config).eval()
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if "lora_B" in name:
-                p.normal_(std=0.02)  # (peft starts B at zero: as trained instead)
-    merged = copy.deepcopy(pm).merge_and_unload().eval()
+    pm, merged = peft_mlp_model(DTYPE)
     return pm, 4096, merged
 
 
@@ -141,12 +120,7 @@ def cases(quick: bool = False, cuda: bool = True):
     for name, (_, rows_full, rows_quick) in MODELS.items():
         if name.startswith("peft") and importlib.util.find_spec("peft") is None:
             continue
-        built: dict[str, tuple] = {}
-
-        def arms_of(name=name, built=built):  # one set of modules per model, built lazily
-            if name not in built:
-                built[name] = _arms(name)
-            return built[name]
+        arms_of = functools.cache(functools.partial(_arms, name))  # built once, lazily
 
         for rows in rows_quick if quick else rows_full:
             yield Case(
@@ -163,31 +137,33 @@ def cases(quick: bool = False, cuda: bool = True):
 
 
 PLOT = None
+
+
+def _table(mode: str, note: str) -> dict:
+    """A README table of one mode's rows: every arm, fuseml against the peers
+    (fuseml-compile shown beside compile, not a peer)."""
+    return {
+        "mode": mode,
+        "graph_arms": (),
+        "rows": ("model", "batch"),
+        "arms": ("torch", "merged", "compile", "fuseml", "fuseml-compile"),
+        "fused": "fuseml",
+        "reference_arms": ("fuseml-compile",),
+        "sort": "numeric",
+        "ceilings": False,
+        "note": note,
+    }
+
+
 README = [
-    {
-        "mode": "wall",
-        "graph_arms": (),
-        "rows": ("model", "batch"),
-        "arms": ("torch", "merged", "compile", "fuseml", "fuseml-compile"),
-        "fused": "fuseml",
-        "reference_arms": ("fuseml-compile",),
-        "sort": "numeric",
-        "ceilings": False,
-        "note": (
-            "Eager calls. Cells: wall time per call (a loop of calls, the GPU synchronized "
-            "after it), median over loops. merged: peft's merge_and_unload(); fuseml-compile: "
-            "torch.compile(fuseml.optimize(model)), compared with compile."
-        ),
-    },
-    {
-        "mode": "graph",
-        "graph_arms": (),
-        "rows": ("model", "batch"),
-        "arms": ("torch", "merged", "compile", "fuseml", "fuseml-compile"),
-        "fused": "fuseml",
-        "reference_arms": ("fuseml-compile",),
-        "sort": "numeric",
-        "ceilings": False,
-        "note": "CUDA-graph replays. Cells: GPU time per call of calls captured in one graph.",
-    },
+    _table(
+        "wall",
+        "Eager calls. Cells: wall time per call (a loop of calls, the GPU synchronized after "
+        "it), median over loops. merged: peft's merge_and_unload(); fuseml-compile: "
+        "torch.compile(fuseml.optimize(model)), compared with compile.",
+    ),
+    _table(
+        "graph",
+        "CUDA-graph replays. Cells: GPU time per call of calls captured in one graph.",
+    ),
 ]

@@ -21,7 +21,6 @@ Cells: microseconds of wall time per call (median over the loops, p20-p80 beside
 
 from __future__ import annotations
 
-import collections
 import copy
 import importlib.util
 import itertools
@@ -32,30 +31,12 @@ import torch.nn.functional as F
 
 import fuseml
 from fuseml.bench.harness import Case, Settings
+from fuseml.bench.suites._common import mlp_top_model, peft_mlp_model, wall_us
 from fuseml.ops.embedding_interaction import embedding_interaction_ref
 
 ITERS_FULL, ITERS_QUICK = 2000, 500
 REPEATS_FULL, REPEATS_QUICK = 7, 3
 DTYPE = torch.bfloat16
-
-
-def wall_us(fn, iters: int, repeats: int) -> tuple[float, float, float]:
-    """(p50, p20, p80) microseconds per call of ``fn()``: wall time of a loop of ``iters``
-    calls, the GPU synchronized before and after it (a call whose GPU work outlasts its
-    host time counts the GPU's), over ``repeats`` loops."""
-    for _ in range(10):
-        fn()
-    per_call = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        per_call.append((time.perf_counter() - t0) / iters * 1e6)
-    per_call.sort()
-    at = lambda q: per_call[min(len(per_call) - 1, round(q * (len(per_call) - 1)))]
-    return at(0.5), at(0.2), at(0.8)
 
 
 def _measure(build):
@@ -198,36 +179,13 @@ def _models() -> dict[str, tuple[str, object]]:
         return build
 
     def mlp_model():  # the kaggle top MLP as users write it
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(
-            torch.nn.Linear(367, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
-            torch.nn.ReLU(), torch.nn.Linear(256, 1),
-        )  # fmt: skip
-        model = model.to("cuda", DTYPE).eval()
+        model = mlp_top_model(DTYPE)
         fused, _ = fuseml.optimize(copy.deepcopy(model))
         x = _t(64, 367)
         return {"torch": lambda: model(x), "fuseml": lambda: fused(x)}
 
-    def peft_model():
-        """A 4096-wide 3-layer GELU MLP in bf16 with peft's default LoRA (r=16 on every
-        Linear, float32 adapters), as users build it; merged: the adapters merged in."""
-        import peft
-
-        torch.manual_seed(0)
-        base = torch.nn.Sequential(
-            collections.OrderedDict(
-                fc1=torch.nn.Linear(4096, 4096), act1=torch.nn.GELU(),
-                fc2=torch.nn.Linear(4096, 4096), act2=torch.nn.GELU(),
-                fc3=torch.nn.Linear(4096, 4096),
-            )
-        ).to("cuda", DTYPE)  # fmt: skip
-        config = peft.LoraConfig(r=16, target_modules=["fc1", "fc2", "fc3"])
-        pm = peft.get_peft_model(base, config).eval()
-        with torch.no_grad():
-            for name, p in pm.named_parameters():
-                if "lora_B" in name:
-                    p.normal_(std=0.02)  # (peft starts B at zero: as trained instead)
-        merged = copy.deepcopy(pm).merge_and_unload().eval()
+    def peft_model():  # peft's default LoRA on a 4096-wide MLP; merged: merge_and_unload
+        pm, merged = peft_mlp_model(DTYPE)
         fused, _ = fuseml.optimize(copy.deepcopy(pm))
         x = _t(16, 4096)
         return {"torch": lambda: pm(x), "merged": lambda: merged(x), "fuseml": lambda: fused(x)}
