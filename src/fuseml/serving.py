@@ -598,6 +598,22 @@ def state_key(module: nn.Module) -> tuple | None:
         return None
 
 
+def replay_key(module: nn.Module, x: torch.Tensor, *settings) -> tuple | None:
+    """The signature of ``module``'s eager call on ``x`` whose replays a CUDA graph can
+    serve, or None: inference (eval mode, ``replayable``) with every state tensor keyed
+    (``state_key``). ``settings``: what else the forward depends on (activations, backend,
+    an adapter's name and scaling); the TF32 flag is keyed too."""
+    if module.training or not replayable(x):
+        return None
+    state = state_key(module)
+    if state is None:
+        return None
+    return (
+        tuple(x.shape), x.stride(), x.dtype, x.device, *settings,
+        torch.backends.cuda.matmul.allow_tf32, state,
+    )  # fmt: skip
+
+
 def replayable(*inputs: torch.Tensor) -> bool:
     """May an eager call on ``inputs`` be served by graph replays? Inference (no autograd
     recording) on plain CUDA tensors, not inside a capture, a compilation, autocast or a

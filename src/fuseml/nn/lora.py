@@ -22,7 +22,7 @@ from fuseml.ops.lora import (
     lora_stacked,
     stack_adapters,
 )
-from fuseml.serving import replay_cache, replayable, state_key
+from fuseml.serving import replay_cache, replay_key
 
 _OWNER = "LoRALinear"
 
@@ -343,17 +343,9 @@ class LoRALinear(nn.Module):
     replay_graphs = 2
 
     def _replay_key(self, x: torch.Tensor, name: str, scaling: float, backend: str):
-        """The signature of an eager call whose replays a CUDA graph can serve (inference
-        on CUDA, see fuseml.serving.replayable), or None."""
-        if self.training or not replayable(x):
-            return None
-        state = state_key(self)
-        if state is None:
-            return None
-        return (
-            tuple(x.shape), x.stride(), x.dtype, x.device, name, float(scaling),
-            self.activation, backend, torch.backends.cuda.matmul.allow_tf32, state,
-        )  # fmt: skip
+        """The signature of an eager call whose replays a CUDA graph can serve, or None
+        (fuseml.serving.replay_key)."""
+        return replay_key(self, x, name, float(scaling), self.activation, backend)
 
     def _check_ids(self, x: torch.Tensor, ids, n: int) -> None:
         check_adapter_ids_tensor(_OWNER, x, ids)

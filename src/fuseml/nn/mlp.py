@@ -16,7 +16,7 @@ from fuseml.nn._common import (
     check_backend,
 )
 from fuseml.ops.mlp import mlp as fused_mlp
-from fuseml.serving import replay_cache, replayable, state_key
+from fuseml.serving import replay_cache, replay_key
 
 
 class FusedMLP(nn.Sequential):
@@ -178,17 +178,9 @@ class FusedMLP(nn.Sequential):
         return replay_cache(self, "FusedMLP").run(key, run, [x])
 
     def _replay_key(self, x: torch.Tensor, acts, backend: str) -> tuple | None:
-        """The signature of an eager call whose replays a CUDA graph can serve (inference
-        on CUDA, see fuseml.serving.replayable), or None."""
-        if self.training or not replayable(x):
-            return None
-        state = state_key(self)
-        if state is None:
-            return None
-        return (
-            tuple(x.shape), x.stride(), x.dtype, x.device, tuple(acts), backend,
-            torch.backends.cuda.matmul.allow_tf32, state,
-        )  # fmt: skip
+        """The signature of an eager call whose replays a CUDA graph can serve, or None
+        (fuseml.serving.replay_key)."""
+        return replay_key(self, x, tuple(acts), backend)
 
     def __getitem__(self, idx):
         if isinstance(idx, slice):  # a part of the chain is a plain Sequential
