@@ -46,18 +46,17 @@ compiling = torch.compiler.is_compiling
 
 def usable(backend: str) -> bool:
     """May a public call with this ``backend`` try the fast path? The backends whose CUDA
-    calls run the Triton kernels, and not under torch.compile, which traces the public
-    functions: the fast call must stay out of its graphs."""
-    return (backend == "auto" or backend == "triton") and not compiling()
+    calls run the Triton kernels (under torch.compile ``loaded()`` is None already)."""
+    return backend == "auto" or backend == "triton"
 
 
 fast = None  # the loaded extension: ``fast.call(op, code, x, y, bias, alpha)``
 
 
 def loaded():
-    """``fast`` for a public call to try, or None under torch.compile: Dynamo traces the
-    public functions, and a global read there becomes a guard on its value, which a module
-    object cannot be (compilation fails)."""
+    """``fast`` for a public call to try, or None under torch.compile, which traces the
+    public functions: the fast call must stay out of its graphs, and a global read there
+    becomes a guard on its value, which a module object cannot be (compilation fails)."""
     return None if compiling() else fast
 
 

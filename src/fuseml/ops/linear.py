@@ -171,7 +171,7 @@ def linear_rows(
     usual = not traced and residual is None and out_dtype is None and loop == "auto"
     usual = usual and config is None and pad_to is None
     tries = fast is not None and usual and not fast_tried and type(x) is torch.Tensor
-    if tries and not _fastcall.compiling():
+    if tries:
         result = fast.call(_fastcall.GEMM, code, x, weight, bias, alpha, -1)
         if result is not None:
             return result
