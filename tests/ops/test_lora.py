@@ -1042,3 +1042,43 @@ def test_lora_tma_direct_launch_matches_the_ordinary_launch_gpu(lora_mode, adapt
         assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
         assert_close_verbose(outs[2], _ref64(x, w, b, a, bb, 0.5, ids=ids), torch.bfloat16)
     assert _gemm._lora_tma_launches.compiled
+
+
+def test_pointer_kernel_launches_name_every_argument_and_their_specialization(monkeypatch):
+    """LoRA launches on the pointer kernel repeat through its compiled launcher
+    (CompiledLaunches): the arguments go positionally in _lora_kernel's order, and the key
+    holds every dtype, constexpr, launch option and int specialization."""
+    seen = []
+
+    def record(grid, key, aligned, args, options):
+        seen.append((key, args, options))
+
+    monkeypatch.setattr(gemm.launch, "_lora_launches", record)
+    x = torch.randn(20, 48, dtype=torch.bfloat16)
+    w = torch.randn(32, 48, dtype=torch.bfloat16)
+    a = torch.randn(16, 48, dtype=torch.bfloat16)
+    bb = torch.randn(32, 16, dtype=torch.bfloat16)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4,
+           "num_stages": 2}  # fmt: skip
+    for m in (20, 32):
+        out = torch.empty(m, 32, dtype=torch.bfloat16)
+        gemm.launch_linear(
+            out, x[:m] if m <= 20 else torch.randn(m, 48, dtype=torch.bfloat16), w, None, None,
+            1.0, 0, cfg, lora=gemm.LORA_IN_LOOP, lora_a=a, lora_b=bb, lora_scale=0.5, rank=16,
+        )  # fmt: skip
+    assert len(seen) == 2
+    (key20, args, options), (key32, _, _) = seen
+    named = dict(zip(_lora_kernel_arg_names(), args, strict=True))
+    assert named["M"] == 20 and named["N"] == 32 and named["K"] == 48
+    assert named["LORA"] == gemm.LORA_IN_LOOP and named["R"] == 16 and named["RANK"] == 16
+    assert named["lora_scale"] == 0.5 and named["HAS_BIAS"] is False
+    assert named["BLOCK_K"] == 32 and named["PDL"] is False and named["B3D"] is False
+    assert named["a_ptr"] is a and named["b_ptr"] is bb
+    assert options == {"num_warps": 4, "num_stages": 2}
+    assert key20 != key32  # M = 20 and 32: another int specialization (a multiple of 16)
+
+
+def _lora_kernel_arg_names() -> list[str]:
+    from fuseml.ops.gemm.pointer import _lora_kernel
+
+    return list(_lora_kernel.arg_names)

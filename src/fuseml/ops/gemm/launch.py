@@ -290,6 +290,7 @@ _linear_tma_launches = CompiledLaunches(_linear_tma_kernel)
 _lora_tma_launches = CompiledLaunches(_lora_tma_kernel)
 _linear_launches = CompiledLaunches(_linear_kernel)  # plain linear layers' repeat launches
 _stream_launches = CompiledLaunches(_linear_stream_kernel)
+_lora_launches = CompiledLaunches(_lora_kernel)  # LoRA launches on the pointer kernel
 
 
 def launch_linear(
@@ -357,9 +358,6 @@ def launch_linear(
             programs=programs,
         )  # fmt: skip
         return
-    # LoRA launches' PDL flag (passed even when False: torch.compile's wrap_triton takes no
-    # defaulted arguments); the expand launch may start while the shrink runs
-    variant = {"PDL": pdl, "launch_pdl": True} if pdl and lora == LORA_EXPAND else {"PDL": pdl}
     if lora == LORA_NONE:
         b_arg = x if bias is None else bias
         r_arg = x if residual is None else residual
@@ -386,9 +384,8 @@ def launch_linear(
             traced, offer,
         )  # fmt: skip
         return
-    kernel = torch.library.wrap_triton(_lora_kernel) if traced else _lora_kernel
     dummy = x
-    grid_launch(kernel, grid)(
+    tensors = (
         x, weight,
         dummy if bias is None else bias,
         dummy if residual is None else residual,
@@ -398,18 +395,34 @@ def launch_linear(
         dummy if xa is None else xa,
         dummy if ids is None else ids,
         dummy if scales is None else scales,
+    )  # fmt: skip
+    ints = (
         m, n, k,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
         0 if residual is None else residual.stride(0), out.stride(0),
         0 if lora_a is None else lora_a.stride(0), 0 if lora_b is None else lora_b.stride(-2),
-        float(alpha), float(lora_scale),
-        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACTIVATION=activation,
-        LORA=lora, MULTI=ids is not None, R=r, RANK=max(rank, 1), R_PAD=r_pad, R_BLOCK=r_block,
-        PER_ADAPTER_SCALE=scales is not None, PRECISION=precision, UPCAST=upcast,
-        BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
-        GROUP_M=config["GROUP_M"], EVEN_K=even_k, B3D=b3d,
-        num_warps=config["num_warps"], num_stages=config["num_stages"], **variant,
     )  # fmt: skip
+    consts = (
+        bias is not None, residual is not None, activation,
+        lora, ids is not None, r, max(rank, 1), r_pad, r_block,
+        scales is not None, precision, upcast,
+        config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"],
+        config["GROUP_M"], even_k, pdl, b3d,
+    )  # fmt: skip
+    # (every argument in _lora_kernel's order; launch_pdl is a launch option, not an
+    # argument: the expand launch may start while the shrink runs)
+    args = (*tensors, *ints, float(alpha), float(lora_scale), *consts)
+    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    if pdl and lora == LORA_EXPAND:
+        options["launch_pdl"] = True
+    if traced:
+        grid_launch(torch.library.wrap_triton(_lora_kernel), grid)(*args, **options)
+        return
+    key = (
+        tuple(t.dtype for t in tensors), consts, tuple(sorted(options.items())),
+        *map(int_spec, ints),
+    )  # fmt: skip
+    _lora_launches(grid, key, aligned16(*tensors), args, options)
 
 
 def stream_grid(m: int, n: int, config: dict, sms: int | None) -> tuple[int]:
