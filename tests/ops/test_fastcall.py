@@ -239,10 +239,11 @@ def test_autograd_calls_take_the_python_path(fast):
     assert xg.grad is not None
     bg = b.clone().requires_grad_()  # a bias that needs a gradient
     assert fuseml.ops.bias_act(x, bg).grad_fn is not None and _hits(fast) == before
-    with torch.no_grad():
-        fuseml.ops.bias_act(x, bg)  # no gradient recorded: a plain call
-        fuseml.ops.bias_act(x, bg)
-        assert fuseml.ops.bias_act(x, bg).grad_fn is None and _hits(fast) == before + 1
+    with torch.no_grad():  # no gradient recorded: plain calls, the plan kept by the second
+        fuseml.ops.bias_act(x, bg)  # (the first may compile, or find the kernel compiled
+        fuseml.ops.bias_act(x, bg)  # by an earlier test in this process and register)
+        kept = _hits(fast)
+        assert fuseml.ops.bias_act(x, bg).grad_fn is None and _hits(fast) == kept + 1
 
 
 class _Counting(TorchDispatchMode):
