@@ -8,23 +8,21 @@
 # torch, triton, commit, test counts, demo, suites; last line PASS or FAIL), committed per
 # GPU as benchmarks/gpu-checks/<gpu>.txt.
 #
-# The whole check does not fit one 10-minute call on one GPU (the ops tests alone ran past
-# 570 s with 15 workers on an H200). On a two-GPU machine (device kind nvidia-h200-x2) it
-# fits one call as three parts run at once, each with its own OUTDIR: the LoRA and linear
-# tests and the rest of tests/ on GPU 0, the other ops tests (the longest part) alone on
-# GPU 1 with more workers:
-#   A="tests/ops/test_lora.py tests/ops/test_linear.py"
-#   CUDA_VISIBLE_DEVICES=0 CHECK_SUITES=none CHECK_DEMO=0 CHECK_WORKERS=10 \
-#     CHECK_TESTS="$A" scripts/gpu-check.sh OUT/a &
-#   CUDA_VISIBLE_DEVICES=1 CHECK_SUITES=none CHECK_DEMO=0 CHECK_WORKERS=14 \
-#     CHECK_TESTS="tests/ops --ignore=${A// / --ignore=}" scripts/gpu-check.sh OUT/b &
-#   CUDA_VISIBLE_DEVICES=0 CHECK_SUITES=none CHECK_WORKERS=8 \
-#     CHECK_TESTS="tests --ignore=tests/ops" scripts/gpu-check.sh OUT/rest &
-#   wait   (a: 480 s, rest: 445 s before the demo on two H200s; b with 10 workers ran past
-#   565 s at 99%), then one summary of the parts:
-#   python -m fuseml.bench.gpu_check OUT/a OUT/b OUT/rest --write benchmarks/gpu-checks/<gpu>.txt
-# Four parts on four GPUs at once ran slower (one build lock, shared CPUs): neither ops
-# part finished in 560 s. On one GPU, run the same parts one after another, one call each. Bench suites run apart:
+# The whole check no longer fits one 10-minute call. Four parts on a four-GPU H200 host
+# (15 workers each, the extensions built first), each with its own OUTDIR, reached in
+# 435 s: A 99%, B 71%, C 93%, D 95%:
+#   T=tests/ops
+#   A="$T/test_lora.py $T/test_fastcall.py $T/test_launch.py $T/test_utils.py"
+#   B="$T/test_linear.py $T/test_mlp.py $T/test_tuned_paths.py $T/test_pdl.py $T/test_gelu.py $T/test_add.py"
+#   C="$T/test_softmax.py $T/test_bias_act.py $T/test_embedding_interaction.py"
+#   D="tests --ignore=tests/ops" (with the demo)
+#   CUDA_VISIBLE_DEVICES=0 CHECK_SUITES=none CHECK_DEMO=0 CHECK_WORKERS=15 \
+#     CHECK_TESTS="$A" scripts/gpu-check.sh OUT/a &      (B, C, D likewise on GPUs 1-3)
+# So run them in two calls: A, C and B split in two (linear + tuned_paths + pdl; mlp +
+# gelu + add) on four GPUs, then D alone; then one summary of the parts:
+#   python -m fuseml.bench.gpu_check OUT/a OUT/b1 OUT/b2 OUT/c OUT/d --write benchmarks/gpu-checks/<gpu>.txt
+# A remote runner that brings back few files: pack OUTDIR into one archive. Bench suites
+# run apart:
 #   CHECK_TESTS=none CHECK_DEMO=0 CHECK_SUITES="linear mlp lora tuning" scripts/gpu-check.sh OUT/s1
 # CHECK_TESTS: pytest paths (and options) of the GPU tests ("none": skip);
 # CHECK_WORKERS (default 14); CHECK_DEMO=0 skips the demo; CHECK_SUITES: suites
