@@ -123,3 +123,16 @@ def test_a_stale_history_is_labelled_by_the_commit_whose_src_was_measured(repo):
     assert commit_label(stamp, "0" * 12, repo) == stamp  # no commit has it: as stamped
     assert commit_label(old, measured, repo) == old  # a clean stamp stands
     assert commit_label(stamp, None, repo) == stamp
+
+
+def test_the_label_stays_with_the_commit_that_made_the_src(repo):
+    old = _git(repo, "rev-parse", "--short", "HEAD")
+    (repo / "src/pkg/a.py").write_text("x = 3\n")
+    measured = source_tree(repo)
+    stamp = git_commit(repo)
+    _git(repo, "commit", "-q", "-am", "the change")
+    made = _git(repo, "rev-parse", "--short", "HEAD")
+    (repo / "notes.txt").write_text("results\n")  # a later commit outside src/
+    _git(repo, "add", "notes.txt")
+    _git(repo, "commit", "-q", "-m", "results")
+    assert commit_label(stamp, measured, repo) == f"{made} (src/; stamped {old}{DIRTY})"

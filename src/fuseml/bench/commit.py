@@ -94,8 +94,9 @@ def git_commit(where: Path | str | None = None, *, short: bool = True) -> str:
 
 @functools.cache
 def _src_trees(top: Path, head: str, depth: int = 500) -> dict[str, str]:
-    """{src/ tree id (12 hex digits): the newest of the last ``depth`` commits up to
-    ``head`` with it}."""
+    """{src/ tree id (12 hex digits): the oldest of the last ``depth`` commits up to
+    ``head`` with it} (the commit that made that src/, which later commits of docs or
+    results do not change)."""
     shas = (_git(top, "rev-list", f"--max-count={depth}", head) or "").split()
     if not shas:
         return {}
@@ -106,7 +107,7 @@ def _src_trees(top: Path, head: str, depth: int = 500) -> dict[str, str]:
     found: dict[str, str] = {}
     for sha, tree in zip(shas, (out or "").splitlines(), strict=False):
         if len(tree) >= 12 and "missing" not in tree:
-            found.setdefault(tree[:12], sha[:7])
+            found[tree[:12]] = sha[:7]  # (rev-list lists the newest first)
     return found
 
 
