@@ -8,24 +8,20 @@
 # torch, triton, commit, test counts, demo, suites; last line PASS or FAIL), committed per
 # GPU as benchmarks/gpu-checks/<gpu>.txt.
 #
-# The whole check no longer fits one 10-minute call. Four parts on a four-GPU H200 host
-# (15 workers each, the extensions built first), each with its own OUTDIR, reached in
-# 435 s: A 99%, B 71%, C 93%, D 95%:
-#   T=tests/ops
-#   A="$T/test_lora.py $T/test_fastcall.py $T/test_launch.py $T/test_utils.py"
-#   B="$T/test_linear.py $T/test_mlp.py $T/test_tuned_paths.py $T/test_pdl.py $T/test_gelu.py $T/test_add.py"
-#   C="$T/test_softmax.py $T/test_bias_act.py $T/test_embedding_interaction.py"
-#   D="tests --ignore=tests/ops" (with the demo)
-#   CUDA_VISIBLE_DEVICES=0 CHECK_SUITES=none CHECK_DEMO=0 CHECK_WORKERS=15 \
-#     CHECK_TESTS="$A" scripts/gpu-check.sh OUT/a &      (B, C, D likewise on GPUs 1-3)
-# So run them in two calls: A, C and B split in two (linear + tuned_paths + pdl; mlp +
-# gelu + add) on four GPUs, then D alone; then one summary of the parts:
-#   python -m fuseml.bench.gpu_check OUT/a OUT/b1 OUT/b2 OUT/c OUT/d --write benchmarks/gpu-checks/<gpu>.txt
+# On one GPU the whole check no longer fits a 10-minute call. CHECK_GPUS spreads one
+# pytest run over several GPUs of the machine (each xdist worker on one of them, round
+# robin: tests/gpu_workers.py), so xdist balances the load:
+#   CHECK_GPUS=0,1,2,3 CHECK_WORKERS=60 CHECK_SUITES=none scripts/gpu-check.sh OUT
+# Four fixed parts on four H200s (15 workers each) reached 71-99% in 435 s, 1,819 of
+# 2,016 tests: one balanced run needs about 480 s, plus the extension build and the demo.
+# Without enough GPUs, run parts (CHECK_TESTS) in separate calls and summarize them:
+#   python -m fuseml.bench.gpu_check OUT/a OUT/b ... --write benchmarks/gpu-checks/<gpu>.txt
 # A remote runner that brings back few files: pack OUTDIR into one archive. Bench suites
 # run apart:
 #   CHECK_TESTS=none CHECK_DEMO=0 CHECK_SUITES="linear mlp lora tuning" scripts/gpu-check.sh OUT/s1
 # CHECK_TESTS: pytest paths (and options) of the GPU tests ("none": skip);
-# CHECK_WORKERS (default 14); CHECK_DEMO=0 skips the demo; CHECK_SUITES: suites
+# CHECK_WORKERS (default 14); CHECK_GPUS: GPUs to spread the tests over (default: one,
+# as CUDA_VISIBLE_DEVICES leaves it); CHECK_DEMO=0 skips the demo; CHECK_SUITES: suites
 # ("none": skip). The commit recorded is asked of git ("unknown (no git)" in a copied tree).
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -13,6 +13,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from gpu_workers import worker_gpu
+
+# A GPU check over several GPUs (CHECK_GPUS, see gpu_workers): this worker's one GPU, set
+# before torch first asks the driver, which fixes the visible devices for the process.
+if _gpu := worker_gpu(os.environ.get("CHECK_GPUS", ""), os.environ.get("PYTEST_XDIST_WORKER", "")):
+    os.environ["CUDA_VISIBLE_DEVICES"] = _gpu
+
 import torch
 
 if not torch.cuda.is_available():
