@@ -40,6 +40,10 @@ tests="${CHECK_TESTS:-tests}"
 if [ "$tests" != "none" ]; then
     echo "== GPU tests ($tests)" | tee "$OUT/tests.txt"
     echo "$tests" > "$OUT/tests.paths"
+    # each test phase's seconds as it ends (tests/conftest.py): kept by a run cut short
+    export CHECK_TIMES="$PWD/$OUT/test-times.txt"
+    [ "${OUT#/}" != "$OUT" ] && CHECK_TIMES="$OUT/test-times.txt"
+    rm -f "$CHECK_TIMES"
     # shellcheck disable=SC2086  # a list of paths
     "$PY" -m pytest -v -m gpu -n "${CHECK_WORKERS:-14}" -rfE -p no:cacheprovider --durations=25 \
         --junitxml "$OUT/tests.xml" $tests 2>&1 | tee -a "$OUT/tests.txt"

@@ -52,6 +52,17 @@ def pytest_configure(config):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(scratch) / "torchinductor")
 
 
+def pytest_runtest_logreport(report):
+    """With CHECK_TIMES set (scripts/gpu-check.sh sets it), each test phase's seconds are
+    appended to that file as it ends, by every worker: a run stopped at a time limit still
+    says where its time went (pytest's --durations prints only at the end)."""
+    path = os.environ.get("CHECK_TIMES")
+    forwarded = getattr(report, "node", None) is not None  # (xdist's copy in the controller)
+    if path and not forwarded and report.duration >= 0.01:
+        with open(path, "a") as f:  # (one short line a write: appends do not interleave)
+            f.write(f"{report.duration:.2f} {report.when} {report.nodeid}\n")
+
+
 def pytest_unconfigure(config):
     if not _controller(config):
         return
