@@ -1065,17 +1065,20 @@ def test_pad_k_copies_in_one_launch(dtype, monkeypatch):
         gemm.pad_k(32, x)
 
 
-@pytest.mark.parametrize(("rows", "loop", "plain", "penalized"), [
-    (64, gemm.LOOP_TUNED, True, True),  # host-bound plain layer: TMA must win by more
-    (512, gemm.LOOP_TUNED, True, False),  # narrow output, many rows: GPU time decides
-    (64, gemm.LOOP_TUNED, False, False),  # LoRA's modes: no C++ fast path either way
-    (64, gemm.LOOP_PTR, True, False),
+@pytest.mark.parametrize(("rows", "ms", "loop", "plain", "penalized"), [
+    (64, 0.004, gemm.LOOP_TUNED, True, True),  # host-bound plain layer: TMA must win by more
+    (64, 0.2, gemm.LOOP_TUNED, True, True),  # (few rows: host-bound at any tile time)
+    (65536, 0.004, gemm.LOOP_TUNED, True, True),  # narrow output, a fast tile: host-bound
+    (65536, 0.2, gemm.LOOP_TUNED, True, False),  # a slow tile: GPU time decides
+    (64, 0.004, gemm.LOOP_TUNED, False, False),  # LoRA's modes: no C++ fast path either way
+    (64, 0.004, gemm.LOOP_PTR, True, False),
 ])  # fmt: skip
 def test_host_bound_plain_layers_time_tma_tiles_with_a_penalty(
-    monkeypatch, rows, loop, plain, penalized
+    monkeypatch, rows, ms, loop, plain, penalized
 ):
-    """Up to TMA_TUNED_MAX_M rows a plain layer's eager call repeats from C++ only on a
-    pointer tile, so tuning times a TMA tile TMA_HOST_BOUND_PENALTY slower than it ran."""
+    """A host-bound plain layer's eager call (up to TMA_TUNED_MAX_M rows, or a tile faster
+    than TMA_HOST_BOUND_MS) repeats from C++ only on a pointer tile, so tuning times a TMA
+    tile TMA_HOST_BOUND_PENALTY slower than it ran."""
     timed = {}
 
     def choose(memo_key, device, key, candidates, bench, default, **kw):
@@ -1083,11 +1086,11 @@ def test_host_bound_plain_layers_time_tma_tiles_with_a_penalty(
         return default
 
     monkeypatch.setattr(_tune, "choose", choose)
-    monkeypatch.setattr(_tune, "gpu_time_ms", lambda fn: 0.004)
+    monkeypatch.setattr(_tune, "gpu_time_ms", lambda fn: ms)
     x = torch.empty(rows, 512)
-    gemm.launch.choose_config("linear", x, 256, 512, lambda c: None, "", loop, plain=plain)
-    assert timed["ptr"] == 0.004
-    expected = 0.004 * gemm.configs.TMA_HOST_BOUND_PENALTY if penalized else 0.004
+    gemm.launch.choose_config("linear", x, 64, 512, lambda c: None, "", loop, plain=plain)
+    assert timed["ptr"] == ms
+    expected = ms * gemm.configs.TMA_HOST_BOUND_PENALTY if penalized else ms
     if loop == gemm.LOOP_PTR:
-        expected = 0.004  # (no TMA tile on the pointer loop)
+        expected = ms  # (no TMA tile on the pointer loop)
     assert timed["tma"] == pytest.approx(expected)

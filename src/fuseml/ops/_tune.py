@@ -32,8 +32,9 @@ from fuseml.runtime import gpu_slug, triton_interpreting, triton_version
 
 log = logging.getLogger("fuseml")
 
-TABLE_VERSION = 2  # raised when the candidate lists change, so that a table tuned over
-# older lists is not taken as the answer for the new ones (2: the TMA-store tiles)
+TABLE_VERSION = 3  # raised when the candidate lists or how they are timed change, so that
+# a table tuned before is not taken as the answer now (2: the TMA-store tiles; 3: TMA tiles
+# of host-bound plain layers timed with a penalty, see gemm.configs)
 _lock = threading.Lock()
 _tables: dict[str, dict] = {}  # file path -> {key: config}
 

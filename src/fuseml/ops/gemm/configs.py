@@ -16,11 +16,14 @@ TMA_MIN_M = 512
 TMA_TUNED_MAX_M = 256
 # From TMA_MIN_M rows, outputs this narrow are tuned over both kernels (smaller pointer tiles)
 TMA_TUNED_N = 64
-# Up to TMA_TUNED_MAX_M rows a plain layer's eager call is bound by host time, and only a
-# pointer tile repeats from C++ (fuseml.ops._fastcall): a TMA tile's Python launch took
-# 113 against 9 us a call (64 x 512 -> 256, H200, two runs) for 3.4 against 3.7 us of GPU
-# time. So there a TMA tile is timed this much slower than it runs, and wins only by more.
+# A plain layer whose eager call is bound by host time (up to TMA_TUNED_MAX_M rows, or a
+# tile faster than TMA_HOST_BOUND_MS) repeats from C++ only on a pointer tile
+# (fuseml.ops._fastcall): a TMA tile's Python launch took 113 against 9 us a call (64 x
+# 512 -> 256, H200, two runs) for 3.4 against 3.7 us of GPU time, and at 65536 rows 64 ->
+# 16 cost 50.7 us a call for 5.1 of GPU time. There a TMA tile is timed this much slower
+# than it runs, and wins only by more (in a CUDA graph the cost is that margin at most).
 TMA_HOST_BOUND_PENALTY = 1.25
+TMA_HOST_BOUND_MS = 0.04
 LOOP_PTR, LOOP_TMA, LOOP_TUNED = 0, 1, 2  # gemm_loop's answers
 
 

@@ -26,6 +26,7 @@ from fuseml.ops.gemm.configs import (
     LOOP_PTR,
     LOOP_TMA,
     LOOP_TUNED,
+    TMA_HOST_BOUND_MS,
     TMA_HOST_BOUND_PENALTY,
     TMA_MIN_M,
     TMA_TUNED_MAX_M,
@@ -561,11 +562,13 @@ def choose_config(
             f"{op}:{str(x.dtype)[6:]}:{precision}:m{bucket}:n{n}:k{k}{':' + extra if extra else ''}"
         )
 
-    penalized = plain and loop == LOOP_TUNED and m <= TMA_TUNED_MAX_M  # (see the constant)
+    host_bound = plain and loop == LOOP_TUNED  # (see TMA_HOST_BOUND_PENALTY)
 
     def bench(c: dict) -> float:
         ms = _tune.gpu_time_ms(lambda: launch(c))
-        return ms * TMA_HOST_BOUND_PENALTY if penalized and takes_tma(loop, c) else ms
+        if host_bound and takes_tma(loop, c) and (m <= TMA_TUNED_MAX_M or ms < TMA_HOST_BOUND_MS):
+            return ms * TMA_HOST_BOUND_PENALTY
+        return ms
 
     def listed() -> list[dict]:
         own = [
