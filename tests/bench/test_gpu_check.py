@@ -69,3 +69,21 @@ def test_main_writes_where_asked(tmp_path, monkeypatch, capsys):
     target = tmp_path / "h100.txt"
     assert gpu_check.main([str(tmp_path), "--commit", "abc", "--write", str(target)]) == 0
     assert target.read_text() == capsys.readouterr().out
+
+
+def test_a_run_cut_short_counts_what_its_log_shows(tmp_path):
+    (tmp_path / "tests.paths").write_text("tests/ops\n")
+    (tmp_path / "tests.txt").write_text(
+        "tests/ops/test_a.py::test_x[1] \n"  # (a test started: no outcome yet)
+        "[gw0] [ 10%] PASSED tests/ops/test_a.py::test_x[1] \n"
+        "[gw1] [ 20%] SKIPPED tests/ops/test_a.py::test_y \n"
+        "[gw0] [ 41%] FAILED tests/ops/test_b.py::test_z \n"
+        "tests/ops/test_c.py::test_w PASSED                          [ 42%]\n"
+    )
+    (tmp_path / "demo.rc").write_text("0")
+    text = gpu_check.report(tmp_path, "abc123", DEVICE)
+    assert (
+        "NO REPORT (did not finish; cut at 42%: 2 passed, 1 failed, 0 errors, 1 skipped so far)"
+        in text
+    )
+    assert "failed: tests/ops/test_b.py::test_z" in text and text.rstrip().endswith("FAIL")

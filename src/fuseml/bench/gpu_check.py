@@ -3,7 +3,8 @@
     python -m fuseml.bench.gpu_check OUTDIR [OUTDIR ...] [--commit SHA] [--write FILE]
 
 Reads what the script left in OUTDIR (``tests.xml``: pytest's JUnit report of the GPU
-tests; ``demo.rc``: ``fuseml demo``'s exit code; ``results/``: the quick suites' files),
+tests, or where pytest was cut short its verbose log ``tests.txt``; ``demo.rc``: ``fuseml
+demo``'s exit code; ``results/``: the quick suites' files),
 writes ``OUTDIR/gpu-check.txt`` (atomically) and prints it. Committed per GPU as
 ``benchmarks/gpu-checks/<gpu>.txt``: a record of which commit passed where.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
@@ -40,6 +42,37 @@ def test_counts(xml_path: Path) -> dict[str, float] | None:
         "errors": errors,
         "skipped": skipped,
         "time": counts["time"],
+    }
+
+
+_OUTCOME = re.compile(r"\b(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
+_NODE = re.compile(r"(\S+\.py::\S+)")
+_PERCENT = re.compile(r"\[\s*(\d+)%\]")
+
+
+def logged_counts(log_path: Path) -> dict | None:
+    """{passed, failed, errors, skipped, percent, failed_ids} from pytest's verbose log
+    (``-v``, with or without xdist) of a run that wrote no report, e.g. one stopped at a
+    time limit: each test's last outcome line, and the last progress percentage. None
+    without a log."""
+    if not log_path.is_file():
+        return None
+    last: dict[str, str] = {}
+    percent = 0
+    for line in log_path.read_text(errors="replace").splitlines():
+        outcome, node = _OUTCOME.search(line), _NODE.search(line)
+        if outcome and node:
+            last[node.group(1)] = outcome.group(1)
+            found = _PERCENT.search(line)
+            percent = int(found.group(1)) if found else percent
+    outcomes = list(last.values())
+    return {
+        "passed": outcomes.count("PASSED") + outcomes.count("XFAIL"),
+        "failed": outcomes.count("FAILED") + outcomes.count("XPASS"),
+        "errors": outcomes.count("ERROR"),
+        "skipped": outcomes.count("SKIPPED"),
+        "percent": percent,
+        "failed_ids": [n for n, o in last.items() if o in ("FAILED", "ERROR", "XPASS")],
     }
 
 
@@ -95,7 +128,16 @@ def report(out_dirs: Path | list[Path], commit: str | None = None, device=None) 
         if counts is None:
             # (a paths file without a report: pytest did not finish, e.g. cut by a time limit)
             if listed.is_file():
-                lines.append(f"tests:   pytest -m gpu {paths}: NO REPORT (did not finish)")
+                logged = logged_counts(part / "tests.txt")
+                so_far = ""
+                if logged is not None:
+                    so_far = (
+                        f"; cut at {logged['percent']}%: {logged['passed']} passed, "
+                        f"{logged['failed']} failed, {logged['errors']} errors, "
+                        f"{logged['skipped']} skipped so far"
+                    )
+                lines.append(f"tests:   pytest -m gpu {paths}: NO REPORT (did not finish{so_far})")
+                lines += [f"  failed: {t}" for t in (logged or {}).get("failed_ids", [])[:20]]
                 ok = False
             continue
         ran = True
