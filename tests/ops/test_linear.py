@@ -1071,26 +1071,13 @@ def test_pad_k_copies_in_one_launch(dtype, monkeypatch):
     (65536, 0.004, gemm.LOOP_TUNED, True, True),  # narrow output, a fast tile: host-bound
     (65536, 0.2, gemm.LOOP_TUNED, True, False),  # a slow tile: GPU time decides
     (64, 0.004, gemm.LOOP_TUNED, False, False),  # LoRA's modes: no C++ fast path either way
-    (64, 0.004, gemm.LOOP_PTR, True, False),
+    (64, 0.004, gemm.LOOP_PTR, True, False),  # (no TMA tile on the pointer loop)
 ])  # fmt: skip
-def test_host_bound_plain_layers_time_tma_tiles_with_a_penalty(
-    monkeypatch, rows, ms, loop, plain, penalized
-):
+def test_host_bound_plain_layers_time_tma_tiles_with_a_penalty(rows, ms, loop, plain, penalized):
     """A host-bound plain layer's eager call (up to TMA_TUNED_MAX_M rows, or a tile faster
     than TMA_HOST_BOUND_MS) repeats from C++ only on a pointer tile, so tuning times a TMA
     tile TMA_HOST_BOUND_PENALTY slower than it ran."""
-    timed = {}
-
-    def choose(memo_key, device, key, candidates, bench, default, **kw):
-        timed.update(ptr=bench({"BLOCK_M": 16}), tma=bench({"BLOCK_M": 16, "TMA": True}))
-        return default
-
-    monkeypatch.setattr(_tune, "choose", choose)
-    monkeypatch.setattr(_tune, "gpu_time_ms", lambda fn: ms)
-    x = torch.empty(rows, 512)
-    gemm.launch.choose_config("linear", x, 64, 512, lambda c: None, "", loop, plain=plain)
-    assert timed["ptr"] == ms
+    ptr, tma = {"BLOCK_M": 16}, {"BLOCK_M": 16, "TMA": True}
+    assert gemm.launch.tuning_ms(ms, ptr, loop, rows, plain) == ms
     expected = ms * gemm.configs.TMA_HOST_BOUND_PENALTY if penalized else ms
-    if loop == gemm.LOOP_PTR:
-        expected = ms  # (no TMA tile on the pointer loop)
-    assert timed["tma"] == pytest.approx(expected)
+    assert gemm.launch.tuning_ms(ms, tma, loop, rows, plain) == pytest.approx(expected)

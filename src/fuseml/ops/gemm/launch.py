@@ -517,6 +517,17 @@ def launch_shrink_segments(
     )  # fmt: skip
 
 
+def tuning_ms(ms: float, config: dict, loop: int, m: int, plain: bool) -> float:
+    """The time tuning compares for a candidate that ran ``ms``: a plain layer's TMA tile
+    where the tuner weighs both kernels and the call is host-bound (up to TMA_TUNED_MAX_M
+    rows, or a tile under TMA_HOST_BOUND_MS) counts TMA_HOST_BOUND_PENALTY slower, as only
+    pointer tiles repeat from C++ (see the constants)."""
+    host_bound = m <= TMA_TUNED_MAX_M or ms < TMA_HOST_BOUND_MS
+    if plain and loop == LOOP_TUNED and takes_tma(loop, config) and host_bound:
+        return ms * TMA_HOST_BOUND_PENALTY
+    return ms
+
+
 def choose_config(
     op: str,
     x: torch.Tensor,
@@ -562,13 +573,8 @@ def choose_config(
             f"{op}:{str(x.dtype)[6:]}:{precision}:m{bucket}:n{n}:k{k}{':' + extra if extra else ''}"
         )
 
-    host_bound = plain and loop == LOOP_TUNED  # (see TMA_HOST_BOUND_PENALTY)
-
     def bench(c: dict) -> float:
-        ms = _tune.gpu_time_ms(lambda: launch(c))
-        if host_bound and takes_tma(loop, c) and (m <= TMA_TUNED_MAX_M or ms < TMA_HOST_BOUND_MS):
-            return ms * TMA_HOST_BOUND_PENALTY
-        return ms
+        return tuning_ms(_tune.gpu_time_ms(lambda: launch(c)), c, loop, m, plain)
 
     def listed() -> list[dict]:
         own = [
