@@ -182,6 +182,8 @@ def next_pow2(n: int) -> int:
 # Tensor types the kernels take as they are (nn.Parameter: module weights); any other
 # subclass (fake, functorch wrappers, user subclasses) goes through the dispatcher.
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+# Scalar types the fast path passes as they are (not bool: its own type)
+REAL_NUMBERS = (float, int)
 
 
 def needs_dispatch(*tensors: torch.Tensor | None) -> bool:

@@ -16,6 +16,7 @@ from fuseml.ops import _elementwise as ew
 from fuseml.ops import _fastcall
 from fuseml.ops._utils import (
     PLAIN_TENSORS,
+    REAL_NUMBERS,
     check_choice,
     check_same,
     check_shape,
@@ -152,7 +153,6 @@ def _validate(x, bias, residual, alpha, activation, out) -> float:
     return float(alpha)
 
 
-_REAL = (float, int)  # (not bool: its own type)
 _CODES = {a: ew.ACT_CODE[a] for a in ACTIVATIONS}
 
 
@@ -180,7 +180,7 @@ def bias_act(
         and type(x) is torch.Tensor
         and (bias is None or type(bias) in PLAIN_TENSORS)
         and (residual is None or type(residual) in PLAIN_TENSORS)
-        and type(alpha) in _REAL
+        and type(alpha) in REAL_NUMBERS
         and type(activation) is str
     )
     if plain and _fastcall.usable(backend):

@@ -18,6 +18,7 @@ from fuseml.ops import _elementwise as ew
 from fuseml.ops import _fastcall
 from fuseml.ops._utils import (
     PLAIN_TENSORS,
+    REAL_NUMBERS,
     as_rows,
     check_choice,
     check_same,
@@ -323,7 +324,6 @@ def check_linear_args(op, x, weight, bias, residual, alpha, activation) -> str:
     return activation
 
 
-_REAL = (float, int)  # (not bool: its own type)
 _CODES = {None: ew.ACT_CODE["none"], **{a: ew.ACT_CODE[a] for a in ACTIVATIONS}}
 
 
@@ -354,7 +354,7 @@ def linear(
         and type(x) is torch.Tensor
         and type(weight) in PLAIN_TENSORS
         and (bias is None or type(bias) in PLAIN_TENSORS)
-        and type(alpha) in _REAL
+        and type(alpha) in REAL_NUMBERS
         and (activation is None or type(activation) is str)
     )
     tried = plain and _fastcall.usable(backend)
