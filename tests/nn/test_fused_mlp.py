@@ -156,26 +156,15 @@ def test_fused_mlp_eager_calls_replay_graphs(dtype, monkeypatch):
     """Repeated eager inference calls replay a CUDA graph: fresh outputs, new inputs seen,
     a weight updated in place or replaced and a changed activation child seen; calls
     under autograd and replay_graphs = 0 launch every time."""
-    from fuseml.testing import poison_allocator
+    from replays import counted, fresh_calls
 
     mlp = FusedMLP([367, 512, 256, 1], ["relu", "relu", None], device="cuda", dtype=dtype)
     mlp.eval()  # (a module in training mode never replays)
-    calls = []
-    real = fuseml.nn.mlp.fused_mlp
-    monkeypatch.setattr(
-        fuseml.nn.mlp, "fused_mlp", lambda *a, **k: calls.append(1) or real(*a, **k)
-    )
-    outs = []
+    calls = counted(monkeypatch, fuseml.nn.mlp, "fused_mlp")
     with torch.no_grad():
-        for _ in range(6):
-            x = torch.randn(64, 367, device="cuda", dtype=dtype)
-            poison_allocator()
-            out = mlp(x)
-            assert_close_verbose(out, _ref64(mlp, x), dtype)
-            outs.append((out, out.clone()))
+        x = fresh_calls(mlp, (64, 367), dtype, _ref64)  # (each output its own tensor)
         assert len(calls) == 4  # two eager calls, the warm-up and the capture, then replays
         assert mlp.__dict__["_replay_cache"].num_graphs == 1
-        assert all(torch.equal(o, kept) for o, kept in outs)  # each call's own tensor
         mlp[0].weight.mul_(-1.0)  # in place: a new version, a new graph
         assert_close_verbose(mlp(x), _ref64(mlp, x), dtype)
         mlp[2].bias = nn.Parameter(mlp[2].bias + 1)  # replaced

@@ -329,24 +329,13 @@ def test_lora_linear_eager_calls_replay_graphs_gpu(dtype, monkeypatch):
     """Repeated eager inference calls with one active adapter replay a CUDA graph of the
     layer: fresh outputs, new inputs seen, adapter weights written in place, another
     scaling or another active adapter seen; replay_graphs = 0 launches every call."""
-    from fuseml.testing import poison_allocator
+    from replays import counted, fresh_calls
 
     m = _make("cuda", dtype, ranks=(4, 8), activation="gelu").eval()  # (training: no replays)
-    calls = []
-    real = fuseml.nn.lora.lora_linear
-    monkeypatch.setattr(
-        fuseml.nn.lora, "lora_linear", lambda *a, **k: calls.append(1) or real(*a, **k)
-    )
-    outs = []
+    calls = counted(monkeypatch, fuseml.nn.lora, "lora_linear")
     with torch.no_grad():
-        for _ in range(6):
-            x = torch.randn(40, 32, device="cuda", dtype=dtype)
-            poison_allocator()
-            out = m(x)
-            assert_close_verbose(out, _ref64(m, x), dtype)
-            outs.append((out, out.clone()))
+        x = fresh_calls(m, (40, 32), dtype, _ref64)  # (each output its own tensor)
         assert len(calls) == 4  # two eager calls, the warm-up and the capture, then replays
-        assert all(torch.equal(o, kept) for o, kept in outs)  # each call's own tensor
         m.lora_B["a0"].weight.mul_(-1.0)  # in place: a new version, a new graph
         assert_close_verbose(m(x), _ref64(m, x), dtype)
         m.scaling["a0"] *= 3  # another scaling
