@@ -1,6 +1,7 @@
 """The eager fast path (fuseml.ops._fastcall, csrc/fastcall.cpp): a repeat call of an
-elementwise op or the on-chip softmax launched from C++ gives what the Python path gives,
-and every call the C++ side cannot vouch for takes the Python path."""
+elementwise op, the on-chip softmax, a linear layer or a one-adapter LoRA layer launched
+from C++ gives what the Python path gives, and every call the C++ side cannot vouch for
+takes the Python path."""
 
 import types
 from types import SimpleNamespace
@@ -399,3 +400,101 @@ def test_linear_tuned_and_heuristic_plans_are_apart(fast, monkeypatch):
         assert hits >= 2 if linear_choice(x, w)["kernel"] != "tma" else hits == 0, (tune, hits)
         assert torch.equal(out, first)
         assert_close_verbose(out, ref, torch.bfloat16)
+
+
+# ------------------------------------------------------------------- LoRA (one adapter)
+LORA_SHAPES = [  # (x's shape, out_features, rank)
+    ((16, 256), 128, 16),
+    ((300, 512), 256, 8),
+    ((2, 3, 64), 48, 4),
+    ((512, 1024), 512, 32),
+]
+
+
+def _lora_inputs(shape, n, r, dtype, with_bias, seed=4):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    k = shape[-1]
+    x = torch.randn(shape, dtype=dtype, device="cuda", generator=g)
+    w = torch.randn(n, k, dtype=dtype, device="cuda", generator=g) / k**0.5
+    b = torch.randn(n, dtype=dtype, device="cuda", generator=g) if with_bias else None
+    a = torch.randn(r, k, dtype=dtype, device="cuda", generator=g) / k**0.5
+    bb = torch.randn(n, r, dtype=dtype, device="cuda", generator=g) / r**0.5
+    return x, w, b, a, bb
+
+
+def _lora_ref(x, w, b, a, bb, scaling, activation=None):
+    from fuseml.ops.lora import lora_linear_ref
+
+    d = [None if t is None else t.double() for t in (x, w, b, a, bb)]
+    return lora_linear_ref(*d, scaling, activation)
+
+
+@gpu
+@pytest.mark.parametrize(("shape", "n", "r"), LORA_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("activation", "with_bias"), [(None, False), ("relu", True), ("gelu", True)]
+)
+def test_lora_repeat_calls_launch_from_cpp(fast, shape, n, r, dtype, activation, with_bias):
+    x, w, b, a, bb = _lora_inputs(shape, n, r, dtype, with_bias)
+    with torch.no_grad():
+        fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, activation)  # compiles, tunes
+        fast.clear()
+        python = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, activation)  # offers its plan
+        poison_allocator()
+        before = _hits(fast)
+        out = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, activation)
+        torch.cuda.synchronize()
+        assert _hits(fast) == before + 1, _fastcall.refusals
+        rescaled = fuseml.ops.lora_linear(x, w, b, a, bb, 2, activation)  # the same plan
+        assert _hits(fast) == before + 2
+    assert out.shape == (*shape[:-1], n) and out.dtype == dtype
+    assert torch.equal(out, python)
+    assert_close_verbose(out, _lora_ref(x, w, b, a, bb, 0.5, activation), dtype)
+    assert_close_verbose(rescaled, _lora_ref(x, w, b, a, bb, 2.0, activation), dtype)
+
+
+@gpu
+def test_lora_calls_the_cpp_side_does_not_take(fast):
+    from fuseml.ops.lora import FAST_MAX_M, LoraPath
+
+    x, w, b, a, bb = _lora_inputs((64, 256), 128, 16, torch.bfloat16, True)
+    big = torch.randn(FAST_MAX_M + 88, 256, dtype=x.dtype, device="cuda")
+    a3, b3 = a[None].repeat(2, 1, 1), bb[None].repeat(2, 1, 1)
+    ids = torch.tensor([0, 1, -1, 1] * 16, device="cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            rows = fuseml.ops.lora_linear(big, w, b, a, bb, 0.5)  # past FAST_MAX_M: TMA
+            multi = fuseml.ops.lora_linear(x, w, b, a3, b3, 0.5, adapter_ids=ids)
+            forced = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, path=LoraPath(loop="ptr"))
+            fp32 = fuseml.ops.lora_linear(x.float(), w.float(), None, a.float(), bb.float(), 0.5)
+    assert _hits(fast) == 0, _fastcall.refusals
+    assert_close_verbose(rows, _lora_ref(big, w, b, a, bb, 0.5), torch.bfloat16)
+    assert_close_verbose(forced, _lora_ref(x, w, b, a, bb, 0.5), torch.bfloat16)
+    ref = _lora_ref(x, w, b, a, bb, 0.5)
+    ref[ids == -1] = F.linear(x.double(), w.double(), b.double())[ids == -1]
+    assert_close_verbose(multi, ref, torch.bfloat16)
+    assert_close_verbose(
+        fp32, _lora_ref(x, w, None, a, bb, 0.5), torch.float32,
+        tf32=torch.backends.cuda.matmul.allow_tf32,
+    )  # fmt: skip
+    # under autograd the fused layer refuses (forward only) from either side
+    wg = w.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="forward-only"):
+        fuseml.ops.lora_linear(x, wg, b, a, bb, 0.5)
+
+
+@gpu
+def test_captured_lora_calls_take_the_python_path(fast):
+    x, w, b, a, bb = _lora_inputs((64, 256), 128, 16, torch.bfloat16, True)
+    with torch.no_grad():
+        for _ in range(3):  # eager: the plan kept
+            eager = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5)
+        before = _hits(fast)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5)
+        assert _hits(fast) == before  # (a capture takes the mode tuned for graphs)
+        replay_poisoned(graph, captured)
+    assert_close_verbose(captured, _lora_ref(x, w, b, a, bb, 0.5), torch.bfloat16)
+    assert_close_verbose(eager, _lora_ref(x, w, b, a, bb, 0.5), torch.bfloat16)

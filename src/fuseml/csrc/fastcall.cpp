@@ -1,6 +1,7 @@
-// The eager fast path of fuseml's elementwise ops, the on-chip softmax and the plain
-// 16-bit linear layer (ops/_fastcall.py): a repeat call launches the kernel the Python
-// path compiled for the same call signature, from C++.
+// The eager fast path of fuseml's elementwise ops, the on-chip softmax, the plain 16-bit
+// linear layer and the one-adapter LoRA layer's in-loop launch (ops/_fastcall.py): a
+// repeat call launches the kernel the Python path compiled for the same call signature,
+// from C++.
 //
 // An eager fuseml call used to spend ~3x torch's time on the host (gelu on 64 x 512:
 // 26 us against 8.8, H200 host): validation, the plan lookup, Triton's launcher (a Python
@@ -17,10 +18,11 @@
 //
 // The key holds everything the Python plan depends on: op, activation / log flag, device,
 // dtype, rows, columns (and the GEMM's depth), which optional inputs are given and the
-// settings the plan reads (read on each call, as the Python side reads them). Plans come
-// only from launches with every pointer 16-byte aligned (Triton specializes on it), and a
-// call whose pointers are not takes the Python path. A GEMM plan is offered only from a
-// launch with the tuned (or heuristic) tile, never from the tuner's timed candidates.
+// settings the plan reads (read on each call, as the Python side reads them), and for the
+// LoRA layer the adapter's rank. Plans come only from launches with every pointer 16-byte
+// aligned (Triton specializes on it), and a call whose pointers are not takes the Python
+// path. A GEMM plan is offered only from a launch with the tuned (or heuristic) tile,
+// never from the tuner's timed candidates.
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -46,13 +48,16 @@ namespace {
 constexpr int64_t kElementwise = 0;  // _elementwise._bias_act_kernel: act(x + bias + alpha y)
 constexpr int64_t kSoftmaxRows = 1;  // _softmax/rows.py: the on-chip softmax of each row
 constexpr int64_t kGemm = 2;  // gemm/pointer.py, stream.py: act(x @ W^T + bias), 16-bit
+// gemm/pointer.py _lora_kernel, in-loop mode, one adapter A (r, K), B (N, r), scaling s:
+// act(x @ W^T + bias + s (x @ A^T) @ B^T), 16-bit; eager calls only (not while capturing)
+constexpr int64_t kLora = 3;
 
 // Kinds of kernel parameters.
 constexpr int64_t kPtr = 0, kI32 = 1, kI64 = 2, kF32 = 3;
 
-constexpr int kMaxArgs = 16;
+constexpr int kMaxArgs = 24;
 
-using Key = std::array<int64_t, 9>;
+using Key = std::array<int64_t, 10>;
 
 struct KeyHash {
   size_t operator()(const Key& k) const {
@@ -140,11 +145,17 @@ bool plain(const at::Tensor& t, int64_t device, bool grad) {
   return !t.key_set().has_any(kWrapped) && t.is_contiguous() && !t.is_conj() && !t.is_neg();
 }
 
+// The LoRA layer's adapter (kLora only; null for the other ops).
+struct Adapter {
+  const at::Tensor* a = nullptr;  // (r, K)
+  const at::Tensor* b = nullptr;  // (N, r)
+};
+
 // The call's key and the kernel arguments it implies (given ``out``), or false when the
 // call is not one this file handles (dim: the softmax's).
 bool describe(int64_t op, int64_t code, const at::Tensor& x, const std::optional<at::Tensor>& y,
               const std::optional<at::Tensor>& bias, int64_t dim, Key& key, int64_t& rows,
-              int64_t& cols, int64_t& depth) {
+              int64_t& cols, int64_t& depth, const Adapter& lora = Adapter()) {
   const int64_t device = c10::cuda::current_device();
   const bool grad = at::GradMode::is_enabled();
   if (!plain(x, device, grad) || x.numel() == 0 || x.dim() == 0) return false;
@@ -154,7 +165,7 @@ bool describe(int64_t op, int64_t code, const at::Tensor& x, const std::optional
   const bool has_y = y.has_value() && y->defined();
   const bool has_b = bias.has_value() && bias->defined();
   depth = 0;
-  if (op == kGemm) {  // y is the weight (N, K)
+  if (op == kGemm || op == kLora) {  // y is the weight (N, K)
     if (dt == 0 || !has_y || !plain(*y, device, grad) || y->scalar_type() != x.scalar_type() ||
         y->dim() != 2 || y->size(1) != x.size(-1) || y->size(0) == 0) {
       return false;
@@ -166,7 +177,19 @@ bool describe(int64_t op, int64_t code, const at::Tensor& x, const std::optional
                   bias->dim() != 1 || bias->size(0) != cols)) {
       return false;
     }
-    key = {op, code, device, dt, rows, cols, depth, has_b, settings_hash(true)};
+    int64_t rank = 0;
+    if (op == kLora) {
+      const at::Tensor* a = lora.a;
+      const at::Tensor* b = lora.b;
+      if (a == nullptr || b == nullptr || !plain(*a, device, grad) || !plain(*b, device, grad) ||
+          a->scalar_type() != x.scalar_type() || b->scalar_type() != x.scalar_type() ||
+          a->dim() != 2 || b->dim() != 2 || a->size(0) < 1 || a->size(1) != depth ||
+          b->size(0) != cols || b->size(1) != a->size(0)) {
+        return false;
+      }
+      rank = a->size(0);
+    }
+    key = {op, code, device, dt, rows, cols, depth, has_b, settings_hash(true), rank};
     return true;
   }
   if (has_y && (!plain(*y, device, grad) || y->scalar_type() != x.scalar_type() ||
@@ -190,14 +213,14 @@ bool describe(int64_t op, int64_t code, const at::Tensor& x, const std::optional
   } else {
     return false;
   }
-  key = {op, code, device, dt, rows, cols, has_y, has_b, settings_hash(false)};
+  key = {op, code, device, dt, rows, cols, has_y, has_b, settings_hash(false), 0};
   return true;
 }
 
 // The op's arguments in the kernel's order, up to its first constexpr; their count.
 int fill(int64_t op, int64_t rows, int64_t cols, int64_t depth, const at::Tensor& x,
          const std::optional<at::Tensor>& y, const std::optional<at::Tensor>& bias,
-         const at::Tensor& out, double alpha, Value* v) {
+         const at::Tensor& out, double alpha, Value* v, const Adapter& lora = Adapter()) {
   auto ptr = [](const at::Tensor& t) { return reinterpret_cast<int64_t>(t.data_ptr()); };
   const bool has_y = y.has_value() && y->defined();
   const bool has_b = bias.has_value() && bias->defined();
@@ -220,6 +243,36 @@ int fill(int64_t op, int64_t rows, int64_t cols, int64_t depth, const at::Tensor
     v[13].i = cols;
     v[14].f = alpha;
     return 15;
+  }
+  if (op == kLora) {
+    // (x, weight, bias or x, residual: x, out, A, B, xa: x, ids: x, scales: x, m, n, k,
+    //  x's strides, weight's strides, the residual's row stride: 0, out's row stride, A's
+    //  row stride, B's row stride (r), the residual's scale: 1, the LoRA scaling: alpha)
+    const int64_t rank = lora.a->size(0);
+    v[0].i = ptr(x);
+    v[1].i = ptr(*y);
+    v[2].i = has_b ? ptr(*bias) : ptr(x);
+    v[3].i = ptr(x);
+    v[4].i = ptr(out);
+    v[5].i = ptr(*lora.a);
+    v[6].i = ptr(*lora.b);
+    v[7].i = ptr(x);
+    v[8].i = ptr(x);
+    v[9].i = ptr(x);
+    v[10].i = rows;
+    v[11].i = cols;
+    v[12].i = depth;
+    v[13].i = depth;
+    v[14].i = 1;
+    v[15].i = depth;
+    v[16].i = 1;
+    v[17].i = 0;
+    v[18].i = cols;
+    v[19].i = depth;
+    v[20].i = rank;
+    v[21].f = 1.0;
+    v[22].f = alpha;
+    return 23;
   }
   if (op == kElementwise) {
     // (x, y or x, bias or x, out, n_rows, n_cols, stride_x, stride_y, stride_out, alpha)
@@ -305,14 +358,26 @@ void launch(const Plan& plan, const Value* v, cudaStream_t stream) {
   TORCH_CHECK(r == CUDA_SUCCESS, "fuseml fast launch failed: CUDA driver error ", static_cast<int>(r));
 }
 
+// Is the stream capturing into a CUDA graph? (A captured LoRA call takes the mode tuned
+// for graphs, chosen in Python.) True where the driver cannot say.
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &status) != cudaSuccess ||
+         status != cudaStreamCaptureStatusNone;
+}
+
 // The fast call: the output, or None when the Python path must take the call.
-py::object call(int64_t op, int64_t code, const at::Tensor& x, const std::optional<at::Tensor>& y,
-                const std::optional<at::Tensor>& bias, double alpha, int64_t dim) {
+py::object call_with(int64_t op, int64_t code, const at::Tensor& x,
+                     const std::optional<at::Tensor>& y, const std::optional<at::Tensor>& bias,
+                     double alpha, int64_t dim, const Adapter& lora) {
   Key key;
   int64_t rows = 0, cols = 0, depth = 0;
-  if (launch_ex() == nullptr || !describe(op, code, x, y, bias, dim, key, rows, cols, depth)) {
+  if (launch_ex() == nullptr ||
+      !describe(op, code, x, y, bias, dim, key, rows, cols, depth, lora)) {
     return py::none();
   }
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  if (op == kLora && capturing(stream)) return py::none();
   Plan plan;
   {
     std::lock_guard<std::mutex> guard(table_lock);
@@ -323,25 +388,42 @@ py::object call(int64_t op, int64_t code, const at::Tensor& x, const std::option
     }
     plan = it->second;
   }
-  at::Tensor out = op == kGemm ? at::empty({rows, cols}, x.options()) : at::empty_like(x);
+  const bool gemm = op == kGemm || op == kLora;
+  at::Tensor out = gemm ? at::empty({rows, cols}, x.options()) : at::empty_like(x);
   Value v[kMaxArgs];
-  fill(op, rows, cols, depth, x, y, bias, out, alpha, v);
+  fill(op, rows, cols, depth, x, y, bias, out, alpha, v, lora);
   if (!aligned16(v, plan)) {
     std::lock_guard<std::mutex> guard(table_lock);
     ++misses;
     return py::none();  // (the output's allocation is simply dropped)
   }
-  launch(plan, v, at::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  launch(plan, v, stream);
   {
     std::lock_guard<std::mutex> guard(table_lock);
     ++hits;
   }
-  if (op == kGemm && x.dim() != 2) {  // (..., N), as the Python path returns it
+  if (gemm && x.dim() != 2) {  // (..., N), as the Python path returns it
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
     shape.back() = cols;
     return py::cast(out.view(shape));
   }
   return py::cast(out);
+}
+
+py::object call(int64_t op, int64_t code, const at::Tensor& x, const std::optional<at::Tensor>& y,
+                const std::optional<at::Tensor>& bias, double alpha, int64_t dim) {
+  if (op == kLora) return py::none();  // (call_lora)
+  return call_with(op, code, x, y, bias, alpha, dim, Adapter());
+}
+
+// The LoRA layer's fast call (kLora): the output, or None.
+py::object call_lora(int64_t code, const at::Tensor& x, const at::Tensor& weight,
+                     const std::optional<at::Tensor>& bias, const at::Tensor& lora_a,
+                     const at::Tensor& lora_b, double scaling) {
+  Adapter lora;
+  lora.a = &lora_a;
+  lora.b = &lora_b;
+  return call_with(kLora, code, x, weight, bias, scaling, -1, lora);
 }
 
 // Keep the plan of a launch the Python path just made: "" when kept, else why not.
@@ -350,16 +432,23 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
                           const at::Tensor& out, double alpha, int64_t function,
                           std::vector<int64_t> grid, int64_t num_warps, int64_t shared, bool pdl,
                           std::vector<int64_t> positions, std::vector<int64_t> kinds,
-                          std::vector<py::object> passed) {
+                          std::vector<py::object> passed, const std::optional<at::Tensor>& lora_a,
+                          const std::optional<at::Tensor>& lora_b) {
   if (launch_ex() == nullptr) return "cuLaunchKernelEx is not available";
   static ParamInfo param_info = driver_entry<ParamInfo>("cuFuncGetParamInfo");
   if (param_info == nullptr) return "cuFuncGetParamInfo is not available";
+  Adapter lora;
+  if (op == kLora) {
+    if (!lora_a.has_value() || !lora_b.has_value()) return "a LoRA plan without its adapter";
+    lora.a = &*lora_a;
+    lora.b = &*lora_b;
+  }
   Key key;
   int64_t rows = 0, cols = 0, depth = 0;
-  if (!describe(op, code, x, y, bias, -1, key, rows, cols, depth)) {
+  if (!describe(op, code, x, y, bias, -1, key, rows, cols, depth, lora)) {
     return "not a call the fast path takes";
   }
-  const bool laid_out = op == kGemm
+  const bool laid_out = op == kGemm || op == kLora
       ? out.dim() == 2 && out.size(0) == rows && out.size(1) == cols
       : out.sizes() == x.sizes();
   if (!out.is_contiguous() || !laid_out || out.scalar_type() != x.scalar_type()) {
@@ -371,7 +460,7 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
     return "malformed plan";
   }
   Value v[kMaxArgs];
-  const int n_values = fill(op, rows, cols, depth, x, y, bias, out, alpha, v);
+  const int n_values = fill(op, rows, cols, depth, x, y, bias, out, alpha, v, lora);
   Plan plan;
   plan.function = reinterpret_cast<CUfunction>(function);
   for (int d = 0; d < 3; ++d) plan.grid[d] = static_cast<unsigned>(grid[d]);
@@ -454,6 +543,7 @@ void clear() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("call", &call, "the fast call: the output, or None");
+  m.def("call_lora", &call_lora, "the LoRA layer's fast call: the output, or None");
   m.def("register_plan", &register_plan, "keep a launch's plan: '' when kept, else why not");
   m.def("stats", &stats, "(hits, misses, plans)");
   m.def("param_sizes", &param_sizes, "a compiled function's parameter sizes");

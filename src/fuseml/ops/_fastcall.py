@@ -1,5 +1,6 @@
-"""The eager fast path: repeat calls of the elementwise ops, the on-chip softmax and the
-plain 16-bit linear layer launched from C++ (``csrc/fastcall.cpp``).
+"""The eager fast path: repeat calls of the elementwise ops, the on-chip softmax, the plain
+16-bit linear layer and the one-adapter LoRA layer launched from C++
+(``csrc/fastcall.cpp``).
 
 A fuseml call planned in Python costs several times torch's own call on the host
 (validation, plan lookup, Triton's launcher). The Python path stays the one that decides:
@@ -38,7 +39,7 @@ log = logging.getLogger("fuseml")
 EXT_NAME = _cuda_ext.FASTCALL_NAME
 
 # Ops and parameter kinds, as csrc/fastcall.cpp numbers them.
-ELEMENTWISE, SOFTMAX_ROWS, GEMM = 0, 1, 2
+ELEMENTWISE, SOFTMAX_ROWS, GEMM, LORA = 0, 1, 2, 3
 _KINDS = {"i32": 1, "i64": 2, "fp32": 3}
 
 compiling = torch.compiler.is_compiling
@@ -161,11 +162,14 @@ def _build_apart() -> str | None:
     return lines[-1] if lines else f"exit status {done.returncode}"
 
 
-def register(op: int, code: int, x, y, bias, out, alpha: float, ck, grid, options, args) -> None:
+def register(
+    op: int, code: int, x, y, bias, out, alpha: float, ck, grid, options, args, lora=(None, None)
+) -> None:
     """Offer the C++ side the plan of the direct launch just made: ``ck`` (the compiled
     kernel) launched on ``grid`` with ``options`` and ``args`` (every argument in the
     kernel's order, constexprs included), for the call (op, code, x, y, bias, alpha) whose
-    output is ``out``. Builds the extension on first use; a no-op until it is loaded."""
+    output is ``out``; ``lora``: (A, B) of a LORA call (alpha its scaling). Builds the
+    extension on first use; a no-op until it is loaded."""
     if fast is None:
         start()
         return
@@ -180,6 +184,7 @@ def register(op: int, code: int, x, y, bias, out, alpha: float, ck, grid, option
     why = fast.register_plan(
         op, code, x, y, bias, out, float(alpha), ck.function, list(g), options["num_warps"],
         ck.metadata.shared, bool(options.get("launch_pdl", False)), positions, kinds, passed,
+        *lora,
     )  # fmt: skip
     if why and why not in refusals and len(refusals) < 64:
         refusals[why] = (op, code, x.dtype, tuple(x.shape))

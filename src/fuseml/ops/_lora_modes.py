@@ -130,12 +130,12 @@ def _spread_ok(loop: int, x2: torch.Tensor, n: int, a_stacked: torch.Tensor) -> 
 
 def _run_mode(
     mode, loop, pdl, out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code,
-    traced, *, force: Force = AUTO,
+    traced, *, force: Force = AUTO, fast: bool = False,
 ) -> None:  # fmt: skip
     """Writes the fused layer to ``out`` in LoRA mode ``mode`` (see fuseml.ops.gemm); pdl:
     the expand mode's two launches overlap; force: the loop (the shrink's and the
     precomputed x @ A^T's, and in-loop on the TMA kernel where it names "tma") and the
-    config of every launch."""
+    config of every launch; fast: the main launch is offered to the eager fast path."""
     k = x2.shape[1]
     n = weight.shape[0]
     r = a_stacked.shape[0]
@@ -203,24 +203,25 @@ def _run_mode(
             cfg = _spread_configs(loop, x2, n, a_stacked)[0]
         run(cfg)
         return
-    run(force.choose("linear", x2, n, k, run, extra, loop, tma_only=joint))
+    run(force.choose("linear", x2, n, k, run, extra, loop, tma_only=joint), fast=fast)
 
 
 def _main_launch(
     mode, loop, pdl, out, x2, weight, b, a_stacked, b_stacked, xa, ids, scales, scaling, rank,
     code, traced,
 ):  # fmt: skip
-    """(launch(config), tuning-key suffix) of the fused layer's main launch in LoRA mode
-    ``mode`` (xa: xs for the expand mode, x @ A^T for the precomputed one, else None)."""
+    """(launch(config, fast=False), tuning-key suffix) of the fused layer's main launch in
+    LoRA mode ``mode`` (xa: xs for the expand mode, x @ A^T for the precomputed one, else
+    None); fast: see ``_gemm.launch_linear``."""
     r_pad = max(16, next_pow2(a_stacked.shape[0]))
 
-    def run(cfg: dict) -> None:
+    def run(cfg: dict, fast: bool = False) -> None:
         _gemm.launch_linear(
             out, x2, weight, b, None, 1.0, code, cfg,
             lora=mode, lora_a=a_stacked, lora_b=b_stacked, xa=xa, ids=ids, scales=scales,
             lora_scale=scaling, rank=rank, traced=traced,
             tma=mode in (_gemm.LORA_JOINT, _gemm.LORA_SPREAD) or _gemm.takes_tma(loop, cfg),
-            pdl=pdl,
+            pdl=pdl, fast=fast,
         )  # fmt: skip
 
     return run, f"lora{mode}r{r_pad}{'m' if ids is not None else ''}{_gemm.loop_key(loop)}"

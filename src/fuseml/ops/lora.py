@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from fuseml.ops import _elementwise as ew
+from fuseml.ops import _fastcall
 from fuseml.ops._lora_adapters import (
     _scale_list,
     check_adapter_ids,
@@ -39,6 +40,8 @@ from fuseml.ops._lora_modes import (
     main_loop,
 )
 from fuseml.ops._utils import (
+    PLAIN_TENSORS,
+    REAL_NUMBERS,
     check_same,
     check_tensor,
     compiled,
@@ -48,7 +51,7 @@ from fuseml.ops._utils import (
 )
 from fuseml.ops.bias_act import activation_ref
 from fuseml.ops.gemm import launch as _gemm
-from fuseml.ops.linear import check_linear_args
+from fuseml.ops.linear import _CODES, check_linear_args
 from fuseml.runtime import resolve_backend
 
 # In-loop LoRA (one launch) up to this many rows; above, x @ A^T is precomputed by a first
@@ -65,6 +68,13 @@ EXPAND_MAX_R = 256
 # copy (~4 us) costs less than the slower kernels that reading B in place takes
 # (docs/performance/lora.md).
 B3D_MAX_M = 1024
+# Eager (uncaptured) one-adapter calls up to this many rows run in-loop on the pointer
+# kernel, whose repeat calls launch from C++ (fuseml.ops._fastcall): ~10 us of host time
+# against ~90 through Python. Its GPU time is over the TMA tile's (512 x 4096 -> 4096,
+# r 16, H200: 33.1 against 28.6 us a replay), which a host-bound call does not see; at
+# 1024 rows it is 66 against 52 us. Captured calls keep the tuned mode
+# (docs/performance/host.md).
+FAST_MAX_M = 512
 
 
 @dataclass(frozen=True)
@@ -164,6 +174,7 @@ def lora_rows(
         and (_gemm.pdl_available(x2, traced) if path.overlap is None else path.overlap)
     )
     args = (out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code, traced)
+    eager = not traced and not (capturing(x2) if path.capture is None else path.capture)
     if pdl and r_pad <= IN_LOOP_MAX_R:
         # Either one launch (in-loop: every column tile redoes x @ A^T) or the overlapped
         # shrink + expand launches: which has the shorter GPU time depends on the kernel
@@ -175,7 +186,7 @@ def lora_rows(
         # later capture finds the choice made.) See docs/performance/lora.md.
         default = _gemm.LORA_IN_LOOP if loop == _gemm.LOOP_PTR else _gemm.LORA_EXPAND
         mode = _chosen_mode(path, args, loop, default)
-        if not (capturing(x2) if path.capture is None else path.capture):
+        if eager:
             mode = _gemm.LORA_IN_LOOP
     elif pdl:
         # Wide stacks (several adapters): the overlapped pair, or the spread launch (one
@@ -195,7 +206,20 @@ def lora_rows(
             mode = _chosen_mode(path, args, loop, mode, overlap=False)
     else:
         mode = _gemm.LORA_PRECOMPUTED
-    _run_mode(mode, loop, pdl, *args, force=Force(path.loop, path.config))
+    fast = (
+        eager
+        and mode == _gemm.LORA_IN_LOOP
+        and type(m) is int
+        and m <= FAST_MAX_M
+        and ids is None
+        and scales is None
+        and b_stacked.dim() == 2
+        and path.loop == "auto"
+        and path.config is None
+    )
+    if fast:
+        loop = _gemm.LOOP_PTR  # (see FAST_MAX_M)
+    _run_mode(mode, loop, pdl, *args, force=Force(path.loop, path.config), fast=fast)
     return out.view(*x.shape[:-1], n)
 
 
@@ -314,6 +338,23 @@ def lora_linear(
     a ``LoraPath`` forcing parts of the launch choice (direct calls; a call traced by
     torch.compile takes the normal choice).
     """
+    fast = _fastcall.loaded()  # a repeat call launched from C++ (see fuseml.ops._fastcall)
+    if (
+        fast is not None
+        and adapter_ids is None
+        and path is None
+        and type(x) is torch.Tensor
+        and type(weight) in PLAIN_TENSORS
+        and type(lora_a) in PLAIN_TENSORS
+        and type(lora_b) in PLAIN_TENSORS
+        and (bias is None or type(bias) in PLAIN_TENSORS)
+        and type(scaling) in REAL_NUMBERS
+        and (activation is None or type(activation) is str)
+        and _fastcall.usable(backend)
+    ):
+        out = fast.call_lora(_CODES.get(activation, -1), x, weight, bias, lora_a, lora_b, scaling)
+        if out is not None:
+            return out
     op = "lora_linear"
     activation = _validate(x, weight, bias, lora_a, lora_b, scaling, activation, adapter_ids)
     backend = resolve_backend(backend, x.device, op, cuda_twin=False)

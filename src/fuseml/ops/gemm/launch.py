@@ -325,9 +325,9 @@ def launch_linear(
     lora_a can be read through a descriptor: see ``fuseml.ops.lora``). pdl (LORA_SHRINK and
     the LORA_EXPAND launch right after it; see ``pdl_available``): the expand launch starts while
     the shrink runs and waits for xs only before its last K steps. programs: the TMA
-    kernel's persistent grid size (see ``_launch_tma``). fast: a plain layer's launch with
-    the tile its calls take (not a tuning candidate): offered to the eager fast path
-    (``fuseml.ops._fastcall``).
+    kernel's persistent grid size (see ``_launch_tma``). fast: the launch a call takes (not
+    a tuning candidate), offered to the eager fast path (``fuseml.ops._fastcall``) where
+    it is a plain layer's or a one-adapter in-loop LoRA layer's on the pointer loop.
     """
     if launches_skipped():
         return
@@ -423,7 +423,13 @@ def launch_linear(
         tuple(t.dtype for t in tensors), consts, tuple(sorted(options.items())),
         *map(int_spec, ints),
     )  # fmt: skip
-    _lora_launches(grid, key, aligned16(*tensors), args, options)
+    ck = _lora_launches(grid, key, aligned16(*tensors), args, options)
+    one_adapter = ids is None and scales is None and not b3d
+    if ck is not None and fast and lora == LORA_IN_LOOP and residual is None and one_adapter:
+        _fastcall.register(
+            _fastcall.LORA, activation, x, weight, bias, out, lora_scale, ck, grid, options,
+            args, (lora_a, lora_b),
+        )  # fmt: skip
 
 
 def stream_grid(m: int, n: int, config: dict, sms: int | None) -> tuple[int]:
