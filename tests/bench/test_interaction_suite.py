@@ -54,12 +54,13 @@ def test_gather_rows_reads_the_rows_of_the_ids(d):
 
 @pytest.mark.skipif(not triton_interpreting(), reason="CPU Triton needs TRITON_INTERPRET=1")
 def test_sweep_arms_compute_the_op():
-    """Every --sweep arm (a samples-per-program x warps pair) gives the op's result."""
+    """Every --sweep arm (a samples-per-program x warps pair, or a looping variant) gives
+    the op's result."""
     from fuseml.ops.embedding_interaction import embedding_interaction_ref
 
     case = next(interaction.cases(quick=True))
     arms = case.sweep()
-    assert len(arms) == len(interaction.SWEEP)
+    assert len(arms) == len(interaction.SWEEP) + len(interaction.VARIANTS)
     cards = torch.tensor([5, 9, 3] + [4] * 23)
     offsets = torch.zeros(27, dtype=torch.int64)
     offsets[1:] = cards.cumsum(0)
@@ -67,5 +68,5 @@ def test_sweep_arms_compute_the_op():
     x = torch.randn(3, 16)
     ids = (torch.rand(3, 26) * cards).long().to(torch.int32)
     ref = embedding_interaction_ref(x, weight, offsets, ids, out_width=368)
-    for name in ("triton@b1w1", "triton@b16w8"):
+    for name in ("triton@b1w1", "triton@b16w8", "triton@b1w1i4pf", "triton@b2w2i4p"):
         torch.testing.assert_close(arms[name](x, weight, offsets, ids), ref)

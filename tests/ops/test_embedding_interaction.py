@@ -3,6 +3,7 @@ import torch
 
 import fuseml
 from fuseml.models.dlrm import DLRM, DLRMConfig
+from fuseml.ops._interaction_kernels import Variant, _forward
 from fuseml.ops.embedding_interaction import embedding_interaction_ref, num_pairs, pack_bags
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_allocator
 
@@ -449,3 +450,53 @@ def test_embedding_interaction_bags_compile_fullgraph(device, backend):
     bags = _bags(4, cards, device, seed=5)
     fn = torch.compile(lambda *a: op(*a, backend=backend), fullgraph=True)
     assert_close_verbose(fn(x, weight, offsets, bags), _expected(x, weight, offsets, bags))
+
+
+# The kernel's launch variants (sweeps): loops over groups, rows loaded a group ahead, flat
+# stores. Each gives the planned launch's result, one-hot and bags, with the id check.
+VARIANTS = [
+    Variant(),
+    Variant(2, 2, 1, False, True),
+    Variant(1, 1, 4, True, False),
+    Variant(1, 1, 4, True, True),
+    Variant(2, 2, 3, True, True),
+    Variant(2, 2, 3, False, False),
+]
+
+
+@pytest.mark.parametrize(("device", "backend"), fused_targets(cuda_twin=False))
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("self_interaction", [False, True])
+@pytest.mark.parametrize("batch", [1, 7, 37])
+def test_kernel_variants_match_float64(device, backend, variant, dtype, self_interaction, batch):
+    weight, offsets, cards = _tables(26, 16, dtype, device, seed=5)
+    x = torch.randn(batch, 16, dtype=dtype, device=device)
+    ids = _ids(batch, cards, torch.int32, device)
+    width = 16 + num_pairs(27, self_interaction)
+    out_width = -(-width // 16) * 16 + 16  # (zero columns too)
+    flags = torch.zeros(26, dtype=torch.int32, device=device)
+    _prepare(device)
+    out = _forward(
+        x, weight, offsets, ids, None, self_interaction, out_width, False, variant,
+        bad_ids=flags,
+    )  # fmt: skip
+    expected = _expected(
+        x, weight, offsets, ids, self_interaction=self_interaction, out_width=out_width
+    )
+    assert_close_verbose(out, expected, dtype)
+    assert flags.tolist() == [0] * 26
+    bad = ids.clone()
+    bad[batch // 2, 3] = int(cards[3])  # one past table 3's last row
+    _forward(x, weight, offsets, bad, None, self_interaction, out_width, False, variant,
+             bad_ids=flags)  # fmt: skip
+    assert flags.nonzero().flatten().tolist() == [3]
+    bags = _bags(batch, cards, device, seed=6)
+    flat_ids, starts = pack_bags("embedding_interaction", bags, batch, 26, x.device)
+    pooled = _forward(
+        x, weight, offsets, flat_ids, starts, self_interaction, out_width, False, variant
+    )
+    expected = _expected_bags(
+        x, weight, offsets, bags, self_interaction=self_interaction, out_width=out_width
+    )
+    assert_close_verbose(pooled, expected, dtype)

@@ -5,6 +5,7 @@ bench suite's floor)."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -43,6 +44,101 @@ def _round_to(v, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
     return v.to(dtype)
 
 
+@triton.jit
+def _load_ids(ids_ptr, b, b_ok, t, is_emb, stride_ib, stride_it):
+    """(BLOCK_B, F_PAD) one-hot ids of samples b (0 where not ``b_ok`` or not a table)."""
+    ok = b_ok[:, None] & is_emb[None, :]
+    return tl.load(ids_ptr + b[:, None] * stride_ib + t[None, :] * stride_it, mask=ok, other=0)
+
+
+@triton.jit
+def _gather(
+    x_ptr, w_ptr, bad_ptr, ids, b, b_ok, t, is_emb, d, first_row, size, stride_xb, stride_xd,
+    stride_w0, stride_w1, D: tl.constexpr, CHECK: tl.constexpr,
+):  # fmt: skip
+    """(e, x) of samples b where ``b_ok``: their T table rows (BLOCK_B, F_PAD, D_PAD), row
+    table_offsets[t] + ids[b, t] of w taken in int64 (tables past 2^31 rows), and x's rows.
+    CHECK: an id outside its table sets the table's flag and reads nothing."""
+    d_ok = d < D
+    ok = b_ok[:, None] & is_emb[None, :]
+    if CHECK:
+        bad = ok & ((ids < 0) | (ids.to(tl.int64) >= size[None, :]))
+        tl.store(bad_ptr + t[None, :] + tl.zeros_like(ids).to(tl.int32), 1, mask=bad)
+        ok = ok & ~bad
+    rows = first_row[None, :] + ids.to(tl.int64)
+    e = tl.load(
+        w_ptr + rows[:, :, None] * stride_w0 + d[None, None, :] * stride_w1,
+        mask=ok[:, :, None] & d_ok[None, None, :],
+        other=0.0,
+    )
+    xv = tl.load(
+        x_ptr + b[:, None] * stride_xb + d[None, :] * stride_xd,
+        mask=b_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+    return e, xv
+
+
+@triton.jit
+def _interact_store(
+    out_ptr, b, e, xv, f, d, n_rows, D: tl.constexpr, F: tl.constexpr, PAIRS: tl.constexpr,
+    OUT_W: tl.constexpr, SELF: tl.constexpr, USE_DOT: tl.constexpr, BLOCK_B: tl.constexpr,
+    F_PAD: tl.constexpr, Z_PAD: tl.constexpr, UPCAST: tl.constexpr, FLAT: tl.constexpr,
+):  # fmt: skip
+    """Z = [x, e_1..e_T] of samples b, its Gram per sample, and the output rows: x, the kept
+    triangle, the zero columns."""
+    b_ok = b < n_rows
+    d_ok = d < D
+    z = tl.where((f == 0)[None, :, None], xv[:, None, :], e)
+
+    # Gram per sample (BLOCK_B, F_PAD, F_PAD), accumulated in float32
+    if USE_DOT:
+        if UPCAST:  # the CPU interpreter multiplies bfloat16 dots wrongly (numpy has none);
+            z = z.to(tl.float32)  # products of 16-bit values are exact in float32
+        zt = tl.trans(z, 0, 2, 1)
+        if z.dtype == tl.float32:  # full float32 products, not TF32's 10-bit mantissas
+            gram = tl.dot(z, zt, input_precision="ieee")
+        else:  # 16-bit inputs: tensor cores, float32 accumulator
+            gram = tl.dot(z, zt)
+    else:
+        zf = z.to(tl.float32)
+        gram = tl.sum(zf[:, :, None, :] * zf[:, None, :, :], axis=3)
+
+    # Gram entry (i, j) of the kept triangle goes to column D + i(i-1)/2 + j (row-major
+    # tril_indices order; with the diagonal, D + i(i+1)/2 + j), stored straight from the
+    # accumulator: no shuffle of the Gram, only the kept entries written.
+    gi = f[:, None]
+    gj = f[None, :]
+    if SELF:
+        keep = (gj <= gi) & (gi < F)
+        col = gi * (gi + 1) // 2 + gj
+    else:
+        keep = (gj < gi) & (gi < F)
+        col = gi * (gi - 1) // 2 + gj
+    out_row = out_ptr + b * OUT_W  # (BLOCK_B,)
+    g = _round_to(gram, out_ptr.dtype.element_ty, UPCAST).to(out_ptr.dtype.element_ty)
+    if FLAT:  # through a (BLOCK_B, F_PAD^2) layout: consecutive lanes, consecutive columns
+        cols = tl.reshape(col, (F_PAD * F_PAD,))
+        kept = tl.reshape(keep, (F_PAD * F_PAD,))
+        tl.store(
+            out_row[:, None] + D + cols[None, :],
+            tl.reshape(g, (BLOCK_B, F_PAD * F_PAD)),
+            mask=b_ok[:, None] & kept[None, :],
+        )
+    else:
+        tl.store(
+            out_row[:, None, None] + D + col[None, :, :], g,
+            mask=b_ok[:, None, None] & keep[None, :, :],
+        )  # fmt: skip
+    tl.store(out_row[:, None] + d[None, :], xv, mask=b_ok[:, None] & d_ok[None, :])
+    if OUT_W > D + PAIRS:  # the padding columns: zeros
+        z_col = D + PAIRS + tl.arange(0, Z_PAD)
+        zeros = tl.zeros((BLOCK_B, Z_PAD), dtype=out_ptr.dtype.element_ty)
+        tl.store(
+            out_row[:, None] + z_col[None, :], zeros, mask=b_ok[:, None] & (z_col < OUT_W)[None, :]
+        )
+
+
 # Per sample it reads the T ids (4 or 8 bytes each), the T gathered rows and x's row (d
 # elements each) and writes one row of out_width elements; the table offsets are read once
 # per program. Kaggle's shape (T = 26, d = 16, bf16, int32 ids, 368 columns): 968 bytes
@@ -71,11 +167,15 @@ def _embedding_interaction_kernel(
     OUT_W: tl.constexpr,  # columns of out (>= D + PAIRS)
     SELF: tl.constexpr,  # keep the Gram's diagonal
     USE_DOT: tl.constexpr,  # Gram through tl.dot (else a broadcast multiply-sum)
-    BLOCK_B: tl.constexpr,  # samples per program
+    BLOCK_B: tl.constexpr,  # samples per group
     F_PAD: tl.constexpr,  # next power of two >= F (>= 16 with USE_DOT)
     D_PAD: tl.constexpr,  # next power of two >= D (>= 16 with USE_DOT)
     Z_PAD: tl.constexpr,  # next power of two >= OUT_W - D - PAIRS: the zero columns
-    UPCAST: tl.constexpr,  # interpreter only: dot float32 copies (see below)
+    UPCAST: tl.constexpr,  # interpreter only: dot float32 copies (see _interact_store)
+    ITERS: tl.constexpr,  # groups of BLOCK_B samples per program, one after another
+    PREFETCH: tl.constexpr,  # one-hot: the next group's rows (and the ids of the one after)
+    # loaded before this group's Gram
+    FLAT: tl.constexpr,  # the triangle stored from a flattened layout (see _interact_store)
     BAGS: tl.constexpr,  # multi-hot: each table's row the sum of its bag's rows
     CHECK: tl.constexpr,  # ids checked against their tables (bad_ptr); a bad one reads zeros
     PDL: tl.constexpr,  # launched with programmatic dependent launch (pdl_launch)
@@ -83,97 +183,96 @@ def _embedding_interaction_kernel(
     if PDL:
         _pdl_begin()
     pid = tl.program_id(0)
-    b = pid.to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)  # (BLOCK_B,) int64 rows
+    first_b = pid.to(tl.int64) * (BLOCK_B * ITERS)
+    lanes = tl.arange(0, BLOCK_B)
     f = tl.arange(0, F_PAD)
     d = tl.arange(0, D_PAD)
-    b_ok = b < n_rows
     d_ok = d < D
 
-    # Z = [x, e_1..e_T] as a (BLOCK_B, F_PAD, D_PAD) tile: feature f >= 1 is row
-    # table_offsets[f - 1] + ids[b, f - 1] of w, taken in int64 (tables past 2^31 rows)
+    # feature f >= 1 is table f - 1, its rows from table_offsets[f - 1]
     is_emb = (f >= 1) & (f < F)
     t = tl.where(is_emb, f - 1, 0)
     first_row = tl.load(toff_ptr + t * stride_t, mask=is_emb, other=0).to(tl.int64)
-    id_mask = b_ok[:, None] & is_emb[None, :]
+    size = first_row
     if CHECK:
         size = tl.load(toff_ptr + (t + 1) * stride_t, mask=is_emb, other=0).to(tl.int64)
         size = size - first_row
-        flag_ptrs = bad_ptr + t[None, :] + tl.zeros((BLOCK_B, 1), dtype=tl.int32)
     if BAGS:  # sum pooling in float32, rounded once to the table's dtype (as embedding_bag)
-        bag = t[None, :].to(tl.int64) * n_rows + b[:, None]  # (BLOCK_B, F_PAD)
-        first = tl.load(starts_ptr + bag, mask=id_mask, other=0).to(tl.int64)
-        count = tl.load(starts_ptr + bag + 1, mask=id_mask, other=0).to(tl.int64) - first
-        acc = tl.zeros((BLOCK_B, F_PAD, D_PAD), dtype=tl.float32)
-        for k in range(0, tl.max(tl.max(count, 1), 0)):
-            ok = id_mask & (k < count)
-            ids = tl.load(ids_ptr + first + k, mask=ok, other=0)
-            if CHECK:
-                bad = ok & ((ids < 0) | (ids.to(tl.int64) >= size[None, :]))
-                tl.store(flag_ptrs, 1, mask=bad)
-                ok = ok & ~bad
-            rows = first_row[None, :] + ids.to(tl.int64)
-            acc += tl.load(
-                w_ptr + rows[:, :, None] * stride_w0 + d[None, None, :] * stride_w1,
-                mask=ok[:, :, None] & d_ok[None, None, :],
+        for it in range(ITERS):
+            b = first_b + it * BLOCK_B + lanes
+            b_ok = b < n_rows
+            id_mask = b_ok[:, None] & is_emb[None, :]
+            bag = t[None, :].to(tl.int64) * n_rows + b[:, None]  # (BLOCK_B, F_PAD)
+            first = tl.load(starts_ptr + bag, mask=id_mask, other=0).to(tl.int64)
+            count = tl.load(starts_ptr + bag + 1, mask=id_mask, other=0).to(tl.int64) - first
+            acc = tl.zeros((BLOCK_B, F_PAD, D_PAD), dtype=tl.float32)
+            for k in range(0, tl.max(tl.max(count, 1), 0)):
+                ok = id_mask & (k < count)
+                ids = tl.load(ids_ptr + first + k, mask=ok, other=0)
+                if CHECK:
+                    bad = ok & ((ids < 0) | (ids.to(tl.int64) >= size[None, :]))
+                    flags = bad_ptr + t[None, :] + tl.zeros((BLOCK_B, 1), dtype=tl.int32)
+                    tl.store(flags, 1, mask=bad)
+                    ok = ok & ~bad
+                rows = first_row[None, :] + ids.to(tl.int64)
+                acc += tl.load(
+                    w_ptr + rows[:, :, None] * stride_w0 + d[None, None, :] * stride_w1,
+                    mask=ok[:, :, None] & d_ok[None, None, :],
+                    other=0.0,
+                ).to(tl.float32)
+            e = _round_to(acc, w_ptr.dtype.element_ty, UPCAST)
+            xv = tl.load(
+                x_ptr + b[:, None] * stride_xb + d[None, :] * stride_xd,
+                mask=b_ok[:, None] & d_ok[None, :],
                 other=0.0,
-            ).to(tl.float32)
-        e = _round_to(acc, w_ptr.dtype.element_ty, UPCAST)
+            )
+            _interact_store(
+                out_ptr, b, e, xv, f, d, n_rows, D, F, PAIRS, OUT_W, SELF, USE_DOT, BLOCK_B,
+                F_PAD, Z_PAD, UPCAST, FLAT,
+            )  # fmt: skip
+    elif PREFETCH:
+        # Each group's rows are loaded one group ahead, and its ids two ahead, so the
+        # loads of the next group are in flight while this group's Gram is formed and
+        # stored (a gather of 32-byte rows is bound by latency, not bandwidth).
+        b = first_b + lanes
+        b_ok = b < n_rows
+        ids = _load_ids(ids_ptr, b, b_ok, t, is_emb, stride_ib, stride_it)
+        e, xv = _gather(
+            x_ptr, w_ptr, bad_ptr, ids, b, b_ok, t, is_emb, d, first_row, size, stride_xb,
+            stride_xd, stride_w0, stride_w1, D, CHECK,
+        )  # fmt: skip
+        bn = b + BLOCK_B
+        ok_next = (bn < n_rows) & (ITERS > 1)
+        ids_next = _load_ids(ids_ptr, bn, ok_next, t, is_emb, stride_ib, stride_it)
+        for it in range(ITERS):
+            bn = b + BLOCK_B
+            e_next, x_next = _gather(
+                x_ptr, w_ptr, bad_ptr, ids_next, bn, ok_next, t, is_emb, d, first_row, size,
+                stride_xb, stride_xd, stride_w0, stride_w1, D, CHECK,
+            )  # fmt: skip
+            b2 = bn + BLOCK_B
+            ok_next = (b2 < n_rows) & (it + 2 < ITERS)
+            ids_next = _load_ids(ids_ptr, b2, ok_next, t, is_emb, stride_ib, stride_it)
+            _interact_store(
+                out_ptr, b, e, xv, f, d, n_rows, D, F, PAIRS, OUT_W, SELF, USE_DOT, BLOCK_B,
+                F_PAD, Z_PAD, UPCAST, FLAT,
+            )  # fmt: skip
+            b = bn
+            e = e_next
+            xv = x_next
     else:
-        ids = tl.load(
-            ids_ptr + b[:, None] * stride_ib + t[None, :] * stride_it, mask=id_mask, other=0
-        )
-        if CHECK:
-            bad = id_mask & ((ids < 0) | (ids.to(tl.int64) >= size[None, :]))
-            tl.store(flag_ptrs, 1, mask=bad)
-            id_mask = id_mask & ~bad
-        rows = first_row[None, :] + ids.to(tl.int64)  # (BLOCK_B, F_PAD)
-        e_mask = id_mask[:, :, None] & d_ok[None, None, :]
-        e = tl.load(
-            w_ptr + rows[:, :, None] * stride_w0 + d[None, None, :] * stride_w1,
-            mask=e_mask,
-            other=0.0,
-        )
-    x_mask = b_ok[:, None] & d_ok[None, :]
-    xv = tl.load(x_ptr + b[:, None] * stride_xb + d[None, :] * stride_xd, mask=x_mask, other=0.0)
-    z = tl.where((f == 0)[None, :, None], xv[:, None, :], e)
-
-    # Gram per sample (BLOCK_B, F_PAD, F_PAD), accumulated in float32
-    if USE_DOT:
-        if UPCAST:  # the CPU interpreter multiplies bfloat16 dots wrongly (numpy has none);
-            z = z.to(tl.float32)  # products of 16-bit values are exact in float32
-        zt = tl.trans(z, 0, 2, 1)
-        if z.dtype == tl.float32:  # full float32 products, not TF32's 10-bit mantissas
-            gram = tl.dot(z, zt, input_precision="ieee")
-        else:  # 16-bit inputs: tensor cores, float32 accumulator
-            gram = tl.dot(z, zt)
-    else:
-        zf = z.to(tl.float32)
-        gram = tl.sum(zf[:, :, None, :] * zf[:, None, :, :], axis=3)
-
-    # Gram entry (i, j) of the kept triangle goes to column D + i(i-1)/2 + j (row-major
-    # tril_indices order; with the diagonal, D + i(i+1)/2 + j), stored straight from the
-    # accumulator: no shuffle of the Gram, only the kept entries written.
-    gi = f[:, None]
-    gj = f[None, :]
-    if SELF:
-        keep = (gj <= gi) & (gi < F)
-        col = gi * (gi + 1) // 2 + gj
-    else:
-        keep = (gj < gi) & (gi < F)
-        col = gi * (gi - 1) // 2 + gj
-    out_row = out_ptr + b * OUT_W  # (BLOCK_B,)
-    tl.store(
-        out_row[:, None, None] + D + col[None, :, :],
-        _round_to(gram, out_ptr.dtype.element_ty, UPCAST).to(out_ptr.dtype.element_ty),
-        mask=b_ok[:, None, None] & keep[None, :, :],
-    )
-    tl.store(out_row[:, None] + d[None, :], xv, mask=x_mask)
-    if OUT_W > D + PAIRS:  # the padding columns: zeros
-        z_col = D + PAIRS + tl.arange(0, Z_PAD)
-        zeros = tl.zeros((BLOCK_B, Z_PAD), dtype=out_ptr.dtype.element_ty)
-        tl.store(
-            out_row[:, None] + z_col[None, :], zeros, mask=b_ok[:, None] & (z_col < OUT_W)[None, :]
-        )
+        for it in range(ITERS):
+            b = first_b + it * BLOCK_B + lanes
+            b_ok = b < n_rows
+            ids = _load_ids(ids_ptr, b, b_ok, t, is_emb, stride_ib, stride_it)
+            e, xv = _gather(
+                x_ptr, w_ptr, bad_ptr, ids, b, b_ok, t, is_emb, d, first_row, size, stride_xb,
+                stride_xd, stride_w0, stride_w1, D, CHECK,
+            )  # fmt: skip
+            _interact_store(
+                out_ptr, b, e, xv, f, d, n_rows, D, F, PAIRS, OUT_W, SELF, USE_DOT, BLOCK_B,
+                F_PAD, Z_PAD, UPCAST, FLAT,
+            )  # fmt: skip
 
 
 # Samples and warps per program of the tensor-core form: 2 samples on 2 warps was the best
@@ -188,17 +287,35 @@ _TILE_ELEMS = 8192
 _MAX_BLOCK_B = 64
 
 
+@dataclass(frozen=True)
+class Variant:
+    """How the kernel walks its samples, for sweeps and their tests (the defaults: the
+    planned launch). block_b: samples per group (a power of two), num_warps: warps per
+    program, iters: groups per program, prefetch: (one-hot ids) each group's rows loaded
+    while the group before is formed and stored, flat: the triangle stored from a
+    flattened layout."""
+
+    block_b: int | None = None
+    num_warps: int | None = None
+    iters: int = 1
+    prefetch: bool = False
+    flat: bool = False
+
+
+PLANNED = Variant()
+
+
 @functools.cache
 def _plan(
     d: int,
     n_features: int,
     self_interaction: bool,
     out_width: int,
-    block_b: int | None = None,
-    num_warps: int | None = None,
+    variant: Variant = PLANNED,
 ) -> tuple:
-    """(BLOCK_B, num_warps, constexprs) for one shape signature; ``block_b`` (a power of
-    two) and ``num_warps`` override the defaults (sweeps)."""
+    """(samples per program, num_warps, constexprs) for one shape signature; ``variant``
+    overrides the defaults (sweeps)."""
+    block_b, num_warps = variant.block_b, variant.num_warps
     f_pad = next_pow2(n_features)
     use_dot = f_pad >= 16
     d_pad = max(next_pow2(d), 16) if use_dot else next_pow2(d)
@@ -215,9 +332,10 @@ def _plan(
         num_warps = _DOT_WARPS if use_dot else 4
     consts = (
         d, n_features, pairs, out_width, int(self_interaction), use_dot,
-        block_b, f_pad, d_pad, z_pad, triton_interpreting(),
+        block_b, f_pad, d_pad, z_pad, triton_interpreting(), variant.iters, variant.prefetch,
+        variant.flat,
     )  # fmt: skip
-    return block_b, num_warps, consts
+    return block_b * variant.iters, num_warps, consts
 
 
 def _forward(
@@ -229,14 +347,14 @@ def _forward(
     self_interaction: bool,
     out_width: int,
     traced: bool,
-    block_b: int | None = None,
-    num_warps: int | None = None,
+    variant: Variant = PLANNED,
     impl: str = "triton",
     bad_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The launch (impl "triton", or "cuda": the CUDA C++ twin). ids: (B, T) one-hot, or
     with ``bag_starts`` (T * B + 1,) the flat ids of every bag (see ``pack_bags``);
-    ``bad_ids`` ((T,) int32): flags set for tables with an id outside them."""
+    ``bad_ids`` ((T,) int32): flags set for tables with an id outside them; ``variant``:
+    see ``Variant`` (prefetch is for one-hot ids: bags load theirs as they sum them)."""
     n_rows, d = x.shape
     out = torch.empty((n_rows, out_width), dtype=x.dtype, device=x.device)
     if n_rows == 0 or launches_skipped():
@@ -249,11 +367,13 @@ def _forward(
         return out
     # (int(): d and T become constexprs, static under torch.compile's tracing too)
     n_tables = int(table_offsets.shape[0]) - 1
-    block_b, num_warps, consts = _plan(
-        int(d), n_tables + 1, self_interaction, int(out_width), block_b, num_warps
-    )
     bags = bag_starts is not None
-    grid = (cdiv(n_rows, block_b),)
+    if bags and variant.prefetch:
+        variant = replace(variant, prefetch=False)
+    per_program, num_warps, consts = _plan(
+        int(d), n_tables + 1, self_interaction, int(out_width), variant
+    )
+    grid = (cdiv(n_rows, per_program),)
     id_strides = (ids.stride(0), 0) if bags else (ids.stride(0), ids.stride(1))
     ints = (
         n_rows, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
