@@ -45,7 +45,7 @@ if [ "$tests" != "none" ]; then
     [ "${OUT#/}" != "$OUT" ] && CHECK_TIMES="$OUT/test-times.txt"
     rm -f "$CHECK_TIMES"
     # shellcheck disable=SC2086  # a list of paths
-    "$PY" -m pytest -v -m gpu -n "${CHECK_WORKERS:-14}" -rfE -p no:cacheprovider --durations=25 \
+    "$PY" -m pytest -v -m gpu -n "${CHECK_WORKERS:-14}" --dist worksteal -rfE -p no:cacheprovider --durations=25 \
         --junitxml "$OUT/tests.xml" $tests 2>&1 | tee -a "$OUT/tests.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi

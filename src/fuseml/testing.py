@@ -29,9 +29,10 @@ def tolerance(dtype: torch.dtype, *, tf32: bool = False) -> float:
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float64; NaN anywhere in ``out`` gives inf."""
-    out64 = out.detach().to(torch.float64).cpu()
-    ref64 = ref.detach().to(torch.float64).cpu()
+    """||out - ref|| / ||ref|| in float64; NaN anywhere in ``out`` gives inf. Computed on
+    the reference's device (a GPU test's large outputs are not copied to the CPU)."""
+    ref64 = ref.detach().to(torch.float64)
+    out64 = out.detach().to(device=ref64.device, dtype=torch.float64)
     if out64.shape != ref64.shape:
         raise AssertionError(f"shape {tuple(out64.shape)} != reference {tuple(ref64.shape)}")
     finite = torch.isfinite(ref64)
