@@ -120,6 +120,21 @@ def test_check_mode_reports_stale_files_and_writes_nothing(tmp_path):
     assert tmp_path / "README.md" in stale
 
 
+def test_family_row_from_another_gpu_where_the_headline_gpu_lacks_the_case(tmp_path):
+    root = tmp_path / "results"
+    _results(root)
+    # The headline GPU's elementwise file holds another op only (a partial run).
+    adds = [r for r in _elementwise_rows() if r["op"] == "add"]
+    report.write_results("elementwise", adds, CEILINGS, _meta("Big GPU"), root)
+    (tmp_path / "README.md").write_text(README)
+    readme.regenerate(tmp_path / "README.md", root)
+    line = next(x for x in (tmp_path / "README.md").read_text().splitlines()
+                if x.startswith("| elementwise"))  # fmt: skip
+    assert "bias_gelu/bfloat16/65536x512 | 200 us | compile 150 us | 0.75x |" in line
+    assert "(benchmarks/results/small-gpu/README.md#elementwise)" not in line
+    assert "Elementwise, Small GPU](" in line and "small-gpu/README.md#elementwise" in line
+
+
 def test_family_row_rule():
     doc = {"suite": "elementwise", "meta": _meta("G"), "ceilings": CEILINGS,
            "rows": _elementwise_rows()}  # fmt: skip

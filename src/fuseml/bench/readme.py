@@ -350,12 +350,10 @@ def headline_markdown(root: Path, base: Path = Path(".")) -> str | None:
     meta_of = {}
     parts = []
 
-    def source(suite: str) -> Path | None:
-        # The headline GPU's results, else the first other GPU that has the suite.
-        for d in [main, *(d for d in _gpu_dirs(root) if d != main)]:
-            if (d / f"{suite}.json").exists():
-                return d / f"{suite}.json"
-        return None
+    def sources(suite: str) -> list[Path]:
+        # The headline GPU's results first, then the other GPUs' that have the suite.
+        dirs = [main, *(d for d in _gpu_dirs(root) if d != main)]
+        return [d / f"{suite}.json" for d in dirs if (d / f"{suite}.json").exists()]
 
     def newest(suite: str) -> Path | None:
         # The most recent run of the suite on any GPU (the whole-model headline shows the
@@ -402,14 +400,14 @@ def headline_markdown(root: Path, base: Path = Path(".")) -> str | None:
     lines = ["| op family | case (largest measured) | fuseml | best peer | fuseml vs best peer "
              "| all rows |", "|---|---|---|---|---|---|"]  # fmt: skip
     for suite, label, _, where in FAMILIES:
-        path = source(suite)
-        if path is None:
-            continue
-        doc = report.load_results(path)
-        meta_of[path.parent.name] = doc["meta"]["gpu"]
-        row = family_row(doc, where)
+        # the first GPU whose file has the family's case (a partial run may lack it)
+        found = ((p, report.load_results(p)) for p in sources(suite))
+        path, doc, row = next(
+            ((p, d, r) for p, d in found if (r := family_row(d, where))), (None, None, None)
+        )
         if row is None:
             continue
+        meta_of[path.parent.name] = doc["meta"]["gpu"]
         fused, peer = row["fused"], row["peer_row"]
         lines.append(
             f"| {label} | {row['case']} | {_us(fused['p50_ms'])} | {row['peer']} "
