@@ -3,7 +3,7 @@ import torch
 
 import fuseml
 from fuseml.models.dlrm import DLRM, DLRMConfig
-from fuseml.ops._interaction_kernels import Variant, _forward
+from fuseml.ops._interaction_kernels import LOOPED, PLANNED, Variant, _forward, default_variant
 from fuseml.ops.embedding_interaction import embedding_interaction_ref, num_pairs, pack_bags
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_allocator
 
@@ -304,9 +304,10 @@ def test_embedding_interaction_bad_input():
 @pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("impl", ["triton", "cuda"])
 def test_embedding_interaction_kaggle_size_on_gpu(self_interaction, id_dtype, impl):
-    """Kaggle's shape (B = 4096, T = 26, d = 16, bf16), tables of a few thousand rows,
-    padded to a multiple of 8 columns; first and repeat call."""
-    n_tables, dim, batch, dtype = 26, 16, 4096, torch.bfloat16
+    """Kaggle's shape (B = 4099, T = 26, d = 16, bf16), tables of a few thousand rows,
+    padded to a multiple of 8 columns; first and repeat call. From 4096 rows the Triton
+    kernel takes its looped launch (LOOPED: 4 samples a program, the last one ragged)."""
+    n_tables, dim, batch, dtype = 26, 16, 4099, torch.bfloat16
     weight, offsets, cards = _tables(n_tables, dim, dtype, "cuda", max_rows=5000, seed=4)
     x = torch.randn(batch, dim, dtype=dtype, device="cuda")
     ids = _ids(batch, cards, id_dtype, "cuda")
@@ -500,3 +501,14 @@ def test_kernel_variants_match_float64(device, backend, variant, dtype, self_int
         x, weight, offsets, bags, self_interaction=self_interaction, out_width=out_width
     )
     assert_close_verbose(pooled, expected, dtype)
+
+
+def test_default_variant_rule():
+    # one-hot ids, the tensor-core form (9+ features), d <= 16, from 4096 rows: LOOPED
+    assert default_variant(4096, 16, 27, bags=False) is LOOPED
+    assert default_variant(65536, 8, 27, bags=False) is LOOPED
+    assert default_variant(4095, 16, 27, bags=False) is PLANNED
+    assert default_variant(65536, 32, 27, bags=False) is PLANNED  # not measured at d > 16
+    assert default_variant(65536, 16, 27, bags=True) is PLANNED
+    assert default_variant(65536, 16, 8, bags=False) is PLANNED  # the broadcast form
+    assert default_variant(torch.SymInt, 16, 27, bags=False) is PLANNED  # not a plain int

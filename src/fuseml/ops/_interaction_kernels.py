@@ -303,6 +303,26 @@ class Variant:
 
 
 PLANNED = Variant()
+# One-hot ids, the tensor-core form, d <= 16, from 4096 rows: one sample a warp, four a
+# program, each sample's rows loaded while the one before is stored. Kaggle (d = 16,
+# bf16, H200, graph replays): 47.0 us against 52.5 at 65536 rows, 5.2 against 5.5 at
+# 4096 (benchmarks/results/nvidia-h200/interaction-sweep.json). Not measured at d > 16.
+LOOPED = Variant(block_b=1, num_warps=1, iters=4, prefetch=True)
+LOOPED_MIN_ROWS = 4096
+LOOPED_MAX_D = 16
+
+
+def default_variant(n_rows, d: int, n_features: int, bags: bool) -> Variant:
+    """The launch the op takes when no variant is asked for (see LOOPED)."""
+    if (
+        bags
+        or not isinstance(n_rows, int)  # (a symbolic batch under torch.compile: no guard)
+        or n_rows < LOOPED_MIN_ROWS
+        or d > LOOPED_MAX_D
+        or next_pow2(n_features) < 16  # the broadcast form
+    ):
+        return PLANNED
+    return LOOPED
 
 
 @functools.cache
@@ -347,14 +367,15 @@ def _forward(
     self_interaction: bool,
     out_width: int,
     traced: bool,
-    variant: Variant = PLANNED,
+    variant: Variant | None = None,
     impl: str = "triton",
     bad_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The launch (impl "triton", or "cuda": the CUDA C++ twin). ids: (B, T) one-hot, or
     with ``bag_starts`` (T * B + 1,) the flat ids of every bag (see ``pack_bags``);
     ``bad_ids`` ((T,) int32): flags set for tables with an id outside them; ``variant``:
-    see ``Variant`` (prefetch is for one-hot ids: bags load theirs as they sum them)."""
+    see ``Variant`` (prefetch is for one-hot ids: bags load theirs as they sum them),
+    None: ``default_variant``."""
     n_rows, d = x.shape
     out = torch.empty((n_rows, out_width), dtype=x.dtype, device=x.device)
     if n_rows == 0 or launches_skipped():
@@ -368,6 +389,8 @@ def _forward(
     # (int(): d and T become constexprs, static under torch.compile's tracing too)
     n_tables = int(table_offsets.shape[0]) - 1
     bags = bag_starts is not None
+    if variant is None:
+        variant = default_variant(n_rows, int(d), n_tables + 1, bags)
     if bags and variant.prefetch:
         variant = replace(variant, prefetch=False)
     per_program, num_warps, consts = _plan(
