@@ -9,9 +9,11 @@ instructions (global loads and stores by width, cp.async copies and their waits,
 copies, wgmma, barriers). --list MODULE names the module's kernels and their arguments.
 
 NAME=VALUE sets a constexpr argument (an int, a float, True / False, or a string such as
-tf32); a constexpr with a default may be left out. Every other argument is typed from its
-name: ``*_ptr`` a pointer to --dtype elements, ``alpha`` / ``*scale`` fp32, anything else
-i32; --type NAME=TYPE gives another Triton signature type (``*fp32``, ``i64``,
+tf32); a constexpr with a default may be left out. NAME=1 for an integer argument
+specializes it as the launcher does for a 1 (a unit stride: without it, loads along that
+axis compile to scalar loads). Every other argument is typed from its name: ``*_ptr`` a
+pointer to --dtype elements, ``alpha`` / ``*scale`` fp32, anything else i32; --type
+NAME=TYPE gives another Triton signature type (``*fp32``, ``i64``,
 ``tensordesc<bf16[64, 64]>``). Pointers, and the integers named by --divisible, are marked
 16-divisible as the launchers' real arguments are: without it pointer accesses compile to
 scalar loads and stores, which is not what runs.
@@ -79,11 +81,12 @@ def arg_type(name: str, dtype: str, given: dict[str, str]) -> str:
 
 
 def compile_sm90(kernel, consts: dict, types: dict, divisible: set[str], options: dict):
-    """``kernel`` compiled for sm_90: ``consts`` as its constexprs, the rest typed."""
+    """``kernel`` compiled for sm_90: ``consts`` as its constexprs (and integer arguments
+    given as 1, specialized as the launcher does for a 1), the rest typed."""
     signature, constexprs, attrs = {}, {}, {}
     for param in kernel.params:
         i, name = param.num, param.name
-        if param.is_constexpr:
+        if param.is_constexpr or name in consts:
             signature[name] = "constexpr"
             constexprs[(i,)] = consts.get(name, param.default)
             continue
@@ -143,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     consts = {k: value(v) for k, v in consts.items()}
     missing = [p.name for p in kernel.params
                if p.is_constexpr and not p.has_default and p.name not in consts]  # fmt: skip
-    unknown = sorted(set(consts) - {p.name for p in kernel.params if p.is_constexpr})
+    ones = {p.name for p in kernel.params if not p.is_constexpr and consts.get(p.name) == 1}
+    unknown = sorted(set(consts) - {p.name for p in kernel.params if p.is_constexpr} - ones)
     if missing or unknown:
         ap.error(f"constexprs missing: {missing or 'none'}; not constexprs of {kernel_name}: "
                  f"{unknown or 'none'} (see --list {module_name})")  # fmt: skip
