@@ -6,7 +6,8 @@
 # model's predictions leave the tolerance) and the bench suites in quick mode. Logs and
 # result files go to OUTDIR; OUTDIR/gpu-check.txt is the machine-written summary (device,
 # torch, triton, commit, test counts, demo, suites; last line PASS or FAIL), committed per
-# GPU as benchmarks/gpu-checks/<gpu>.txt.
+# GPU as benchmarks/gpu-checks/<gpu>.txt (after `python -m fuseml.bench.gpu_check --relabel
+# FILE` where the history is whole: a machine whose copy of it is older stamps +dirty).
 #
 # On one GPU the whole check no longer fits a 10-minute call. CHECK_GPUS spreads one
 # pytest run over several GPUs of the machine (each xdist worker on one of them, round

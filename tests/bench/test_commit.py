@@ -136,3 +136,33 @@ def test_the_label_stays_with_the_commit_that_made_the_src(repo):
     _git(repo, "add", "notes.txt")
     _git(repo, "commit", "-q", "-m", "results")
     assert commit_label(stamp, measured, repo) == f"{made} (src/; stamped {old}{DIRTY})"
+
+
+def test_a_gpu_check_summary_is_relabelled_from_its_src_tree(repo, capsys):
+    """gpu_check --relabel: a summary written where the history stopped at an older
+    commit names the local commit with the tested src/ tree; a second run changes
+    nothing, and a summary of a clean commit stands."""
+    old = _git(repo, "rev-parse", "--short", "HEAD")
+    (repo / "src/pkg/a.py").write_text("x = 4\n")
+    text = (
+        "fuseml gpu-check\n"
+        f"commit:  {git_commit(repo, short=False)}\n"
+        f"src/:    tree {source_tree(repo)}\n"
+        "result:  PASS\n"
+    )
+    _git(repo, "commit", "-q", "-am", "the change")
+    new = _git(repo, "rev-parse", "--short", "HEAD")
+    summary = repo / "benchmarks" / "gpu.txt"
+    summary.write_text(text)
+    assert gpu_check.main(["--relabel", str(summary)]) == 0
+    relabelled = summary.read_text()
+    assert f"commit:  {new} (src/; stamped {old}" in relabelled
+    assert relabelled.replace(relabelled.splitlines()[1], "") == text.replace(
+        text.splitlines()[1], ""
+    )  # only the commit line changed
+    assert gpu_check.relabel(relabelled, repo) == relabelled
+    clean = f"commit:  {new}\nresult:  PASS\n"
+    assert gpu_check.relabel(clean, repo) == clean
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--relabel", str(summary), str(repo)])
+    assert "--relabel" in capsys.readouterr().err

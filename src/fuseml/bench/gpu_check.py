@@ -1,12 +1,16 @@
 """The summary of one ``scripts/gpu-check.sh`` run, machine-written:
 
     python -m fuseml.bench.gpu_check OUTDIR [OUTDIR ...] [--commit SHA] [--write FILE]
+    python -m fuseml.bench.gpu_check --relabel FILE
 
 Reads what the script left in OUTDIR (``tests.xml``: pytest's JUnit report of the GPU
 tests, or where pytest was cut short its verbose log ``tests.txt``; ``demo.rc``: ``fuseml
 demo``'s exit code; ``results/``: the quick suites' files),
 writes ``OUTDIR/gpu-check.txt`` (atomically) and prints it. Committed per GPU as
-``benchmarks/gpu-checks/<gpu>.txt``: a record of which commit passed where.
+``benchmarks/gpu-checks/<gpu>.txt``: a record of which commit passed where. A GPU
+machine's copy of the history may predate the tree it ran (its commit line then reads
+``<commit>+dirty`` with the ``src/`` tree id below it): ``--relabel FILE``, run where the
+history is whole, names the local commit with that src/ tree, as the results tables do.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
 
-from fuseml.bench.commit import DIRTY, git_commit, source_tree
+from fuseml.bench.commit import DIRTY, commit_label, git_commit, source_tree
 
 
 def test_counts(xml_path: Path) -> dict[str, float] | None:
@@ -167,23 +171,54 @@ def report(out_dirs: Path | list[Path], commit: str | None = None, device=None) 
     return "\n".join(lines) + "\n"
 
 
+def relabel(text: str, where: Path | str | None = None) -> str:
+    """``text`` (a summary) with its ``commit:`` line naming the local commit whose src/
+    tree the ``src/:`` line gives (``commit_label``); unchanged where there is none."""
+    commit = re.search(r"^commit:\s+(\S+)", text, re.M)
+    tree = re.search(r"^src/:\s+tree\s+([0-9a-f]+)", text, re.M)
+    if not commit or not tree:
+        return text
+    label = commit_label(commit.group(1), tree.group(1), where)
+    if label.startswith(commit.group(1)):  # (a clean commit, or no local match)
+        return text
+    return text[: commit.start(1)] + label + text[commit.end(1) :]
+
+
+def _write(target: Path, text: str) -> None:
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, target)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fuseml.bench.gpu_check")
     parser.add_argument(
-        "out_dirs", type=Path, nargs="+",
+        "out_dirs", type=Path, nargs="*",
         help="the folder scripts/gpu-check.sh wrote (several: the parts of a split check)",
     )  # fmt: skip
     parser.add_argument("--commit", help="the commit tested (default: asked of git)")
     parser.add_argument("--write", type=Path, help="summary file (default: OUT_DIR/gpu-check.txt)")
+    parser.add_argument(
+        "--relabel", type=Path, metavar="FILE",
+        help="rewrite a summary's commit line from its src/ tree (see the module's doc)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.relabel is not None:
+        if args.out_dirs:
+            parser.error("--relabel: takes a summary file alone, no OUTDIR")
+        if not args.relabel.is_file():
+            parser.error(f"--relabel: {args.relabel} is not a file")
+        text = relabel(args.relabel.read_text(), args.relabel.parent)
+        _write(args.relabel, text)
+        print(text, end="")
+        return 0
+    if not args.out_dirs:
+        parser.error("out_dirs: give the folder scripts/gpu-check.sh wrote")
     for d in args.out_dirs:
         if not d.is_dir():
             parser.error(f"out_dirs: {d} is not a folder")
     text = report(args.out_dirs, args.commit)
-    target = args.write or args.out_dirs[0] / "gpu-check.txt"
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, target)
+    _write(args.write or args.out_dirs[0] / "gpu-check.txt", text)
     print(text, end="")
     return 0 if text.rstrip().endswith("PASS") else 1
 
