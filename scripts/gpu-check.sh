@@ -9,9 +9,10 @@
 # GPU as benchmarks/gpu-checks/<gpu>.txt (after `python -m fuseml.bench.gpu_check --relabel
 # FILE` where the history is whole: a machine whose copy of it is older stamps +dirty).
 #
-# On one GPU the whole check no longer fits a 10-minute call. CHECK_GPUS spreads one
-# pytest run over several GPUs of the machine (each xdist worker on one of them, round
-# robin: tests/gpu_workers.py), so xdist balances the load:
+# The GPU tests add up to about 6,400 s of test time (60 workers on a 64-core host), most
+# of it compiling kernels, so the CPU count sets the pace. CHECK_GPUS spreads one pytest
+# run over several GPUs of the machine (each xdist worker on one of them, round robin:
+# tests/gpu_workers.py), so xdist balances the load:
 #   CHECK_GPUS=0,1,2,3 CHECK_WORKERS=60 CHECK_SUITES=none scripts/gpu-check.sh OUT
 # With several GPUs the demo runs beside the tests, on the last of them (the tests at a
 # lower CPU priority, so that the demo's tuning keeps its pace): on a 4-GPU H200 host
