@@ -401,11 +401,12 @@ def headline_markdown(root: Path, base: Path = Path(".")) -> str | None:
              "| all rows |", "|---|---|---|---|---|---|"]  # fmt: skip
     for suite, label, _, where in FAMILIES:
         # the first GPU whose file has the family's case (a partial run may lack it)
-        found = ((p, report.load_results(p)) for p in sources(suite))
-        path, doc, row = next(
-            ((p, d, r) for p, d in found if (r := family_row(d, where))), (None, None, None)
-        )
-        if row is None:
+        for path in sources(suite):
+            doc = report.load_results(path)
+            row = family_row(doc, where)
+            if row is not None:
+                break
+        else:
             continue
         meta_of[path.parent.name] = doc["meta"]["gpu"]
         fused, peer = row["fused"], row["peer_row"]
