@@ -175,6 +175,8 @@ def lora_rows(
     )
     args = (out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code, traced)
     eager = not traced and not (capturing(x2) if path.capture is None else path.capture)
+    if eager and x2.is_cuda:
+        _gemm.reserve_joint_flags(x2)  # (for the joint / spread launches of later captures)
     if pdl and r_pad <= IN_LOOP_MAX_R:
         # Either one launch (in-loop: every column tile redoes x @ A^T) or the overlapped
         # shrink + expand launches: which has the shorter GPU time depends on the kernel
