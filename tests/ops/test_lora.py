@@ -622,6 +622,55 @@ def test_joint_flag_slab_slices(monkeypatch, caplog):
     assert sum("spent" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_flag_slab_reserved_before_a_capture(monkeypatch):
+    """reserve(): a caller whose eager calls take another launch allocates the slab
+    outside the capture, so captured launches take slices of it instead of zeroing
+    counters of their own in every replay; inside a capture and for fake tensors it
+    allocates nothing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fuseml.ops._utils import CounterSlab
+
+    state = {"capturing": True}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state["capturing"])
+    monkeypatch.setattr(
+        torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 1})()
+    )
+    slab = CounterSlab(1024, "the joint LoRA launch's flags")
+    x = torch.empty(1)
+    slab.reserve(x)  # inside a capture: nothing
+    assert slab.take(x, 8) is None
+    with FakeTensorMode() as mode:
+        slab.reserve(mode.from_tensor(x))
+    state["capturing"] = False
+    with FakeTensorMode():
+        slab.reserve(x)
+    assert not slab.slabs
+    slab.reserve(x)
+    held = slab.slabs[x.get_device()][0]
+    assert held.numel() == 1024 and not held.any()
+    slab.reserve(x)  # once
+    assert slab.slabs[x.get_device()][0] is held
+    state["capturing"] = True
+    piece = slab.take(x, 8)
+    assert piece is not None and piece.numel() == 8 and piece.data_ptr() == held.data_ptr()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_eager_lora_call_reserves_the_joint_flags_gpu():
+    """An eager call of a 512-row layer (in-loop, launched from C++ on repeats) leaves the
+    joint flags' slab allocated on its device, for the joint launches of a later capture."""
+    from fuseml.ops.gemm import lora_modes as launch_modes
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+    x, w, a, bb = rand(512, 256), rand(128, 256), rand(16, 256), rand(128, 16)
+    fuseml.ops.lora_linear(x, w, None, a, bb, 0.5)
+    assert x.get_device() in launch_modes._flag_slab.slabs
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_lora_joint_flags_per_stream_and_capture_gpu(monkeypatch):

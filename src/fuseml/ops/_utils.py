@@ -487,6 +487,20 @@ class CounterSlab:
         with self.lock:
             return self._take(x, count)
 
+    def reserve(self, x: torch.Tensor) -> None:
+        """Allocate x's device's slab now if it has none and no capture is under way: for
+        callers whose eager calls take another kernel than the one they capture (a capture
+        cannot allocate the slab, and its launches would zero counters per replay)."""
+        device = x.get_device()
+        if device in self.slabs or is_fake(x) or torch._guards.detect_fake_mode() is not None:
+            return  # (fake tensors: nothing real to keep)
+        if torch.cuda.is_current_stream_capturing():
+            return
+        with self.lock:
+            if device not in self.slabs:
+                slab = torch.zeros(self.counters, dtype=torch.int32, device=x.device)
+                self.slabs[device] = [slab, 0]
+
     def _take(self, x: torch.Tensor, count: int) -> torch.Tensor | None:
         device = x.get_device()
         capturing = torch.cuda.is_current_stream_capturing()

@@ -51,6 +51,7 @@ from fuseml.ops._utils import (
 )
 from fuseml.ops.bias_act import activation_ref
 from fuseml.ops.gemm import launch as _gemm
+from fuseml.ops.gemm.lora_modes import reserve_joint_flags
 from fuseml.ops.linear import _CODES, check_linear_args
 from fuseml.runtime import resolve_backend
 
@@ -175,6 +176,8 @@ def lora_rows(
     )
     args = (out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code, traced)
     eager = not traced and not (capturing(x2) if path.capture is None else path.capture)
+    if eager and x2.is_cuda:
+        reserve_joint_flags(x2)  # (for the joint / spread launches of later captures)
     if pdl and r_pad <= IN_LOOP_MAX_R:
         # Either one launch (in-loop: every column tile redoes x @ A^T) or the overlapped
         # shrink + expand launches: which has the shorter GPU time depends on the kernel

@@ -54,6 +54,7 @@ from fuseml.ops.gemm.lora_modes import (
     LORA_SPREAD,
     LoraLaunch,
     joint_flags,
+    reserve_joint_flags,
     spread_fits,
 )
 from fuseml.ops.gemm.pad import pad_k
@@ -91,6 +92,7 @@ __all__ = [
     "pad_k",
     "pdl_available",
     "persistent_programs",
+    "reserve_joint_flags",
     "round_tf32",
     "spread_fits",
     "takes_tma",

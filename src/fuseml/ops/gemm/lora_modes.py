@@ -315,6 +315,14 @@ JOINT_FLAG_SLAB = 1 << 18  # counters per device (1 MiB)
 _flag_slab = CounterSlab(JOINT_FLAG_SLAB, "the joint LoRA launch's flags")
 
 
+def reserve_joint_flags(x: torch.Tensor) -> None:
+    """The joint flags' slab on x's (CUDA) device, allocated outside any capture: a layer
+    whose eager calls take the in-loop launch may capture joint or spread launches later
+    (tuned for graphs), and a capture cannot allocate the slab (each replay would zero its
+    counters with a memset node between the layers' kernels)."""
+    _flag_slab.reserve(x)
+
+
 def joint_flags(x: torch.Tensor, count: int) -> torch.Tensor:
     """``count`` zeroed int32 counters for a joint launch on x's device and current stream
     (see CounterSlab; the kernel puts them back to zero before it exits, _joint_wait)."""
