@@ -541,6 +541,19 @@ def test_lora_spread_cuda_graph_gpu(m, tma_lora_modes, monkeypatch):
             assert_close_verbose(eager, want, dtype)
 
 
+def _replays_match(call, x, expected, dtype):
+    """``call()`` captured into a CUDA graph; two replays on new values of x (in place)
+    match ``expected()``."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close_verbose(out, expected(), dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m", [1, 64, 256, 1024, 2048])
@@ -564,14 +577,7 @@ def test_lora_cuda_graph_gpu(m, adapters, fresh_tuning):
     with torch.cuda.stream(side):
         call()  # warm-up: tunes both modes
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
-    for _ in range(2):
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), dtype)
+    _replays_match(call, x, lambda: _ref64(x, w, b, a, bb, 0.5, "relu", ids), dtype)
 
 
 @pytest.mark.gpu
@@ -592,14 +598,7 @@ def test_lora_base_mode_cuda_graph_gpu(m, fresh_tuning):
     eager = call()
     assert_close_verbose(eager, _ref64(x, w, b, a, bb, 0.5, "gelu"), dtype)
     poison_allocator()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
-    for _ in range(2):
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "gelu"), dtype)
+    _replays_match(call, x, lambda: _ref64(x, w, b, a, bb, 0.5, "gelu"), dtype)
 
 
 def test_joint_flag_slab_slices(monkeypatch, caplog):
