@@ -326,7 +326,7 @@ def test_split_plan_offered_where_the_input_is_too_wide_for_the_chain():
         cands = plan.candidates(m, top, torch.bfloat16)
         split = [c for c in cands if c.get("kind") == "split"]
         chain = plan._CHAIN_SMALL_B if m <= plan.SMALL_BATCH else plan._CHAIN_LARGE_B
-        assert [{**c, "kind": "chain"} for c in split] == chain
+        assert [{**c, "kind": "chain"} for c in split] == chain + plan._SPLIT_WHOLE
         assert plan._LAYERS in cands
     assert plan.split_fits(top, torch.bfloat16)
     assert not plan.split_fits(top, torch.float32)
@@ -338,17 +338,21 @@ def test_split_plan_offered_where_the_input_is_too_wide_for_the_chain():
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 37, 130])
-def test_split_plan_matches_float64(device, backend, dtype, m):
+@pytest.mark.parametrize("widths", [[100, 64, 32, 1], [100, 64, 256, 1]])
+def test_split_plan_matches_float64(device, backend, dtype, m, widths):
     """The split plan of a top-MLP-shaped chain (wide input, a 1-wide sigmoid head) under
-    each chain tile, into a NaN-filled output: the float64 reference."""
-    widths = [100, 64, 32, 1]
+    chain tiles (a 256-wide layer also in one chunk), into a NaN-filled output: the
+    float64 reference."""
     ws, bs = _layers(widths, dtype, device)
     x = torch.randn(m, widths[0], dtype=dtype, device=device)
     acts = ["relu", "relu", "sigmoid"]
     codes = [fuseml.ops.ACTIVATIONS.index(a) for a in acts]
     ref = _ref64(x, ws, bs, acts)
     assert plan.split_fits(widths, dtype)
-    for chain in plan._CHAIN_SMALL_B[:2] + plan._CHAIN_LARGE_B[-1:]:
+    chains = plan._CHAIN_SMALL_B[:2] + plan._CHAIN_LARGE_B[-1:]
+    if widths[2] == 256:
+        chains = plan._SPLIT_WHOLE
+    for chain in chains:
         cfg = plan._split_cfg(chain)
         out = torch.full((m, 1), float("nan"), dtype=dtype, device=device)
         plan._launch_group(x, out, ws, bs, codes, cfg, False)

@@ -88,6 +88,12 @@ _LAYERS = {"kind": "layers"}  # not fused: fuseml.ops.linear per layer
 _CHAIN_DEFAULT = _chain_cfg(64, 64, 64, 4, 3)
 
 
+# Split plans whose chain's first layer fits one chunk (256 wide: the kaggle top MLP's
+# 512 -> 256): each row block reads its input once instead of once per chunk. Compiled for
+# sm_90 without spills (152 and 250 registers a thread).
+_SPLIT_WHOLE = [_chain_cfg(64, 256, 64, 8, 2), _chain_cfg(128, 256, 64, 8, 2)]
+
+
 def _split_cfg(chain: dict) -> dict:
     """The first layer through fuseml.ops.linear, every later one in one chain-kernel
     launch with ``chain``'s tile (the chain's first GEMM then streams layer 1's output)."""
@@ -261,7 +267,10 @@ def candidates(m: int, widths: Sequence[int], dtype: torch.dtype) -> list[dict]:
     """The configs tuning times for a batch of m rows through these widths."""
     small = m <= SMALL_BATCH
     chain = _CHAIN_SMALL_B if small else _CHAIN_LARGE_B
-    split = [_split_cfg(c) for c in chain] if split_fits(widths, dtype) else []
+    split = []
+    if split_fits(widths, dtype):
+        whole = _SPLIT_WHOLE if _padded(widths[2]) == 256 else []
+        split = [_split_cfg(c) for c in [*chain, *whole]]
     if chain_fits(widths, dtype):
         if widths[0] <= CHAIN_SMALL_INPUT:
             return chain + _SCRATCH_NEXT_TO_CHAIN
