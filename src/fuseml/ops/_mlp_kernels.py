@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from fuseml.ops._elementwise import _activation
-from fuseml.ops._math import _pdl_begin
+from fuseml.ops._math import EPILOGUE_FAST, _pdl_begin
 from fuseml.ops.gemm import mma
 
 
@@ -66,7 +66,7 @@ def _mlp_layer(
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         # A bare name, not ew._activation: torch.compile re-parses user Triton kernels and
         # resolves only plain global names (the attribute form failed under inductor).
-        acc = _activation(acc, ACT)
+        acc = _activation(acc, ACT, EPILOGUE_FAST)
         tl.store(
             dst_ptr + dst_rows[:, None] + cols[None, :],
             acc.to(dst_ptr.dtype.element_ty),
@@ -151,7 +151,7 @@ def _chain_layer(
     acc = mma(h, w, tl.zeros((BLOCK_M, PN), dtype=tl.float32), PRECISION, UPCAST)
     if HAS_BIAS:
         acc += tl.load(b_ptr + ns, mask=ns < N, other=0.0).to(tl.float32)[None, :]
-    return _activation(acc, ACT)
+    return _activation(acc, ACT, EPILOGUE_FAST)
 
 
 @triton.jit
@@ -222,7 +222,7 @@ def _chain_kernel(
                 c = mma(a, w, c, PRECISION, UPCAST)
         if BIASES & 1:
             c += tl.load(b0 + n1, mask=n1_ok, other=0.0).to(tl.float32)[None, :]
-        c = _activation(c, ACTS & 15)
+        c = _activation(c, ACTS & 15, EPILOGUE_FAST)
         w = tl.load(
             w1 + n2[None, :] * D1 + n1[:, None],
             mask=n1_ok[:, None] & n2_ok[None, :],
@@ -231,7 +231,7 @@ def _chain_kernel(
         acc = mma(c.to(dt), w, acc, PRECISION, UPCAST)
     if (BIASES >> 1) & 1:
         acc += tl.load(b1 + n2, mask=n2_ok, other=0.0).to(tl.float32)[None, :]
-    h = _activation(acc, (ACTS >> 4) & 15)
+    h = _activation(acc, (ACTS >> 4) & 15, EPILOGUE_FAST)
     # Layers 2 to 7 written out: each has its own constexpr widths, and a jit helper picking
     # the i-th of them (as _pick does for pointers) returns a runtime value, which tl.arange
     # refuses.

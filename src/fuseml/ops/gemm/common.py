@@ -9,6 +9,7 @@ import triton.language as tl
 
 from fuseml import settings
 from fuseml.ops._elementwise import _activation
+from fuseml.ops._math import EPILOGUE_FAST
 
 
 @triton.jit
@@ -146,7 +147,7 @@ def _epilogue(
             )
         # alpha arrives as fp64 under torch.compile: pin the epilogue to fp32.
         acc += tl.cast(alpha, tl.float32) * res_v.to(tl.float32)
-    acc = _activation(acc, ACTIVATION)
+    acc = _activation(acc, ACTIVATION, EPILOGUE_FAST)
     if STORE:
         tl.store(
             out_ptr + rows[:, None] * stride_om + cols[None, :],
