@@ -12,7 +12,7 @@ from fuseml.ops import _lora_modes as lora_modes
 from fuseml.ops import _utils, gemm, lora_linear_ref
 from fuseml.ops import lora as lora_mod
 from fuseml.ops.lora import LoraPath
-from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_allocator
+from fuseml.testing import DTYPES, assert_close_verbose, fused_targets
 
 TARGETS = fused_targets(cuda_twin=False)
 
@@ -38,7 +38,7 @@ def _ref64(x, w, b, a, bb, s, act=None, ids=None):
 @pytest.fixture(
     params=[
         "in_loop", "precomputed", "precomputed-tma", "in_loop-tma", "expand", "expand-tma",
-        "joint-tma", "spread-tma", "base",
+        "joint-tma", "spread-tma",
     ]
 )  # fmt: skip
 def lora_mode(request, monkeypatch):
@@ -49,19 +49,17 @@ def lora_mode(request, monkeypatch):
     any device (the interpreter runs the launches in order). joint-tma: one launch whose
     first programs compute xs (ranks up to 64; wider ones take the expand mode).
     spread-tma: one launch whose tiles compute xs in slices (the interpreter runs it as two
-    launches: see _launch_tma). base: the base layer through torch's GEMM, the LoRA term
-    and the activation in a launch after it (a 3-D B read in place takes expand). Gives the
-    mode's name and the LoraPath that forces it."""
+    launches: see _launch_tma). Gives the mode's name and the LoraPath that forces it."""
     from fuseml.ops.gemm import launch as _gemm
 
     name = request.param
     path = LoraPath(loop="tma" if name.endswith("-tma") else "ptr")
-    if name.startswith(("expand", "joint", "spread", "base")):
+    if name.startswith(("expand", "joint", "spread")):
         # overlapped launches, as in a graph capture; the mode wherever it is tuned (joint
         # and spread only where they can run, else expand)
-        mode = {
-            "joint": _gemm.LORA_JOINT, "spread": _gemm.LORA_SPREAD, "base": gemm.LORA_BASE
-        }.get(name.split("-")[0], _gemm.LORA_EXPAND)  # fmt: skip
+        mode = {"joint": _gemm.LORA_JOINT, "spread": _gemm.LORA_SPREAD}.get(
+            name.split("-")[0], _gemm.LORA_EXPAND
+        )
         path = dataclasses.replace(path, overlap=True, capture=True, mode=mode)
     else:
         monkeypatch.setenv("FUSEML_PDL", "0")
@@ -541,19 +539,6 @@ def test_lora_spread_cuda_graph_gpu(m, tma_lora_modes, monkeypatch):
             assert_close_verbose(eager, want, dtype)
 
 
-def _replays_match(call, x, expected, dtype):
-    """``call()`` captured into a CUDA graph; two replays on new values of x (in place)
-    match ``expected()``."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
-    for _ in range(2):
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_close_verbose(out, expected(), dtype)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m", [1, 64, 256, 1024, 2048])
@@ -577,28 +562,14 @@ def test_lora_cuda_graph_gpu(m, adapters, fresh_tuning):
     with torch.cuda.stream(side):
         call()  # warm-up: tunes both modes
     torch.cuda.current_stream().wait_stream(side)
-    _replays_match(call, x, lambda: _ref64(x, w, b, a, bb, 0.5, "relu", ids), dtype)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("m", [64, 512, 2048])
-def test_lora_base_mode_cuda_graph_gpu(m, fresh_tuning):
-    """The base-apart mode (cuBLAS base GEMM, then the LoRA term and GELU in one launch)
-    forced into a CUDA graph after an eager warm-up: replays of new inputs, into a
-    NaN-poisoned allocator, match the reference."""
-    dtype = torch.bfloat16
-    w, b, a, bb = _layer(1024, 768, 16, dtype, "cuda")
-    x = torch.randn(m, 1024, dtype=dtype, device="cuda")
-    path = LoraPath(mode=gemm.LORA_BASE, overlap=True)
-
-    def call():
-        return fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "gelu", backend="triton", path=path)
-
-    eager = call()
-    assert_close_verbose(eager, _ref64(x, w, b, a, bb, 0.5, "gelu"), dtype)
-    poison_allocator()
-    _replays_match(call, x, lambda: _ref64(x, w, b, a, bb, 0.5, "gelu"), dtype)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close_verbose(out, _ref64(x, w, b, a, bb, 0.5, "relu", ids), dtype)
 
 
 def test_joint_flag_slab_slices(monkeypatch, caplog):
@@ -934,47 +905,6 @@ def test_lora_spread_mode_offered_to_wide_stacks(device, backend, monkeypatch):
     (wide_key, wide), (one_key, one) = offered.items()
     assert wide == [_gemm.LORA_EXPAND, _gemm.LORA_SPREAD] and wide_key.endswith(":s")
     assert _gemm.LORA_SPREAD not in one and not one_key.endswith(":s"), one
-
-
-@pytest.mark.parametrize(("device", "backend"), TARGETS)
-def test_lora_base_mode_offered_and_timed(device, backend, monkeypatch):
-    """The mode tuner also times the base layer through torch's GEMM (LORA_BASE) for a
-    single adapter and a stacked (N, R) B, keyed apart from entries made before it existed;
-    not for wide stacks nor for a 3-D B read in place. The mode it times runs through
-    _run_mode and matches the reference."""
-    from fuseml.ops import _tune
-
-    path = LoraPath(loop="tma", overlap=True, capture=True)
-    offered = {}
-    results = {}
-    choose = _tune.choose
-
-    def spy(memo_key, device_, key, candidates, bench, default, **kw):
-        if memo_key[0] == "loramode":
-            modes = [c["LORA"] for c in candidates()]
-            offered[key()] = modes
-            if gemm.LORA_BASE in modes:
-                bench({"LORA": gemm.LORA_BASE})  # (times it; the output checked below)
-                return {"LORA": gemm.LORA_BASE}
-            return default
-        return choose(memo_key, device_, key, candidates, bench, default, **kw)
-
-    monkeypatch.setattr(_tune, "choose", spy)
-    monkeypatch.setattr(_tune, "gpu_time_ms", lambda fn: fn() or 1.0)
-    k, n, m = 64, 96, 40
-    for name, adapters, rank in (("one", None, 16), ("wide", 16, 16), ("b3d", 3, 16)):
-        w, b, a, bb = _layer(k, n, rank, torch.bfloat16, device, adapters=adapters)
-        x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
-        ids = None if adapters is None else torch.randint(-1, adapters, (m,), device=device)
-        results[name] = fuseml.ops.lora_linear(
-            x, w, b, a, bb, 0.5, "gelu", adapter_ids=ids, backend=backend, path=path
-        )
-        expected = _ref64(x, w, b, a, bb, 0.5, "gelu", ids)
-        assert_close_verbose(results[name], expected, torch.bfloat16)
-    keys = list(offered)
-    assert len(keys) == 3, offered
-    assert gemm.LORA_BASE in offered[keys[0]] and keys[0].endswith(":b")
-    assert all(gemm.LORA_BASE not in offered[key] for key in keys[1:]), offered
 
 
 def _shrink_ref(x, a, scale, ids, rank, dtype):

@@ -69,17 +69,14 @@ def _tuned_mode(
     r = args[4].shape[0]
     memo_key = ("loramode", x2.dtype, bucket, n, k, r, multi, loop, x2.device)
 
-    base_ok = not wide and _base_ok(args[5])
-
     def spread_ok() -> bool:  # (on a memo miss only: it lists candidates)
         return wide and overlap and _spread_ok(loop, x2, n, args[4])
 
     def text_key() -> str:
-        # (a table entry from before the spread or base modes existed does not answer for
-        # them)
+        # (a table entry from before the spread mode existed does not answer for it)
         return (
             f"loramode:{str(x2.dtype)[6:]}:m{bucket}:n{n}:k{k}:r{r}{multi}{_gemm.loop_key(loop)}"
-            f"{':s' if spread_ok() else ''}{':b' if base_ok else ''}"
+            f"{':s' if spread_ok() else ''}"
         )
 
     def bench(cfg: dict) -> float:
@@ -93,33 +90,12 @@ def _tuned_mode(
             found.append({"LORA": _gemm.LORA_JOINT})
         if spread_ok():
             found.append({"LORA": _gemm.LORA_SPREAD})
-        if base_ok:
-            found.append({"LORA": gemm.LORA_BASE})
         return found
 
     cfg = _tune.choose(
         memo_key, x2.device, text_key, modes, bench, {"LORA": default}, can_time=True,
     )  # fmt: skip
     return cfg["LORA"]
-
-
-def _base_ok(b_stacked: torch.Tensor) -> bool:
-    """Can the base-apart mode run (its last launch reads B as an (N, R) weight)?"""
-    return b_stacked.dim() == 2
-
-
-def _base_apart(
-    out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code, traced,
-    force: Force = AUTO,
-) -> None:  # fmt: skip
-    """LORA_BASE (see fuseml.ops.gemm): h = x @ W^T + bias by torch's GEMM, xs by the
-    shrink, then act(xs @ B^T + h) into ``out``: one launch of K = R, h its residual."""
-    h = torch.nn.functional.linear(x2, weight, b)
-    xs = _shrink(x2, a_stacked, rank, scaling, scales, ids, traced, force)
-    linear_rows(
-        xs, b_stacked, None, h, 1.0, code, traced=traced, loop=force.loop, config=force.config,
-        out=out,
-    )  # fmt: skip
 
 
 def _joint_ok(loop: int, a_stacked: torch.Tensor) -> bool:
@@ -165,12 +141,6 @@ def _run_mode(
     r = a_stacked.shape[0]
     r_pad = max(16, next_pow2(r))
     xa = None
-    if mode == gemm.LORA_BASE:
-        _base_apart(
-            out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code, traced,
-            force,
-        )  # fmt: skip
-        return
     if mode == _gemm.LORA_IN_LOOP:
         if loop != _gemm.LOOP_PTR:
             # In-loop inside the TMA kernel (A through a descriptor): a tuning candidate for

@@ -95,20 +95,16 @@ def padded_weight(weight: torch.Tensor, kp: int, keep: bool | None = None) -> to
     return kept_derived(weight, "padk", lambda w: pad_k(kp, w)[0], keep=keep)
 
 
-def _prepare(
-    x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pad_to=None, out=None
-):  # fmt: skip
+def _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pad_to=None):
     """A linear call up to its launch, shared by ``linear_rows`` and ``linear_choice`` so
     that the query answers for the very launch the call makes: (out, loop, pick, run), with
-    out the (M, N) output (the one given: contiguous, of the right shape and dtype), loop
-    gemm_loop's choice, pick(config) the config the launch takes (the given one, else the
-    tuned one) and run(config) the launch; x and W padded to the K ``padded_k`` says
-    first."""
+    out the (M, N) output, loop gemm_loop's choice, pick(config) the config the launch takes
+    (the given one, else the tuned one) and run(config) the launch; x and W padded to the K
+    ``padded_k`` says first."""
     k = x.shape[-1]
     n = weight.shape[0]
     x2 = x if x.dim() == 2 else x.reshape(-1, k)  # any strides: the kernel takes both
-    if out is None:
-        out = torch.empty((x2.shape[0], n), dtype=out_dtype or x.dtype, device=x.device)
+    out = torch.empty((x2.shape[0], n), dtype=out_dtype or x.dtype, device=x.device)
     res2 = None if residual is None else as_rows(residual.reshape(-1, n))
     b = None if bias is None else bias.contiguous()
     kp = padded_k(x2, k, traced) if pad_to is None else pad_to
@@ -164,7 +160,6 @@ def linear_rows(
     config: dict | None = None,
     pad_to: int | None = None,
     fast_tried: bool = False,
-    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """act(x @ W^T + bias + alpha * residual) for validated inputs, shaped (..., N).
 
@@ -172,18 +167,17 @@ def linear_rows(
     launch config instead of the tuned one (tests). pad_to: the K the GEMM runs at (x and W
     zero-padded to it) instead of ``padded_k``'s. ``linear_choice`` names the config and
     kernel a call takes. fast_tried: the caller offered the call to the fast path already.
-    out: a contiguous (M, N) tensor to write (2-D x only), else a new one.
     """
     fast = _fastcall.loaded()  # a repeat call launched from C++ (see fuseml.ops._fastcall)
     usual = not traced and residual is None and out_dtype is None and loop == "auto"
-    usual = usual and config is None and pad_to is None and out is None
+    usual = usual and config is None and pad_to is None
     tries = fast is not None and usual and not fast_tried and type(x) is torch.Tensor
     if tries:
         result = fast.call(_fastcall.GEMM, code, x, weight, bias, alpha, -1)
         if result is not None:
             return result
     out, _, pick, run = _prepare(
-        x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pad_to, out
+        x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pad_to
     )
     if out.numel():
         run(pick(config), fast=usual)

@@ -32,7 +32,6 @@ from fuseml.ops._lora_adapters import (
 )
 from fuseml.ops._lora_modes import (
     Force,
-    _base_ok,
     _expand_tma,
     _joint_ok,
     _run_mode,
@@ -51,7 +50,6 @@ from fuseml.ops._utils import (
     next_pow2,
 )
 from fuseml.ops.bias_act import activation_ref
-from fuseml.ops.gemm import LORA_BASE
 from fuseml.ops.gemm import launch as _gemm
 from fuseml.ops.gemm.lora_modes import reserve_joint_flags
 from fuseml.ops.linear import _CODES, check_linear_args
@@ -237,8 +235,6 @@ def _chosen_mode(path: LoraPath, args: tuple, loop: int, default: int, **kw) -> 
     if forced == _gemm.LORA_SPREAD and not _spread_ok(loop, x2, weight.shape[0], a_stacked):
         return _gemm.LORA_EXPAND
     if forced == _gemm.LORA_JOINT and not _joint_ok(loop, a_stacked):
-        return _gemm.LORA_EXPAND
-    if forced == LORA_BASE and not _base_ok(args[5]):
         return _gemm.LORA_EXPAND
     return forced
 

@@ -45,7 +45,6 @@ from fuseml.ops.gemm.launch import (
     tma_eligible,
 )
 from fuseml.ops.gemm.lora_modes import (
-    LORA_BASE,
     LORA_EXPAND,
     LORA_IN_LOOP,
     LORA_JOINT,
@@ -65,7 +64,6 @@ __all__ = [
     "LOOP_PTR",
     "LOOP_TMA",
     "LOOP_TUNED",
-    "LORA_BASE",
     "LORA_EXPAND",
     "LORA_IN_LOOP",
     "LORA_JOINT",

@@ -21,10 +21,6 @@ docs/performance/lora.md.
      each row tile's first R_PAD / SLICE column tiles accumulate a slice of x @ A^T in
      their K loop and store it as xs; every tile waits for its row tile's slices and adds
      xs @ B^T (``_spread_expand``). No program streams all of K for the shrink alone.
-  7  base apart (three launches, no kernel of its own): the base layer h = x @ W^T + bias
-     through torch's GEMM (cuBLAS / cuBLASLt), rounded to x's dtype as the unmerged chain
-     rounds it; xs (mode 3); then act(xs @ B^T + h) in one launch of K = R. Where the
-     vendor GEMM's main loop beats the fused kernel's by more than the fusion saves.
 
 Multi-adapter: A and B of every adapter are stacked along R (R = adapters x rank), and
 each row keeps only the columns of its own adapter (id -1: none), scaled per adapter:
@@ -46,7 +42,6 @@ from fuseml.ops.gemm.configs import SMEM_LIMIT
 
 LORA_NONE, LORA_IN_LOOP, LORA_PRECOMPUTED, LORA_SHRINK, LORA_EXPAND, LORA_JOINT = 0, 1, 2, 3, 4, 5
 LORA_SPREAD = 6
-LORA_BASE = 7
 
 
 class LoraLaunch(NamedTuple):
