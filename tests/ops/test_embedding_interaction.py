@@ -328,6 +328,37 @@ def test_embedding_interaction_kaggle_size_on_gpu(self_interaction, id_dtype, im
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("self_interaction", [False, True])
+@pytest.mark.parametrize(
+    ("n_tables", "dim"), [(26, 32), (26, 128), (15, 16), (31, 16), (32, 16), (26, 24)]
+)
+def test_embedding_interaction_cuda_tensor_core_form(dtype, self_interaction, n_tables, dim):
+    """The CUDA twin's tensor-core form (16-bit, d a multiple of 16, up to 32 rows of Z:
+    one or two 16-row tiles, the widest staging at d = 128) and the shapes just outside it
+    (33 rows, d = 24), which take the CUDA-core form; bags in both."""
+    weight, offsets, cards = _tables(n_tables, dim, dtype, "cuda", max_rows=3000, seed=7)
+    x = torch.randn(67, dim, dtype=dtype, device="cuda")
+    ids = _ids(67, cards, torch.int64, "cuda")
+    width = dim + num_pairs(n_tables + 1, self_interaction)
+    for extra in (0, 3):  # the staged row stored 16 bytes a lane, or one element a lane
+        expected = _expected(
+            x, weight, offsets, ids, self_interaction=self_interaction, out_width=width + extra
+        )
+        poison_allocator()
+        out = op(x, weight, offsets, ids, self_interaction=self_interaction,
+                 out_width=width + extra, backend="cuda")  # fmt: skip
+        assert torch.equal(out[:, :dim], x)
+        assert_close_verbose(out, expected, dtype)
+    bags = _bags(67, cards, "cuda", seed=8)  # sum-pooled, empty bags included
+    poison_allocator()
+    pooled = op(x, weight, offsets, bags, self_interaction=self_interaction, backend="cuda")
+    expected = _expected_bags(x, weight, offsets, bags, self_interaction=self_interaction)
+    assert_close_verbose(pooled, expected, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("impl", ["triton", "cuda"])
 def test_embedding_interaction_in_cuda_graph(dtype, impl):

@@ -10,11 +10,14 @@
 // (F, F, 0) with the diagonal) in row-major order; each product is a float32 sum of exact
 // products, rounded once to the output dtype.
 //
-// One warp per sample: the warp stages Z in shared memory as float32 (row stride D + 1, so
-// that lanes reading different rows at one column fall in different banks), then each lane
-// takes every 32nd pair, so a warp's stores of one step land on consecutive columns. The
-// dot products run on the CUDA cores: a DLRM sample has 351 pairs of d = 16..128 products
-// (the Triton kernel uses tensor cores; at these sizes both are bound by the gather).
+// One warp per sample, in one of two forms. 16-bit tables with d a multiple of 16 and at
+// most 32 rows of Z (DLRM's 27) take tensor cores (interaction_mma_kernel): Z staged as
+// stored, the Gram's lower 16 x 8 tiles by mma.sync, the kept entries placed in a staged
+// output row that leaves 16 bytes a lane. Otherwise the warp stages Z as float32 (row
+// stride d + 1, so that lanes reading different rows at one column fall in different
+// banks) and each lane takes every 32nd pair on the CUDA cores, so a warp's stores of one
+// step land on consecutive columns: a DLRM sample's 351 pairs of d = 16 products are ~530
+// instructions a lane there, against 6 MMAs.
 //
 // The gather is bound by latency: with one-hot ids the warp first resolves each table's
 // row (its offset and id, one lane a table, all in flight together), then loads the rows
@@ -103,12 +106,8 @@ constexpr int kVec = 16 / static_cast<int>(sizeof(S));
 
 // One-hot ids: rows[t] = the row of w of table t's id for sample b, or -1 for an id outside
 // its table (flagged in a.bad when given); then Z's rows 1..T from those rows.
-template <typename Tr, typename Id, typename Off>
-__device__ __forceinline__ void gather_one_hot(const Args& a, int64_t b, int lane,
-                                               int64_t* rows, float* z) {
-  using S = typename Tr::Storage;
-  const int d = a.d;
-  const int stride = d + 1;
+template <typename Id, typename Off>
+__device__ __forceinline__ void resolve_rows(const Args& a, int64_t b, int lane, int64_t* rows) {
   for (int t = lane; t < a.tables; t += kWarp) {
     const int64_t first = load_id<Off>(a.toff, t * a.toff_s);
     const int64_t size =
@@ -119,11 +118,26 @@ __device__ __forceinline__ void gather_one_hot(const Args& a, int64_t b, int lan
     rows[t] = ok ? first + id : -1;
   }
   __syncwarp();
+}
+
+// Can rows of w be read 16 bytes at a time (unit column stride, rows and w 16-byte
+// aligned, d a multiple of the 16-byte vector)?
+template <typename S>
+__device__ __forceinline__ bool rows_vec16(const Args& a) {
+  return a.w_s1 == 1 && a.d % kVec<S> == 0 && (a.w_s0 * sizeof(S)) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(a.w) % 16 == 0;
+}
+
+template <typename Tr, typename Id, typename Off>
+__device__ __forceinline__ void gather_one_hot(const Args& a, int64_t b, int lane,
+                                               int64_t* rows, float* z) {
+  using S = typename Tr::Storage;
+  const int d = a.d;
+  const int stride = d + 1;
+  resolve_rows<Id, Off>(a, b, lane, rows);
   const S* w = static_cast<const S*>(a.w);
   constexpr int kV = kVec<S>;
-  // 16-byte loads: unit column stride, rows and w 16-byte aligned, d a multiple of kV
-  const bool vec = a.w_s1 == 1 && d % kV == 0 && (a.w_s0 * sizeof(S)) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  const bool vec = rows_vec16<S>(a);
   if (vec) {
     const int per_row = d / kV;
     const int cells = a.tables * per_row;
@@ -222,8 +236,212 @@ __global__ void interaction_kernel(Args a) {
   for (int c = d + a.pairs + lane; c < a.out_w; c += kWarp) out[c] = zero;
 }
 
+// ---------------------------------------------------------------- tensor-core form
+// 16-bit tables, d a multiple of 16, F = T + 1 <= 32 rows: the warp stages Z as stored
+// (16-bit, row stride d + 8 elements, so that the 8 rows a fragment load touches fall in
+// different banks), forms the Gram's lower 16 x 8 tiles with mma.sync m16n8k16 (float32
+// accumulation; 6 tiles at F = 27 against the 351 x d FMAs a lane set costs on the CUDA
+// cores), puts every kept entry at its place in a staged output row, and stores the row
+// 16 bytes a lane where it is aligned. Each entry is a float32 sum of exact products,
+// rounded once, as in the FMA form.
+
+constexpr int kMmaRows = 32;  // Z's rows padded to two 16-row tiles
+
+__host__ __device__ __forceinline__ int64_t round16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+// Shared memory a warp takes in the tensor-core form: the tables' rows of w (int64), Z
+// (kMmaRows x (d + 8), 16-bit) and the output row (out_w, 16-bit).
+__host__ __device__ __forceinline__ int64_t mma_warp_smem_bytes(int tables, int d, int out_w) {
+  return round16(static_cast<int64_t>(tables) * 8) +
+         round16(static_cast<int64_t>(kMmaRows) * (d + 8) * 2) +
+         round16(static_cast<int64_t>(out_w) * 2);
+}
+
+template <typename Tr>
+struct MmaOp;  // acc += A (16 x 16, row) B (16 x 8, col), 16-bit operands in b32 pairs
+template <>
+struct MmaOp<Bf16> {
+  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();  // (the host takes this form on sm_80 and later only)
+#endif
+  }
+};
+template <>
+struct MmaOp<Fp16> {
+  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+  }
+};
+
+// Output column of Gram entry (i, j) (after x's d columns), or -1 where it is not kept.
+__device__ __forceinline__ int kept_column(int i, int j, int f, bool self) {
+  if (i >= f) return -1;
+  if (self) return j <= i ? i * (i + 1) / 2 + j : -1;
+  return j < i ? i * (i - 1) / 2 + j : -1;
+}
+
+template <typename Tr, typename Id, typename Off, bool kBags>
+__global__ void interaction_mma_kernel(Args a) {
+  using S = typename Tr::Storage;  // 16-bit
+  extern __shared__ int64_t smem_i64[];
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + warp;
+  pdl_begin();
+  if (b >= a.rows) return;
+  const int d = a.d;
+  const int f = a.tables + 1;
+  const int zs = d + 8;  // Z's row stride, elements
+  char* mine = reinterpret_cast<char*>(smem_i64) + warp * mma_warp_smem_bytes(a.tables, d, a.out_w);
+  int64_t* rows = reinterpret_cast<int64_t*>(mine);
+  S* z = reinterpret_cast<S*>(mine + round16(static_cast<int64_t>(a.tables) * 8));
+  S* row_out = z + kMmaRows * zs;  // (16-byte aligned: Z's bytes are a multiple of 16)
+  const S* x = static_cast<const S*>(a.x);
+  const S* w = static_cast<const S*>(a.w);
+  constexpr int kV = kVec<S>;
+
+  // Z's row 0 and the output's first d columns: x as stored
+  for (int k = lane; k < d; k += kWarp) {
+    const S v = x[b * a.x_s0 + k * a.x_s1];
+    z[k] = v;
+    row_out[k] = v;
+  }
+  // Z's rows 1..T. (Rows F..31 stay as they are: they meet only Gram entries not kept.)
+  if constexpr (!kBags) {
+    resolve_rows<Id, Off>(a, b, lane, rows);
+    if (rows_vec16<S>(a)) {
+      const int per_row = d / kV;
+      const int cells = a.tables * per_row;
+#pragma unroll 2
+      for (int c = lane; c < cells; c += kWarp) {
+        const int t = c / per_row;
+        const int k = (c - t * per_row) * kV;
+        const int64_t row = rows[t];
+        uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+        if (row >= 0) raw = *reinterpret_cast<const uint4*>(w + row * a.w_s0 + k);
+        *reinterpret_cast<uint4*>(z + (t + 1) * zs + k) = raw;
+      }
+    } else {
+      const int cells = a.tables * d;
+      for (int c = lane; c < cells; c += kWarp) {
+        const int t = c / d;
+        const int k = c - t * d;
+        const int64_t row = rows[t];
+        z[(t + 1) * zs + k] = row >= 0 ? w[row * a.w_s0 + k * a.w_s1] : Tr::from_float(0.0f);
+      }
+    }
+  } else {
+    const int cells = a.tables * d;
+    for (int c = lane; c < cells; c += kWarp) {
+      const int t = c / d;
+      const int k = c - t * d;
+      const int64_t first = load_id<Off>(a.toff, t * a.toff_s);
+      const int64_t size =
+          a.bad != nullptr ? load_id<Off>(a.toff, (t + 1) * a.toff_s) - first : INT64_MAX;
+      const int64_t bag = static_cast<int64_t>(t) * a.rows + b;
+      float acc = 0.0f;
+      for (int64_t e = a.starts[bag]; e < a.starts[bag + 1]; ++e) {
+        const int64_t id = load_id<Id>(a.ids, e * a.ids_s0);
+        if (id < 0 || id >= size) {
+          if (a.bad != nullptr) a.bad[t] = 1;
+          continue;
+        }
+        acc += Tr::to_float(w[(first + id) * a.w_s0 + k * a.w_s1]);
+      }
+      z[(t + 1) * zs + k] = Tr::from_float(acc);  // pooled, rounded to w's dtype
+    }
+  }
+  __syncwarp();
+
+  // The Gram's lower tiles: rows rb..rb+15 against rows cb..cb+7 of Z, for every column
+  // tile that holds a kept entry. Lane (g, q) = (lane / 4, lane % 4) loads the 16-bit pairs
+  // its fragments hold: A's rows g and g + 8, B's row (Z's) g, columns 2q and 2q + 8.
+  const int g = lane >> 2;
+  const int q = lane & 3;
+  const uint32_t* z32 = reinterpret_cast<const uint32_t*>(z);
+  const int zs32 = zs / 2;  // row stride in 32-bit words
+  for (int rb = 0; rb < f; rb += 16) {
+    for (int cb = 0; cb < f && cb <= rb + 15; cb += 8) {
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int k0 = 0; k0 < d; k0 += 16) {
+        const int w0 = k0 / 2 + q;  // word of columns (k0 + 2q, k0 + 2q + 1)
+        uint32_t fa[4];
+        fa[0] = z32[(rb + g) * zs32 + w0];
+        fa[1] = z32[(rb + g + 8) * zs32 + w0];
+        fa[2] = z32[(rb + g) * zs32 + w0 + 4];
+        fa[3] = z32[(rb + g + 8) * zs32 + w0 + 4];
+        const uint32_t b0 = z32[(cb + g) * zs32 + w0];
+        const uint32_t b1 = z32[(cb + g) * zs32 + w0 + 4];
+        MmaOp<Tr>::run(c, fa, b0, b1);
+      }
+      // c[0], c[1]: entry (rb + g, cb + 2q + {0, 1}); c[2], c[3]: row rb + g + 8
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = rb + g + (e >> 1) * 8;
+        const int j = cb + 2 * q + (e & 1);
+        const int col = kept_column(i, j, f, a.self);
+        if (col >= 0) row_out[d + col] = Tr::from_float(c[e]);
+      }
+    }
+  }
+  const S zero = Tr::from_float(0.0f);
+  for (int col = d + a.pairs + lane; col < a.out_w; col += kWarp) row_out[col] = zero;
+  __syncwarp();
+
+  // The staged row to out[b]: 16 bytes a lane where the rows are 16-byte aligned
+  S* out = static_cast<S*>(a.out) + b * a.out_w;
+  if ((a.out_w * sizeof(S)) % 16 == 0 && reinterpret_cast<uintptr_t>(a.out) % 16 == 0) {
+    const uint4* src = reinterpret_cast<const uint4*>(row_out);
+    uint4* dst = reinterpret_cast<uint4*>(out);
+    for (int c = lane; c < a.out_w / kV; c += kWarp) store_weak(dst + c, src[c]);
+  } else {
+    for (int col = lane; col < a.out_w; col += kWarp) out[col] = row_out[col];
+  }
+}
+
+// Does the tensor-core form serve this call? 16-bit tables on sm_80 and later, d a
+// multiple of 16, at most kMmaRows rows of Z, a warp's staging within the limit.
+template <typename Tr>
+bool mma_form(const Args& a) {
+  if constexpr (sizeof(typename Tr::Storage) != 2) {
+    return false;
+  } else {
+    return at::cuda::getCurrentDeviceProperties()->major >= 8 && a.d % 16 == 0 &&
+           a.tables + 1 <= kMmaRows && mma_warp_smem_bytes(a.tables, a.d, a.out_w) <= kSmemBytes;
+  }
+}
+
 template <typename Tr, typename Id, typename Off>
 void launch_ids(const Args& a, bool bags, cudaStream_t stream, bool pdl) {
+  if constexpr (sizeof(typename Tr::Storage) == 2) {
+    if (mma_form<Tr>(a)) {
+      const int64_t per_warp = mma_warp_smem_bytes(a.tables, a.d, a.out_w);
+      const int warps = static_cast<int>(std::min<int64_t>(kMaxWarps, kSmemBytes / per_warp));
+      const int64_t blocks = (a.rows + warps - 1) / warps;
+      auto kernel = bags ? interaction_mma_kernel<Tr, Id, Off, true>
+                         : interaction_mma_kernel<Tr, Id, Off, false>;
+      launch_pdl_smem(pdl, kernel, dim3(static_cast<unsigned>(blocks)), dim3(warps * kWarp),
+                      static_cast<size_t>(warps * per_warp), stream, a);
+      return;
+    }
+  }
   const int64_t per_warp = warp_smem_bytes(a.tables, a.d);
   TORCH_CHECK(per_warp <= kSmemBytes, "embedding_interaction_cuda_out: T int64 rows and "
               "(T + 1) x (d + 1) float32 must fit 48 KiB of shared memory, got T = ", a.tables,
