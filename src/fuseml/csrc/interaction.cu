@@ -38,6 +38,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace fuseml {
@@ -128,17 +129,18 @@ __device__ __forceinline__ bool rows_vec16(const Args& a) {
          reinterpret_cast<uintptr_t>(a.w) % 16 == 0;
 }
 
-template <typename Tr, typename Id, typename Off>
-__device__ __forceinline__ void gather_one_hot(const Args& a, int64_t b, int lane,
-                                               int64_t* rows, float* z) {
+// Z's rows 1..T (row stride zs) from the resolved rows of w, zero where a row is -1: as
+// float32 (kAsStored false), or in w's own 16-bit storage (kAsStored: 16-byte copies where
+// rows_vec16 holds, Z's rows then 16-byte aligned).
+template <typename Tr, bool kAsStored>
+__device__ __forceinline__ void fill_rows(
+    const Args& a, int lane, const int64_t* rows,
+    std::conditional_t<kAsStored, typename Tr::Storage, float>* z, int zs) {
   using S = typename Tr::Storage;
-  const int d = a.d;
-  const int stride = d + 1;
-  resolve_rows<Id, Off>(a, b, lane, rows);
   const S* w = static_cast<const S*>(a.w);
+  const int d = a.d;
   constexpr int kV = kVec<S>;
-  const bool vec = rows_vec16<S>(a);
-  if (vec) {
+  if (rows_vec16<S>(a)) {
     const int per_row = d / kV;
     const int cells = a.tables * per_row;
 #pragma unroll 2
@@ -146,19 +148,15 @@ __device__ __forceinline__ void gather_one_hot(const Args& a, int64_t b, int lan
       const int t = c / per_row;
       const int k = (c - t * per_row) * kV;
       const int64_t row = rows[t];
-      float v[kV];
-      if (row >= 0) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(w + row * a.w_s0 + k);
+      uint4 raw = make_uint4(0u, 0u, 0u, 0u);  // (all-zero bits: 0 in every dtype)
+      if (row >= 0) raw = *reinterpret_cast<const uint4*>(w + row * a.w_s0 + k);
+      if constexpr (kAsStored) {
+        *reinterpret_cast<uint4*>(z + (t + 1) * zs + k) = raw;
+      } else {
         const S* e = reinterpret_cast<const S*>(&raw);
 #pragma unroll
-        for (int i = 0; i < kV; ++i) v[i] = Tr::to_float(e[i]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kV; ++i) v[i] = 0.0f;
+        for (int i = 0; i < kV; ++i) z[(t + 1) * zs + k + i] = Tr::to_float(e[i]);
       }
-      float* dst = z + (t + 1) * stride + k;
-#pragma unroll
-      for (int i = 0; i < kV; ++i) dst[i] = v[i];
     }
     return;
   }
@@ -168,8 +166,82 @@ __device__ __forceinline__ void gather_one_hot(const Args& a, int64_t b, int lan
     const int t = c / d;
     const int k = c - t * d;
     const int64_t row = rows[t];
-    z[(t + 1) * stride + k] = row >= 0 ? Tr::to_float(w[row * a.w_s0 + k * a.w_s1]) : 0.0f;
+    const S v = row >= 0 ? w[row * a.w_s0 + k * a.w_s1] : Tr::from_float(0.0f);
+    if constexpr (kAsStored) {
+      z[(t + 1) * zs + k] = v;
+    } else {
+      z[(t + 1) * zs + k] = Tr::to_float(v);
+    }
   }
+}
+
+// The sample of the calling warp (one a warp), or -1 past the last; the kernel's first
+// statement (pdl_begin: nothing touches global memory before it).
+__device__ __forceinline__ int64_t warp_sample(const Args& a) {
+  pdl_begin();
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  return b < a.rows ? b : -1;
+}
+
+// Column k of bag t of sample b, its rows summed in float32 and rounded once to w's dtype
+// (as embedding_bag rounds); with a flag, an id outside its table is skipped and flags it.
+template <typename Tr, typename Id, typename Off>
+__device__ __forceinline__ typename Tr::Storage pooled(const Args& a, int64_t b, int t, int k) {
+  using S = typename Tr::Storage;
+  const S* w = static_cast<const S*>(a.w);
+  const int64_t first = load_id<Off>(a.toff, t * a.toff_s);
+  const int64_t size =
+      a.bad != nullptr ? load_id<Off>(a.toff, (t + 1) * a.toff_s) - first : INT64_MAX;
+  const int64_t bag = static_cast<int64_t>(t) * a.rows + b;
+  float acc = 0.0f;
+  for (int64_t e = a.starts[bag]; e < a.starts[bag + 1]; ++e) {
+    const int64_t id = load_id<Id>(a.ids, e * a.ids_s0);
+    if (id < 0 || id >= size) {
+      if (a.bad != nullptr) a.bad[t] = 1;
+      continue;
+    }
+    acc += Tr::to_float(w[(first + id) * a.w_s0 + k * a.w_s1]);
+  }
+  return Tr::from_float(acc);
+}
+
+// Z of sample b, row stride zs (float32, or w's storage with kAsStored; see fill_rows):
+// row 0 is x, also copied as stored to the output row's first d columns; rows 1..T the
+// gathered rows (one-hot), or each bag's rows pooled (lanes over (table, column)).
+template <typename Tr, typename Id, typename Off, bool kBags, bool kAsStored>
+__device__ __forceinline__ void fill_z(
+    const Args& a, int64_t b, int lane, int64_t* rows,
+    std::conditional_t<kAsStored, typename Tr::Storage, float>* z, int zs,
+    typename Tr::Storage* out_row) {
+  using S = typename Tr::Storage;
+  const S* x = static_cast<const S*>(a.x);
+  const int d = a.d;
+  for (int k = lane; k < d; k += kWarp) {
+    const S v = x[b * a.x_s0 + k * a.x_s1];
+    if constexpr (kAsStored) {
+      z[k] = v;
+    } else {
+      z[k] = Tr::to_float(v);
+    }
+    out_row[k] = v;
+  }
+  if constexpr (!kBags) {
+    resolve_rows<Id, Off>(a, b, lane, rows);
+    fill_rows<Tr, kAsStored>(a, lane, rows, z, zs);
+  } else {
+    const int cells = a.tables * d;
+    for (int c = lane; c < cells; c += kWarp) {
+      const int t = c / d;
+      const int k = c - t * d;
+      const S v = pooled<Tr, Id, Off>(a, b, t, k);
+      if constexpr (kAsStored) {
+        z[(t + 1) * zs + k] = v;
+      } else {
+        z[(t + 1) * zs + k] = Tr::to_float(v);
+      }
+    }
+  }
+  __syncwarp();
 }
 
 template <typename Tr, typename Id, typename Off, bool kBags>
@@ -178,50 +250,16 @@ __global__ void interaction_kernel(Args a) {
   extern __shared__ int64_t smem_i64[];
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + warp;
-  pdl_begin();
-  if (b >= a.rows) return;
+  const int64_t b = warp_sample(a);
+  if (b < 0) return;
   const int d = a.d;
   const int stride = d + 1;
   char* mine = reinterpret_cast<char*>(smem_i64) + warp * warp_smem_bytes(a.tables, d);
   int64_t* rows = reinterpret_cast<int64_t*>(mine);
   float* z = reinterpret_cast<float*>(mine + static_cast<int64_t>(a.tables) * 8);
-  const S* x = static_cast<const S*>(a.x);
-  const S* w = static_cast<const S*>(a.w);
   S* out = static_cast<S*>(a.out) + b * a.out_w;
 
-  // Z's first row is x; x is also the output row's first d columns, copied as stored
-  for (int k = lane; k < d; k += kWarp) {
-    const S v = x[b * a.x_s0 + k * a.x_s1];
-    z[k] = Tr::to_float(v);
-    out[k] = v;
-  }
-  // rows 1..T: the gathered rows, or each bag's rows pooled (lanes over (table, column))
-  if constexpr (!kBags) {
-    gather_one_hot<Tr, Id, Off>(a, b, lane, rows, z);
-  } else {
-    const int cells = a.tables * d;
-    for (int c = lane; c < cells; c += kWarp) {
-      const int t = c / d;
-      const int k = c - t * d;
-      const int64_t first = load_id<Off>(a.toff, t * a.toff_s);
-      // with a flag: an id outside its table is skipped and flags the table
-      const int64_t size =
-          a.bad != nullptr ? load_id<Off>(a.toff, (t + 1) * a.toff_s) - first : INT64_MAX;
-      const int64_t bag = static_cast<int64_t>(t) * a.rows + b;
-      float acc = 0.0f;
-      for (int64_t e = a.starts[bag]; e < a.starts[bag + 1]; ++e) {
-        const int64_t id = load_id<Id>(a.ids, e * a.ids_s0);
-        if (id < 0 || id >= size) {
-          if (a.bad != nullptr) a.bad[t] = 1;
-          continue;
-        }
-        acc += Tr::to_float(w[(first + id) * a.w_s0 + k * a.w_s1]);
-      }
-      z[(t + 1) * stride + k] = Tr::to_float(Tr::from_float(acc));  // pooled, in w's dtype
-    }
-  }
-  __syncwarp();
+  fill_z<Tr, Id, Off, kBags, false>(a, b, lane, rows, z, stride, out);
 
   for (int p = lane; p < a.pairs; p += kWarp) {
     int i, j;
@@ -257,38 +295,29 @@ __host__ __device__ __forceinline__ int64_t mma_warp_smem_bytes(int tables, int 
          round16(static_cast<int64_t>(out_w) * 2);
 }
 
+// c += A (16 x 16, row-major) B (16 x 8, column-major), float32 accumulation; the 16-bit
+// operands in b32 pairs as mma.sync m16n8k16 lays its fragments out.
+#define FUSEML_MMA_16816(TYPE)                                                              \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                       \
+               ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"       \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                             \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+
 template <typename Tr>
-struct MmaOp;  // acc += A (16 x 16, row) B (16 x 8, col), 16-bit operands in b32 pairs
-template <>
-struct MmaOp<Bf16> {
-  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    __trap();  // (the host takes this form on sm_80 and later only)
-#endif
+  if constexpr (std::is_same_v<Tr, Bf16>) {
+    FUSEML_MMA_16816("bf16");
+  } else {
+    static_assert(std::is_same_v<Tr, Fp16>, "mma_16816: 16-bit storage only");
+    FUSEML_MMA_16816("f16");
   }
-};
-template <>
-struct MmaOp<Fp16> {
-  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #else
-    __trap();
+  __trap();  // (the host takes this form on sm_80 and later only)
 #endif
-  }
-};
+}
+#undef FUSEML_MMA_16816
 
 // Output column of Gram entry (i, j) (after x's d columns), or -1 where it is not kept.
 __device__ __forceinline__ int kept_column(int i, int j, int f, bool self) {
@@ -303,9 +332,8 @@ __global__ void interaction_mma_kernel(Args a) {
   extern __shared__ int64_t smem_i64[];
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + warp;
-  pdl_begin();
-  if (b >= a.rows) return;
+  const int64_t b = warp_sample(a);
+  if (b < 0) return;
   const int d = a.d;
   const int f = a.tables + 1;
   const int zs = d + 8;  // Z's row stride, elements
@@ -313,62 +341,10 @@ __global__ void interaction_mma_kernel(Args a) {
   int64_t* rows = reinterpret_cast<int64_t*>(mine);
   S* z = reinterpret_cast<S*>(mine + round16(static_cast<int64_t>(a.tables) * 8));
   S* row_out = z + kMmaRows * zs;  // (16-byte aligned: Z's bytes are a multiple of 16)
-  const S* x = static_cast<const S*>(a.x);
-  const S* w = static_cast<const S*>(a.w);
   constexpr int kV = kVec<S>;
 
-  // Z's row 0 and the output's first d columns: x as stored
-  for (int k = lane; k < d; k += kWarp) {
-    const S v = x[b * a.x_s0 + k * a.x_s1];
-    z[k] = v;
-    row_out[k] = v;
-  }
-  // Z's rows 1..T. (Rows F..31 stay as they are: they meet only Gram entries not kept.)
-  if constexpr (!kBags) {
-    resolve_rows<Id, Off>(a, b, lane, rows);
-    if (rows_vec16<S>(a)) {
-      const int per_row = d / kV;
-      const int cells = a.tables * per_row;
-#pragma unroll 2
-      for (int c = lane; c < cells; c += kWarp) {
-        const int t = c / per_row;
-        const int k = (c - t * per_row) * kV;
-        const int64_t row = rows[t];
-        uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-        if (row >= 0) raw = *reinterpret_cast<const uint4*>(w + row * a.w_s0 + k);
-        *reinterpret_cast<uint4*>(z + (t + 1) * zs + k) = raw;
-      }
-    } else {
-      const int cells = a.tables * d;
-      for (int c = lane; c < cells; c += kWarp) {
-        const int t = c / d;
-        const int k = c - t * d;
-        const int64_t row = rows[t];
-        z[(t + 1) * zs + k] = row >= 0 ? w[row * a.w_s0 + k * a.w_s1] : Tr::from_float(0.0f);
-      }
-    }
-  } else {
-    const int cells = a.tables * d;
-    for (int c = lane; c < cells; c += kWarp) {
-      const int t = c / d;
-      const int k = c - t * d;
-      const int64_t first = load_id<Off>(a.toff, t * a.toff_s);
-      const int64_t size =
-          a.bad != nullptr ? load_id<Off>(a.toff, (t + 1) * a.toff_s) - first : INT64_MAX;
-      const int64_t bag = static_cast<int64_t>(t) * a.rows + b;
-      float acc = 0.0f;
-      for (int64_t e = a.starts[bag]; e < a.starts[bag + 1]; ++e) {
-        const int64_t id = load_id<Id>(a.ids, e * a.ids_s0);
-        if (id < 0 || id >= size) {
-          if (a.bad != nullptr) a.bad[t] = 1;
-          continue;
-        }
-        acc += Tr::to_float(w[(first + id) * a.w_s0 + k * a.w_s1]);
-      }
-      z[(t + 1) * zs + k] = Tr::from_float(acc);  // pooled, rounded to w's dtype
-    }
-  }
-  __syncwarp();
+  // (Z's rows F..31 stay as they are: they meet only Gram entries not kept)
+  fill_z<Tr, Id, Off, kBags, true>(a, b, lane, rows, z, zs, row_out);
 
   // The Gram's lower tiles: rows rb..rb+15 against rows cb..cb+7 of Z, for every column
   // tile that holds a kept entry. Lane (g, q) = (lane / 4, lane % 4) loads the 16-bit pairs
@@ -389,7 +365,7 @@ __global__ void interaction_mma_kernel(Args a) {
         fa[3] = z32[(rb + g + 8) * zs32 + w0 + 4];
         const uint32_t b0 = z32[(cb + g) * zs32 + w0];
         const uint32_t b1 = z32[(cb + g) * zs32 + w0 + 4];
-        MmaOp<Tr>::run(c, fa, b0, b1);
+        mma_16816<Tr>(c, fa, b0, b1);
       }
       // c[0], c[1]: entry (rb + g, cb + 2q + {0, 1}); c[2], c[3]: row rb + g + 8
 #pragma unroll
