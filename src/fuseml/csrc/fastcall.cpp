@@ -557,6 +557,48 @@ py::object call_lora(int64_t code, const at::Tensor& x, const at::Tensor& weight
   return call_with(kLora, code, x, weight, bias, scaling, -1, lora);
 }
 
+// Does the value Python passed for a parameter (a pointer, an int or a float) equal the
+// one this file computes at position pos? "" when it does, else why not.
+std::string same_value(int64_t kind, int pos, const Value& v, const py::object& p) {
+  if (kind == kF32) {
+    if (static_cast<float>(p.cast<double>()) != static_cast<float>(v.f)) {
+      return "argument " + std::to_string(pos) + " differs";
+    }
+  } else if (kind == kPtr) {
+    const int64_t ptr = THPVariable_Check(p.ptr())
+        ? reinterpret_cast<int64_t>(THPVariable_Unpack(p.ptr()).data_ptr())
+        : p.cast<int64_t>();
+    if (ptr != v.i) return "pointer argument " + std::to_string(pos) + " differs";
+  } else if (kind == kI32 || kind == kI64) {
+    if (p.cast<int64_t>() != v.i) return "argument " + std::to_string(pos) + " differs";
+  } else {
+    return "unknown parameter kind";
+  }
+  return "";
+}
+
+// The compiled function's parameters: the plan's with the sizes it writes, then at most
+// two 8-byte scratch pointers (Triton's global / profile scratch), nothing more; sets
+// plan.n_scratch. "" when they are, else why not.
+std::string check_param_sizes(Plan& plan, ParamInfo param_info) {
+  const int n = plan.n_params;
+  for (int j = 0; j < n + 3; ++j) {
+    size_t offset = 0, size = 0;
+    const bool exists = param_info(plan.function, j, &offset, &size) == CUDA_SUCCESS;
+    if (j < n) {
+      const size_t want = plan.kind[j] == kDesc ? sizeof(CUtensorMap)
+                          : (plan.kind[j] == kI32 || plan.kind[j] == kF32) ? 4 : 8;
+      if (!exists || size != want) return "parameter " + std::to_string(j) + " has another size";
+    } else if (!exists) {
+      plan.n_scratch = j - n;
+      return "";
+    } else if (size != 8 || j == n + 2) {
+      return "the kernel takes parameters this file does not pass";
+    }
+  }
+  return "";
+}
+
 // Keep the plan of a launch the Python path just made: "" when kept, else why not.
 std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
                           const std::optional<at::Tensor>& y, const std::optional<at::Tensor>& bias,
@@ -604,21 +646,8 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
     if (pos < 0 || pos >= n_values) return "a parameter this file does not compute";
     plan.pos[j] = pos;
     plan.kind[j] = static_cast<int>(kinds[j]);
-    const py::object& p = passed[j];
-    if (plan.kind[j] == kF32) {
-      if (static_cast<float>(p.cast<double>()) != static_cast<float>(v[pos].f)) {
-        return "argument " + std::to_string(pos) + " differs";
-      }
-    } else if (plan.kind[j] == kPtr) {
-      const int64_t ptr = THPVariable_Check(p.ptr())
-          ? reinterpret_cast<int64_t>(THPVariable_Unpack(p.ptr()).data_ptr())
-          : p.cast<int64_t>();
-      if (ptr != v[pos].i) return "pointer argument " + std::to_string(pos) + " differs";
-    } else if (plan.kind[j] == kI32 || plan.kind[j] == kI64) {
-      if (p.cast<int64_t>() != v[pos].i) return "argument " + std::to_string(pos) + " differs";
-    } else {
-      return "unknown parameter kind";
-    }
+    const std::string why = same_value(plan.kind[j], pos, v[pos], passed[j]);
+    if (!why.empty()) return why;
   }
   if (!aligned16(v, plan)) return "unaligned pointers";
   {  // kept already (a call the fast path does not take, e.g. in place, offers it each time)
@@ -626,21 +655,8 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
     auto it = table.find(key);
     if (it != table.end() && same_launch(it->second, plan)) return "";
   }
-  // The compiled function's parameters: ours with these sizes, then at most two 8-byte
-  // scratch pointers (Triton's global / profile scratch), nothing more.
-  for (int j = 0; j < n + 3; ++j) {
-    size_t offset = 0, size = 0;
-    const bool exists = param_info(plan.function, j, &offset, &size) == CUDA_SUCCESS;
-    if (j < n) {
-      const size_t want = (plan.kind[j] == kI32 || plan.kind[j] == kF32) ? 4 : 8;
-      if (!exists || size != want) return "parameter " + std::to_string(j) + " has another size";
-    } else if (!exists) {
-      plan.n_scratch = j - n;
-      break;
-    } else if (size != 8 || j == n + 2) {
-      return "the kernel takes parameters this file does not pass";
-    }
-  }
+  const std::string sizes = check_param_sizes(plan, param_info);
+  if (!sizes.empty()) return sizes;
   std::lock_guard<std::mutex> guard(table_lock);
   table[key] = plan;
   return "";
@@ -738,38 +754,16 @@ std::string register_joint_plan(int64_t code, const at::Tensor& x, const at::Ten
           block != std::vector<int64_t>{plan.joint.desc[d].box[0], plan.joint.desc[d].box[1]}) {
         return "descriptor " + std::to_string(d) + " differs";
       }
-    } else if (plan.kind[j] == kF32) {
-      if (static_cast<float>(p.cast<double>()) != static_cast<float>(v[pos].f)) {
-        return "argument " + std::to_string(pos) + " differs";
-      }
-    } else if (plan.kind[j] == kPtr) {
-      const int64_t ptr = THPVariable_Check(p.ptr())
-          ? reinterpret_cast<int64_t>(THPVariable_Unpack(p.ptr()).data_ptr())
-          : p.cast<int64_t>();
-      if (ptr != v[pos].i) return "pointer argument " + std::to_string(pos) + " differs";
-    } else if (plan.kind[j] == kI32 || plan.kind[j] == kI64) {
-      if (p.cast<int64_t>() != v[pos].i) return "argument " + std::to_string(pos) + " differs";
     } else {
-      return "unknown parameter kind";
+      const std::string why = same_value(plan.kind[j], pos, v[pos], p);
+      if (!why.empty()) return why;
     }
   }
   if (!aligned16(v, plan)) return "unaligned pointers";
   CUtensorMap maps[kMaxDescs];
   if (!encode_joint(plan, x2, weight, lora, maps)) return "a descriptor does not encode";
-  for (int j = 0; j < n + 3; ++j) {
-    size_t offset = 0, size = 0;
-    const bool exists = param_info(plan.function, j, &offset, &size) == CUDA_SUCCESS;
-    if (j < n) {
-      const size_t want = plan.kind[j] == kDesc ? sizeof(CUtensorMap)
-                          : (plan.kind[j] == kI32 || plan.kind[j] == kF32) ? 4 : 8;
-      if (!exists || size != want) return "parameter " + std::to_string(j) + " has another size";
-    } else if (!exists) {
-      plan.n_scratch = j - n;
-      break;
-    } else if (size != 8 || j == n + 2) {
-      return "the kernel takes parameters this file does not pass";
-    }
-  }
+  const std::string sizes = check_param_sizes(plan, param_info);
+  if (!sizes.empty()) return sizes;
   std::lock_guard<std::mutex> guard(table_lock);
   table[key] = plan;
   return "";
