@@ -123,6 +123,10 @@ def resolve_backend(backend: str, device: torch.device, op: str, *, cuda_twin: b
     """
     if backend not in BACKENDS:
         raise ValueError(f"{op}: backend must be one of {BACKENDS}, got {backend!r}")
+    if torch.compiler.is_compiling():
+        # (traced: a constant, without the cache: dynamo would guard on the cache's
+        # contents and replay its fill, so the second call compiled the caller again)
+        return _resolve_constant(backend, device.type, op, cuda_twin)
     key = (backend, device.type, cuda_twin)
     resolved = _RESOLVED.get(key)
     if resolved is None:

@@ -56,6 +56,29 @@ def test_compile_traces_the_replaced_modules_math(device, backend, layer):
 
 
 @pytest.mark.parametrize(("device", "backend"), fused_targets(cuda_twin=False))
+@pytest.mark.parametrize("layer", ["FusedLinear", "FusedMLP", "LoRALinear"])
+def test_compiled_layers_compile_once(device, backend, layer, monkeypatch):
+    """Repeat calls of a compiled swapped layer reuse its first graph, also when the backend
+    is first resolved while tracing (a layer compiled before any eager fuseml call): a cache
+    filled during the trace made the second call compile again."""
+    monkeypatch.setattr(fuseml.runtime, "_RESOLVED", {})
+    m = _layers(device, backend)[layer].eval()
+    x = torch.randn(8, 32, device=device)
+    compiles = []
+
+    def count(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(m, backend=count, fullgraph=True)
+        outs = [compiled(x) for _ in range(3)]
+    assert len(compiles) == 1
+    assert torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize(("device", "backend"), fused_targets(cuda_twin=False))
 def test_export_takes_the_modules_math_and_the_ops_themselves(device, backend):
     m = FusedLinear(32, 24, activation="relu", device=device, backend=backend).eval()
     x = torch.randn(8, 32, device=device)

@@ -12,21 +12,18 @@ Callers import these by bare name: torch.compile re-parses user Triton kernels a
 resolves helpers through the kernel module's globals.
 """
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from fuseml.runtime import triton_interpreting
+
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) == exp2(x * LOG2E)
 
 # FAST for the GEMM and MLP epilogues' activations, fixed per process: their launches run on
-# the GPU unless Triton's interpreter is on (set before import, as the CPU tests do). An
-# erf-GELU epilogue of a 512 x 4096 -> 4096 layer cost 7 us on an H200 without it.
-EPILOGUE_FAST = tl.constexpr(
-    os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on", "yes")
-    and torch.version.hip is None
-)
+# NVIDIA GPUs unless Triton's interpreter is on (as fast_math says per tensor). An erf-GELU
+# epilogue of a 512 x 4096 -> 4096 layer cost 7 us on an H200 without it.
+EPILOGUE_FAST = tl.constexpr(not triton_interpreting() and torch.version.hip is None)
 
 
 @triton.jit

@@ -69,8 +69,8 @@ def _t(*shape, scale: float = 1.0):
     return (torch.randn(*shape, device="cuda") * scale).to(DTYPE)
 
 
-def _ops() -> dict[str, tuple[str, object]]:
-    """name -> (shape label, build) of the op cases."""
+def _ops() -> list[tuple[str, str, object]]:
+    """(name, shape label, build) of the op cases."""
 
     def gelu():
         x = _t(64, 512)
@@ -120,16 +120,19 @@ def _ops() -> dict[str, tuple[str, object]]:
 
         return {"torch": chain, "fuseml": lambda: fuseml.ops.mlp(x, ws, bs, "relu")}
 
-    def lora():  # one adapter of rank 16 on a 4096-wide layer, 512 rows
-        k = n = 4096
-        x, w, b = _t(512, k), _t(n, k, scale=k**-0.5), _t(n)
-        a, bb = _t(16, k, scale=k**-0.5), _t(n, 16, scale=0.25)
-        merged = w + 0.5 * (bb @ a)
-        return {
-            "torch": lambda: F.linear(x, w, b) + 0.5 * F.linear(F.linear(x, a), bb),
-            "merged": lambda: F.linear(x, merged, b),
-            "fuseml": lambda: fuseml.ops.lora_linear(x, w, b, a, bb, 0.5),
-        }
+    def lora(rows: int):  # one adapter of rank 16 on a 4096-wide layer
+        def build():
+            k = n = 4096
+            x, w, b = _t(rows, k), _t(n, k, scale=k**-0.5), _t(n)
+            a, bb = _t(16, k, scale=k**-0.5), _t(n, 16, scale=0.25)
+            merged = w + 0.5 * (bb @ a)
+            return {
+                "torch": lambda: F.linear(x, w, b) + 0.5 * F.linear(F.linear(x, a), bb),
+                "merged": lambda: F.linear(x, merged, b),
+                "fuseml": lambda: fuseml.ops.lora_linear(x, w, b, a, bb, 0.5),
+            }
+
+        return build
 
     def interaction():  # kaggle: 26 tables, d = 16
         cards = torch.full((26,), 10_000)
@@ -145,21 +148,22 @@ def _ops() -> dict[str, tuple[str, object]]:
             ),
         }
 
-    return {
-        "gelu": ("64x512", gelu),
-        "softmax": ("64x512", softmax),
-        "add": ("64x512", add),
-        "bias_act relu": ("64x512", bias_relu),
-        "linear relu": ("64x512->256", linear_relu),
-        "linear": ("64x64->16", linear_small),
-        "mlp": ("64x13-512-256-64-16", mlp),
-        "lora_linear": ("512x4096->4096 r16", lora),
-        "embedding_interaction": ("64x26x16", interaction),
-    }
+    return [
+        ("gelu", "64x512", gelu),
+        ("softmax", "64x512", softmax),
+        ("add", "64x512", add),
+        ("bias_act relu", "64x512", bias_relu),
+        ("linear relu", "64x512->256", linear_relu),
+        ("linear", "64x64->16", linear_small),
+        ("mlp", "64x13-512-256-64-16", mlp),
+        ("lora_linear", "16x4096->4096 r16", lora(16)),
+        ("lora_linear", "512x4096->4096 r16", lora(512)),
+        ("embedding_interaction", "64x26x16", interaction),
+    ]
 
 
-def _models() -> dict[str, tuple[str, object]]:
-    """name -> (shape label, build) of the whole-model cases (fuseml.optimize)."""
+def _models() -> list[tuple[str, str, object]]:
+    """(name, shape label, build) of the whole-model cases (fuseml.optimize)."""
 
     def dlrm(config: str):
         def build():
@@ -190,19 +194,19 @@ def _models() -> dict[str, tuple[str, object]]:
         x = _t(16, 4096)
         return {"torch": lambda: pm(x), "merged": lambda: merged(x), "fuseml": lambda: fused(x)}
 
-    models = {
-        "DLRM kaggle": ("B=64", dlrm("kaggle")),
-        "DLRM mlperf": ("B=64", dlrm("mlperf")),
-        "MLP kaggle top": ("B=64", mlp_model),
-    }
+    models = [
+        ("DLRM kaggle", "B=64", dlrm("kaggle")),
+        ("DLRM mlperf", "B=64", dlrm("mlperf")),
+        ("MLP kaggle top", "B=64", mlp_model),
+    ]
     if importlib.util.find_spec("peft") is not None:
-        models["peft LoRA MLP"] = ("B=16 4096x3 r16", peft_model)
+        models.append(("peft LoRA MLP", "B=16 4096x3 r16", peft_model))
     return models
 
 
 def cases(quick: bool = False, cuda: bool = True):
     for kind, table in (("op", _ops()), ("model", _models())):
-        for name, (shape, build) in table.items():
+        for name, shape, build in table:
             yield Case(
                 suite="overhead",
                 name=f"{kind}/{name}/{shape}",
