@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -274,6 +275,18 @@ bool describe(int64_t op, int64_t code, const at::Tensor& x, const std::optional
   return true;
 }
 
+// Appends kernel arguments to v in order; n of them so far.
+struct Values {
+  Value* v;
+  int n = 0;
+  explicit Values(Value* values) : v(values) {}
+  void i(int64_t x) { v[n++].i = x; }  // a pointer or an int
+  void ints(std::initializer_list<int64_t> xs) {
+    for (const int64_t x : xs) i(x);
+  }
+  void f(double x) { v[n++].f = x; }
+};
+
 // The op's arguments in the kernel's order, up to its first constexpr; their count.
 int fill(int64_t op, int64_t rows, int64_t cols, int64_t depth, const at::Tensor& x,
          const std::optional<at::Tensor>& y, const std::optional<at::Tensor>& bias,
@@ -281,55 +294,21 @@ int fill(int64_t op, int64_t rows, int64_t cols, int64_t depth, const at::Tensor
   auto ptr = [](const at::Tensor& t) { return reinterpret_cast<int64_t>(t.data_ptr()); };
   const bool has_y = y.has_value() && y->defined();
   const bool has_b = bias.has_value() && bias->defined();
-  if (op == kGemm) {
-    // (x, weight, bias or x, residual: x, out, m, n, k, x's strides, weight's strides,
-    //  the residual's row stride: 0, out's row stride, alpha)
-    v[0].i = ptr(x);
-    v[1].i = ptr(*y);
-    v[2].i = has_b ? ptr(*bias) : ptr(x);
-    v[3].i = ptr(x);
-    v[4].i = ptr(out);
-    v[5].i = rows;
-    v[6].i = cols;
-    v[7].i = depth;
-    v[8].i = depth;
-    v[9].i = 1;
-    v[10].i = depth;
-    v[11].i = 1;
-    v[12].i = 0;
-    v[13].i = cols;
-    v[14].f = alpha;
-    return 15;
-  }
-  if (op == kLora) {
-    // (x, weight, bias or x, residual: x, out, A, B, xa: x, ids: x, scales: x, m, n, k,
-    //  x's strides, weight's strides, the residual's row stride: 0, out's row stride, A's
-    //  row stride, B's row stride (r), the residual's scale: 1, the LoRA scaling: alpha)
-    const int64_t rank = lora.a->size(0);
-    v[0].i = ptr(x);
-    v[1].i = ptr(*y);
-    v[2].i = has_b ? ptr(*bias) : ptr(x);
-    v[3].i = ptr(x);
-    v[4].i = ptr(out);
-    v[5].i = ptr(*lora.a);
-    v[6].i = ptr(*lora.b);
-    v[7].i = ptr(x);
-    v[8].i = ptr(x);
-    v[9].i = ptr(x);
-    v[10].i = rows;
-    v[11].i = cols;
-    v[12].i = depth;
-    v[13].i = depth;
-    v[14].i = 1;
-    v[15].i = depth;
-    v[16].i = 1;
-    v[17].i = 0;
-    v[18].i = cols;
-    v[19].i = depth;
-    v[20].i = rank;
-    v[21].f = 1.0;
-    v[22].f = alpha;
-    return 23;
+  if (op == kGemm || op == kLora) {
+    // (x, weight, bias or x, residual: x, out, [LoRA: A, B, xa: x, ids: x, scales: x,]
+    //  m, n, k, x's strides, weight's strides, the residual's row stride: 0, out's row
+    //  stride, [LoRA: A's row stride, B's row stride (r), the residual's scale: 1,] alpha
+    //  (the LoRA layer's: its scaling))
+    Values a(v);
+    a.ints({ptr(x), ptr(*y), has_b ? ptr(*bias) : ptr(x), ptr(x), ptr(out)});
+    if (op == kLora) a.ints({ptr(*lora.a), ptr(*lora.b), ptr(x), ptr(x), ptr(x)});
+    a.ints({rows, cols, depth, depth, 1, depth, 1, 0, cols});
+    if (op == kLora) {
+      a.ints({depth, lora.a->size(0)});
+      a.f(1.0);
+    }
+    a.f(alpha);
+    return a.n;
   }
   if (op == kElementwise) {
     // (x, y or x, bias or x, out, n_rows, n_cols, stride_x, stride_y, stride_out, alpha)
@@ -362,40 +341,24 @@ int fill(int64_t op, int64_t rows, int64_t cols, int64_t depth, const at::Tensor
 //  residual: out, out, B, xs, ids: out, scales: out, the flags, m, n, k, the residual's row
 //  stride: 0, out's row stride, B's row stride (r), the residual's scale: 1, the scaling,
 //  the shrink's programs); their count. The descriptors' values are their indices.
-int fill_joint(int64_t rows, int64_t cols, int64_t depth, const at::Tensor& x,
+int fill_joint(int64_t rows, int64_t cols, int64_t depth,
                const std::optional<at::Tensor>& bias, const at::Tensor& out,
                const at::Tensor& xs, double alpha, const Adapter& lora, const Joint& joint,
                Value* v) {
   auto ptr = [](const at::Tensor& t) { return reinterpret_cast<int64_t>(t.data_ptr()); };
   const int64_t rank = lora.a->size(0);
   const int64_t desc_rows[kMaxDescs] = {rows, cols, rank, rows};
-  int n = 0;
+  Values a(v);
   for (int d = 0; d < kMaxDescs; ++d) {
-    v[n++].i = d;
-    v[n++].i = desc_rows[d];  // shape
-    v[n++].i = depth;
-    v[n++].i = depth;  // strides
-    v[n++].i = 1;
+    a.ints({d, desc_rows[d], depth, depth, 1});  // the descriptor's index, shape, strides
   }
   const bool has_b = bias.has_value() && bias->defined();
-  v[n++].i = has_b ? ptr(*bias) : ptr(out);
-  v[n++].i = ptr(out);
-  v[n++].i = ptr(out);
-  v[n++].i = ptr(*lora.b);
-  v[n++].i = ptr(xs);
-  v[n++].i = ptr(out);
-  v[n++].i = ptr(out);
-  v[n++].i = joint.sync;
-  v[n++].i = rows;
-  v[n++].i = cols;
-  v[n++].i = depth;
-  v[n++].i = 0;
-  v[n++].i = cols;
-  v[n++].i = rank;
-  v[n++].f = 1.0;
-  v[n++].f = alpha;
-  v[n++].i = joint.n_shrink;
-  return n;
+  a.ints({has_b ? ptr(*bias) : ptr(out), ptr(out), ptr(out), ptr(*lora.b), ptr(xs), ptr(out),
+          ptr(out), joint.sync, rows, cols, depth, 0, cols, rank});
+  a.f(1.0);
+  a.f(alpha);
+  a.i(joint.n_shrink);
+  return a.n;
 }
 
 // The call's four descriptors (x, W, A, x), encoded as the plan says.
@@ -512,7 +475,7 @@ py::object call_with(int64_t op, int64_t code, const at::Tensor& x,
     const at::Tensor xs = plan.joint.split > 1
         ? at::empty({plan.joint.split, rows, rank}, x.options().dtype(at::kFloat))
         : at::empty({rows, rank}, x.options());
-    fill_joint(rows, cols, depth, x2, bias, out, xs, alpha, lora, plan.joint, v);
+    fill_joint(rows, cols, depth, bias, out, xs, alpha, lora, plan.joint, v);
     if (stream != plan.joint.stream || !aligned16(v, plan) ||
         !encode_joint(plan, x2, *y, lora, maps)) {
       std::lock_guard<std::mutex> guard(table_lock);
@@ -726,7 +689,7 @@ std::string register_joint_plan(int64_t code, const at::Tensor& x, const at::Ten
   const at::Tensor x2 = x.view({rows, depth});
   const at::Tensor* of[kMaxDescs] = {&x2, &weight, &lora_a, &x2};
   Value v[kMaxArgs];
-  const int n_values = fill_joint(rows, cols, depth, x2, bias, out, xs, alpha, lora, plan.joint, v);
+  const int n_values = fill_joint(rows, cols, depth, bias, out, xs, alpha, lora, plan.joint, v);
   auto ints_of = [](const py::object& seq) {
     std::vector<int64_t> r;
     for (auto item : seq) r.push_back(item.cast<int64_t>());

@@ -174,22 +174,16 @@ def register(
     if fast is None:
         start()
         return
-    layout = _LAYOUTS.get(ck)
-    if layout is None:
-        layout = _LAYOUTS[ck] = _layout(ck, len(args))
-    if not layout:
+    offer = _offer(ck, args)
+    if offer is None:
         return
-    positions, kinds = layout
-    passed = [args[p] for p in positions]
-    g = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+    positions, kinds, passed = offer
     why = fast.register_plan(
-        op, code, x, y, bias, out, float(alpha), ck.function, list(g), options["num_warps"],
-        ck.metadata.shared, bool(options.get("launch_pdl", False)), positions, kinds, passed,
-        *lora,
+        op, code, x, y, bias, out, float(alpha), ck.function, _grid3(grid),
+        options["num_warps"], ck.metadata.shared, bool(options.get("launch_pdl", False)),
+        positions, kinds, passed, *lora,
     )  # fmt: skip
-    if why and why not in refusals and len(refusals) < 64:
-        refusals[why] = (op, code, x.dtype, tuple(x.shape))
-        log.debug("fuseml: fast path not taken for op %d %s: %s", op, tuple(x.shape), why)
+    _refused(why, op, code, x)
 
 
 def register_joint(
@@ -203,26 +197,42 @@ def register_joint(
     if fast is None:
         start()
         return
-    layout = _LAYOUTS.get(ck)
-    if layout is None:
-        layout = _LAYOUTS[ck] = _layout(ck, len(args), expand_descriptors=True)
-    specs = _descriptor_specs(ck, args) if layout else None
+    offer = _offer(ck, args, expand_descriptors=True)
+    specs = _descriptor_specs(ck, args) if offer else None
     if not specs:
         return
-    positions, kinds = layout
-    flat = _expanded(args)
-    passed = [flat[p] for p in positions]
-    g = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+    positions, kinds, passed = offer
     why = fast.register_joint_plan(
         code, x, weight, bias, out, float(scaling), lora_a, lora_b, xs, sync, split, n_shrink,
-        ck.function, list(g), options["num_warps"], ck.metadata.shared, positions, kinds,
+        ck.function, _grid3(grid), options["num_warps"], ck.metadata.shared, positions, kinds,
         passed, specs,
     )  # fmt: skip
+    _refused(why, LORA, code, x)
+
+
+def _offer(ck, args, expand_descriptors: bool = False) -> tuple[list, list, list] | None:
+    """(positions, kinds, the values Python passed) of the compiled kernel's parameters for
+    a launch with ``args`` (see _layout), or None for a kernel the C++ side cannot launch."""
+    key = (ck, expand_descriptors)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        layout = _LAYOUTS[key] = _layout(ck, len(args), expand_descriptors)
+    if not layout:
+        return None
+    positions, kinds = layout
+    flat = _expanded(args) if expand_descriptors else args
+    return positions, kinds, [flat[p] for p in positions]
+
+
+def _grid3(grid) -> list:
+    return [grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1]
+
+
+def _refused(why: str, op: int, code: int, x) -> None:
+    """Keep (and log once) why the C++ side turned a plan down; "" when it kept it."""
     if why and why not in refusals and len(refusals) < 64:
-        refusals[why] = (LORA, code, x.dtype, tuple(x.shape))
-        log.debug(
-            "fuseml: fast path not taken for the joint LoRA launch %s: %s", tuple(x.shape), why
-        )
+        refusals[why] = (op, code, x.dtype, tuple(x.shape))
+        log.debug("fuseml: fast path not taken for op %d %s: %s", op, tuple(x.shape), why)
 
 
 def _is_descriptor(arg) -> bool:
@@ -266,7 +276,7 @@ def _descriptor_specs(ck, args) -> list | None:
     return specs
 
 
-_LAYOUTS: dict = {}  # compiled kernel -> _layout(...)
+_LAYOUTS: dict = {}  # (compiled kernel, expand_descriptors) -> _layout(...)
 
 
 def _layout(ck, n_args: int, expand_descriptors: bool = False) -> tuple[list, list] | tuple[()]:
