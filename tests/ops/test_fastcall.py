@@ -58,6 +58,53 @@ def test_layout_refuses_what_the_cpp_side_cannot_launch(signature, meta, n_args)
     assert _fastcall._layout(_kernel(signature, **meta), n_args) == ()
 
 
+def test_layout_expands_host_descriptors_as_the_launcher_passes_them():
+    """A 2-D host descriptor is 5 parameters (the CUtensorMap, its shape as int32, its
+    strides as int64); the positions count the expanded arguments (_expanded)."""
+    ck = _kernel({"x_desc": "tensordesc<bf16[128, 64]>", "out": "*bf16", "one": "constexpr",
+                  "m": "i32"})  # fmt: skip
+    assert _fastcall._layout(ck, 4, expand_descriptors=True) == (
+        [0, 1, 2, 3, 4, 5, 7],
+        [_fastcall.DESCRIPTOR, 1, 1, 2, 2, 0, 1],
+    )
+    assert _fastcall._layout(ck, 4) == ()  # (plain launches pass no descriptors)
+    three_d = _kernel({"d": "tensordesc<bf16[2, 128, 64]>"})
+    assert _fastcall._layout(three_d, 1, expand_descriptors=True) == ()
+
+
+def _descriptor(shape, block, **attrs):
+    desc = type("TensorDescriptor", (), {})()
+    desc.base, desc.shape, desc.block_shape = object(), list(shape), list(block)
+    desc.strides = [shape[1], 1]
+    for name, value in attrs.items():
+        setattr(desc, name, value)
+    return desc
+
+
+def test_expanded_arguments_and_descriptor_specs():
+    pytest.importorskip("triton.backends.nvidia.driver")
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+    d = _descriptor((300, 512), (128, 64), padding="zero", round_f32_to_tf32=False)
+    flat = _fastcall._expanded((d, 7, 1.5))
+    assert flat == [d, 300, 512, 512, 1, 7, 1.5]
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [128, 64]}
+    ck = _kernel({}, tensordesc_meta=[meta])
+    spec = _fastcall._descriptor_specs(ck, (d, 7))
+    assert spec == [[TMA_DTYPE_DEVICE_TO_HOST[10], 3, 0, 128, 64]]
+    nan = _descriptor((300, 512), (128, 64), padding="nan")
+    assert _fastcall._descriptor_specs(ck, (nan,))[0][2] == 1
+    # forms the C++ side does not encode, or metadata that does not match the launch
+    for bad in ({"fp4_padded": True}, {"is_im2col": True}, {"block_size": [64, 64]}):
+        assert (
+            _fastcall._descriptor_specs(_kernel({}, tensordesc_meta=[{**meta, **bad}]), (d,))
+            is None
+        )
+    assert _fastcall._descriptor_specs(_kernel({}, tensordesc_meta=[]), (d,)) is None
+    tf32 = _descriptor((300, 512), (128, 64), round_f32_to_tf32=True)
+    assert _fastcall._descriptor_specs(ck, (tf32,)) is None
+
+
 def test_suspended_hides_the_loaded_extension_inside_the_block(monkeypatch):
     loaded = object()
     monkeypatch.setattr(_fastcall, "_loaded", loaded)
@@ -482,6 +529,44 @@ def test_lora_calls_the_cpp_side_does_not_take(fast):
     wg = w.clone().requires_grad_()
     with pytest.raises(RuntimeError, match="forward-only"):
         fuseml.ops.lora_linear(x, wg, b, a, bb, 0.5)
+
+
+@gpu
+@pytest.mark.parametrize(("activation", "with_bias"), [(None, False), ("gelu", True)])
+def test_lora_joint_launch_repeats_from_cpp(fast, activation, with_bias):
+    """An eager call that takes the joint launch (forced here; the tuned mode where it wins)
+    keeps that launch's plan, four host descriptors encoded per call, and the calls of the
+    same signature repeat it from C++: the same output as the Python launch, every call. A
+    call on another stream takes the Python path (the flags are the registering stream's)."""
+    from fuseml.ops import gemm
+    from fuseml.ops.lora import LoraPath
+
+    joint = LoraPath(mode=gemm.LORA_JOINT)
+    x, w, b, a, bb = _lora_inputs((512, 1024), 1024, 16, torch.bfloat16, with_bias)
+    ref = _lora_ref(x, w, b, a, bb, 0.5, activation)
+    with torch.no_grad():
+        fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, activation, path=joint)  # compiles
+        fast.clear()
+        python = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, activation, path=joint)
+        before = _hits(fast)
+        outs = []
+        for _ in range(3):
+            poison_allocator()
+            outs.append(fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, activation))
+        torch.cuda.synchronize()
+        assert _hits(fast) == before + 3, _fastcall.refusals
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            hits = _hits(fast)
+            other = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, activation)
+            assert _hits(fast) == hits
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+    assert_close_verbose(python, ref, torch.bfloat16)
+    for out in outs:
+        assert torch.equal(out, python)
+    assert_close_verbose(other, ref, torch.bfloat16)
 
 
 @gpu

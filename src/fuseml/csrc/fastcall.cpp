@@ -23,6 +23,14 @@
 // aligned (Triton specializes on it), and a call whose pointers are not takes the Python
 // path. A GEMM plan is offered only from a launch with the tuned (or heuristic) tile,
 // never from the tuner's timed candidates.
+//
+// The one-adapter LoRA layer's joint launch (gemm/tma.py, mode LORA_JOINT: the shrink on
+// the SMs the tiles leave free, one launch) reads x, W and A through host tensor
+// descriptors. Its plan also keeps each descriptor's encoding (element type, swizzle, box:
+// the compiled kernel's, as Triton's launcher encodes them), the K split of xs, and the
+// launching stream's slice of zeroed joint flags; a call encodes the four CUtensorMaps
+// (cuTensorMapEncodeTiled), allocates xs and launches. Only a call on the stream the plan
+// was registered on takes it (the flags slice is that stream's).
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -36,6 +44,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -52,10 +61,12 @@ constexpr int64_t kGemm = 2;  // gemm/pointer.py, stream.py: act(x @ W^T + bias)
 // act(x @ W^T + bias + s (x @ A^T) @ B^T), 16-bit; eager calls only (not while capturing)
 constexpr int64_t kLora = 3;
 
-// Kinds of kernel parameters.
-constexpr int64_t kPtr = 0, kI32 = 1, kI64 = 2, kF32 = 3;
+// Kinds of kernel parameters: a pointer, ints, a float, a host tensor descriptor (the
+// value is the index of the call's CUtensorMap).
+constexpr int64_t kPtr = 0, kI32 = 1, kI64 = 2, kF32 = 3, kDesc = 4;
 
-constexpr int kMaxArgs = 24;
+constexpr int kMaxArgs = 48;
+constexpr int kMaxDescs = 4;
 
 using Key = std::array<int64_t, 10>;
 
@@ -65,6 +76,25 @@ struct KeyHash {
     for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
     return static_cast<size_t>(h);
   }
+};
+
+// How one host tensor descriptor is encoded (as Triton's launcher encodes it for the
+// compiled kernel).
+struct DescSpec {
+  int elem_type = 0;  // CUtensorMapDataType
+  int swizzle = 0;    // CUtensorMapSwizzle
+  int padding = 0;    // 1: out-of-bounds elements read as NaN, else zero
+  uint32_t box[2] = {0, 0};  // rows, columns of one copy
+};
+
+// The joint LoRA launch's extras (kLora plans of that launch only).
+struct Joint {
+  bool on = false;
+  DescSpec desc[kMaxDescs];  // x, W, A, and x again (the shrink's box)
+  int64_t split = 1;         // K split of the shrink: xs as float32 parts, else x's dtype
+  int64_t sync = 0;          // the stream's slice of zeroed flags
+  cudaStream_t stream = nullptr;
+  int64_t n_shrink = 0;      // the shrink's programs (the grid's first)
 };
 
 struct Plan {
@@ -77,6 +107,7 @@ struct Plan {
   int n_scratch = 0;              // trailing scratch pointers (passed as null)
   int pos[kMaxArgs];              // argument position of each parameter
   int kind[kMaxArgs];             // its kind
+  Joint joint;
 };
 
 // One argument of the kernel, as the Python path passes it.
@@ -91,6 +122,10 @@ int64_t hits = 0, misses = 0;
 
 using LaunchEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
 using ParamInfo = CUresult (*)(CUfunction, size_t, size_t*, size_t*);
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
 template <typename F>
 F driver_entry(const char* name) {
@@ -107,6 +142,29 @@ F driver_entry(const char* name) {
 LaunchEx launch_ex() {
   static LaunchEx fn = driver_entry<LaunchEx>("cuLaunchKernelEx");
   return fn;
+}
+
+EncodeTiled encode_tiled() {
+  static EncodeTiled fn = driver_entry<EncodeTiled>("cuTensorMapEncodeTiled");
+  return fn;
+}
+
+// The 2-D tensor t (row-major, unit column stride) as a descriptor of spec's boxes, encoded
+// as Triton's launcher encodes it; false where the driver refuses.
+bool encode(const DescSpec& spec, const at::Tensor& t, CUtensorMap* map) {
+  const EncodeTiled fn = encode_tiled();
+  if (fn == nullptr || t.dim() != 2 || t.stride(1) != 1) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(t.size(1)),
+                              static_cast<cuuint64_t>(t.size(0))};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(t.stride(0) * t.element_size()),
+                                 static_cast<cuuint64_t>(t.size(0) * t.stride(0) * t.element_size())};
+  const cuuint32_t box[2] = {spec.box[1], spec.box[0]};
+  const cuuint32_t unit[2] = {1, 1};
+  return fn(map, static_cast<CUtensorMapDataType>(spec.elem_type), 2, t.data_ptr(), dims,
+            strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            static_cast<CUtensorMapSwizzle>(spec.swizzle), CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            spec.padding == 1 ? CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA
+                              : CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 int64_t dtype_code(at::ScalarType t) {
@@ -217,6 +275,18 @@ bool describe(int64_t op, int64_t code, const at::Tensor& x, const std::optional
   return true;
 }
 
+// Appends kernel arguments to v in order; n of them so far.
+struct Values {
+  Value* v;
+  int n = 0;
+  explicit Values(Value* values) : v(values) {}
+  void i(int64_t x) { v[n++].i = x; }  // a pointer or an int
+  void ints(std::initializer_list<int64_t> xs) {
+    for (const int64_t x : xs) i(x);
+  }
+  void f(double x) { v[n++].f = x; }
+};
+
 // The op's arguments in the kernel's order, up to its first constexpr; their count.
 int fill(int64_t op, int64_t rows, int64_t cols, int64_t depth, const at::Tensor& x,
          const std::optional<at::Tensor>& y, const std::optional<at::Tensor>& bias,
@@ -224,55 +294,21 @@ int fill(int64_t op, int64_t rows, int64_t cols, int64_t depth, const at::Tensor
   auto ptr = [](const at::Tensor& t) { return reinterpret_cast<int64_t>(t.data_ptr()); };
   const bool has_y = y.has_value() && y->defined();
   const bool has_b = bias.has_value() && bias->defined();
-  if (op == kGemm) {
-    // (x, weight, bias or x, residual: x, out, m, n, k, x's strides, weight's strides,
-    //  the residual's row stride: 0, out's row stride, alpha)
-    v[0].i = ptr(x);
-    v[1].i = ptr(*y);
-    v[2].i = has_b ? ptr(*bias) : ptr(x);
-    v[3].i = ptr(x);
-    v[4].i = ptr(out);
-    v[5].i = rows;
-    v[6].i = cols;
-    v[7].i = depth;
-    v[8].i = depth;
-    v[9].i = 1;
-    v[10].i = depth;
-    v[11].i = 1;
-    v[12].i = 0;
-    v[13].i = cols;
-    v[14].f = alpha;
-    return 15;
-  }
-  if (op == kLora) {
-    // (x, weight, bias or x, residual: x, out, A, B, xa: x, ids: x, scales: x, m, n, k,
-    //  x's strides, weight's strides, the residual's row stride: 0, out's row stride, A's
-    //  row stride, B's row stride (r), the residual's scale: 1, the LoRA scaling: alpha)
-    const int64_t rank = lora.a->size(0);
-    v[0].i = ptr(x);
-    v[1].i = ptr(*y);
-    v[2].i = has_b ? ptr(*bias) : ptr(x);
-    v[3].i = ptr(x);
-    v[4].i = ptr(out);
-    v[5].i = ptr(*lora.a);
-    v[6].i = ptr(*lora.b);
-    v[7].i = ptr(x);
-    v[8].i = ptr(x);
-    v[9].i = ptr(x);
-    v[10].i = rows;
-    v[11].i = cols;
-    v[12].i = depth;
-    v[13].i = depth;
-    v[14].i = 1;
-    v[15].i = depth;
-    v[16].i = 1;
-    v[17].i = 0;
-    v[18].i = cols;
-    v[19].i = depth;
-    v[20].i = rank;
-    v[21].f = 1.0;
-    v[22].f = alpha;
-    return 23;
+  if (op == kGemm || op == kLora) {
+    // (x, weight, bias or x, residual: x, out, [LoRA: A, B, xa: x, ids: x, scales: x,]
+    //  m, n, k, x's strides, weight's strides, the residual's row stride: 0, out's row
+    //  stride, [LoRA: A's row stride, B's row stride (r), the residual's scale: 1,] alpha
+    //  (the LoRA layer's: its scaling))
+    Values a(v);
+    a.ints({ptr(x), ptr(*y), has_b ? ptr(*bias) : ptr(x), ptr(x), ptr(out)});
+    if (op == kLora) a.ints({ptr(*lora.a), ptr(*lora.b), ptr(x), ptr(x), ptr(x)});
+    a.ints({rows, cols, depth, depth, 1, depth, 1, 0, cols});
+    if (op == kLora) {
+      a.ints({depth, lora.a->size(0)});
+      a.f(1.0);
+    }
+    a.f(alpha);
+    return a.n;
   }
   if (op == kElementwise) {
     // (x, y or x, bias or x, out, n_rows, n_cols, stride_x, stride_y, stride_out, alpha)
@@ -299,6 +335,42 @@ int fill(int64_t op, int64_t rows, int64_t cols, int64_t depth, const at::Tensor
   return 6;
 }
 
+// The joint LoRA launch's arguments up to its first constexpr, each host descriptor
+// expanded as Triton's launcher passes it (descriptor, shape (int32), strides (int64)):
+// (x [desc 0], W [desc 1], A [desc 2], x [desc 3: the shrink's box], bias or out,
+//  residual: out, out, B, xs, ids: out, scales: out, the flags, m, n, k, the residual's row
+//  stride: 0, out's row stride, B's row stride (r), the residual's scale: 1, the scaling,
+//  the shrink's programs); their count. The descriptors' values are their indices.
+int fill_joint(int64_t rows, int64_t cols, int64_t depth,
+               const std::optional<at::Tensor>& bias, const at::Tensor& out,
+               const at::Tensor& xs, double alpha, const Adapter& lora, const Joint& joint,
+               Value* v) {
+  auto ptr = [](const at::Tensor& t) { return reinterpret_cast<int64_t>(t.data_ptr()); };
+  const int64_t rank = lora.a->size(0);
+  const int64_t desc_rows[kMaxDescs] = {rows, cols, rank, rows};
+  Values a(v);
+  for (int d = 0; d < kMaxDescs; ++d) {
+    a.ints({d, desc_rows[d], depth, depth, 1});  // the descriptor's index, shape, strides
+  }
+  const bool has_b = bias.has_value() && bias->defined();
+  a.ints({has_b ? ptr(*bias) : ptr(out), ptr(out), ptr(out), ptr(*lora.b), ptr(xs), ptr(out),
+          ptr(out), joint.sync, rows, cols, depth, 0, cols, rank});
+  a.f(1.0);
+  a.f(alpha);
+  a.i(joint.n_shrink);
+  return a.n;
+}
+
+// The call's four descriptors (x, W, A, x), encoded as the plan says.
+bool encode_joint(const Plan& plan, const at::Tensor& x2, const at::Tensor& weight,
+                  const Adapter& lora, CUtensorMap* maps) {
+  const at::Tensor* of[kMaxDescs] = {&x2, &weight, lora.a, &x2};
+  for (int d = 0; d < kMaxDescs; ++d) {
+    if (!encode(plan.joint.desc[d], *of[d], &maps[d])) return false;
+  }
+  return true;
+}
+
 bool aligned16(const Value* v, const Plan& plan) {
   int64_t bits = 0;
   for (int j = 0; j < plan.n_params; ++j) {
@@ -321,11 +393,16 @@ bool same_launch(const Plan& a, const Plan& b) {
   return true;
 }
 
-void launch(const Plan& plan, const Value* v, cudaStream_t stream) {
+void launch(const Plan& plan, const Value* v, cudaStream_t stream,
+            const CUtensorMap* maps = nullptr) {
   alignas(8) unsigned char storage[kMaxArgs + 2][8];
   void* params[kMaxArgs + 2];
   for (int j = 0; j < plan.n_params; ++j) {
     const Value& a = v[plan.pos[j]];
+    if (plan.kind[j] == kDesc) {
+      params[j] = const_cast<CUtensorMap*>(&maps[a.i]);
+      continue;
+    }
     switch (plan.kind[j]) {
       case kI32: { const int32_t i = static_cast<int32_t>(a.i); std::memcpy(storage[j], &i, 4); break; }
       case kF32: { const float f = static_cast<float>(a.f); std::memcpy(storage[j], &f, 4); break; }
@@ -391,13 +468,30 @@ py::object call_with(int64_t op, int64_t code, const at::Tensor& x,
   const bool gemm = op == kGemm || op == kLora;
   at::Tensor out = gemm ? at::empty({rows, cols}, x.options()) : at::empty_like(x);
   Value v[kMaxArgs];
-  fill(op, rows, cols, depth, x, y, bias, out, alpha, v, lora);
-  if (!aligned16(v, plan)) {
-    std::lock_guard<std::mutex> guard(table_lock);
-    ++misses;
-    return py::none();  // (the output's allocation is simply dropped)
+  alignas(64) CUtensorMap maps[kMaxDescs];
+  if (plan.joint.on) {
+    const at::Tensor x2 = x.view({rows, depth});
+    const int64_t rank = lora.a->size(0);
+    const at::Tensor xs = plan.joint.split > 1
+        ? at::empty({plan.joint.split, rows, rank}, x.options().dtype(at::kFloat))
+        : at::empty({rows, rank}, x.options());
+    fill_joint(rows, cols, depth, bias, out, xs, alpha, lora, plan.joint, v);
+    if (stream != plan.joint.stream || !aligned16(v, plan) ||
+        !encode_joint(plan, x2, *y, lora, maps)) {
+      std::lock_guard<std::mutex> guard(table_lock);
+      ++misses;
+      return py::none();
+    }
+    launch(plan, v, stream, maps);  // (xs lives until the launch is queued: stream order)
+  } else {
+    fill(op, rows, cols, depth, x, y, bias, out, alpha, v, lora);
+    if (!aligned16(v, plan)) {
+      std::lock_guard<std::mutex> guard(table_lock);
+      ++misses;
+      return py::none();  // (the output's allocation is simply dropped)
+    }
+    launch(plan, v, stream);
   }
-  launch(plan, v, stream);
   {
     std::lock_guard<std::mutex> guard(table_lock);
     ++hits;
@@ -424,6 +518,48 @@ py::object call_lora(int64_t code, const at::Tensor& x, const at::Tensor& weight
   lora.a = &lora_a;
   lora.b = &lora_b;
   return call_with(kLora, code, x, weight, bias, scaling, -1, lora);
+}
+
+// Does the value Python passed for a parameter (a pointer, an int or a float) equal the
+// one this file computes at position pos? "" when it does, else why not.
+std::string same_value(int64_t kind, int pos, const Value& v, const py::object& p) {
+  if (kind == kF32) {
+    if (static_cast<float>(p.cast<double>()) != static_cast<float>(v.f)) {
+      return "argument " + std::to_string(pos) + " differs";
+    }
+  } else if (kind == kPtr) {
+    const int64_t ptr = THPVariable_Check(p.ptr())
+        ? reinterpret_cast<int64_t>(THPVariable_Unpack(p.ptr()).data_ptr())
+        : p.cast<int64_t>();
+    if (ptr != v.i) return "pointer argument " + std::to_string(pos) + " differs";
+  } else if (kind == kI32 || kind == kI64) {
+    if (p.cast<int64_t>() != v.i) return "argument " + std::to_string(pos) + " differs";
+  } else {
+    return "unknown parameter kind";
+  }
+  return "";
+}
+
+// The compiled function's parameters: the plan's with the sizes it writes, then at most
+// two 8-byte scratch pointers (Triton's global / profile scratch), nothing more; sets
+// plan.n_scratch. "" when they are, else why not.
+std::string check_param_sizes(Plan& plan, ParamInfo param_info) {
+  const int n = plan.n_params;
+  for (int j = 0; j < n + 3; ++j) {
+    size_t offset = 0, size = 0;
+    const bool exists = param_info(plan.function, j, &offset, &size) == CUDA_SUCCESS;
+    if (j < n) {
+      const size_t want = plan.kind[j] == kDesc ? sizeof(CUtensorMap)
+                          : (plan.kind[j] == kI32 || plan.kind[j] == kF32) ? 4 : 8;
+      if (!exists || size != want) return "parameter " + std::to_string(j) + " has another size";
+    } else if (!exists) {
+      plan.n_scratch = j - n;
+      return "";
+    } else if (size != 8 || j == n + 2) {
+      return "the kernel takes parameters this file does not pass";
+    }
+  }
+  return "";
 }
 
 // Keep the plan of a launch the Python path just made: "" when kept, else why not.
@@ -473,21 +609,8 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
     if (pos < 0 || pos >= n_values) return "a parameter this file does not compute";
     plan.pos[j] = pos;
     plan.kind[j] = static_cast<int>(kinds[j]);
-    const py::object& p = passed[j];
-    if (plan.kind[j] == kF32) {
-      if (static_cast<float>(p.cast<double>()) != static_cast<float>(v[pos].f)) {
-        return "argument " + std::to_string(pos) + " differs";
-      }
-    } else if (plan.kind[j] == kPtr) {
-      const int64_t ptr = THPVariable_Check(p.ptr())
-          ? reinterpret_cast<int64_t>(THPVariable_Unpack(p.ptr()).data_ptr())
-          : p.cast<int64_t>();
-      if (ptr != v[pos].i) return "pointer argument " + std::to_string(pos) + " differs";
-    } else if (plan.kind[j] == kI32 || plan.kind[j] == kI64) {
-      if (p.cast<int64_t>() != v[pos].i) return "argument " + std::to_string(pos) + " differs";
-    } else {
-      return "unknown parameter kind";
-    }
+    const std::string why = same_value(plan.kind[j], pos, v[pos], passed[j]);
+    if (!why.empty()) return why;
   }
   if (!aligned16(v, plan)) return "unaligned pointers";
   {  // kept already (a call the fast path does not take, e.g. in place, offers it each time)
@@ -495,21 +618,115 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
     auto it = table.find(key);
     if (it != table.end() && same_launch(it->second, plan)) return "";
   }
-  // The compiled function's parameters: ours with these sizes, then at most two 8-byte
-  // scratch pointers (Triton's global / profile scratch), nothing more.
-  for (int j = 0; j < n + 3; ++j) {
-    size_t offset = 0, size = 0;
-    const bool exists = param_info(plan.function, j, &offset, &size) == CUDA_SUCCESS;
-    if (j < n) {
-      const size_t want = (plan.kind[j] == kI32 || plan.kind[j] == kF32) ? 4 : 8;
-      if (!exists || size != want) return "parameter " + std::to_string(j) + " has another size";
-    } else if (!exists) {
-      plan.n_scratch = j - n;
-      break;
-    } else if (size != 8 || j == n + 2) {
-      return "the kernel takes parameters this file does not pass";
+  const std::string sizes = check_param_sizes(plan, param_info);
+  if (!sizes.empty()) return sizes;
+  std::lock_guard<std::mutex> guard(table_lock);
+  table[key] = plan;
+  return "";
+}
+
+// Keep the plan of a joint LoRA launch the Python path just made (one adapter, eager, on
+// the current stream): "" when kept, else why not. descs: per descriptor (element type,
+// swizzle, padding, box rows, box columns) as the compiled kernel's launcher encodes it;
+// xs and sync: the buffers that launch used; split: xs's float32 parts (1: x's dtype).
+std::string register_joint_plan(int64_t code, const at::Tensor& x, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias, const at::Tensor& out,
+                                double alpha, const at::Tensor& lora_a, const at::Tensor& lora_b,
+                                const at::Tensor& xs, const at::Tensor& sync, int64_t split,
+                                int64_t n_shrink, int64_t function, std::vector<int64_t> grid,
+                                int64_t num_warps, int64_t shared,
+                                std::vector<int64_t> positions, std::vector<int64_t> kinds,
+                                std::vector<py::object> passed,
+                                std::vector<std::vector<int64_t>> descs) {
+  if (launch_ex() == nullptr) return "cuLaunchKernelEx is not available";
+  if (encode_tiled() == nullptr) return "cuTensorMapEncodeTiled is not available";
+  static ParamInfo param_info = driver_entry<ParamInfo>("cuFuncGetParamInfo");
+  if (param_info == nullptr) return "cuFuncGetParamInfo is not available";
+  Adapter lora;
+  lora.a = &lora_a;
+  lora.b = &lora_b;
+  Key key;
+  int64_t rows = 0, cols = 0, depth = 0;
+  if (!describe(kLora, code, x, weight, bias, -1, key, rows, cols, depth, lora)) {
+    return "not a call the fast path takes";
+  }
+  if (!out.is_contiguous() || out.dim() != 2 || out.size(0) != rows || out.size(1) != cols ||
+      out.scalar_type() != x.scalar_type()) {
+    return "the output is not laid out as the fast call allocates it";
+  }
+  const int64_t rank = lora_a.size(0);
+  const bool xs_ok = split > 1
+      ? xs.scalar_type() == at::kFloat && xs.dim() == 3 && xs.size(0) == split &&
+            xs.size(1) == rows && xs.size(2) == rank
+      : xs.scalar_type() == x.scalar_type() && xs.dim() == 2 && xs.size(0) == rows &&
+            xs.size(1) == rank;
+  if (!xs_ok || !xs.is_contiguous()) return "xs is not laid out as the fast call allocates it";
+  const int n = static_cast<int>(positions.size());
+  if (n > kMaxArgs || kinds.size() != positions.size() || passed.size() != positions.size() ||
+      grid.size() != 3 || descs.size() != static_cast<size_t>(kMaxDescs)) {
+    return "malformed plan";
+  }
+  Plan plan;
+  plan.function = reinterpret_cast<CUfunction>(function);
+  for (int d = 0; d < 3; ++d) plan.grid[d] = static_cast<unsigned>(grid[d]);
+  plan.threads = static_cast<unsigned>(32 * num_warps);
+  plan.shared = static_cast<unsigned>(shared);
+  plan.pdl = false;  // (the joint launch's programs wait for each other: no PDL)
+  plan.n_params = n;
+  plan.joint.on = true;
+  plan.joint.split = split;
+  plan.joint.sync = reinterpret_cast<int64_t>(sync.data_ptr());
+  plan.joint.stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  plan.joint.n_shrink = n_shrink;
+  for (int d = 0; d < kMaxDescs; ++d) {
+    if (descs[d].size() != 5) return "malformed descriptor";
+    plan.joint.desc[d].elem_type = static_cast<int>(descs[d][0]);
+    plan.joint.desc[d].swizzle = static_cast<int>(descs[d][1]);
+    plan.joint.desc[d].padding = static_cast<int>(descs[d][2]);
+    plan.joint.desc[d].box[0] = static_cast<uint32_t>(descs[d][3]);
+    plan.joint.desc[d].box[1] = static_cast<uint32_t>(descs[d][4]);
+  }
+  const at::Tensor x2 = x.view({rows, depth});
+  const at::Tensor* of[kMaxDescs] = {&x2, &weight, &lora_a, &x2};
+  Value v[kMaxArgs];
+  const int n_values = fill_joint(rows, cols, depth, bias, out, xs, alpha, lora, plan.joint, v);
+  auto ints_of = [](const py::object& seq) {
+    std::vector<int64_t> r;
+    for (auto item : seq) r.push_back(item.cast<int64_t>());
+    return r;
+  };
+  for (int j = 0; j < n; ++j) {
+    const int pos = static_cast<int>(positions[j]);
+    if (pos < 0 || pos >= n_values) return "a parameter this file does not compute";
+    plan.pos[j] = pos;
+    plan.kind[j] = static_cast<int>(kinds[j]);
+    const py::object& p = passed[j];
+    if (plan.kind[j] == kDesc) {
+      // the host descriptor Python passed: over the tensor this file would pass, with its
+      // shape, strides and box
+      const int d = static_cast<int>(v[pos].i);
+      const py::object base = p.attr("base");
+      if (!THPVariable_Check(base.ptr())) return "descriptor " + std::to_string(d) + " has no tensor";
+      const at::Tensor& t = *of[d];
+      const std::vector<int64_t> shape = ints_of(p.attr("shape"));
+      const std::vector<int64_t> strides = ints_of(p.attr("strides"));
+      const std::vector<int64_t> block = ints_of(p.attr("block_shape"));
+      if (THPVariable_Unpack(base.ptr()).data_ptr() != t.data_ptr() ||
+          shape != std::vector<int64_t>{t.size(0), t.size(1)} ||
+          strides != std::vector<int64_t>{t.stride(0), t.stride(1)} ||
+          block != std::vector<int64_t>{plan.joint.desc[d].box[0], plan.joint.desc[d].box[1]}) {
+        return "descriptor " + std::to_string(d) + " differs";
+      }
+    } else {
+      const std::string why = same_value(plan.kind[j], pos, v[pos], p);
+      if (!why.empty()) return why;
     }
   }
+  if (!aligned16(v, plan)) return "unaligned pointers";
+  CUtensorMap maps[kMaxDescs];
+  if (!encode_joint(plan, x2, weight, lora, maps)) return "a descriptor does not encode";
+  const std::string sizes = check_param_sizes(plan, param_info);
+  if (!sizes.empty()) return sizes;
   std::lock_guard<std::mutex> guard(table_lock);
   table[key] = plan;
   return "";
@@ -545,6 +762,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("call", &call, "the fast call: the output, or None");
   m.def("call_lora", &call_lora, "the LoRA layer's fast call: the output, or None");
   m.def("register_plan", &register_plan, "keep a launch's plan: '' when kept, else why not");
+  m.def("register_joint_plan", &register_joint_plan,
+        "keep a joint LoRA launch's plan: '' when kept, else why not");
   m.def("stats", &stats, "(hits, misses, plans)");
   m.def("param_sizes", &param_sizes, "a compiled function's parameter sizes");
   m.def("available", []() { return launch_ex() != nullptr; }, "cuLaunchKernelEx found");

@@ -1,6 +1,6 @@
 """The eager fast path: repeat calls of the elementwise ops, the on-chip softmax, the plain
-16-bit linear layer and the one-adapter LoRA layer launched from C++
-(``csrc/fastcall.cpp``).
+16-bit linear layer and the one-adapter LoRA layer (in-loop on the pointer kernel, or the
+joint launch with its host tensor descriptors) launched from C++ (``csrc/fastcall.cpp``).
 
 A fuseml call planned in Python costs several times torch's own call on the host
 (validation, plan lookup, Triton's launcher). The Python path stays the one that decides:
@@ -41,6 +41,7 @@ EXT_NAME = _cuda_ext.FASTCALL_NAME
 # Ops and parameter kinds, as csrc/fastcall.cpp numbers them.
 ELEMENTWISE, SOFTMAX_ROWS, GEMM, LORA = 0, 1, 2, 3
 _KINDS = {"i32": 1, "i64": 2, "fp32": 3}
+DESCRIPTOR = 4  # a host tensor descriptor's CUtensorMap
 
 compiling = torch.compiler.is_compiling
 
@@ -173,31 +174,117 @@ def register(
     if fast is None:
         start()
         return
-    layout = _LAYOUTS.get(ck)
-    if layout is None:
-        layout = _LAYOUTS[ck] = _layout(ck, len(args))
-    if not layout:
+    offer = _offer(ck, args)
+    if offer is None:
         return
-    positions, kinds = layout
-    passed = [args[p] for p in positions]
-    g = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+    positions, kinds, passed = offer
     why = fast.register_plan(
-        op, code, x, y, bias, out, float(alpha), ck.function, list(g), options["num_warps"],
-        ck.metadata.shared, bool(options.get("launch_pdl", False)), positions, kinds, passed,
-        *lora,
+        op, code, x, y, bias, out, float(alpha), ck.function, _grid3(grid),
+        options["num_warps"], ck.metadata.shared, bool(options.get("launch_pdl", False)),
+        positions, kinds, passed, *lora,
     )  # fmt: skip
+    _refused(why, op, code, x)
+
+
+def register_joint(
+    code: int, x, weight, bias, out, scaling: float, lora_a, lora_b, xs, sync, split: int,
+    n_shrink: int, ck, grid, options, args,
+) -> None:  # fmt: skip
+    """Offer the C++ side the plan of the one-adapter joint LoRA launch just made (``ck``
+    on ``grid`` with ``options`` and ``args``, its four host descriptors among them; xs
+    and sync the buffers it used, split the K split of xs). A no-op until the extension
+    is loaded, and for a kernel whose descriptors Triton does not encode on the host."""
+    if fast is None:
+        start()
+        return
+    offer = _offer(ck, args, expand_descriptors=True)
+    specs = _descriptor_specs(ck, args) if offer else None
+    if not specs:
+        return
+    positions, kinds, passed = offer
+    why = fast.register_joint_plan(
+        code, x, weight, bias, out, float(scaling), lora_a, lora_b, xs, sync, split, n_shrink,
+        ck.function, _grid3(grid), options["num_warps"], ck.metadata.shared, positions, kinds,
+        passed, specs,
+    )  # fmt: skip
+    _refused(why, LORA, code, x)
+
+
+def _offer(ck, args, expand_descriptors: bool = False) -> tuple[list, list, list] | None:
+    """(positions, kinds, the values Python passed) of the compiled kernel's parameters for
+    a launch with ``args`` (see _layout), or None for a kernel the C++ side cannot launch."""
+    key = (ck, expand_descriptors)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        layout = _LAYOUTS[key] = _layout(ck, len(args), expand_descriptors)
+    if not layout:
+        return None
+    positions, kinds = layout
+    flat = _expanded(args) if expand_descriptors else args
+    return positions, kinds, [flat[p] for p in positions]
+
+
+def _grid3(grid) -> list:
+    return [grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1]
+
+
+def _refused(why: str, op: int, code: int, x) -> None:
+    """Keep (and log once) why the C++ side turned a plan down; "" when it kept it."""
     if why and why not in refusals and len(refusals) < 64:
         refusals[why] = (op, code, x.dtype, tuple(x.shape))
         log.debug("fuseml: fast path not taken for op %d %s: %s", op, tuple(x.shape), why)
 
 
-_LAYOUTS: dict = {}  # compiled kernel -> _layout(...)
+def _is_descriptor(arg) -> bool:
+    return type(arg).__name__ == "TensorDescriptor"
 
 
-def _layout(ck, n_args: int) -> tuple[list, list] | tuple[()]:
+def _expanded(args) -> list:
+    """The arguments with each host descriptor spread as Triton's launcher passes it: the
+    descriptor, its shape, its strides."""
+    flat = []
+    for a in args:
+        flat.extend([a, *a.shape, *a.strides] if _is_descriptor(a) else [a])
+    return flat
+
+
+def _descriptor_specs(ck, args) -> list | None:
+    """Per host descriptor of the launch, in order: (CUtensorMap data type, swizzle,
+    padding, box rows, box columns) as the compiled kernel's launcher encodes it, or None
+    where this triton does not say (no descriptor metadata, or forms the C++ side does not
+    encode: im2col, fp4 padding, tf32 rounding, not 2-D)."""
+    try:
+        from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+    except ImportError:
+        return None
+    metas = getattr(ck.metadata, "tensordesc_meta", None)
+    descs = [a for a in args if _is_descriptor(a)]
+    if not metas or len(metas) != len(descs):
+        return None
+    specs = []
+    for desc, meta in zip(descs, metas):
+        block = list(meta["block_size"])
+        if (
+            meta.get("fp4_padded") or meta.get("is_im2col")
+            or getattr(desc, "round_f32_to_tf32", False) or len(block) != 2
+            or list(desc.block_shape) != block
+        ):  # fmt: skip
+            return None
+        padding = 1 if getattr(desc, "padding", "zero") == "nan" else 0
+        elem = TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]]
+        specs.append([int(elem), int(meta["swizzle"]), padding, int(block[0]), int(block[1])])
+    return specs
+
+
+_LAYOUTS: dict = {}  # (compiled kernel, expand_descriptors) -> _layout(...)
+
+
+def _layout(ck, n_args: int, expand_descriptors: bool = False) -> tuple[list, list] | tuple[()]:
     """(positions, kinds) of the compiled kernel's non-constexpr parameters among its
     ``n_args`` arguments, or () for a kernel the C++ side cannot launch (scratch memory,
-    clusters, tuples, other parameter types)."""
+    clusters, tuples, other parameter types). expand_descriptors: a 2-D host descriptor
+    (``tensordesc<...>``) takes 5 positions of the expanded arguments (``_expanded``), as
+    Triton's launcher passes it: the CUtensorMap, its shape (int32), its strides (int64)."""
     meta = ck.metadata
     if (
         getattr(meta, "global_scratch_size", 0)
@@ -210,12 +297,20 @@ def _layout(ck, n_args: int) -> tuple[list, list] | tuple[()]:
     if len(signature) != n_args:
         return ()
     positions, kinds = [], []
-    for pos, ty in enumerate(signature):
-        if ty == "constexpr":
+    pos = 0
+    for ty in signature:
+        if expand_descriptors and isinstance(ty, str) and ty.startswith("tensordesc"):
+            if ty.count(",") != 1:  # (2-D only)
+                return ()
+            positions.extend(range(pos, pos + 5))
+            kinds.extend([DESCRIPTOR, _KINDS["i32"], _KINDS["i32"], _KINDS["i64"], _KINDS["i64"]])
+            pos += 5
             continue
-        kind = (0 if ty.startswith("*") else _KINDS.get(ty)) if isinstance(ty, str) else None
-        if kind is None:
-            return ()
-        positions.append(pos)
-        kinds.append(kind)
+        if ty != "constexpr":
+            kind = (0 if ty.startswith("*") else _KINDS.get(ty)) if isinstance(ty, str) else None
+            if kind is None:
+                return ()
+            positions.append(pos)
+            kinds.append(kind)
+        pos += 1
     return positions, kinds

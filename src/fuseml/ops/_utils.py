@@ -501,6 +501,11 @@ class CounterSlab:
                 slab = torch.zeros(self.counters, dtype=torch.int32, device=x.device)
                 self.slabs[device] = [slab, 0]
 
+    def holds(self, t: torch.Tensor) -> bool:
+        """Is t a slice of one of the slabs (kept for the process, not a fresh buffer)?"""
+        entry = self.slabs.get(t.get_device()) if t.is_cuda else None
+        return entry is not None and t.untyped_storage().data_ptr() == entry[0].data_ptr()
+
     def _take(self, x: torch.Tensor, count: int) -> torch.Tensor | None:
         device = x.get_device()
         capturing = torch.cuda.is_current_stream_capturing()

@@ -69,12 +69,12 @@ EXPAND_MAX_R = 256
 # copy (~4 us) costs less than the slower kernels that reading B in place takes
 # (docs/performance/lora.md).
 B3D_MAX_M = 1024
-# Eager (uncaptured) one-adapter calls up to this many rows run in-loop on the pointer
-# kernel, whose repeat calls launch from C++ (fuseml.ops._fastcall): ~10 us of host time
-# against ~90 through Python. Its GPU time is over the TMA tile's (512 x 4096 -> 4096,
-# r 16, H200: 33.1 against 28.6 us a replay), which a host-bound call does not see; at
-# 1024 rows it is 66 against 52 us. Captured calls keep the tuned mode
-# (docs/performance/host.md).
+# Eager (uncaptured) one-adapter calls up to this many rows repeat from C++
+# (fuseml.ops._fastcall): ~10 us of host time against ~90-130 through Python. They run
+# in-loop on the pointer kernel, or the joint launch where that is the tuned mode (512 x
+# 4096 -> 4096, r 16, H200: 38.2 us a call in-loop on the pointer kernel, 25.6 for the
+# joint launch in a replay). At 1024 rows the pointer kernel took 66 against 52 us.
+# Captured calls keep the tuned mode (docs/performance/host.md).
 FAST_MAX_M = 512
 
 
@@ -176,6 +176,16 @@ def lora_rows(
     )
     args = (out, x2, weight, b, a_stacked, b_stacked, rank, scaling, scales, ids, code, traced)
     eager = not traced and not (capturing(x2) if path.capture is None else path.capture)
+    can_fast = (  # an eager call whose launch the C++ fast path may repeat (FAST_MAX_M)
+        eager
+        and type(m) is int
+        and m <= FAST_MAX_M
+        and ids is None
+        and scales is None
+        and b_stacked.dim() == 2
+        and path.loop == "auto"
+        and path.config is None
+    )
     if eager and x2.is_cuda:
         reserve_joint_flags(x2)  # (for the joint / spread launches of later captures)
     if pdl and r_pad <= IN_LOOP_MAX_R:
@@ -185,12 +195,15 @@ def lora_rows(
         # once per shape bucket, as tiles are. That choice is for calls captured into a
         # CUDA graph, where only GPU time counts. An eager call at these sizes is bound by
         # host time, where one launch beats two (87 against 320 us per call at M = 1): it
-        # takes the in-loop mode. (The first, eager call of a bucket measures both, so a
-        # later capture finds the choice made.) See docs/performance/lora.md.
+        # takes the in-loop mode, or the joint launch (one launch too) where that is the
+        # tuned mode and its repeats launch from C++. (The first, eager call of a bucket
+        # measures them all, so a later capture finds the choice made.) See
+        # docs/performance/lora.md.
         default = _gemm.LORA_IN_LOOP if loop == _gemm.LOOP_PTR else _gemm.LORA_EXPAND
         mode = _chosen_mode(path, args, loop, default)
         if eager:
-            mode = _gemm.LORA_IN_LOOP
+            joint = mode == _gemm.LORA_JOINT and can_fast and _fastcall.loaded() is not None
+            mode = _gemm.LORA_JOINT if joint else _gemm.LORA_IN_LOOP
     elif pdl:
         # Wide stacks (several adapters): the overlapped pair, or the spread launch (one
         # launch, each row tile's xs computed in slices by its own column tiles), timed
@@ -209,18 +222,8 @@ def lora_rows(
             mode = _chosen_mode(path, args, loop, mode, overlap=False)
     else:
         mode = _gemm.LORA_PRECOMPUTED
-    fast = (
-        eager
-        and mode == _gemm.LORA_IN_LOOP
-        and type(m) is int
-        and m <= FAST_MAX_M
-        and ids is None
-        and scales is None
-        and b_stacked.dim() == 2
-        and path.loop == "auto"
-        and path.config is None
-    )
-    if fast:
+    fast = can_fast and mode in (_gemm.LORA_IN_LOOP, _gemm.LORA_JOINT)
+    if fast and mode == _gemm.LORA_IN_LOOP:
         loop = _gemm.LOOP_PTR  # (see FAST_MAX_M)
     _run_mode(mode, loop, pdl, *args, force=Force(path.loop, path.config), fast=fast)
     return out.view(*x.shape[:-1], n)

@@ -50,6 +50,7 @@ from fuseml.ops.gemm.lora_modes import (
     _shrink_segment_kernel,
     expand_stages,
     joint_flags,
+    joint_flags_kept,
     spread_slice,
 )
 from fuseml.ops.gemm.pointer import _linear_kernel, _lora_kernel
@@ -122,7 +123,7 @@ def tma_eligible(*tensors: torch.Tensor) -> bool:
 
 def _launch_tma(
     out, x, weight, bias, residual, alpha, activation, config, lora=None, *, pdl=None,
-    programs=None,
+    programs=None, fast=False,
 ) -> None:  # fmt: skip
     """One launch of the TMA kernel. lora: None, or a LoraLaunch whose mode is
     LORA_IN_LOOP (A read through its own descriptor), LORA_PRECOMPUTED (xa = x @ A^T
@@ -132,7 +133,8 @@ def _launch_tma(
     an xs buffer made here; A through a descriptor of SLICE rows; one tile a program, which
     needs the tiles to fit one wave). pdl (LoRA only): the kernel's PDL flag, and for
     LORA_EXPAND with pdl the launch may start early. programs: the persistent grid's size
-    instead of ``persistent_programs`` (tests: several tiles a program on the CPU).
+    instead of ``persistent_programs`` (tests: several tiles a program on the CPU). fast:
+    a one-adapter joint launch is offered to the eager fast path (``fuseml.ops._fastcall``).
 
     Repeat launches go through the compiled kernel's launcher (``CompiledLaunches``): a
     host descriptor specializes on its dtype and block shape only, both fixed by the
@@ -278,7 +280,14 @@ def _launch_tma(
         for phase in (1, 2):
             _lora_tma_launches((programs,), (*key, phase), aligned, (*args, phase), options)
         return
-    _lora_tma_launches((programs + n_shrink,), (*key, 0), aligned, (*args, 0), options)
+    ck = _lora_tma_launches((programs + n_shrink,), (*key, 0), aligned, (*args, 0), options)
+    one_adapter = ids is None and scales is None and not b3d
+    kept = joint and joint_flags_kept(sync)  # (a fresh buffer lives for this launch only)
+    if ck is not None and fast and kept and residual is None and one_adapter:
+        _fastcall.register_joint(
+            activation, x, weight, bias, out, lora_scale, lora_a, lora_b, xa, sync, split,
+            n_shrink, ck, (programs + n_shrink,), options, (*args, 0),
+        )  # fmt: skip
 
 
 def persistent_programs(x: torch.Tensor) -> int | None:
@@ -327,7 +336,8 @@ def launch_linear(
     the shrink runs and waits for xs only before its last K steps. programs: the TMA
     kernel's persistent grid size (see ``_launch_tma``). fast: the launch a call takes (not
     a tuning candidate), offered to the eager fast path (``fuseml.ops._fastcall``) where
-    it is a plain layer's or a one-adapter in-loop LoRA layer's on the pointer loop.
+    it is a plain layer's, a one-adapter in-loop LoRA layer's on the pointer loop, or a
+    one-adapter joint LoRA launch.
     """
     if launches_skipped():
         return
@@ -356,7 +366,7 @@ def launch_linear(
             extra = LoraLaunch(lora, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block)
         _launch_tma(
             out, x, weight, bias, residual, alpha, activation, config, extra, pdl=pdl,
-            programs=programs,
+            programs=programs, fast=fast,
         )  # fmt: skip
         return
     if lora == LORA_NONE:

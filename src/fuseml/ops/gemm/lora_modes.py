@@ -327,3 +327,9 @@ def joint_flags(x: torch.Tensor, count: int) -> torch.Tensor:
     """``count`` zeroed int32 counters for a joint launch on x's device and current stream
     (see CounterSlab; the kernel puts them back to zero before it exits, _joint_wait)."""
     return slab_counters(_flag_slab, x, count)
+
+
+def joint_flags_kept(flags: torch.Tensor) -> bool:
+    """Are these joint flags a slice of the slab (which later launches may reuse), not a
+    buffer zeroed for one launch?"""
+    return _flag_slab.holds(flags)
