@@ -94,8 +94,11 @@ def test_expanded_arguments_and_descriptor_specs():
     assert spec == [[TMA_DTYPE_DEVICE_TO_HOST[10], 3, 0, 128, 64]]
     nan = _descriptor((300, 512), (128, 64), padding="nan")
     assert _fastcall._descriptor_specs(ck, (nan,))[0][2] == 1
-    # forms the C++ side does not encode, or metadata that does not match the launch
-    for bad in ({"fp4_padded": True}, {"is_im2col": True}, {"block_size": [64, 64]}):
+    # the box the compiler chose (the swizzle's width), not the descriptor's block
+    wide = _descriptor((300, 512), (128, 128))
+    assert _fastcall._descriptor_specs(ck, (wide,))[0][3:] == [128, 64]
+    # forms the C++ side does not encode
+    for bad in ({"fp4_padded": True}, {"is_im2col": True}, {"block_size": [2, 64, 64]}):
         assert (
             _fastcall._descriptor_specs(_kernel({}, tensordesc_meta=[{**meta, **bad}]), (d,))
             is None

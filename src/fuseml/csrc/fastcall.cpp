@@ -625,6 +625,11 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
   return "";
 }
 
+// Does a box of `box` elements tile a block of `block` (box <= block, dividing it)?
+bool tiles(int64_t block, uint32_t box) {
+  return box > 0 && box <= block && block % box == 0;
+}
+
 // Keep the plan of a joint LoRA launch the Python path just made (one adapter, eager, on
 // the current stream): "" when kept, else why not. descs: per descriptor (element type,
 // swizzle, padding, box rows, box columns) as the compiled kernel's launcher encodes it;
@@ -703,7 +708,8 @@ std::string register_joint_plan(int64_t code, const at::Tensor& x, const at::Ten
     const py::object& p = passed[j];
     if (plan.kind[j] == kDesc) {
       // the host descriptor Python passed: over the tensor this file would pass, with its
-      // shape, strides and box
+      // shape and strides, and a block the box tiles (the compiler narrows a box to its
+      // swizzle's width: a 128 x 256 block of bf16 loads as 128 x 64 boxes)
       const int d = static_cast<int>(v[pos].i);
       const py::object base = p.attr("base");
       if (!THPVariable_Check(base.ptr())) return "descriptor " + std::to_string(d) + " has no tensor";
@@ -714,7 +720,8 @@ std::string register_joint_plan(int64_t code, const at::Tensor& x, const at::Ten
       if (THPVariable_Unpack(base.ptr()).data_ptr() != t.data_ptr() ||
           shape != std::vector<int64_t>{t.size(0), t.size(1)} ||
           strides != std::vector<int64_t>{t.stride(0), t.stride(1)} ||
-          block != std::vector<int64_t>{plan.joint.desc[d].box[0], plan.joint.desc[d].box[1]}) {
+          block.size() != 2 || !tiles(block[0], plan.joint.desc[d].box[0]) ||
+          !tiles(block[1], plan.joint.desc[d].box[1])) {
         return "descriptor " + std::to_string(d) + " differs";
       }
     } else {

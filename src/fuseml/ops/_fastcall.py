@@ -198,8 +198,11 @@ def register_joint(
         start()
         return
     offer = _offer(ck, args, expand_descriptors=True)
-    specs = _descriptor_specs(ck, args) if offer else None
+    if offer is None:
+        return
+    specs = _descriptor_specs(ck, args)
     if not specs:
+        _refused("host descriptors in a form fastcall.cpp does not encode", LORA, code, x)
         return
     positions, kinds, passed = offer
     why = fast.register_joint_plan(
@@ -252,7 +255,9 @@ def _descriptor_specs(ck, args) -> list | None:
     """Per host descriptor of the launch, in order: (CUtensorMap data type, swizzle,
     padding, box rows, box columns) as the compiled kernel's launcher encodes it, or None
     where this triton does not say (no descriptor metadata, or forms the C++ side does not
-    encode: im2col, fp4 padding, tf32 rounding, not 2-D)."""
+    encode: im2col, fp4 padding, tf32 rounding, not 2-D). The box is the metadata's, not
+    the descriptor's block: the compiler narrows it to the swizzle's width (a 128 x 128
+    bf16 block loads as two 128 x 64 boxes), and the kernel issues its loads that way."""
     try:
         from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
     except ImportError:
@@ -267,7 +272,7 @@ def _descriptor_specs(ck, args) -> list | None:
         if (
             meta.get("fp4_padded") or meta.get("is_im2col")
             or getattr(desc, "round_f32_to_tf32", False) or len(block) != 2
-            or list(desc.block_shape) != block
+            or len(desc.block_shape) != 2
         ):  # fmt: skip
             return None
         padding = 1 if getattr(desc, "padding", "zero") == "nan" else 0
