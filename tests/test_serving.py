@@ -458,6 +458,7 @@ class _FakeGraph:
     what a replay recomputes (``body``)."""
 
     capturing: _FakeGraph | None = None
+    modes: list = []  # capture_error_mode of each capture
 
     def __init__(self) -> None:
         self.body = None
@@ -478,13 +479,15 @@ def fake_cuda(monkeypatch):
     import contextlib
 
     @contextlib.contextmanager
-    def graph(g, stream=None, pool=None):
+    def graph(g, stream=None, pool=None, capture_error_mode="global"):
         _FakeGraph.capturing = g
+        _FakeGraph.modes.append(capture_error_mode)
         try:
             yield
         finally:
             _FakeGraph.capturing = None
 
+    monkeypatch.setattr(_FakeGraph, "modes", [])
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
     monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _FakeStream())
@@ -518,6 +521,8 @@ def test_replay_cache_runs_eagerly_then_captures_then_replays(fake_cuda):
         outs.append(out)
     # two eager calls, then the warm-up and the capture, then replays only
     assert len(calls) == 4 and cache.num_graphs == 1
+    # thread-local: other threads' CUDA calls (the fast path's build) cannot invalidate it
+    assert _FakeGraph.modes == ["thread_local"]
     graph, _, static_out = cache._graphs[("k",)]
     assert graph.replays == 4  # the capturing call replays too
     assert all(o is not static_out for o in outs)  # each call's own output

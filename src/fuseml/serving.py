@@ -408,6 +408,9 @@ class CudaGraphs(nn.Module):
         g.outputs, g.kind = _outputs(out, bucket)
 
 
+CAPTURE_MODE = "thread_local"  # (see _capture_graph)
+
+
 class _CaptureError(Exception):
     pass
 
@@ -424,10 +427,15 @@ def _warm_up(stream: torch.cuda.Stream, fn, times: int) -> None:
 
 def _capture_graph(stream: torch.cuda.Stream, fn, pool=None) -> tuple[torch.cuda.CUDAGraph, Any]:
     """(graph, output) of ``fn()`` captured on ``stream``; when the capture fails, the
-    CUDA state is put back in order (``_end_failed_capture``) and the error raised."""
+    CUDA state is put back in order (``_end_failed_capture``) and the error raised.
+
+    The capture is thread-local: CUDA calls other threads make meanwhile (fuseml's
+    background build of its fast path, a user's loader thread) do not invalidate it, as
+    they do a capture in PyTorch's default global mode. What the captured forward itself
+    calls is checked as strictly."""
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=CAPTURE_MODE):
             out = fn()
     except Exception:
         _end_failed_capture(stream)
@@ -443,7 +451,9 @@ def _end_failed_capture(stream: torch.cuda.Stream) -> None:
     same stream begins and ends their capture cleanly."""
     try:
         torch.cuda.synchronize(stream.device)
-        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
+        with torch.cuda.graph(
+            torch.cuda.CUDAGraph(), stream=stream, capture_error_mode=CAPTURE_MODE
+        ):
             pass
     except Exception as e:  # the original error is what the caller reports
         log.warning("cuda_graphs: could not reset the CUDA state after a failed capture: %s", e)
