@@ -297,7 +297,7 @@ __host__ __device__ __forceinline__ int64_t mma_warp_smem_bytes(int tables, int 
 
 // c += A (16 x 16, row-major) B (16 x 8, column-major), float32 accumulation; the 16-bit
 // operands in b32 pairs as mma.sync m16n8k16 lays its fragments out.
-#define FUSEML_MMA_16816(TYPE)                                                              \
+#define MMA_16816_ASM(TYPE)                                                              \
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                       \
                ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"       \
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                             \
@@ -308,16 +308,16 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
                                           uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (std::is_same_v<Tr, Bf16>) {
-    FUSEML_MMA_16816("bf16");
+    MMA_16816_ASM("bf16");
   } else {
     static_assert(std::is_same_v<Tr, Fp16>, "mma_16816: 16-bit storage only");
-    FUSEML_MMA_16816("f16");
+    MMA_16816_ASM("f16");
   }
 #else
   __trap();  // (the host takes this form on sm_80 and later only)
 #endif
 }
-#undef FUSEML_MMA_16816
+#undef MMA_16816_ASM
 
 // Output column of Gram entry (i, j) (after x's d columns), or -1 where it is not kept.
 __device__ __forceinline__ int kept_column(int i, int j, int f, bool self) {
