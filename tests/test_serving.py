@@ -458,7 +458,6 @@ class _FakeGraph:
     what a replay recomputes (``body``)."""
 
     capturing: _FakeGraph | None = None
-    modes: list = []  # capture_error_mode of each capture
 
     def __init__(self) -> None:
         self.body = None
@@ -487,7 +486,7 @@ def fake_cuda(monkeypatch):
         finally:
             _FakeGraph.capturing = None
 
-    monkeypatch.setattr(_FakeGraph, "modes", [])
+    monkeypatch.setattr(_FakeGraph, "modes", [], raising=False)  # each capture's error mode
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
     monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _FakeStream())
