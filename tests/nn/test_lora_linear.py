@@ -7,6 +7,7 @@ from torch import nn
 
 import fuseml.nn._common
 from fuseml.nn import LoRALinear
+from fuseml.ops import _fastcall
 from fuseml.ops.bias_act import activation_ref
 from fuseml.testing import (
     DTYPES,
@@ -333,7 +334,8 @@ def test_lora_linear_eager_calls_replay_graphs_gpu(dtype, monkeypatch):
 
     m = _make("cuda", dtype, ranks=(4, 8), activation="gelu").eval()  # (training: no replays)
     calls = counted(monkeypatch, fuseml.nn.lora, "lora_linear")
-    with torch.no_grad():
+    # (the C++ fast path off: it serves 16-bit repeat calls before any replay, below)
+    with torch.no_grad(), _fastcall.suspended():
         x = fresh_calls(m, (40, 32), dtype, _ref64)  # (each output its own tensor)
         assert len(calls) == 4  # two eager calls, the warm-up and the capture, then replays
         m.lora_B["a0"].weight.mul_(-1.0)  # in place: a new version, a new graph
@@ -348,3 +350,59 @@ def test_lora_linear_eager_calls_replay_graphs_gpu(dtype, monkeypatch):
         for _ in range(3):
             m(x)
         assert len(calls) == n + 3
+
+
+def test_lora_linear_repeat_calls_served_by_the_fast_path_skip_replays(monkeypatch):
+    """A call the C++ fast path serves returns its output as it is (the active adapter's
+    tensors and scaling passed, no replay key made); a call it does not serve takes the
+    module's own path (the reference's result); a backend it does not serve is not asked."""
+    m = _make("cpu", ranks=(4, 8), activation="relu").eval()
+    x = torch.randn(6, 32)
+    served, seen = torch.full((6, 24), 7.0), []
+
+    class Fast:
+        serve = True
+
+        def call_lora(self, code, *args):
+            seen.append(args)
+            return served if self.serve else None
+
+    fast = Fast()
+    monkeypatch.setattr(_fastcall, "loaded", lambda: fast)
+    m.set_adapter("a1")
+    with monkeypatch.context() as mp, torch.no_grad():
+        mp.setattr(m, "_replay_key", lambda *a: pytest.fail("replay key made"))
+        assert m(x) is served
+    xs, w, b, a, bb, scaling = seen[0]
+    assert xs is x and w is m.weight and b is m.bias and scaling == m.scaling["a1"]
+    assert a is m.lora_A["a1"].weight and bb is m.lora_B["a1"].weight
+    fast.serve = False
+    with torch.no_grad():
+        assert_close_verbose(m(x), _ref64(m, x), torch.float32)
+    m.backend = "eager"
+    n = len(seen)
+    with torch.no_grad():
+        assert_close_verbose(m(x), _ref64(m, x), torch.float32)
+    assert len(seen) == n
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_lora_linear_16bit_repeat_calls_launch_from_cpp_gpu():
+    """16-bit eager inference calls with one active adapter: the first call keeps the
+    launch's plan, later calls launch from C++ (no graph captured), each against the
+    reference over NaN-poisoned free memory; another active adapter is seen."""
+    from replays import fresh_calls
+
+    if not _fastcall.wait(timeout=900):
+        pytest.fail(f"the fast path did not load: {_fastcall.status()}")
+    m = _make("cuda", torch.bfloat16, ranks=(4, 8), activation="gelu").eval()
+    fast = _fastcall.fast
+    with torch.no_grad():
+        hits = fast.stats()[0]
+        fresh_calls(m, (40, 32), torch.bfloat16, _ref64)
+        assert fast.stats()[0] >= hits + 4, _fastcall.refusals
+        m.set_adapter("a1")
+        fresh_calls(m, (40, 32), torch.bfloat16, _ref64, n=3)
+    cache = m.__dict__.get("_replay_cache")
+    assert cache is None or cache.num_graphs == 0

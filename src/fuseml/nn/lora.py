@@ -18,6 +18,7 @@ from fuseml.ops.lora import (
     check_adapter_ids,
     check_adapter_ids_tensor,
     device_scales,
+    fast_call,
     lora_linear,
     lora_stacked,
     stack_adapters,
@@ -328,8 +329,15 @@ class LoRALinear(nn.Module):
             return fused_linear(x, w, b, self.activation, backend=self.backend)
         a = self.lora_A[name].weight
         bb = self.lora_B[name].weight
-        backend = call_backend(_OWNER, self.backend, x, (w, b, a, bb))
         scaling, act = self.scaling[name], self.activation
+        # A repeat call the C++ fast path serves costs less host time than a replay (one
+        # launch against a copy in, a replay and a copy out; at 16 rows on an H200 host,
+        # 16.8 us a layer against 196 for three replayed layers), and its eager launch is
+        # near the captured one's GPU time up to the fast path's 512 rows (host.md)
+        out = fast_call(x, w, b, a, bb, scaling, act, self.backend)
+        if out is not None:
+            return out
+        backend = call_backend(_OWNER, self.backend, x, (w, b, a, bb))
         key = self._replay_key(x, name, scaling, backend) if self.replay_graphs else None
         if key is None:
             return lora_linear(x, w, b, a, bb, scaling, act, backend=backend)

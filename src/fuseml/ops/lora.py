@@ -320,6 +320,27 @@ def _validate(x, weight, bias, lora_a, lora_b, scaling, activation, adapter_ids)
     return activation
 
 
+def fast_call(x, weight, bias, lora_a, lora_b, scaling, activation, backend: str = "auto"):
+    """The one-adapter call launched from C++ where a plan the Python path kept serves it
+    (a repeat eager call: ``fuseml.ops._fastcall``), else None (the caller takes the
+    Python path). Nothing is validated here: a plan is kept only for a validated call,
+    and serves only calls of its signature."""
+    fast = _fastcall.loaded()
+    if (
+        fast is None
+        or type(x) is not torch.Tensor
+        or type(weight) not in PLAIN_TENSORS
+        or type(lora_a) not in PLAIN_TENSORS
+        or type(lora_b) not in PLAIN_TENSORS
+        or (bias is not None and type(bias) not in PLAIN_TENSORS)
+        or type(scaling) not in REAL_NUMBERS
+        or not (activation is None or type(activation) is str)
+        or not _fastcall.usable(backend)
+    ):
+        return None
+    return fast.call_lora(_CODES.get(activation, -1), x, weight, bias, lora_a, lora_b, scaling)
+
+
 def lora_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -344,21 +365,8 @@ def lora_linear(
     a ``LoraPath`` forcing parts of the launch choice (direct calls; a call traced by
     torch.compile takes the normal choice).
     """
-    fast = _fastcall.loaded()  # a repeat call launched from C++ (see fuseml.ops._fastcall)
-    if (
-        fast is not None
-        and adapter_ids is None
-        and path is None
-        and type(x) is torch.Tensor
-        and type(weight) in PLAIN_TENSORS
-        and type(lora_a) in PLAIN_TENSORS
-        and type(lora_b) in PLAIN_TENSORS
-        and (bias is None or type(bias) in PLAIN_TENSORS)
-        and type(scaling) in REAL_NUMBERS
-        and (activation is None or type(activation) is str)
-        and _fastcall.usable(backend)
-    ):
-        out = fast.call_lora(_CODES.get(activation, -1), x, weight, bias, lora_a, lora_b, scaling)
+    if adapter_ids is None and path is None:
+        out = fast_call(x, weight, bias, lora_a, lora_b, scaling, activation, backend)
         if out is not None:
             return out
     op = "lora_linear"
