@@ -345,9 +345,9 @@ class LoRALinear(nn.Module):
         return replay_cache(self, _OWNER).run(key, run, [x])
 
     # Repeated eager inference calls (eval mode, no autograd) of one signature (one active
-    # adapter) replay a CUDA graph of the layer (at most this many graphs a layer, see
-    # fuseml.serving.ReplayCache: a call's host time, about 100 us, for a copy in, a replay
-    # and a copy out); 0: off.
+    # adapter) that the C++ fast path does not serve replay a CUDA graph of the layer (at
+    # most this many graphs a layer, see fuseml.serving.ReplayCache: a call's host time,
+    # about 100 us, for a copy in, a replay and a copy out); 0: off.
     replay_graphs = 2
 
     def _replay_key(self, x: torch.Tensor, name: str, scaling: float, backend: str):
