@@ -359,6 +359,43 @@ def test_embedding_interaction_cuda_tensor_core_form(dtype, self_interaction, n_
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("self_interaction", [False, True])
+@pytest.mark.parametrize("dim", [16, 32])
+def test_embedding_interaction_cuda_warps_stride_over_samples(dtype, self_interaction, dim):
+    """The CUDA twin's pipelined form (one-hot, 16-bit, aligned rows): past one sample per
+    resident warp (~4,200 on an H200) each warp takes several samples through its ring of
+    staged copies; an id outside its table in the middle of the run reads nothing and
+    flags its table."""
+    n_tables, batch = 26, 40_003
+    weight, offsets, cards = _tables(n_tables, dim, dtype, "cuda", max_rows=4000, seed=11)
+    x = torch.randn(batch, dim, dtype=dtype, device="cuda")
+    ids = _ids(batch, cards, torch.int32, "cuda")
+    width = dim + num_pairs(n_tables + 1, self_interaction)
+    out_width = -(-width // 16) * 16
+    expected = _expected(
+        x, weight, offsets, ids, self_interaction=self_interaction, out_width=out_width
+    )
+    flags = torch.zeros(n_tables, dtype=torch.int32, device="cuda")
+    for _ in range(2):
+        poison_allocator()
+        out = op(x, weight, offsets, ids, self_interaction=self_interaction,
+                 out_width=out_width, backend="cuda", bad_ids=flags)  # fmt: skip
+        assert_close_verbose(out, expected, dtype)
+        assert torch.equal(out[:, :dim], x)
+    assert flags.tolist() == [0] * n_tables
+    bad = ids.clone()
+    bad[batch // 2 + 1, 7] = int(cards[7])  # one past table 7's last row
+    out = op(x, weight, offsets, bad, self_interaction=self_interaction,
+             out_width=out_width, backend="cuda", bad_ids=flags)  # fmt: skip
+    assert flags.nonzero().flatten().tolist() == [7]
+    keep = torch.ones(batch, dtype=torch.bool, device="cuda")
+    keep[batch // 2 + 1] = False  # (that row's share of the result is unspecified)
+    assert_close_verbose(out[keep], expected[keep], dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("impl", ["triton", "cuda"])
 def test_embedding_interaction_in_cuda_graph(dtype, impl):

@@ -361,10 +361,20 @@ int fill_joint(int64_t rows, int64_t cols, int64_t depth,
   return a.n;
 }
 
-// The call's four descriptors (x, W, A, x), encoded as the plan says.
+// The tensors under the joint launch's four descriptors, in its order: x, W, A, x.
+void joint_tensors(const at::Tensor& x2, const at::Tensor& weight, const Adapter& lora,
+                   const at::Tensor** of) {
+  of[0] = &x2;
+  of[1] = &weight;
+  of[2] = lora.a;
+  of[3] = &x2;
+}
+
+// The call's four descriptors, encoded as the plan says.
 bool encode_joint(const Plan& plan, const at::Tensor& x2, const at::Tensor& weight,
                   const Adapter& lora, CUtensorMap* maps) {
-  const at::Tensor* of[kMaxDescs] = {&x2, &weight, lora.a, &x2};
+  const at::Tensor* of[kMaxDescs];
+  joint_tensors(x2, weight, lora, of);
   for (int d = 0; d < kMaxDescs; ++d) {
     if (!encode(plan.joint.desc[d], *of[d], &maps[d])) return false;
   }
@@ -464,6 +474,10 @@ py::object call_with(int64_t op, int64_t code, const at::Tensor& x,
       return py::none();
     }
     plan = it->second;
+    if (plan.joint.on && stream != plan.joint.stream) {  // (the flags are that stream's)
+      ++misses;
+      return py::none();
+    }
   }
   const bool gemm = op == kGemm || op == kLora;
   at::Tensor out = gemm ? at::empty({rows, cols}, x.options()) : at::empty_like(x);
@@ -476,8 +490,7 @@ py::object call_with(int64_t op, int64_t code, const at::Tensor& x,
         ? at::empty({plan.joint.split, rows, rank}, x.options().dtype(at::kFloat))
         : at::empty({rows, rank}, x.options());
     fill_joint(rows, cols, depth, bias, out, xs, alpha, lora, plan.joint, v);
-    if (stream != plan.joint.stream || !aligned16(v, plan) ||
-        !encode_joint(plan, x2, *y, lora, maps)) {
+    if (!aligned16(v, plan) || !encode_joint(plan, x2, *y, lora, maps)) {
       std::lock_guard<std::mutex> guard(table_lock);
       ++misses;
       return py::none();
@@ -692,7 +705,8 @@ std::string register_joint_plan(int64_t code, const at::Tensor& x, const at::Ten
     plan.joint.desc[d].box[1] = static_cast<uint32_t>(descs[d][4]);
   }
   const at::Tensor x2 = x.view({rows, depth});
-  const at::Tensor* of[kMaxDescs] = {&x2, &weight, &lora_a, &x2};
+  const at::Tensor* of[kMaxDescs];
+  joint_tensors(x2, weight, lora, of);
   Value v[kMaxArgs];
   const int n_values = fill_joint(rows, cols, depth, bias, out, xs, alpha, lora, plan.joint, v);
   auto ints_of = [](const py::object& seq) {
