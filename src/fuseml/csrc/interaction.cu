@@ -10,20 +10,23 @@
 // (F, F, 0) with the diagonal) in row-major order; each product is a float32 sum of exact
 // products, rounded once to the output dtype.
 //
-// One warp per sample, in one of two forms. 16-bit tables with d a multiple of 16 and at
-// most 32 rows of Z (DLRM's 27) take tensor cores (interaction_mma_kernel): Z staged as
-// stored, the Gram's lower 16 x 8 tiles by mma.sync, the kept entries placed in a staged
-// output row that leaves 16 bytes a lane. Otherwise the warp stages Z as float32 (row
-// stride d + 1, so that lanes reading different rows at one column fall in different
-// banks) and each lane takes every 32nd pair on the CUDA cores, so a warp's stores of one
-// step land on consecutive columns: a DLRM sample's 351 pairs of d = 16 products are ~530
-// instructions a lane there, against 6 MMAs.
+// Three forms. One-hot 16-bit tables with d of 16, 32, 64 or 128, aligned rows and at most
+// 32 rows of Z (DLRM's 27) take the pipelined form (interaction_pipe_kernel): each warp
+// strides over the samples, its rows copied by cp.async into a ring of Z buffers a few
+// samples ahead of the one it forms on tensor cores. Otherwise one warp per sample: 16-bit
+// tables with d a multiple of 16 and at most 32 rows of Z take tensor cores
+// (interaction_mma_kernel): Z staged as stored, the Gram's lower 16 x 8 tiles by
+// mma.sync, the kept entries placed in a staged output row that leaves 16 bytes a lane.
+// The rest stage Z as float32 (row stride d + 1, so that lanes reading different rows at
+// one column fall in different banks) and each lane takes every 32nd pair on the CUDA
+// cores, so a warp's stores of one step land on consecutive columns: a DLRM sample's 351
+// pairs of d = 16 products are ~530 instructions a lane there, against 6 MMAs.
 //
-// The gather is bound by latency: with one-hot ids the warp first resolves each table's
-// row (its offset and id, one lane a table, all in flight together), then loads the rows
-// with no load waiting on another, 16 bytes a lane where the rows are aligned. (Loading
-// the id for every element made each lane wait on two loads in turn per element: 26
-// tables x 16 columns at 235 us for kaggle's 65536 rows, 4.5x the Triton kernel.)
+// The gather is bound by latency: with one-hot ids a warp first resolves each table's row
+// (its offset and id, one lane a table, all in flight together), then loads the rows with
+// no load waiting on another, 16 bytes a lane where the rows are aligned. (Loading the id
+// for every element made each lane wait on two loads in turn per element: 26 tables x 16
+// columns at 235 us for kaggle's 65536 rows, 4.5x the Triton kernel.)
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
