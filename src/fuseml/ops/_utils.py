@@ -498,13 +498,19 @@ class CounterSlab:
             return
         with self.lock:
             if device not in self.slabs:
-                slab = torch.zeros(self.counters, dtype=torch.int32, device=x.device)
-                self.slabs[device] = [slab, 0]
+                self._allocate(x)
 
     def holds(self, t: torch.Tensor) -> bool:
         """Is t a slice of one of the slabs (kept for the process, not a fresh buffer)?"""
         entry = self.slabs.get(t.get_device()) if t.is_cuda else None
         return entry is not None and t.untyped_storage().data_ptr() == entry[0].data_ptr()
+
+    def _allocate(self, x: torch.Tensor) -> list:
+        """x's device's slab, zeroed, with none of it handed out (the lock held; not
+        while capturing)."""
+        entry = [torch.zeros(self.counters, dtype=torch.int32, device=x.device), 0]
+        self.slabs[x.get_device()] = entry
+        return entry
 
     def _take(self, x: torch.Tensor, count: int) -> torch.Tensor | None:
         device = x.get_device()
@@ -518,8 +524,7 @@ class CounterSlab:
         if entry is None:
             if capturing:
                 return None
-            entry = [torch.zeros(self.counters, dtype=torch.int32, device=x.device), 0]
-            self.slabs[device] = entry
+            entry = self._allocate(x)
         slab, used = entry
         # Slices start 16 bytes apart at least: a captured launch's pointer then has the
         # alignment its eager launches specialize on (a 4-byte offset made LoRA tuning's
