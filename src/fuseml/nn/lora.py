@@ -9,8 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fuseml.nn._common import call_backend, check_activation, check_backend, log
+from fuseml.nn._common import (
+    call_backend,
+    check_activation,
+    check_backend,
+    inductor_traces,
+    log,
+)
 from fuseml.ops._utils import check_same
+from fuseml.ops.bias_act import activation_ref
 from fuseml.ops.linear import check_linear_args
 from fuseml.ops.linear import linear as fused_linear
 from fuseml.ops.lora import (
@@ -20,6 +27,7 @@ from fuseml.ops.lora import (
     device_scales,
     fast_call,
     lora_linear,
+    lora_linear_ref,
     lora_stacked,
     stack_adapters,
 )
@@ -315,6 +323,12 @@ class LoRALinear(nn.Module):
     # --------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor, adapter_ids: torch.Tensor | None = None) -> torch.Tensor:
         w, b = self.weight, self.bias
+        if adapter_ids is None and inductor_traces():  # the replaced layer's math, no more
+            name = None if self.merged else self.active_adapter  # guards (inductor_traces)
+            if name is None:
+                return activation_ref(F.linear(x, w, b), self.activation or "none")
+            a, bb = self.lora_A[name].weight, self.lora_B[name].weight
+            return lora_linear_ref(x, w, b, a, bb, self.scaling[name], self.activation)
         if self.merged:
             if adapter_ids is not None:
                 raise RuntimeError(
