@@ -149,6 +149,11 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
+ParamInfo param_info() {
+  static ParamInfo fn = driver_entry<ParamInfo>("cuFuncGetParamInfo");
+  return fn;
+}
+
 // The 2-D tensor t (row-major, unit column stride) as a descriptor of spec's boxes, encoded
 // as Triton's launcher encodes it; false where the driver refuses.
 bool encode(const DescSpec& spec, const at::Tensor& t, CUtensorMap* map) {
@@ -556,11 +561,11 @@ std::string same_value(int64_t kind, int pos, const Value& v, const py::object& 
 // The compiled function's parameters: the plan's with the sizes it writes, then at most
 // two 8-byte scratch pointers (Triton's global / profile scratch), nothing more; sets
 // plan.n_scratch. "" when they are, else why not.
-std::string check_param_sizes(Plan& plan, ParamInfo param_info) {
+std::string check_param_sizes(Plan& plan, ParamInfo info) {
   const int n = plan.n_params;
   for (int j = 0; j < n + 3; ++j) {
     size_t offset = 0, size = 0;
-    const bool exists = param_info(plan.function, j, &offset, &size) == CUDA_SUCCESS;
+    const bool exists = info(plan.function, j, &offset, &size) == CUDA_SUCCESS;
     if (j < n) {
       const size_t want = plan.kind[j] == kDesc ? sizeof(CUtensorMap)
                           : (plan.kind[j] == kI32 || plan.kind[j] == kF32) ? 4 : 8;
@@ -575,6 +580,43 @@ std::string check_param_sizes(Plan& plan, ParamInfo param_info) {
   return "";
 }
 
+// The launch a plan repeats (function, grid, block, shared memory, parameter count), as
+// the Python path made it: "" when well formed, else why not.
+std::string start_plan(Plan& plan, int64_t function, const std::vector<int64_t>& grid,
+                       int64_t num_warps, int64_t shared, size_t n_positions, size_t n_kinds,
+                       size_t n_passed) {
+  if (n_positions > static_cast<size_t>(kMaxArgs) || n_kinds != n_positions ||
+      n_passed != n_positions || grid.size() != 3) {
+    return "malformed plan";
+  }
+  plan.function = reinterpret_cast<CUfunction>(function);
+  for (int d = 0; d < 3; ++d) plan.grid[d] = static_cast<unsigned>(grid[d]);
+  plan.threads = static_cast<unsigned>(32 * num_warps);
+  plan.shared = static_cast<unsigned>(shared);
+  plan.n_params = static_cast<int>(n_positions);
+  return "";
+}
+
+// Parameter j's argument position and kind: "" when this file computes that position.
+std::string place(Plan& plan, int j, const std::vector<int64_t>& positions,
+                  const std::vector<int64_t>& kinds, int n_values) {
+  const int pos = static_cast<int>(positions[j]);
+  if (pos < 0 || pos >= n_values) return "a parameter this file does not compute";
+  plan.pos[j] = pos;
+  plan.kind[j] = static_cast<int>(kinds[j]);
+  return "";
+}
+
+// Keep a checked plan for its key once the compiled function's parameters are the sizes it
+// writes: "" when kept, else why not.
+std::string keep(Plan& plan, const Key& key) {
+  const std::string sizes = check_param_sizes(plan, param_info());
+  if (!sizes.empty()) return sizes;
+  std::lock_guard<std::mutex> guard(table_lock);
+  table[key] = plan;
+  return "";
+}
+
 // Keep the plan of a launch the Python path just made: "" when kept, else why not.
 std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
                           const std::optional<at::Tensor>& y, const std::optional<at::Tensor>& bias,
@@ -584,8 +626,7 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
                           std::vector<py::object> passed, const std::optional<at::Tensor>& lora_a,
                           const std::optional<at::Tensor>& lora_b) {
   if (launch_ex() == nullptr) return "cuLaunchKernelEx is not available";
-  static ParamInfo param_info = driver_entry<ParamInfo>("cuFuncGetParamInfo");
-  if (param_info == nullptr) return "cuFuncGetParamInfo is not available";
+  if (param_info() == nullptr) return "cuFuncGetParamInfo is not available";
   Adapter lora;
   if (op == kLora) {
     if (!lora_a.has_value() || !lora_b.has_value()) return "a LoRA plan without its adapter";
@@ -603,26 +644,16 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
   if (!out.is_contiguous() || !laid_out || out.scalar_type() != x.scalar_type()) {
     return "the output is not laid out as the fast call allocates it";
   }
-  const int n = static_cast<int>(positions.size());
-  if (n > kMaxArgs || kinds.size() != positions.size() || passed.size() != positions.size() ||
-      grid.size() != 3) {
-    return "malformed plan";
-  }
+  Plan plan;
+  const std::string formed = start_plan(plan, function, grid, num_warps, shared,
+                                        positions.size(), kinds.size(), passed.size());
+  if (!formed.empty()) return formed;
+  plan.pdl = pdl;
   Value v[kMaxArgs];
   const int n_values = fill(op, rows, cols, depth, x, y, bias, out, alpha, v, lora);
-  Plan plan;
-  plan.function = reinterpret_cast<CUfunction>(function);
-  for (int d = 0; d < 3; ++d) plan.grid[d] = static_cast<unsigned>(grid[d]);
-  plan.threads = static_cast<unsigned>(32 * num_warps);
-  plan.shared = static_cast<unsigned>(shared);
-  plan.pdl = pdl;
-  plan.n_params = n;
-  for (int j = 0; j < n; ++j) {
-    const int pos = static_cast<int>(positions[j]);
-    if (pos < 0 || pos >= n_values) return "a parameter this file does not compute";
-    plan.pos[j] = pos;
-    plan.kind[j] = static_cast<int>(kinds[j]);
-    const std::string why = same_value(plan.kind[j], pos, v[pos], passed[j]);
+  for (int j = 0; j < plan.n_params; ++j) {
+    std::string why = place(plan, j, positions, kinds, n_values);
+    if (why.empty()) why = same_value(plan.kind[j], plan.pos[j], v[plan.pos[j]], passed[j]);
     if (!why.empty()) return why;
   }
   if (!aligned16(v, plan)) return "unaligned pointers";
@@ -631,11 +662,7 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
     auto it = table.find(key);
     if (it != table.end() && same_launch(it->second, plan)) return "";
   }
-  const std::string sizes = check_param_sizes(plan, param_info);
-  if (!sizes.empty()) return sizes;
-  std::lock_guard<std::mutex> guard(table_lock);
-  table[key] = plan;
-  return "";
+  return keep(plan, key);
 }
 
 // Does a box of `box` elements tile a block of `block` (box <= block, dividing it)?
@@ -658,8 +685,7 @@ std::string register_joint_plan(int64_t code, const at::Tensor& x, const at::Ten
                                 std::vector<std::vector<int64_t>> descs) {
   if (launch_ex() == nullptr) return "cuLaunchKernelEx is not available";
   if (encode_tiled() == nullptr) return "cuTensorMapEncodeTiled is not available";
-  static ParamInfo param_info = driver_entry<ParamInfo>("cuFuncGetParamInfo");
-  if (param_info == nullptr) return "cuFuncGetParamInfo is not available";
+  if (param_info() == nullptr) return "cuFuncGetParamInfo is not available";
   Adapter lora;
   lora.a = &lora_a;
   lora.b = &lora_b;
@@ -679,18 +705,12 @@ std::string register_joint_plan(int64_t code, const at::Tensor& x, const at::Ten
       : xs.scalar_type() == x.scalar_type() && xs.dim() == 2 && xs.size(0) == rows &&
             xs.size(1) == rank;
   if (!xs_ok || !xs.is_contiguous()) return "xs is not laid out as the fast call allocates it";
-  const int n = static_cast<int>(positions.size());
-  if (n > kMaxArgs || kinds.size() != positions.size() || passed.size() != positions.size() ||
-      grid.size() != 3 || descs.size() != static_cast<size_t>(kMaxDescs)) {
-    return "malformed plan";
-  }
+  if (descs.size() != static_cast<size_t>(kMaxDescs)) return "malformed plan";
   Plan plan;
-  plan.function = reinterpret_cast<CUfunction>(function);
-  for (int d = 0; d < 3; ++d) plan.grid[d] = static_cast<unsigned>(grid[d]);
-  plan.threads = static_cast<unsigned>(32 * num_warps);
-  plan.shared = static_cast<unsigned>(shared);
+  const std::string formed = start_plan(plan, function, grid, num_warps, shared,
+                                        positions.size(), kinds.size(), passed.size());
+  if (!formed.empty()) return formed;
   plan.pdl = false;  // (the joint launch's programs wait for each other: no PDL)
-  plan.n_params = n;
   plan.joint.on = true;
   plan.joint.split = split;
   plan.joint.sync = reinterpret_cast<int64_t>(sync.data_ptr());
@@ -714,11 +734,10 @@ std::string register_joint_plan(int64_t code, const at::Tensor& x, const at::Ten
     for (auto item : seq) r.push_back(item.cast<int64_t>());
     return r;
   };
-  for (int j = 0; j < n; ++j) {
-    const int pos = static_cast<int>(positions[j]);
-    if (pos < 0 || pos >= n_values) return "a parameter this file does not compute";
-    plan.pos[j] = pos;
-    plan.kind[j] = static_cast<int>(kinds[j]);
+  for (int j = 0; j < plan.n_params; ++j) {
+    const std::string placed = place(plan, j, positions, kinds, n_values);
+    if (!placed.empty()) return placed;
+    const int pos = plan.pos[j];
     const py::object& p = passed[j];
     if (plan.kind[j] == kDesc) {
       // the host descriptor Python passed: over the tensor this file would pass, with its
@@ -746,21 +765,17 @@ std::string register_joint_plan(int64_t code, const at::Tensor& x, const at::Ten
   if (!aligned16(v, plan)) return "unaligned pointers";
   CUtensorMap maps[kMaxDescs];
   if (!encode_joint(plan, x2, weight, lora, maps)) return "a descriptor does not encode";
-  const std::string sizes = check_param_sizes(plan, param_info);
-  if (!sizes.empty()) return sizes;
-  std::lock_guard<std::mutex> guard(table_lock);
-  table[key] = plan;
-  return "";
+  return keep(plan, key);
 }
 
 // The compiled function's parameter sizes, in order (for tests and diagnosis).
 std::vector<int64_t> param_sizes(int64_t function) {
-  static ParamInfo param_info = driver_entry<ParamInfo>("cuFuncGetParamInfo");
-  TORCH_CHECK(param_info != nullptr, "cuFuncGetParamInfo is not available");
+  const ParamInfo info = param_info();
+  TORCH_CHECK(info != nullptr, "cuFuncGetParamInfo is not available");
   std::vector<int64_t> sizes;
   for (size_t j = 0; j < 64; ++j) {
     size_t offset = 0, size = 0;
-    if (param_info(reinterpret_cast<CUfunction>(function), j, &offset, &size) != CUDA_SUCCESS) break;
+    if (info(reinterpret_cast<CUfunction>(function), j, &offset, &size) != CUDA_SUCCESS) break;
     sizes.push_back(static_cast<int64_t>(size));
   }
   return sizes;

@@ -39,8 +39,11 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -664,6 +667,26 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp, kD <= 32 ? 8 : 4)
   }
 }
 
+// Blocks of `kernel` an SM holds at once with this block and shared memory, asked of the
+// runtime once per (kernel, device, block, shared memory): the query is host time a call.
+template <typename K>
+int blocks_per_sm(K kernel, int threads, size_t smem) {
+  static std::mutex lock;
+  static std::map<std::tuple<const void*, int, int, size_t>, int> known;
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel),
+                                   static_cast<int>(c10::cuda::current_device()), threads, smem);
+  {
+    std::lock_guard<std::mutex> guard(lock);
+    const auto it = known.find(key);
+    if (it != known.end()) return it->second;
+  }
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  std::lock_guard<std::mutex> guard(lock);
+  known[key] = per_sm;
+  return per_sm;
+}
+
 template <typename Tr, typename Id>
 void launch_pipe(const Args& a, cudaStream_t stream, bool pdl) {
   const auto kernel = a.d == 16   ? interaction_pipe_kernel<Tr, Id, 16>
@@ -673,8 +696,7 @@ void launch_pipe(const Args& a, cudaStream_t stream, bool pdl) {
   const int64_t per_warp = pipe_warp_smem_bytes(a.tables, a.d, a.out_w);
   const int warps = static_cast<int>(std::min<int64_t>(kMaxWarps, kSmemBytes / per_warp));
   const size_t smem = static_cast<size_t>(warps * per_warp);
-  int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * kWarp, smem));
+  const int per_sm = blocks_per_sm(kernel, warps * kWarp, smem);
   const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t blocks = std::min<int64_t>((a.rows + warps - 1) / warps, std::max(per_sm, 1) * sms);
   launch_pdl_smem(pdl, kernel, dim3(static_cast<unsigned>(blocks)), dim3(warps * kWarp), smem,
