@@ -30,7 +30,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-out/gpu-check}"
 mkdir -p "$OUT"
-rm -f "$OUT/tests.xml" "$OUT/tests.paths" "$OUT/demo.rc"
+rm -f "$OUT/tests.xml" "$OUT/tests.paths" "$OUT/demo.rc" "$OUT/gpu-check.txt"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"

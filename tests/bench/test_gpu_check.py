@@ -1,5 +1,7 @@
 """The gpu-check summary: counts from pytest's JUnit report, the demo's exit code."""
 
+import pytest
+
 from fuseml.bench import gpu_check
 
 DEVICE = ("NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)", "2.11.0", "3.6.0")
@@ -87,3 +89,34 @@ def test_a_run_cut_short_counts_what_its_log_shows(tmp_path):
         in text
     )
     assert "failed: tests/ops/test_b.py::test_z" in text and text.rstrip().endswith("FAIL")
+
+
+def _summary(part, device="NVIDIA H200 (sm_90, 132 SMs)", tree="tree 3f4ae6a1c101", date="T1"):
+    (part / "gpu-check.txt").write_text(
+        f"fuseml gpu-check\ndevice:  {device}\ntorch:   2.11.0+cu130\ntriton:  3.6.0\n"
+        f"commit:  547b9f8+dirty\nsrc/:    {tree}\ndate:    {date}\nresult:  PASS\n"
+    )
+
+
+def test_parts_summed_elsewhere_keep_the_machine_and_code_they_ran_on(tmp_path, monkeypatch):
+    """Parts fetched from a GPU machine and summed on another: the summary names the GPU
+    machine, its torch and triton and the tree it ran, not the machine summing them."""
+    monkeypatch.setattr(gpu_check, "_device", lambda: ("no CUDA device", "2.13.0+cpu", "3.9"))
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    _run(a)
+    _run(b, demo_rc=0)
+    _summary(a, date="2026-11-29T01:34:27Z")
+    _summary(b, date="2026-11-29T01:40:46Z")
+    text = gpu_check.report([a, b])
+    assert "device:  NVIDIA H200 (sm_90, 132 SMs)" in text and "torch:   2.11.0+cu130" in text
+    assert "triton:  3.6.0" in text and "commit:  547b9f8+dirty" in text
+    assert "src/:    tree 3f4ae6a1c101" in text and "date:    2026-11-29T01:40:46Z" in text
+    assert text.count("tests:   4 passed") == 2 and text.rstrip().endswith("PASS")
+    _summary(b, device="NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)")
+    with pytest.raises(ValueError, match="device differ"):
+        gpu_check.report([a, b])
+    _summary(b, tree="tree 000000000000")
+    with pytest.raises(SystemExit):
+        gpu_check.main([str(a), str(b), "--write", str(tmp_path / "x.txt")])
+    assert not (tmp_path / "x.txt").exists()

@@ -11,6 +11,8 @@ writes ``OUTDIR/gpu-check.txt`` (atomically) and prints it. Committed per GPU as
 machine's copy of the history may predate the tree it ran (its commit line then reads
 ``<commit>+dirty`` with the ``src/`` tree id below it): ``--relabel FILE``, run where the
 history is whole, names the local commit with that src/ tree, as the results tables do.
+The parts of a split check, fetched and summed on another machine, keep the device, torch,
+triton and commit their own summaries name.
 """
 
 from __future__ import annotations
@@ -107,23 +109,63 @@ def _device() -> tuple[str, str, str]:
     return name, torch.__version__, triton.__version__
 
 
+_HEADER = ("device", "torch", "triton", "commit", "src/")
+
+
+def recorded_header(parts: list[Path]) -> dict[str, str] | None:
+    """The machine and code the parts ran on, as the GPU machine wrote them in each part's
+    own ``gpu-check.txt`` (device, torch, triton, commit, src/ tree; date: the latest),
+    or None where no part has one. A split check summed on another machine (its logs
+    fetched) takes these, not that machine's. Parts that ran on different machines or
+    trees raise ValueError naming them."""
+    seen: dict[Path, dict[str, str]] = {}
+    for part in parts:
+        summary = part / "gpu-check.txt"
+        if not summary.is_file():
+            continue
+        fields = dict(re.findall(r"^(device|torch|triton|commit|src/|date):\s+(.*?)\s*$",
+                                 summary.read_text(), re.M))  # fmt: skip
+        if {"device", "torch", "triton", "commit"} <= fields.keys():
+            seen[part] = fields
+    if not seen:
+        return None
+    first, *rest = seen.items()
+    for part, fields in rest:
+        differ = [k for k in _HEADER if fields.get(k) != first[1].get(k)]
+        if differ:
+            raise ValueError(
+                f"out_dirs: {first[0]} and {part} ran on different machines or code "
+                f"({', '.join(differ)} differ): summarize each apart"
+            )
+    header = dict(first[1])
+    dates = [f["date"] for f in seen.values() if "date" in f]
+    if dates:
+        header["date"] = max(dates)
+    return header
+
+
 def report(out_dirs: Path | list[Path], commit: str | None = None, device=None) -> str:
     """The summary text of the run in ``out_dirs`` (one folder, or one per part of a split
-    check: see scripts/gpu-check.sh); its last line: PASS or FAIL."""
+    check: see scripts/gpu-check.sh); its last line: PASS or FAIL. device (name, torch,
+    triton) and commit: given, else as the parts recorded them (``recorded_header``), else
+    this machine's."""
     parts = [out_dirs] if isinstance(out_dirs, Path) else list(out_dirs)
-    name, torch_v, triton_v = device or _device()
+    header = recorded_header(parts) or {}
+    name, torch_v, triton_v = device or (
+        (header["device"], header["torch"], header["triton"]) if header else _device()
+    )
+    tested = commit or header.get("commit") or _commit(None)
     lines = [
         "fuseml gpu-check",
         f"device:  {name}",
         f"torch:   {torch_v}",
         f"triton:  {triton_v}",
-        f"commit:  {_commit(commit)}",
+        f"commit:  {tested}",
     ]
-    if commit is None and lines[-1].endswith(DIRTY):  # the code tested (see commit.py)
-        lines.append(f"src/:    tree {source_tree()}")
-    lines += [
-        f"date:    {datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}",
-    ]
+    if commit is None and tested.endswith(DIRTY):  # the code tested (see commit.py)
+        lines.append(f"src/:    {header.get('src/') or f'tree {source_tree()}'}")
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    lines.append(f"date:    {header.get('date', now)}")
     ok, ran, demo, suites = True, False, [], []
     for part in parts:
         counts = test_counts(part / "tests.xml")
@@ -217,7 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     for d in args.out_dirs:
         if not d.is_dir():
             parser.error(f"out_dirs: {d} is not a folder")
-    text = report(args.out_dirs, args.commit)
+    try:
+        text = report(args.out_dirs, args.commit)
+    except ValueError as e:
+        parser.error(str(e))
     _write(args.write or args.out_dirs[0] / "gpu-check.txt", text)
     print(text, end="")
     return 0 if text.rstrip().endswith("PASS") else 1
