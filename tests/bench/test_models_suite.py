@@ -1,6 +1,7 @@
 import importlib.util
 import time
 
+import pytest
 import torch
 
 from fuseml.bench import harness, report
@@ -40,6 +41,15 @@ def test_measure_rows_of_several_modes_become_one_row_each():
     assert [(r["arm"], r["mode"]) for r in rows] == [("fuseml", "wall")]
 
 
+def test_measure_is_given_its_own_cases_committed_medians():
+    case = next(models.cases(quick=True))
+    seen = []
+    case.measure = lambda settings: seen.append(settings.history) or {}
+    history = {(case.name, "fuseml", "graph"): 0.5, ("other/B=1", "fuseml", "graph"): 9.0}
+    harness._run_case(case, {}, harness.Settings(), None, META, 0, history)
+    assert seen == [{("fuseml", "graph"): 0.5}]
+
+
 def test_tables_eager_wall_time_and_graph_replays_apart():
     rows = []
     for case in models.cases(quick=True):
@@ -61,16 +71,49 @@ def test_tables_eager_wall_time_and_graph_replays_apart():
     assert "fuseml-compile" in eager.splitlines()[0]  # shown, not a peer of fuseml
 
 
-def test_wall_time_counts_the_loop_and_synchronizes(monkeypatch):
+def test_walls_time_the_arms_loops_in_turns_and_synchronize(monkeypatch):
     syncs = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1))
     calls = []
 
-    def fn():
-        calls.append(1)
-        time.sleep(0.002)
+    def arm(name, seconds):
+        def fn():
+            calls.append(name)
+            time.sleep(seconds)
 
-    p50, p20, p80 = _common.wall_us(fn, iters=5, repeats=3)
-    assert len(calls) == 10 + 15  # a warm-up, then three loops of five
-    assert len(syncs) == 6  # before and after each loop
-    assert p20 <= p50 <= p80 and p50 >= 2000  # microseconds per call, at least the sleep
+        return fn
+
+    fns = {"a": arm("a", 0.002), "b": arm("b", 0.001)}
+    walls = _common.walls_in_turns(fns, {"a": 5, "b": 4}, repeats=3)
+    timed = calls[20:]  # after ten warm-up calls of each arm
+    assert calls[:20] == ["a"] * 10 + ["b"] * 10
+    assert timed == (["a"] * 5 + ["b"] * 4) * 3  # each round: every arm's loop in turn
+    assert len(syncs) == 12  # before and after each loop
+    for name, floor_ms in (("a", 2.0), ("b", 1.0)):
+        p50, p20, p80 = walls[name].quantiles
+        assert p20 <= p50 <= p80 and p50 >= floor_ms  # milliseconds per call
+
+
+def test_walls_time_again_an_arm_whose_spread_stays_wide(monkeypatch):
+    """An arm whose loops keep landing far apart is timed again, every arm with it (in
+    turns), at most twice, and its row says why; a steady arm's row carries nothing."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    clock = {"now": 0.0, "jumpy": 0}
+    monkeypatch.setattr(_common.time, "perf_counter", lambda: clock["now"])
+
+    def steady():
+        clock["now"] += 1e-3
+
+    def jumpy():  # after its ten warm-up calls, loops of three: 1 ms and 4 ms a call by turns
+        loop = (clock["jumpy"] - 10) // 3
+        clock["jumpy"] += 1
+        clock["now"] += 4e-3 if loop % 2 else 1e-3
+
+    walls = _common.walls_in_turns({"steady": steady, "jumpy": jumpy}, {"steady": 3,
+                                   "jumpy": 3}, repeats=5)  # fmt: skip
+    fields = _common.timing_fields(walls["jumpy"], iters=3)
+    assert fields["reruns"] == 2 and "spread" in fields["noisy"]
+    assert clock["jumpy"] == 10 + 3 * 5 * 3  # the first timing and two re-runs
+    steady_fields = _common.timing_fields(walls["steady"])
+    assert "reruns" not in steady_fields and steady_fields["p50_ms"] == pytest.approx(1.0)
+    assert set(fields) >= {"p50_ms", "p20_ms", "p80_ms", "iters"}

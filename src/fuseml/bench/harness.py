@@ -43,6 +43,7 @@ A suite yields :class:`Case` objects: a way to make one input set, the arms to c
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import itertools
 import logging
@@ -102,6 +103,9 @@ class Settings:
     # Every case's arms timed in turns, graph rows included (``fuseml bench --turns``);
     # else only heavy cases' events rows (see TURNS_MIN_MS)
     turns: bool = False
+    # For a case's own ``measure``: (arm, mode) -> that case's committed median in ms, so
+    # that it can time an arm again where it lands far from it (noise.py)
+    history: dict[tuple[str, str], float] = field(default_factory=dict)
 
     @classmethod
     def for_mode(cls, quick: bool, *, turns: bool = False) -> Settings:
@@ -364,7 +368,9 @@ def spin_up(fn: Callable, inputs: tuple, ms: float = 50.0) -> float:
 
 def _run_case(case, ceilings, settings, wanted, meta, l2, history=None) -> list[dict]:
     if case.measure is not None:
-        measured = case.measure(settings)  # {arm: fields, or a list of them (modes)}
+        past = {(a, m): ms for (c, a, m), ms in (history or {}).items() if c == case.name}
+        # {arm: fields, or a list of them (modes)}
+        measured = case.measure(dataclasses.replace(settings, history=past))
         return [
             _row(case, arm, meta, ceilings, **fields)
             for arm, per_arm in measured.items()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 
+from fuseml.bench.noise import Timing, settle
 from fuseml.runtime import tf32_matmuls
 
 # A case whose fastest plausible time (H100-class rates below) is under this many
@@ -84,23 +85,51 @@ def unique_name(name: str, taken) -> str:
     return name
 
 
-def wall_us(fn, iters: int, repeats: int) -> tuple[float, float, float]:
-    """(p50, p20, p80) microseconds per call of ``fn()``: wall time of a loop of ``iters``
-    calls, the GPU synchronized before and after it (a call whose GPU work outlasts its
-    host time counts the GPU's), over ``repeats`` loops."""
-    for _ in range(10):
-        fn()
-    per_call = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(iters):
+def walls_in_turns(
+    fns: dict[str, Callable[[], object]],
+    iters: dict[str, int],
+    repeats: int,
+    history: dict[str, float | None] | None = None,
+) -> dict[str, Timing]:
+    """Wall time per call of each arm, as ms quantiles (p50, p20, p80) in a noise.Timing:
+    ``repeats`` rounds, each timing a loop of ``iters[arm]`` calls of every arm in turn,
+    the GPU synchronized before and after each loop (a call whose GPU work outlasts its
+    host time counts the GPU's). In turns, a host or board drifting during the case weighs
+    on every arm alike, not on the arms timed last. An arm whose p20-p80 spread stays wide,
+    or whose median is far from ``history`` (arm -> committed median ms), is timed again,
+    every arm with it (noise.settle)."""
+    for fn in fns.values():  # warm: caches, clocks
+        for _ in range(10):
             fn()
-        torch.cuda.synchronize()
-        per_call.append((time.perf_counter() - t0) / iters * 1e6)
-    per_call.sort()
-    at = lambda q: per_call[min(len(per_call) - 1, round(q * (len(per_call) - 1)))]
+
+    def rounds(names: list[str]) -> dict[str, tuple[float, float, float]]:
+        per_call: dict[str, list[float]] = {arm: [] for arm in fns}
+        for _ in range(repeats):
+            for arm, fn in fns.items():
+                n = iters[arm]
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                torch.cuda.synchronize()
+                per_call[arm].append((time.perf_counter() - t0) / n * 1e3)
+        return {arm: _quantiles(v) for arm, v in per_call.items()}
+
+    return settle(rounds, fns, history)
+
+
+def _quantiles(values: list[float]) -> tuple[float, float, float]:
+    """(p50, p20, p80) of a few samples (nearest rank)."""
+    v = sorted(values)
+    at = lambda q: v[min(len(v) - 1, round(q * (len(v) - 1)))]
     return at(0.5), at(0.2), at(0.8)
+
+
+def timing_fields(t: Timing, **fields) -> dict:
+    """A row's timing fields from a settled Timing (ms), with its re-runs and why it stayed
+    unsettled where it did (noise.py)."""
+    p50, p20, p80 = t.quantiles[:3]
+    return {"p50_ms": p50, "p20_ms": p20, "p80_ms": p80, **fields, **t.fields()}
 
 
 def mlp_top_model(dtype: torch.dtype) -> torch.nn.Module:

@@ -18,7 +18,8 @@ Arms
   fuseml-compile  torch.compile(fuseml.optimize(model)) (default mode)
 Rows of mode "wall": a loop of eager calls, the GPU synchronized before and after it (what
 a caller waits for: the host's time per call or the GPU's, whichever is longer), median
-over loops; rows of mode "graph": GRAPH_CALLS calls captured in one CUDA graph, replayed
+over loops, the arms' loops in turns (suites._common.walls_in_turns; an arm whose spread
+stays wide is timed again, noise.py); rows of mode "graph": GRAPH_CALLS calls captured in one CUDA graph, replayed
 (do_bench), per call. Every arm's output is checked against the torch arm's (tolerance
 of bf16; the merged arm differs from the unmerged model by rounding W + s B A to bf16).
 """
@@ -34,7 +35,13 @@ import torch
 
 import fuseml
 from fuseml.bench.harness import Case, Settings, bench_graph_ms
-from fuseml.bench.suites._common import mlp_top_model, peft_mlp_model, wall_us
+from fuseml.bench.noise import settle
+from fuseml.bench.suites._common import (
+    mlp_top_model,
+    peft_mlp_model,
+    timing_fields,
+    walls_in_turns,
+)
 from fuseml.testing import rel_err, tolerance
 
 DTYPE = torch.bfloat16
@@ -78,18 +85,21 @@ def _measure(rows: int, arms_of):
         x = torch.randn(rows, in_features, device="cuda").to(DTYPE)
         iters = ITERS_QUICK if settings.quick else ITERS_FULL
         repeats = REPEATS_QUICK if settings.quick else REPEATS_FULL
-        out: dict[str, list[dict]] = {}
+        fns = {arm: (lambda m=module: m(x)) for arm, module in arms.items()}
+        fields: dict[str, dict] = {}
+        loops: dict[str, int] = {}
         with torch.no_grad():
             ref = arms["torch"](x)
-            for arm, module in arms.items():
-                fn = lambda m=module: m(x)
+            for arm, fn in fns.items():
                 t0 = time.perf_counter()
                 first = fn()
                 torch.cuda.synchronize()
-                fields = {"compile_s": round(time.perf_counter() - t0, 3)}
+                fields[arm] = {"compile_s": round(time.perf_counter() - t0, 3)}
                 if arm != "torch":
                     err = rel_err(first, ref)
-                    fields.update(rel_err_vs_ref=err, matches_ref=bool(err <= tolerance(DTYPE)))
+                    fields[arm].update(
+                        rel_err_vs_ref=err, matches_ref=bool(err <= tolerance(DTYPE))
+                    )
                 for _ in range(2):  # the first calls: tuning, compilation, graph capture
                     fn()
                 torch.cuda.synchronize()
@@ -98,19 +108,28 @@ def _measure(rows: int, arms_of):
                 torch.cuda.synchronize()
                 one = time.perf_counter() - t0
                 n = max(iters, min(20 * iters, int(MIN_LOOP_S / max(one, 1e-6))))
-                n = min(n, max(10, int(2.0 / max(one, 1e-6))))  # at most ~2 s a loop
-                p50, p20, p80 = wall_us(fn, n, repeats)
-                out[arm] = [
-                    {"mode": "wall", "p50_ms": p50 / 1e3, "p20_ms": p20 / 1e3,
-                     "p80_ms": p80 / 1e3, "iters": n, **fields},
-                ]  # fmt: skip
+                loops[arm] = min(n, max(10, int(2.0 / max(one, 1e-6))))  # at most ~2 s a loop
+            past = lambda mode: {arm: settings.history.get((arm, mode)) for arm in fns}
+            walls = walls_in_turns(fns, loops, repeats, past("wall"))
+            graphs = {}
+            for arm, fn in fns.items():
                 try:
-                    g50, g20, g80 = bench_graph_ms(fn, [()], settings)
-                    out[arm].append(
-                        {"mode": "graph", "p50_ms": g50, "p20_ms": g20, "p80_ms": g80, **fields}
-                    )
+                    graphs[arm] = settle(
+                        lambda names, fn=fn: {names[0]: bench_graph_ms(fn, [()], settings)},
+                        [arm], {arm: past("graph")[arm]},
+                    )[arm]  # fmt: skip
                 except Exception as e:  # a row of its own says why
-                    out[arm].append({"mode": "graph", "error": f"{type(e).__name__}: {e}"})
+                    graphs[arm] = f"{type(e).__name__}: {e}"
+        out: dict[str, list[dict]] = {}
+        for arm in fns:
+            out[arm] = [
+                {"mode": "wall", **timing_fields(walls[arm], iters=loops[arm]), **fields[arm]}
+            ]
+            g = graphs[arm]
+            if isinstance(g, str):
+                out[arm].append({"mode": "graph", "error": g})
+            else:
+                out[arm].append({"mode": "graph", **timing_fields(g), **fields[arm]})
         return out
 
     return measure

@@ -5,7 +5,8 @@ At these sizes the GPU work of a call takes a few microseconds, so a loop of eag
 runs at the speed of the host: what validation, dispatch, allocation and the launches cost
 the CPU. Each case times the wall time of a loop of calls per arm (the GPU synchronized
 before and after each loop, so a call whose GPU work outlasts its host time counts the
-GPU's), REPEATS loops, after a warm-up that also tunes and compiles.
+GPU's), REPEATS loops, the arms' loops in turns (an arm whose spread stays wide is timed
+again: suites._common.walls_in_turns), after a warm-up that also tunes and compiles.
 
 Arms
   torch     the nearest torch equivalent: one op where torch has one (F.gelu,
@@ -31,7 +32,12 @@ import torch.nn.functional as F
 
 import fuseml
 from fuseml.bench.harness import Case, Settings
-from fuseml.bench.suites._common import mlp_top_model, peft_mlp_model, wall_us
+from fuseml.bench.suites._common import (
+    mlp_top_model,
+    peft_mlp_model,
+    timing_fields,
+    walls_in_turns,
+)
 from fuseml.ops.embedding_interaction import embedding_interaction_ref
 
 ITERS_FULL, ITERS_QUICK = 2000, 500
@@ -46,21 +52,24 @@ def _measure(build):
         arms = build()
         iters = ITERS_QUICK if settings.quick else ITERS_FULL
         repeats = REPEATS_QUICK if settings.quick else REPEATS_FULL
-        rows = {}
+        warmup = {}
         with torch.no_grad():
             for arm, fn in arms.items():
                 t0 = time.perf_counter()
                 for _ in range(3):  # first calls: tuning, compilation, caches
                     fn()
                 torch.cuda.synchronize()
-                first_s = time.perf_counter() - t0
-                p50, p20, p80 = wall_us(fn, iters, repeats)
-                rows[arm] = {
-                    "mode": "host", "p50_ms": p50 / 1e3, "p20_ms": p20 / 1e3,
-                    "p80_ms": p80 / 1e3, "host_us": round(p50, 2), "iters": iters,
-                    "warmup_s": round(first_s, 3),
-                }  # fmt: skip
-        return rows
+                warmup[arm] = round(time.perf_counter() - t0, 3)
+            past = {arm: settings.history.get((arm, "host")) for arm in arms}
+            walls = walls_in_turns(arms, dict.fromkeys(arms, iters), repeats, past)
+        return {
+            arm: {
+                "mode": "host",
+                **timing_fields(t, host_us=round(t.quantiles[0] * 1e3, 2), iters=iters),
+                "warmup_s": warmup[arm],
+            }
+            for arm, t in walls.items()
+        }
 
     return measure
 
