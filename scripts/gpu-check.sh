@@ -17,7 +17,13 @@
 # With several GPUs the demo runs beside the tests, on the last of them (the tests at a
 # lower CPU priority, so that the demo's tuning keeps its pace): on a 4-GPU H200 host
 # every GPU test (2,114) and the demo took 4.5 minutes.
-# Without enough GPUs, run parts (CHECK_TESTS) in separate calls and summarize them:
+# Without enough GPUs, run parts (CHECK_TESTS) in separate calls and summarize them (the
+# parts keep the device and commit they ran on, wherever they are summed). On one H200
+# (16 cores) two calls of 5-6 minutes each:
+#   CHECK_TESTS="tests/ops/test_linear.py tests/ops/test_lora.py tests/ops/test_mlp.py" \
+#     CHECK_DEMO=0 CHECK_SUITES=none scripts/gpu-check.sh OUT/a
+#   CHECK_TESTS="tests --ignore=tests/ops/test_linear.py --ignore=tests/ops/test_lora.py \
+#     --ignore=tests/ops/test_mlp.py" CHECK_SUITES=none scripts/gpu-check.sh OUT/b
 #   python -m fuseml.bench.gpu_check OUT/a OUT/b ... --write benchmarks/gpu-checks/<gpu>.txt
 # A remote runner that brings back few files: pack OUTDIR into one archive. Bench suites
 # run apart:
