@@ -93,20 +93,18 @@ def inductor_traces() -> bool:
     return torch.compiler.is_compiling()
 
 
-def call_backend(owner: str, backend: str, x, params, *, compiled_reference: bool = True) -> str:
+def call_backend(owner: str, backend: str, x, params) -> str:
     """The concrete backend for one call of a forward-only fused op.
 
     ``fuseml.ops.lora_linear`` and ``fuseml.ops.mlp`` have no backward on their fused
     kernels. When autograd must record the call (grad mode on and x or a parameter
     requiring grad), the module runs the eager reference instead: the same result, with
-    torch's backward. Said once per module class. compiled_reference: under torch.compile
-    the eager reference too (``inductor_traces``).
+    torch's backward. Said once per module class. (Under torch.compile the swapped
+    layers return their math before asking: ``inductor_traces``.)
     """
     if not isinstance(x, torch.Tensor):
         return backend  # the op raises its own TypeError naming x
     resolved = resolve_backend(backend, x.device, owner, cuda_twin=False)
-    if resolved == "triton" and compiled_reference and inductor_traces():
-        return "eager"
     if resolved != "triton" or not torch.is_grad_enabled():
         return resolved
     if not (x.requires_grad or any(p is not None and p.requires_grad for p in params)):

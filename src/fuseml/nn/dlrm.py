@@ -252,7 +252,7 @@ class FusedDLRM(DLRM):
         weight = self.embeddings.weight
         # (under torch.compile too: the gather + interaction kernel traced into Inductor's
         # graph beats Inductor's own code, 235 against 838 us at 65536 rows, H200)
-        backend = call_backend("FusedDLRM", self.backend, dense, [weight], compiled_reference=False)
+        backend = call_backend("FusedDLRM", self.backend, dense, [weight])
         return backend == "triton"
 
 

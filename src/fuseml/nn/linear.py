@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fuseml.nn._common import check_activation, check_backend, inductor_traces
-from fuseml.ops.bias_act import activation_ref
 from fuseml.ops.linear import linear as fused_linear
+from fuseml.ops.linear import linear_ref
 
 
 class FusedLinear(nn.Module):
@@ -76,7 +75,7 @@ class FusedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if inductor_traces():  # the replaced modules' math, and no more guards (see there)
-            return activation_ref(F.linear(x, self.weight, self.bias), self.activation or "none")
+            return linear_ref(x, self.weight, self.bias, self.activation)
         return fused_linear(x, self.weight, self.bias, self.activation, backend=self.backend)
 
     def extra_repr(self) -> str:

@@ -17,8 +17,7 @@ from fuseml.nn._common import (
     log,
 )
 from fuseml.ops._utils import check_same
-from fuseml.ops.bias_act import activation_ref
-from fuseml.ops.linear import check_linear_args
+from fuseml.ops.linear import check_linear_args, linear_ref
 from fuseml.ops.linear import linear as fused_linear
 from fuseml.ops.lora import (
     capturing,
@@ -326,7 +325,7 @@ class LoRALinear(nn.Module):
         if adapter_ids is None and inductor_traces():  # the replaced layer's math, no more
             name = None if self.merged else self.active_adapter  # guards (inductor_traces)
             if name is None:
-                return activation_ref(F.linear(x, w, b), self.activation or "none")
+                return linear_ref(x, w, b, self.activation)
             a, bb = self.lora_A[name].weight, self.lora_B[name].weight
             return lora_linear_ref(x, w, b, a, bb, self.scaling[name], self.activation)
         if self.merged:
@@ -441,7 +440,7 @@ class LoRALinear(nn.Module):
             *(self.lora_B[n].weight for n in names),
         ]
         # (under torch.compile the fused op: the reference's masked passes sync with the host)
-        backend = call_backend(_OWNER, self.backend, x, params, compiled_reference=False)
+        backend = call_backend(_OWNER, self.backend, x, params)
         if backend != "triton":  # eager / compile: the reference, differentiable
             a3, b3 = self._padded(names)
             scales = [self.scaling[n] for n in names]
