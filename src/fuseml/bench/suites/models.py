@@ -19,8 +19,8 @@ Arms
 Rows of mode "wall": a loop of eager calls, the GPU synchronized before and after it (what
 a caller waits for: the host's time per call or the GPU's, whichever is longer), median
 over loops, the arms' loops in turns (suites._common.walls_in_turns; an arm whose spread
-stays wide is timed again, noise.py); rows of mode "graph": GRAPH_CALLS calls captured in one CUDA graph, replayed
-(do_bench), per call. Every arm's output is checked against the torch arm's (tolerance
+stays wide is timed again, noise.py); rows of mode "graph": GRAPH_CALLS calls captured in
+one CUDA graph, replayed (do_bench), per call. Every arm's output is checked against the torch arm's (tolerance
 of bf16; the merged arm differs from the unmerged model by rounding W + s B A to bf16).
 """
 
@@ -111,12 +111,13 @@ def _measure(rows: int, arms_of):
                 loops[arm] = min(n, max(10, int(2.0 / max(one, 1e-6))))  # at most ~2 s a loop
             past = lambda mode: {arm: settings.history.get((arm, mode)) for arm in fns}
             walls = walls_in_turns(fns, loops, repeats, past("wall"))
+            graph_past = past("graph")
             graphs = {}
             for arm, fn in fns.items():
                 try:
                     graphs[arm] = settle(
                         lambda names, fn=fn: {names[0]: bench_graph_ms(fn, [()], settings)},
-                        [arm], {arm: past("graph")[arm]},
+                        [arm], {arm: graph_past[arm]},
                     )[arm]  # fmt: skip
                 except Exception as e:  # a row of its own says why
                     graphs[arm] = f"{type(e).__name__}: {e}"
