@@ -109,7 +109,8 @@ def _device() -> tuple[str, str, str]:
     return name, torch.__version__, triton.__version__
 
 
-_HEADER = ("device", "torch", "triton", "commit", "src/")
+_HEADER = ("device", "torch", "triton", "commit", "src/")  # src/: only where dirty
+_FIELD = re.compile(rf"^({'|'.join(map(re.escape, (*_HEADER, 'date')))}):\s+(.*?)\s*$", re.M)
 
 
 def recorded_header(parts: list[Path]) -> dict[str, str] | None:
@@ -123,9 +124,8 @@ def recorded_header(parts: list[Path]) -> dict[str, str] | None:
         summary = part / "gpu-check.txt"
         if not summary.is_file():
             continue
-        fields = dict(re.findall(r"^(device|torch|triton|commit|src/|date):\s+(.*?)\s*$",
-                                 summary.read_text(), re.M))  # fmt: skip
-        if {"device", "torch", "triton", "commit"} <= fields.keys():
+        fields = dict(_FIELD.findall(summary.read_text()))
+        if set(_HEADER) - {"src/"} <= fields.keys():
             seen[part] = fields
     if not seen:
         return None
