@@ -573,6 +573,43 @@ def test_lora_joint_launch_repeats_from_cpp(fast, activation, with_bias):
 
 
 @gpu
+def test_eager_lora_call_takes_the_joint_launch_where_expand_is_tuned(fast, monkeypatch):
+    """Where the mode tuned for graphs is the expand pair (two launches; forced here, as
+    tuning picks it where it times a little faster), an eager call at up to FAST_MAX_M
+    rows takes the joint launch (one, its repeats from C++), not the in-loop pointer
+    kernel; a captured call keeps the pair. Each matches the reference."""
+    from fuseml.ops import gemm
+    from fuseml.ops.gemm import launch as _gemm
+    from fuseml.ops.lora import LoraPath
+
+    used = []
+    launch = _gemm._launch_tma  # (a spy: the LoRA mode of each TMA-kernel launch)
+    monkeypatch.setattr(
+        _gemm, "_launch_tma", lambda *a, **k: used.append(a[8] and a[8][0]) or launch(*a, **k)
+    )
+    expand = LoraPath(mode=gemm.LORA_EXPAND)
+    x, w, b, a, bb = _lora_inputs((512, 1024), 1024, 16, torch.bfloat16, True)
+    ref = _lora_ref(x, w, b, a, bb, 0.5, "gelu")
+    with torch.no_grad():
+        fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "gelu", path=expand)  # compiles, tunes
+        used.clear()
+        poison_allocator()
+        first = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "gelu", path=expand)
+        assert used == [gemm.LORA_JOINT]
+        before = _hits(fast)
+        again = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "gelu")
+        assert _hits(fast) == before + 1, _fastcall.refusals
+        used.clear()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = fuseml.ops.lora_linear(x, w, b, a, bb, 0.5, "gelu", path=expand)
+        assert used[-1] == gemm.LORA_EXPAND and gemm.LORA_JOINT not in used, used
+        replay_poisoned(graph, captured)
+    for out in (first, again, captured):
+        assert_close_verbose(out, ref, torch.bfloat16)
+
+
+@gpu
 def test_captured_lora_calls_take_the_python_path(fast):
     x, w, b, a, bb = _lora_inputs((64, 256), 128, 16, torch.bfloat16, True)
     with torch.no_grad():

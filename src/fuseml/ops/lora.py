@@ -71,8 +71,8 @@ EXPAND_MAX_R = 256
 B3D_MAX_M = 1024
 # Eager (uncaptured) one-adapter calls up to this many rows repeat from C++
 # (fuseml.ops._fastcall): ~10 us of host time against ~90-130 through Python. They run
-# in-loop on the pointer kernel, or the joint launch where that is the tuned mode (512 x
-# 4096 -> 4096, r 16, H200: 38.2 us a call in-loop on the pointer kernel, 25.6 for the
+# in-loop on the pointer kernel where that is the tuned mode, else the joint launch (512
+# x 4096 -> 4096, r 16, H200: 38.2 us a call in-loop on the pointer kernel, 25.6 for the
 # joint launch in a replay). At 1024 rows the pointer kernel took 66 against 52 us.
 # Captured calls keep the tuned mode (docs/performance/host.md).
 FAST_MAX_M = 512
@@ -195,14 +195,22 @@ def lora_rows(
         # once per shape bucket, as tiles are. That choice is for calls captured into a
         # CUDA graph, where only GPU time counts. An eager call at these sizes is bound by
         # host time, where one launch beats two (87 against 320 us per call at M = 1): it
-        # takes the in-loop mode, or the joint launch (one launch too) where that is the
-        # tuned mode and its repeats launch from C++. (The first, eager call of a bucket
-        # measures them all, so a later capture finds the choice made.) See
-        # docs/performance/lora.md.
+        # takes the in-loop mode where that is the tuned one, else the joint launch (the
+        # expand mode's two launches as one) where it can run and its repeats launch from
+        # C++: expand and joint time within a few percent of each other, and the tuned
+        # pick between them flips from run to run (512 x 4096 -> 4096, r 16, H200: 43.6
+        # us a call in-loop on the pointer kernel against 29.7 joint). (The first, eager
+        # call of a bucket measures them all, so a later capture finds the choice made.)
+        # See docs/performance/lora.md.
         default = _gemm.LORA_IN_LOOP if loop == _gemm.LOOP_PTR else _gemm.LORA_EXPAND
         mode = _chosen_mode(path, args, loop, default)
         if eager:
-            joint = mode == _gemm.LORA_JOINT and can_fast and _fastcall.loaded() is not None
+            joint = (
+                mode != _gemm.LORA_IN_LOOP
+                and can_fast
+                and _joint_ok(loop, a_stacked)
+                and _fastcall.loaded() is not None
+            )
             mode = _gemm.LORA_JOINT if joint else _gemm.LORA_IN_LOOP
     elif pdl:
         # Wide stacks (several adapters): the overlapped pair, or the spread launch (one
