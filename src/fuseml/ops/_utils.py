@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 import weakref
 
@@ -546,20 +545,11 @@ class CounterSlab:
         return piece
 
 
-def slab_counters(
-    slab: CounterSlab, x: torch.Tensor, count: int, knob: str | None = None, *, fresh=False
-) -> torch.Tensor:
+def slab_counters(slab: CounterSlab, x: torch.Tensor, count: int) -> torch.Tensor:
     """``count`` zeroed int32 counters on x's device for a launch on its current stream,
-    from ``slab`` (see CounterSlab), else a fresh zeroed buffer. ``fresh=True`` takes the
-    fresh buffer every call (probes). ``knob``: the name of an environment variable whose
-    value "zeros" means ``fresh`` (an old probe switch; callers pass ``fresh`` instead)."""
-    if knob is not None:
-        flag = os.environ.get(knob, "slab")
-        if flag not in ("slab", "zeros"):
-            raise ValueError(f"{knob} must be 'slab' or 'zeros', got {flag!r}")
-        fresh = fresh or flag == "zeros"
+    from ``slab`` (see CounterSlab), else a fresh zeroed buffer."""
     # (fake tensors, torch.compile tracing: nothing to keep in the slab)
-    if x.is_cuda and not is_fake(x) and not fresh:
+    if x.is_cuda and not is_fake(x):
         piece = slab.take(x, count)
         if piece is not None:
             return piece
