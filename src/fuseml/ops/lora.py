@@ -199,7 +199,7 @@ def lora_rows(
         # expand mode's two launches as one) where it can run and its repeats launch from
         # C++: expand and joint time within a few percent of each other, and the tuned
         # pick between them flips from run to run (512 x 4096 -> 4096, r 16, H200: 43.6
-        # us a call in-loop on the pointer kernel against 29.7 joint). (The first, eager
+        # us a call in-loop on the pointer kernel against 28.9 joint). (The first, eager
         # call of a bucket measures them all, so a later capture finds the choice made.)
         # See docs/performance/lora.md.
         default = _gemm.LORA_IN_LOOP if loop == _gemm.LOOP_PTR else _gemm.LORA_EXPAND
