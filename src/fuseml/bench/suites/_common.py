@@ -89,15 +89,14 @@ def walls_in_turns(
     fns: dict[str, Callable[[], object]],
     iters: dict[str, int],
     repeats: int,
-    history: dict[str, float | None] | None = None,
 ) -> dict[str, Timing]:
     """Wall time per call of each arm, as ms quantiles (p50, p20, p80) in a noise.Timing:
     ``repeats`` rounds, each timing a loop of ``iters[arm]`` calls of every arm in turn,
     the GPU synchronized before and after each loop (a call whose GPU work outlasts its
     host time counts the GPU's). In turns, a host or board drifting during the case weighs
-    on every arm alike, not on the arms timed last. An arm whose p20-p80 spread stays wide,
-    or whose median is far from ``history`` (arm -> committed median ms), is timed again,
-    every arm with it (noise.settle)."""
+    on every arm alike, not on the arms timed last. An arm whose p20-p80 spread stays wide
+    is timed again, every arm with it (noise.settle; no committed median is compared: wall
+    times measure the host, see noise.history_from_rows)."""
     for fn in fns.values():  # warm: caches, clocks
         for _ in range(10):
             fn()
@@ -115,7 +114,7 @@ def walls_in_turns(
                 per_call[arm].append((time.perf_counter() - t0) / n * 1e3)
         return {arm: _quantiles(v) for arm, v in per_call.items()}
 
-    return settle(rounds, fns, history)
+    return settle(rounds, fns)
 
 
 def _quantiles(values: list[float]) -> tuple[float, float, float]:

@@ -20,8 +20,9 @@ Rows of mode "wall": a loop of eager calls, the GPU synchronized before and afte
 a caller waits for: the host's time per call or the GPU's, whichever is longer), median
 over loops, the arms' loops in turns (suites._common.walls_in_turns; an arm whose spread
 stays wide is timed again, noise.py); rows of mode "graph": GRAPH_CALLS calls captured in
-one CUDA graph, replayed (do_bench), per call. Every arm's output is checked against the torch arm's (tolerance
-of bf16; the merged arm differs from the unmerged model by rounding W + s B A to bf16).
+one CUDA graph, replayed (do_bench), per call, timed again where far from the committed
+median. Every arm's output is checked against the torch arm's (tolerance of bf16; the
+merged arm differs from the unmerged model by rounding W + s B A to bf16).
 """
 
 from __future__ import annotations
@@ -109,9 +110,8 @@ def _measure(rows: int, arms_of):
                 one = time.perf_counter() - t0
                 n = max(iters, min(20 * iters, int(MIN_LOOP_S / max(one, 1e-6))))
                 loops[arm] = min(n, max(10, int(2.0 / max(one, 1e-6))))  # at most ~2 s a loop
-            past = lambda mode: {arm: settings.history.get((arm, mode)) for arm in fns}
-            walls = walls_in_turns(fns, loops, repeats, past("wall"))
-            graph_past = past("graph")
+            walls = walls_in_turns(fns, loops, repeats)
+            graph_past = {arm: settings.history.get((arm, "graph")) for arm in fns}
             graphs = {}
             for arm, fn in fns.items():
                 try:

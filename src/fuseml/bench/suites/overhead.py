@@ -60,8 +60,7 @@ def _measure(build):
                     fn()
                 torch.cuda.synchronize()
                 warmup[arm] = round(time.perf_counter() - t0, 3)
-            past = {arm: settings.history.get((arm, "host")) for arm in arms}
-            walls = walls_in_turns(arms, dict.fromkeys(arms, iters), repeats, past)
+            walls = walls_in_turns(arms, dict.fromkeys(arms, iters), repeats)
         return {
             arm: {
                 "mode": "host",
