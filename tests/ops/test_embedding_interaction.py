@@ -4,7 +4,12 @@ import torch
 import fuseml
 from fuseml.models.dlrm import DLRM, DLRMConfig
 from fuseml.ops._interaction_kernels import LOOPED, PLANNED, Variant, _forward, default_variant
-from fuseml.ops.embedding_interaction import embedding_interaction_ref, num_pairs, pack_bags
+from fuseml.ops.embedding_interaction import (
+    TWIN_MIN_ROWS,
+    embedding_interaction_ref,
+    num_pairs,
+    pack_bags,
+)
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_allocator
 
 TARGETS = fused_targets()
@@ -363,10 +368,11 @@ def test_embedding_interaction_cuda_tensor_core_form(dtype, self_interaction, n_
 @pytest.mark.parametrize("self_interaction", [False, True])
 @pytest.mark.parametrize("dim", [16, 32])
 def test_embedding_interaction_cuda_warps_stride_over_samples(dtype, self_interaction, dim):
-    """The CUDA twin's pipelined form (one-hot, 16-bit, aligned rows): past one sample per
-    resident warp (~4,200 on an H200) each warp takes several samples through its ring of
-    staged copies; an id outside its table in the middle of the run reads nothing and
-    flags its table."""
+    """The CUDA twin's one-hot 16-bit forms over aligned rows (d = 16: Z's rows loaded
+    straight into the MMA operands, two samples ahead; d = 32: a ring of staged copies):
+    past one sample per resident warp (~4,200 on an H200) each warp strides over several
+    samples; an id outside its table in the middle of the run reads nothing and flags its
+    table."""
     n_tables, batch = 26, 40_003
     weight, offsets, cards = _tables(n_tables, dim, dtype, "cuda", max_rows=4000, seed=11)
     x = torch.randn(batch, dim, dtype=dtype, device="cuda")
@@ -392,6 +398,42 @@ def test_embedding_interaction_cuda_warps_stride_over_samples(dtype, self_intera
     keep = torch.ones(batch, dtype=torch.bool, device="cuda")
     keep[batch // 2 + 1] = False  # (that row's share of the result is unspecified)
     assert_close_verbose(out[keep], expected[keep], dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_embedding_interaction_auto_takes_the_twin_from_its_row_count(dtype):
+    """auto on kaggle's shape: the Triton kernel below TWIN_MIN_ROWS rows, the CUDA twin's
+    fragment form from there (seen in the profile), each equal to the reference and,
+    bitwise, to its backend called by name; a strided x (not the fragment form's layout)
+    stays on Triton."""
+    n_tables, dim = 26, 16
+    weight, offsets, cards = _tables(n_tables, dim, dtype, "cuda", max_rows=5000, seed=12)
+    width = 384
+    for batch, impl, kernel in (
+        (TWIN_MIN_ROWS - 1, "triton", "_embedding_interaction_kernel"),
+        (TWIN_MIN_ROWS, "cuda", "interaction_frag_kernel"),
+        (3 * TWIN_MIN_ROWS + 5, "cuda", "interaction_frag_kernel"),
+    ):
+        x = torch.randn(batch, dim, dtype=dtype, device="cuda")
+        ids = _ids(batch, cards, torch.int32, "cuda")
+        expected = _expected(x, weight, offsets, ids, out_width=width)
+        poison_allocator()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            out = op(x, weight, offsets, ids, out_width=width)
+            torch.cuda.synchronize()
+        names = {e.name for e in prof.events() if e.device_type.name == "CUDA"}
+        assert any(kernel in n for n in names), (batch, names)
+        assert_close_verbose(out, expected, dtype)
+        assert torch.equal(out, op(x, weight, offsets, ids, out_width=width, backend=impl))
+    wide = torch.randn(batch, 2 * dim, dtype=dtype, device="cuda")[:, 1 : dim + 1]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = op(wide, weight, offsets, ids, out_width=width)
+        torch.cuda.synchronize()
+    names = {e.name for e in prof.events() if e.device_type.name == "CUDA"}
+    assert any("_embedding_interaction_kernel" in n for n in names), names
+    assert_close_verbose(out, _expected(wide, weight, offsets, ids, out_width=width), dtype)
 
 
 @pytest.mark.gpu

@@ -10,8 +10,12 @@
 // (F, F, 0) with the diagonal) in row-major order; each product is a float32 sum of exact
 // products, rounded once to the output dtype.
 //
-// Three forms. One-hot 16-bit tables with d of 16, 32, 64 or 128, aligned rows and at most
-// 32 rows of Z (DLRM's 27) take the pipelined form (interaction_pipe_kernel): each warp
+// Four forms. From 8,192 samples, one-hot 16-bit tables with d = 16 (kaggle), contiguous
+// 8-byte aligned rows and at most 32 rows of Z take the fragment form
+// (interaction_frag_kernel): each lane loads its 8 bytes of four rows of Z straight into
+// the MMA fragments (K taken in another order, which a sum over K does not see), rows two
+// samples ahead. Other one-hot 16-bit tables with d of 16, 32, 64 or 128, aligned rows and
+// at most 32 rows of Z (DLRM's 27) take the pipelined form (interaction_pipe_kernel): each warp
 // strides over the samples, its rows copied by cp.async into a ring of Z buffers a few
 // samples ahead of the one it forms on tensor cores. Otherwise one warp per sample: 16-bit
 // tables with d a multiple of 16 and at most 32 rows of Z take tensor cores
@@ -400,6 +404,7 @@ __global__ void interaction_mma_kernel(Args a) {
 }
 
 #include "interaction_pipe.cuh"  // the pipelined tensor-core form
+#include "interaction_frag.cuh"  // d = 16: rows straight into MMA fragments
 
 // Does the tensor-core form serve this call? 16-bit tables on sm_80 and later, d a
 // multiple of 16, at most kMmaRows rows of Z, a warp's staging within the limit.
@@ -416,6 +421,10 @@ bool mma_form(const Args& a) {
 template <typename Tr, typename Id, typename Off>
 void launch_ids(const Args& a, bool bags, cudaStream_t stream, bool pdl) {
   if constexpr (sizeof(typename Tr::Storage) == 2) {
+    if (mma_form<Tr>(a) && !bags && frag_form<typename Tr::Storage>(a)) {
+      launch_frag<Tr, Id>(a, stream, pdl);
+      return;
+    }
     if (mma_form<Tr>(a) && !bags && pipe_form<typename Tr::Storage>(a)) {
       launch_pipe<Tr, Id>(a, stream, pdl);
       return;

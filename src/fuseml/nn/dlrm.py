@@ -177,7 +177,8 @@ class FusedDLRM(DLRM):
                 self_interaction=self.interaction.self_interaction,
                 out_width=width,
                 bad_ids=flags,
-                backend="triton",
+                # auto: the op's own pick between its Triton kernel and CUDA twin
+                backend="auto" if self.backend == "auto" else "triton",
             )
         return self._top(z, top, k, width, return_logits)
 

@@ -15,6 +15,8 @@ Ids come one per table and sample (a (B, T) tensor, Criteo's case) or as multi-h
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -22,9 +24,21 @@ import torch.nn.functional as F
 
 from fuseml.ops._interaction_kernels import _forward, num_pairs
 from fuseml.ops._utils import check_same, check_tensor, compiled, fused_op, needs_dispatch
-from fuseml.runtime import resolve_backend
+from fuseml.runtime import _assume_constant_result, cuda_backend_status, resolve_backend
+
+log = logging.getLogger("fuseml")
 
 ID_DTYPES = (torch.int32, torch.int64)
+
+# auto takes the CUDA twin from this many rows on where its fragment form serves (one-hot
+# 16-bit ids, d = 16, at most 32 rows of Z: kaggle's shape): each lane loads its 8 bytes of
+# Z's rows straight into the MMA operands, where Triton's kernel stages Z through shared
+# memory and converts the Gram's layout. H200, graph replay, kaggle: 37.5 against 46.6 us at
+# 65,536 rows (the gather alone 30.7), 12.2 against 14.3 at 16,384, 6.5 against 5.1 at
+# 4,096 (docs/performance/dlrm.md).
+TWIN_MIN_ROWS = 8192
+TWIN_D = 16
+TWIN_MAX_ROWS_OF_Z = 32
 
 
 def embedding_interaction_ref(
@@ -166,6 +180,50 @@ def _flag_bad_ids(bad_ids: torch.Tensor, table_offsets: torch.Tensor, ids):
 
 
 # ------------------------------------------------------------------------------ public
+def twin_serves(
+    x: torch.Tensor, weight: torch.Tensor, table_offsets: torch.Tensor, one_hot: bool
+) -> bool:
+    """Whether auto takes the CUDA twin for this (validated) call: the shapes where its
+    fragment form runs and beats the Triton kernel, rows 8-byte aligned (under
+    torch.compile the pointers are unknown: the twin checks them too, its other forms
+    serving unaligned rows)."""
+    return (
+        one_hot
+        and x.is_cuda
+        and x.shape[0] >= TWIN_MIN_ROWS
+        and x.shape[1] == TWIN_D
+        and x.dtype in (torch.float16, torch.bfloat16)
+        and table_offsets.shape[0] <= TWIN_MAX_ROWS_OF_Z
+        and x.stride(1) == 1
+        and x.stride(0) % 4 == 0
+        and weight.stride() == (TWIN_D, 1)
+        and (
+            torch.compiler.is_compiling() or (x.data_ptr() % 8 == 0 and weight.data_ptr() % 8 == 0)
+        )
+    )
+
+
+@_assume_constant_result
+def _twin_ready(device_type: str, index: int | None) -> bool:
+    """Whether the CUDA twin runs its fragment form on this device (tensor cores: sm_80 and
+    later), building the extension on the first call; else False, said once."""
+    return _twin_status(torch.device(device_type, index))
+
+
+@functools.cache
+def _twin_status(device: torch.device) -> bool:
+    ok, reason = cuda_backend_status(device)
+    if ok and torch.cuda.get_device_capability(device)[0] < 8:
+        ok, reason = False, "its tensor-core form needs sm_80 or later"
+    if not ok:
+        log.warning(
+            "embedding_interaction: the CUDA twin is unavailable (%s); batches of %d rows "
+            "or more take the Triton kernel (about 1.25x the time at 65,536 rows)",
+            reason, TWIN_MIN_ROWS,
+        )  # fmt: skip
+    return ok
+
+
 def _validate(op, x, weight, table_offsets, ids, self_interaction, out_width) -> int:
     """Check the arguments (bags: all but the bags, see ``pack_bags``); the output's
     width."""
@@ -296,16 +354,25 @@ def embedding_interaction(
         outside it (a bag's offsets are not checked) and reads no memory for that id (its
         row's share of the result is unspecified: read the flags, e.g. after the batch,
         and drop the batch). The flags are only ever set, never cleared.
-    backend: auto (triton on CUDA tensors, eager otherwise) | eager | compile | triton |
-        cuda (the CUDA C++ twin, built on first use).
+    backend: auto | eager | compile | triton | cuda (the CUDA C++ twin, built on first
+        use). auto: eager on CPU tensors; on CUDA the Triton kernel, or the twin where it
+        is the faster (one-hot 16-bit ids, d = 16, at least ``TWIN_MIN_ROWS`` rows; built
+        on the first such call; where it cannot be built, Triton, said once).
 
     Returns (B, out_width) in x's dtype; the dot products accumulate in float32. Forward
     only: the result carries no gradient on the triton backend.
     """
     op = "embedding_interaction"
     width = _validate(op, x, weight, table_offsets, ids, self_interaction, out_width)
-    backend = resolve_backend(backend, x.device, op)
     one_hot = isinstance(ids, torch.Tensor)
+    if (
+        backend == "auto"
+        and twin_serves(x, weight, table_offsets, one_hot)
+        and _twin_ready(x.device.type, x.device.index)
+    ):
+        backend = "cuda"
+    else:
+        backend = resolve_backend(backend, x.device, op)
     if one_hot:
         flat, starts = ids, None
     else:
