@@ -116,7 +116,7 @@ def test_multi_adapter_layer_keeps_the_fused_op_under_compile(device, backend):
     assert_close_verbose(out, expected)
 
 
-def test_fused_dlrm_keeps_its_fused_kernel_under_compile():
+def test_fused_dlrm_keeps_its_fused_kernels_under_compile():
     from fuseml.models.dlrm import DLRM, DLRMConfig
 
     if not fuseml.runtime.triton_interpreting():
@@ -130,6 +130,10 @@ def test_fused_dlrm_keeps_its_fused_kernel_under_compile():
     sparse = torch.randint(0, 50, (4, len(cfg.cardinalities)))
     ops, out = _graph_ops(fused, dense, sparse)
     assert any(op.startswith("fuseml.embedding_interaction") for op in ops), ops
+    # both MLPs as fuseml chains (the bottom one too, though a FusedMLP alone hands a
+    # tracer its layers' math): no GEMM of torch's in the graph
+    assert any(op.startswith("fuseml.mlp") for op in ops), ops
+    assert not [op for op in ops if "linear" in op or "mm" in op], ops
     with torch.no_grad():
         assert_close_verbose(out, model(dense, sparse))
 

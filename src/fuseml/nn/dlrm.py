@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fuseml.models.dlrm import DLRM, SparseInput
-from fuseml.nn._common import activation_of, call_backend, check_backend
+from fuseml.nn._common import activation_of, call_backend, check_backend, inductor_traces
 from fuseml.nn.linear import FusedLinear
 from fuseml.ops._utils import needs_dispatch
 from fuseml.ops.embedding_interaction import embedding_interaction
@@ -155,7 +155,7 @@ class FusedDLRM(DLRM):
         """The fused forward (flags of bad ids set, not read)."""
         self._check_dense(dense)
         emb = self.embeddings
-        x = self.bottom_mlp(dense)  # (B, d)
+        x = self._bottom(dense)  # (B, d)
         if x.dtype != emb.weight.dtype:  # e.g. under autocast: the DLRM's own stages
             logits = self.top_mlp(self.interaction(x, emb(sparse))).squeeze(1)
             return logits if return_logits else torch.sigmoid(logits)
@@ -182,6 +182,18 @@ class FusedDLRM(DLRM):
             )
         return self._top(z, top, k, width, return_logits)
 
+    def _bottom(self, dense: torch.Tensor) -> torch.Tensor:
+        """The bottom MLP. Traced, a chain of linear layers in dense's dtype runs as one
+        ``fuseml.ops.mlp`` call, as the top MLP does: a FusedMLP hands a tracer its layers'
+        math, and Inductor's GEMMs on the narrow bottom chain (13 -> 512 -> 256 -> 16) take
+        about twice the time of fuseml's chain (H200, kaggle: the compiled model 364
+        against 204 us at 65,536 rows)."""
+        if inductor_traces():
+            chain = self._chain(self.bottom_mlp, dense.dtype)
+            if chain is not None:
+                return fused_mlp(dense, *chain, backend="triton")
+        return self.bottom_mlp(dense)
+
     def _top(self, z, top, k: int, width: int, return_logits: bool) -> torch.Tensor:
         if top is None:  # a top MLP of other modules: run as it is
             logits = self.top_mlp(z).squeeze(1)
@@ -199,11 +211,15 @@ class FusedDLRM(DLRM):
         return torch.sigmoid(out)
 
     def _top_chain(self, dtype: torch.dtype) -> tuple[list, list, list] | None:
-        """The top MLP as (weights, biases, activation names) when it is a chain of linear
+        """The top MLP as ``_chain`` gives it."""
+        return self._chain(self.top_mlp, dtype)
+
+    def _chain(self, mlp: nn.Module, dtype: torch.dtype) -> tuple[list, list, list] | None:
+        """An MLP as (weights, biases, activation names) when it is a chain of linear
         layers (nn.Linear or FusedLinear, each optionally followed by an activation or an
         Identity) in ``dtype``, run by one ``fuseml.ops.mlp`` call (which tunes between
         its chain kernels and the layers one by one); else None."""
-        plan = self._top_plan()
+        plan = self._plan(mlp)
         if plan is None:
             return None
         linears, acts = plan
@@ -212,22 +228,22 @@ class FusedDLRM(DLRM):
             return None
         return weights, [m.bias for m in linears], acts
 
-    def _top_plan(self) -> tuple[list, list] | None:
-        """(linear modules, activation names) of the top MLP as a chain, or None; read
-        again only when its children change (or an activation module's settings, or a
+    def _plan(self, mlp: nn.Module) -> tuple[list, list] | None:
+        """(linear modules, activation names) of an MLP as a chain, or None; read again
+        only when its children change (or an activation module's settings, or a
         FusedLinear's activation): every call asks."""
-        top = self.top_mlp
         children = tuple(
             (m, m.__dict__.get("activation"), m.__dict__.get("approximate"),
              m.__dict__.get("negative_slope"))
-            for m in top._modules.values()
+            for m in mlp._modules.values()
         )  # fmt: skip
-        cached = self.__dict__.get("_top_cache")
-        if cached is not None and cached[0] is top and cached[1] == children:
+        key = "_plan_of_" + ("top" if mlp is self.top_mlp else "bottom")
+        cached = self.__dict__.get(key)
+        if cached is not None and cached[0] is mlp and cached[1] == children:
             return cached[2]
         linears, acts = [], []
         plan = (linears, acts)
-        for m in top._modules.values():
+        for m in mlp._modules.values():
             if m is None or type(m) is nn.Identity:
                 continue
             if type(m) in (nn.Linear, FusedLinear):
@@ -241,7 +257,7 @@ class FusedDLRM(DLRM):
             acts[-1] = act
         if plan is not None and not linears:
             plan = None
-        self.__dict__["_top_cache"] = (top, children, plan)
+        self.__dict__[key] = (mlp, children, plan)
         return plan
 
     def _fused_path(self, dense, sparse) -> bool:
