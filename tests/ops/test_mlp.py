@@ -314,3 +314,69 @@ def test_mlp_direct_launch_matches_the_ordinary_launch_gpu(monkeypatch):
         assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
         assert_close_verbose(outs[2], _ref64(x, ws, bs, acts), torch.bfloat16)
     assert len(launches.compiled) >= 3  # M = 1, a multiple of 16, neither
+
+
+def test_split_plan_offered_where_the_input_is_too_wide_for_the_chain():
+    """Tuning times the split plan (the first layer through fuseml.ops.linear, the rest in
+    one chain-kernel launch) for the kaggle top MLP's shape, one candidate per chain tile,
+    keyed apart from tables made before it; not for a narrow input, float32, or a chain
+    whose later layers the chain kernel cannot hold."""
+    top = (367, 512, 256, 1)
+    for m in (64, 65536):
+        cands = plan.candidates(m, top, torch.bfloat16)
+        split = [c for c in cands if c.get("kind") == "split"]
+        chain = plan._CHAIN_SMALL_B if m <= plan.SMALL_BATCH else plan._CHAIN_LARGE_B
+        assert [{**c, "kind": "chain"} for c in split] == chain + plan._SPLIT_WHOLE
+        assert plan._LAYERS in cands
+    assert plan.split_fits(top, torch.bfloat16)
+    assert not plan.split_fits(top, torch.float32)
+    assert not plan.split_fits((13, 512, 256, 64, 16), torch.bfloat16)  # narrow input
+    assert not plan.split_fits((479, 1024, 1024, 512, 256, 1), torch.bfloat16)
+    assert not plan.split_fits((367, 512, 1), torch.bfloat16)  # one layer after the first
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 37, 130])
+@pytest.mark.parametrize("widths", [[100, 64, 32, 1], [100, 64, 256, 1]])
+def test_split_plan_matches_float64(device, backend, dtype, m, widths):
+    """The split plan of a top-MLP-shaped chain (wide input, a 1-wide sigmoid head) under
+    chain tiles (a 256-wide layer also in one chunk), into a NaN-filled output: the
+    float64 reference."""
+    ws, bs = _layers(widths, dtype, device)
+    x = torch.randn(m, widths[0], dtype=dtype, device=device)
+    acts = ["relu", "relu", "sigmoid"]
+    codes = [fuseml.ops.ACTIVATIONS.index(a) for a in acts]
+    ref = _ref64(x, ws, bs, acts)
+    assert plan.split_fits(widths, dtype)
+    chains = plan._CHAIN_SMALL_B[:2] + plan._CHAIN_LARGE_B[-1:]
+    if widths[2] == 256:
+        chains = plan._SPLIT_WHOLE
+    for chain in chains:
+        cfg = plan._split_cfg(chain)
+        out = torch.full((m, 1), float("nan"), dtype=dtype, device=device)
+        plan._launch_group(x, out, ws, bs, codes, cfg, False)
+        assert_close_verbose(out, ref, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [300, 65536 + 37])
+def test_split_plan_kaggle_top_every_chain_tile_gpu(m):
+    """The kaggle top MLP (367-512-256-1, bf16) under every split candidate, as tuning
+    may pick it, into a NaN-filled output."""
+    widths = [367, 512, 256, 1]
+    ws, bs = _layers(widths, torch.bfloat16, "cuda")
+    x = torch.randn(m, widths[0], dtype=torch.bfloat16, device="cuda")
+    acts = ["relu", "relu", "sigmoid"]
+    codes = [fuseml.ops.ACTIVATIONS.index(a) for a in acts]
+    ref = _ref64(x, ws, bs, acts)
+    for cfg in plan.candidates(m, widths, torch.bfloat16):
+        if cfg.get("kind") != "split":
+            continue
+        out = torch.full((m, 1), float("nan"), dtype=torch.bfloat16, device="cuda")
+        plan._launch_group(x, out, ws, bs, codes, cfg, False)
+        try:
+            assert_close_verbose(out, ref, torch.bfloat16)
+        except AssertionError as err:
+            raise AssertionError(f"config {cfg}: {err}") from None

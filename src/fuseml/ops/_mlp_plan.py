@@ -88,6 +88,26 @@ _LAYERS = {"kind": "layers"}  # not fused: fuseml.ops.linear per layer
 _CHAIN_DEFAULT = _chain_cfg(64, 64, 64, 4, 3)
 
 
+# Split plans whose chain's first layer fits one chunk (256 wide: the kaggle top MLP's
+# 512 -> 256): each row block reads its input once instead of once per chunk. Compiled for
+# sm_90 without spills (152 and 250 registers a thread).
+_SPLIT_WHOLE = [_chain_cfg(64, 256, 64, 8, 2), _chain_cfg(128, 256, 64, 8, 2)]
+
+
+def _split_cfg(chain: dict) -> dict:
+    """The first layer through fuseml.ops.linear, every later one in one chain-kernel
+    launch with ``chain``'s tile (the chain's first GEMM then streams layer 1's output)."""
+    return {**chain, "kind": "split"}
+
+
+def split_fits(widths: Sequence[int], dtype: torch.dtype) -> bool:
+    """Does tuning time the split plan: a chain whose input is too wide for the chain
+    kernel (see CHAIN_SMALL_INPUT) and whose layers after the first form a chain it takes
+    (two or more). The kaggle top MLP (367-512-256-1): 512-256-1 in one launch, the head
+    a dot in the epilogue, its 256-wide input never written (33.5 MB at 65536 rows)."""
+    return len(widths) >= 4 and widths[0] > CHAIN_SMALL_INPUT and chain_fits(widths[1:], dtype)
+
+
 def _padded(d: int) -> int:
     """A width as a tile dimension: a power of two, at least 16 (tl.dot's minimum).
     (Plain Python: triton.next_power_of_2 is a constexpr function, ~3 us a call.)"""
@@ -129,6 +149,10 @@ def _launch_group(x2, out, weights, biases, codes, cfg, traced) -> None:
     kind = cfg.get("kind")
     if kind == "chain":
         _launch_chain(x2, out, weights, biases, codes, cfg, traced)
+    elif kind == "split":
+        if not launches_skipped() and x2.shape[0]:
+            h = linear_rows(x2, weights[0], biases[0], None, 1.0, codes[0], traced=traced)
+            _launch_chain(h, out, weights[1:], biases[1:], codes[1:], cfg, traced)
     elif kind == "layers":
         if not launches_skipped() and x2.shape[0]:
             out.copy_(_run_layers(x2, weights, biases, codes, traced))
@@ -242,12 +266,16 @@ def times_layers(widths: Sequence[int], dtype: torch.dtype) -> bool:
 def candidates(m: int, widths: Sequence[int], dtype: torch.dtype) -> list[dict]:
     """The configs tuning times for a batch of m rows through these widths."""
     small = m <= SMALL_BATCH
+    chain = _CHAIN_SMALL_B if small else _CHAIN_LARGE_B
+    split = []
+    if split_fits(widths, dtype):
+        whole = _SPLIT_WHOLE if _padded(widths[2]) == 256 else []
+        split = [_split_cfg(c) for c in [*chain, *whole]]
     if chain_fits(widths, dtype):
-        chain = _CHAIN_SMALL_B if small else _CHAIN_LARGE_B
         if widths[0] <= CHAIN_SMALL_INPUT:
             return chain + _SCRATCH_NEXT_TO_CHAIN
-        return [*chain, _LAYERS]
-    return [*(_SMALL_B if small else _LARGE_B), _LAYERS]
+        return [*chain, *split, _LAYERS]
+    return [*(_SMALL_B if small else _LARGE_B), *split, _LAYERS]
 
 
 def default_config(widths: Sequence[int], dtype: torch.dtype) -> dict:
@@ -275,8 +303,11 @@ def _group_config(x2, weights, biases, codes, traced) -> dict:
     if cfg is not None:
         return cfg
 
-    def text_key() -> str:  # (mlp2: the chain kernel joined the candidates)
-        return f"mlp2:{str(x2.dtype)[6:]}:{precision}:m{bucket}:{'-'.join(map(str, widths))}"
+    def text_key() -> str:  # (mlp2: the chain kernel joined the candidates; mlp3: split)
+        version = 3 if split_fits(widths, x2.dtype) else 2
+        return (
+            f"mlp{version}:{str(x2.dtype)[6:]}:{precision}:m{bucket}:{'-'.join(map(str, widths))}"
+        )
 
     def run(c: dict) -> None:
         # (timed as CUDA-graph replays: the allocation is the capture's, not a replay's;
