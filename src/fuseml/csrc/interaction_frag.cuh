@@ -1,6 +1,7 @@
 // The gather + interaction at d = 16 with Z's rows loaded straight into MMA fragments:
 // included by interaction.cu inside its anonymous namespace, after interaction_pipe.cuh
-// (pinned, blocks_per_sm) and the shared parts (Args, mma_16816, round16).
+// (pinned, warp_samples, tri_places, store_kept, launch_striding, rows_aligned) and the
+// shared parts (Args, mma_16816, round16).
 #pragma once
 
 // ---------------------------------------------------------- fragment form (d = 16)
@@ -108,9 +109,8 @@ __global__ void __launch_bounds__(kFragWarps * kWarp, kAhead == 2 ? 5 : 6)
   extern __shared__ int64_t smem_i64[];
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
-  const int warps = blockDim.x / kWarp;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * warps;
-  int64_t b = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  int64_t b, step;
+  warp_samples(warp, b, step);
   if (b >= a.rows) return;
   const int g = lane >> 2;
   const int q = lane & 3;
@@ -142,25 +142,8 @@ __global__ void __launch_bounds__(kFragWarps * kWarp, kAhead == 2 ? 5 : 6)
   for (int col = kD + a.pairs + lane; col < a.out_w; col += kWarp) row_out[col] = zero;
 
   // Where this lane's accumulator entries land and which are kept (as in the pipelined
-  // form): entry e of tile t is (rb + g + 8 (e / 2), cb + 2q + e % 2)
-  const int f = a.tables + 1;
-  int tri[4];
-  uint32_t keep = 0;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int i = g + 8 * k;
-    tri[k] = pinned((a.self ? i * (i + 1) / 2 : i * (i - 1) / 2) + 2 * q);
-  }
-#pragma unroll
-  for (int t = 0; t < 6; ++t) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = (t < 2 ? 0 : 16) + g + 8 * (e >> 1);
-      const int j = (t < 2 ? t * 8 : (t - 2) * 8) + 2 * q + (e & 1);
-      if (i < f && (a.self ? j <= i : j < i)) keep |= 1u << (4 * t + e);
-    }
-  }
-  keep = pinned(keep);
+  // form)
+  const TriPlaces places = tri_places(g, q, a.tables + 1, a.self);
   S* tri_out = row_out + kD;
   const bool vec = (a.out_w * sizeof(S)) % 16 == 0 && reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
   const int n_vec = a.out_w / kV;
@@ -195,15 +178,7 @@ __global__ void __launch_bounds__(kFragWarps * kWarp, kAhead == 2 ? 5 : 6)
     mma_16816<Tr>(c[5], hi, r[3].x, r[3].y);
 
     __syncwarp();  // (the last sample's row has left row_out)
-#pragma unroll
-    for (int t = 0; t < 6; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int k = (t < 2 ? 0 : 2) + (e >> 1);
-        const int cb = t < 2 ? t * 8 : (t - 2) * 8;
-        if (keep & (1u << (4 * t + e))) tri_out[tri[k] + cb + (e & 1)] = Tr::from_float(c[t][e]);
-      }
-    }
+    store_kept<Tr>(tri_out, places, c);
     if (g == 0) {  // x: Z's row 0, elements 4q..4q+3 as loaded
       reinterpret_cast<uint2*>(row_out)[q] = r[0];
     }
@@ -235,23 +210,14 @@ template <typename Tr, typename Id>
 void launch_frag(const Args& a, cudaStream_t stream, bool pdl) {
   const auto kernel = interaction_frag_kernel<Tr, Id, kFragAhead>;
   const size_t smem = static_cast<size_t>(kFragWarps * frag_warp_smem_bytes(a.out_w));
-  const int per_sm = blocks_per_sm(kernel, kFragWarps * kWarp, smem);
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t blocks =
-      std::min<int64_t>((a.rows + kFragWarps - 1) / kFragWarps, std::max(per_sm, 1) * sms);
-  launch_pdl_smem(pdl, kernel, dim3(static_cast<unsigned>(blocks)), dim3(kFragWarps * kWarp),
-                  smem, stream, a);
+  launch_striding(kernel, kFragWarps, smem, a, stream, pdl);
 }
 
 // Does the fragment form serve this call? One-hot ids, d = 16, 16-bit tables, at most 32
 // rows of Z, the rows of w contiguous, x and w 8-byte aligned, at least kFragMinRows rows.
 template <typename S>
 bool frag_form(const Args& a) {
-  const auto aligned = [](const void* p, int64_t s0, int64_t s1) {
-    return s1 == 1 && (s0 * static_cast<int64_t>(sizeof(S))) % 8 == 0 &&
-           reinterpret_cast<uintptr_t>(p) % 8 == 0;
-  };
   return a.rows >= kFragMinRows && a.d == kFragD && a.w_s0 == kFragD && a.tables + 1 <= kMmaRows &&
-         aligned(a.w, a.w_s0, a.w_s1) &&
-         aligned(a.x, a.x_s0, a.x_s1) && frag_warp_smem_bytes(a.out_w) * kFragWarps <= kSmemBytes;
+         rows_aligned<S>(a.w, a.w_s0, a.w_s1, 8) && rows_aligned<S>(a.x, a.x_s0, a.x_s1, 8) &&
+         frag_warp_smem_bytes(a.out_w) * kFragWarps <= kSmemBytes;
 }

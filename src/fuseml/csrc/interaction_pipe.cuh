@@ -94,6 +94,59 @@ __device__ __forceinline__ T pinned(T v) {
   return v;
 }
 
+// The samples of a warp striding over them: warp k of the grid's K takes b = k, k + K, ...
+// (step = K).
+__device__ __forceinline__ void warp_samples(int warp, int64_t& b, int64_t& step) {
+  const int warps = blockDim.x / kWarp;
+  step = static_cast<int64_t>(gridDim.x) * warps;
+  b = static_cast<int64_t>(blockIdx.x) * warps + warp;
+}
+
+// Where a lane's Gram entries land in the kept triangle, for the six 16 x 8 tiles t (rows
+// rb, columns cb) (0, 0), (0, 8), (16, 0), (16, 8), (16, 16), (16, 24): every kept entry
+// for F <= 32. Accumulator entry e of tile t is (rb + g + 8 (e / 2), cb + 2 q + e % 2),
+// lane = 4 g + q; it lands at column tri[k] + cb + e % 2 of the triangle, k = rb / 8 +
+// e / 2, where it is kept (bit 4 t + e of keep). Worked out once a warp, pinned.
+struct TriPlaces {
+  int tri[4];
+  uint32_t keep;
+};
+
+__device__ __forceinline__ TriPlaces tri_places(int g, int q, int f, bool self) {
+  TriPlaces p;
+  p.keep = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int i = g + 8 * k;
+    p.tri[k] = pinned((self ? i * (i + 1) / 2 : i * (i - 1) / 2) + 2 * q);
+  }
+#pragma unroll
+  for (int t = 0; t < 6; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = (t < 2 ? 0 : 16) + g + 8 * (e >> 1);
+      const int j = (t < 2 ? t * 8 : (t - 2) * 8) + 2 * q + (e & 1);
+      if (i < f && (self ? j <= i : j < i)) p.keep |= 1u << (4 * t + e);
+    }
+  }
+  p.keep = pinned(p.keep);
+  return p;
+}
+
+// The kept entries of the six tiles' accumulators c into the staged triangle tri_out.
+template <typename Tr, typename S>
+__device__ __forceinline__ void store_kept(S* tri_out, const TriPlaces& p, const float (&c)[6][4]) {
+#pragma unroll
+  for (int t = 0; t < 6; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int k = (t < 2 ? 0 : 2) + (e >> 1);
+      const int cb = t < 2 ? t * 8 : (t - 2) * 8;
+      if (p.keep & (1u << (4 * t + e))) tri_out[p.tri[k] + cb + (e & 1)] = Tr::from_float(c[t][e]);
+    }
+  }
+}
+
 // Widths of d the pipelined form is built for (d / 8 16-byte pieces a row: 2 to 16).
 constexpr bool pipe_width(int d) { return d == 16 || d == 32 || d == 64 || d == 128; }
 
@@ -112,9 +165,8 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp, kD <= 32 ? 8 : 4)
   extern __shared__ int64_t smem_i64[];
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
-  const int warps = blockDim.x / kWarp;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * warps;
-  int64_t b = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  int64_t b, step;
+  warp_samples(warp, b, step);
   if (b >= a.rows) return;
   const int tables = a.tables;
   const int f = tables + 1;
@@ -191,29 +243,7 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp, kD <= 32 ? 8 : 4)
   if (r_hi >= f) r_hi = 0;
   const int lo_at = pinned(r_lo * kZs + (m >> 1) * 8);
   const int hi_at = pinned(r_hi * kZs + (m >> 1) * 8);
-  // Gram tiles t (rows rb, columns cb): (0, 0), (0, 8), (16, 0), (16, 8), (16, 16),
-  // (16, 24): every kept entry for F <= 32. Accumulator entry e of tile t is (rb + g +
-  // 8 (e / 2), cb + 2 q + e % 2), lane = 4 g + q; it lands at column tri[k] + cb + e % 2
-  // of the triangle, k = rb / 8 + e / 2, where it is kept (bit 4 t + e of keep).
-  const int g = lane >> 2;
-  const int q = lane & 3;
-  int tri[4];
-  uint32_t keep = 0;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int i = g + 8 * k;
-    tri[k] = pinned((a.self ? i * (i + 1) / 2 : i * (i - 1) / 2) + 2 * q);
-  }
-#pragma unroll
-  for (int t = 0; t < 6; ++t) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = (t < 2 ? 0 : 16) + g + 8 * (e >> 1);
-      const int j = (t < 2 ? t * 8 : (t - 2) * 8) + 2 * q + (e & 1);
-      if (i < f && (a.self ? j <= i : j < i)) keep |= 1u << (4 * t + e);
-    }
-  }
-  keep = pinned(keep);
+  const TriPlaces places = tri_places(lane >> 2, lane & 3, f, a.self);
   S* tri_out = row_out + kD;
   S* out_row = static_cast<S*>(a.out) + b * a.out_w;
   const int64_t out_step = step * a.out_w;
@@ -244,15 +274,7 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp, kD <= 32 ? 8 : 4)
       mma_16816<Tr>(c[4], hi, hi[0], hi[2]);
       mma_16816<Tr>(c[5], hi, hi[1], hi[3]);
     }
-#pragma unroll
-    for (int t = 0; t < 6; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int k = (t < 2 ? 0 : 2) + (e >> 1);
-        const int cb = t < 2 ? t * 8 : (t - 2) * 8;
-        if (keep & (1u << (4 * t + e))) tri_out[tri[k] + cb + (e & 1)] = Tr::from_float(c[t][e]);
-      }
-    }
+    store_kept<Tr>(tri_out, places, c);
     if (lane < kPieces) {  // x, as stored
       reinterpret_cast<uint4*>(row_out)[lane] = reinterpret_cast<const uint4*>(z)[lane];
     }
@@ -291,6 +313,18 @@ int blocks_per_sm(K kernel, int threads, size_t smem) {
   return per_sm;
 }
 
+// Launches a kernel whose warps stride over the samples (warp_samples): blocks of ``warps``
+// warps, as many as are resident at once, at most one warp a sample.
+template <typename Kernel>
+void launch_striding(Kernel kernel, int warps, size_t smem, const Args& a, cudaStream_t stream,
+                     bool pdl) {
+  const int per_sm = blocks_per_sm(kernel, warps * kWarp, smem);
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t blocks = std::min<int64_t>((a.rows + warps - 1) / warps, std::max(per_sm, 1) * sms);
+  launch_pdl_smem(pdl, kernel, dim3(static_cast<unsigned>(blocks)), dim3(warps * kWarp), smem,
+                  stream, a);
+}
+
 template <typename Tr, typename Id>
 void launch_pipe(const Args& a, cudaStream_t stream, bool pdl) {
   const auto kernel = a.d == 16   ? interaction_pipe_kernel<Tr, Id, 16>
@@ -300,11 +334,15 @@ void launch_pipe(const Args& a, cudaStream_t stream, bool pdl) {
   const int64_t per_warp = pipe_warp_smem_bytes(a.tables, a.d, a.out_w);
   const int warps = static_cast<int>(std::min<int64_t>(kMaxWarps, kSmemBytes / per_warp));
   const size_t smem = static_cast<size_t>(warps * per_warp);
-  const int per_sm = blocks_per_sm(kernel, warps * kWarp, smem);
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t blocks = std::min<int64_t>((a.rows + warps - 1) / warps, std::max(per_sm, 1) * sms);
-  launch_pdl_smem(pdl, kernel, dim3(static_cast<unsigned>(blocks)), dim3(warps * kWarp), smem,
-                  stream, a);
+  launch_striding(kernel, warps, smem, a, stream, pdl);
+}
+
+// Are the rows of p (strides s0, s1 in elements of S) contiguous, each starting at a
+// multiple of ``bytes``?
+template <typename S>
+bool rows_aligned(const void* p, int64_t s0, int64_t s1, int bytes) {
+  return s1 == 1 && (s0 * static_cast<int64_t>(sizeof(S))) % bytes == 0 &&
+         reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
 // Does the pipelined form serve this call? One-hot ids, the tensor-core form, d of 16,
@@ -312,10 +350,7 @@ void launch_pipe(const Args& a, cudaStream_t stream, bool pdl) {
 // within a warp's share.
 template <typename S>
 bool pipe_form(const Args& a) {
-  const auto aligned = [](const void* p, int64_t s0, int64_t s1) {
-    return s1 == 1 && (s0 * static_cast<int64_t>(sizeof(S))) % 16 == 0 &&
-           reinterpret_cast<uintptr_t>(p) % 16 == 0;
-  };
-  return pipe_width(a.d) && aligned(a.w, a.w_s0, a.w_s1) && aligned(a.x, a.x_s0, a.x_s1) &&
+  return pipe_width(a.d) && rows_aligned<S>(a.w, a.w_s0, a.w_s1, 16) &&
+         rows_aligned<S>(a.x, a.x_s0, a.x_s1, 16) &&
          pipe_stages(a.tables, a.d, a.out_w) > 0;
 }
