@@ -11,8 +11,8 @@
 // is exactly the A fragment of mma.sync m16n8k16 for rows g, g + 8 (and g + 16, g + 24),
 // and the B fragment for the 8 columns of rows g + 8n: Z never goes through shared memory,
 // and each row is read by 4 lanes as one 32-byte piece. Each warp strides over the
-// samples, the next sample's rows loaded while this one's Gram is formed and stored, its
-// ids one sample further. The kept entries go to a staged output row (shared memory),
+// samples, the rows of the kFragAhead samples after this one in flight while its Gram is
+// formed and stored, their ids one sample further. The kept entries go to a staged output row (shared memory),
 // stored 16 bytes a lane.
 
 constexpr int kFragWarps = 4;

@@ -166,7 +166,7 @@ class FusedDLRM(DLRM):
             ids = emb.bag_ids(sparse, range_check=False)
         flags = emb.bad_id_flags(x.device) if check else None
         k = self.interaction.output_dim(x.shape[1])
-        top = self._top_chain(x.dtype)
+        top = self._chain("top_mlp", x.dtype)
         width = interaction_width(k) if top is not None else k
         with self._stage("embedding_interaction"):
             z = embedding_interaction(
@@ -189,7 +189,7 @@ class FusedDLRM(DLRM):
         about twice the time of fuseml's chain (H200, kaggle: the compiled model 364
         against 204 us at 65,536 rows)."""
         if inductor_traces():
-            chain = self._chain(self.bottom_mlp, dense.dtype)
+            chain = self._chain("bottom_mlp", dense.dtype)
             if chain is not None:
                 return fused_mlp(dense, *chain, backend="triton")
         return self.bottom_mlp(dense)
@@ -210,16 +210,13 @@ class FusedDLRM(DLRM):
             return out
         return torch.sigmoid(out)
 
-    def _top_chain(self, dtype: torch.dtype) -> tuple[list, list, list] | None:
-        """The top MLP as ``_chain`` gives it."""
-        return self._chain(self.top_mlp, dtype)
-
-    def _chain(self, mlp: nn.Module, dtype: torch.dtype) -> tuple[list, list, list] | None:
-        """An MLP as (weights, biases, activation names) when it is a chain of linear
-        layers (nn.Linear or FusedLinear, each optionally followed by an activation or an
-        Identity) in ``dtype``, run by one ``fuseml.ops.mlp`` call (which tunes between
-        its chain kernels and the layers one by one); else None."""
-        plan = self._plan(mlp)
+    def _chain(self, name: str, dtype: torch.dtype) -> tuple[list, list, list] | None:
+        """The MLP ``name`` (top_mlp, bottom_mlp) as (weights, biases, activation names)
+        when it is a chain of linear layers (nn.Linear or FusedLinear, each optionally
+        followed by an activation or an Identity) in ``dtype``, run by one
+        ``fuseml.ops.mlp`` call (which tunes between its chain kernels and the layers one
+        by one); else None."""
+        plan = self._plan(name)
         if plan is None:
             return None
         linears, acts = plan
@@ -228,16 +225,17 @@ class FusedDLRM(DLRM):
             return None
         return weights, [m.bias for m in linears], acts
 
-    def _plan(self, mlp: nn.Module) -> tuple[list, list] | None:
-        """(linear modules, activation names) of an MLP as a chain, or None; read again
-        only when its children change (or an activation module's settings, or a
-        FusedLinear's activation): every call asks."""
+    def _plan(self, name: str) -> tuple[list, list] | None:
+        """(linear modules, activation names) of the MLP ``name`` as a chain, or None; read
+        again only when it or its children change (or an activation module's settings, or
+        a FusedLinear's activation): every call asks."""
+        mlp = getattr(self, name)
         children = tuple(
             (m, m.__dict__.get("activation"), m.__dict__.get("approximate"),
              m.__dict__.get("negative_slope"))
             for m in mlp._modules.values()
         )  # fmt: skip
-        key = "_plan_of_" + ("top" if mlp is self.top_mlp else "bottom")
+        key = "_plan_of_" + name
         cached = self.__dict__.get(key)
         if cached is not None and cached[0] is mlp and cached[1] == children:
             return cached[2]

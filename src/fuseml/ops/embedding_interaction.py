@@ -35,7 +35,8 @@ ID_DTYPES = (torch.int32, torch.int64)
 # Z's rows straight into the MMA operands, where Triton's kernel stages Z through shared
 # memory and converts the Gram's layout. H200, graph replay, kaggle: 37.5 against 46.6 us at
 # 65,536 rows (the gather alone 30.7), 12.2 against 14.3 at 16,384, 6.5 against 5.1 at
-# 4,096 (docs/performance/dlrm.md).
+# 4,096 (docs/performance/dlrm.md). The twin's kFragMinRows (csrc/interaction_frag.cuh)
+# is the same bound.
 TWIN_MIN_ROWS = 8192
 TWIN_D = 16
 TWIN_MAX_ROWS_OF_Z = 32
@@ -206,12 +207,14 @@ def twin_serves(
 @_assume_constant_result
 def _twin_ready(device_type: str, index: int | None) -> bool:
     """Whether the CUDA twin runs its fragment form on this device (tensor cores: sm_80 and
-    later), building the extension on the first call; else False, said once."""
-    return _twin_status(torch.device(device_type, index))
+    later), building the extension on the first call; else False, said once. (Traced, a
+    constant: dynamo runs it eagerly.)"""
+    return _twin_status(device_type, index)
 
 
 @functools.cache
-def _twin_status(device: torch.device) -> bool:
+def _twin_status(device_type: str, index: int | None) -> bool:
+    device = torch.device(device_type, index)
     ok, reason = cuda_backend_status(device)
     if ok and torch.cuda.get_device_capability(device)[0] < 8:
         ok, reason = False, "its tensor-core form needs sm_80 or later"
