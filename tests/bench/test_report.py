@@ -149,6 +149,17 @@ def test_plot_suite_writes_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_suite_with_no_row_it_shows_writes_nothing(tmp_path):
+    """A run of cases outside the plot (here only a host-time row, which has no rate)
+    gets no PNG instead of an error after its results were written."""
+    from fuseml.bench.suites import elementwise
+
+    doc = _doc()
+    doc["rows"] = [r for r in doc["rows"] if r["mode"] == "host"]
+    assert report.plot_suite(doc, elementwise.PLOT, tmp_path / "x.png") is None
+    assert not (tmp_path / "x.png").exists()
+
+
 @requires_cuda
 @pytest.mark.gpu
 def test_run_cases_times_and_checks_on_gpu():

@@ -35,7 +35,8 @@ def run_suite(
     sweep: only the cases with a sweep (harness.Case.sweep), each with one more arm per
     candidate launch config of fuseml's kernel, every output checked; written to
     ``<suite>-sweep.json`` beside the suite's results, never into them.
-    Returns (results path, plot path or None for a suite without a plot).
+    Returns (results path, plot path or None: a suite without a plot, or a run none of
+    whose rows the plot shows).
     """
     import re
 
@@ -113,6 +114,11 @@ def run_suite(
     png = None  # a suite without PLOT (e.g. tuning latency) is a table only
     if suite.PLOT is not None and not sweep:
         png = report.plot_suite(report.load_results(path), suite.PLOT, path.with_suffix(".png"))
+        if png is None:
+            stale = path.with_suffix(".png")
+            if stale.exists():  # (it would show rows the results file no longer holds)
+                stale.unlink()
+            console.print(f"no plot: none of the rows in {path} is one the {name} plot shows")
     report.print_table(rows, f"{name} on {meta['gpu']}", console)
     for r in rows:
         if r.get("noisy"):
