@@ -33,6 +33,10 @@ def test_kept_derived_keeps_nothing_derived_while_launches_do_not_run(state):
     assert _utils.kept_derived(t, "x2", derive) is first and len(calls) == 3
     t.add_(1)  # an in-place write: the kept copy is stale
     assert torch.equal(_utils.kept_derived(t, "x2", derive), t * 2) and len(calls) == 4
+    version = t._version
+    t.data = torch.arange(6.0) + 10  # another storage, the version unchanged
+    assert t._version == version
+    assert torch.equal(_utils.kept_derived(t, "x2", derive), t * 2) and len(calls) == 5
 
 
 DEFERRED_SCAN = """

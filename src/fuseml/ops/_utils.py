@@ -414,9 +414,9 @@ def _kernel_scan_deferred():
         library.get_inner_triton_kernels = scan
 
 
-# (id(tensor), tag) -> (weak reference, version, derived tensor): a copy derived from a
-# tensor (a multi-adapter B stacked, a weight padded), kept between calls while the tensor
-# lives and is not written to.
+# (id(tensor), tag) -> (weak reference, version, derived tensor, data pointer): a copy
+# derived from a tensor (a multi-adapter B stacked, a weight padded), kept between calls
+# while the tensor lives, is not written to and keeps its storage.
 _KEPT: dict[tuple[int, str], tuple] = {}
 
 
@@ -442,13 +442,13 @@ def keeps_derived(t: torch.Tensor) -> bool:
 def kept_derived(t: torch.Tensor, tag: str, derive, *, keep: bool | None = None) -> torch.Tensor:
     """``derive(t)``, computed once per tensor, tag and version where that is safe (see
     ``keeps_derived``): the copy is kept for the next call with the same tensor object at
-    the same version (an in-place write bumps it). keep: ``keeps_derived(t)``, where the
-    caller has asked it already."""
+    the same version (an in-place write bumps it) and storage (``t.data = other`` swaps it
+    without one). keep: ``keeps_derived(t)``, where the caller has asked it already."""
     if not (keeps_derived(t) if keep is None else keep):
         return derive(t)
     key = (id(t), tag)
     hit = _KEPT.get(key)
-    if hit is not None and hit[0]() is t and hit[1] == t._version:
+    if hit is not None and hit[0]() is t and hit[1] == t._version and hit[3] == t.data_ptr():
         return hit[2]
     out = derive(t).detach()
 
@@ -456,7 +456,7 @@ def kept_derived(t: torch.Tensor, tag: str, derive, *, keep: bool | None = None)
         if _KEPT.get(key, (None,))[0] is ref:
             del _KEPT[key]
 
-    _KEPT[key] = (weakref.ref(t, forget), t._version, out)
+    _KEPT[key] = (weakref.ref(t, forget), t._version, out, t.data_ptr())
     return out
 
 
