@@ -263,13 +263,15 @@ def _cell(r: dict, spec: dict) -> str:
 
 
 def _noisy_mark(*rows: dict) -> str:
-    """' (noisy)' where a row's timing stayed unsettled after its re-runs (noise.py)."""
+    """' (noisy)' where a row's timing is unsettled (noise.py: after its re-runs; audit.py:
+    found so against its history later)."""
     return " (noisy)" if any(r.get("noisy") for r in rows) else ""
 
 
 NOISY_NOTE = (
-    " (noisy): timed again and still unsettled (p20-p80 spread over 10% of the median, or "
-    "median over 15% off the committed run); not a result to rely on."
+    " (noisy): unsettled (p20-p80 spread over 10% of the median, or median over 15% off the "
+    "arm's committed runs), after re-runs or found so later (python -m fuseml.bench.audit); "
+    "not a result to rely on."
 )
 
 
