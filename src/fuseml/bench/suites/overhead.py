@@ -110,6 +110,17 @@ def _ops() -> list[tuple[str, str, object]]:
             "fuseml": lambda: fuseml.ops.linear(x, w, b, "relu"),
         }
 
+    def linear_layer(m: int, k: int, n: int):  # layers on the TMA loop or with a padded K
+        def build():
+            x, w, b = _t(m, k), _t(n, k, scale=k**-0.5), _t(n)
+            return {
+                "torch": lambda: torch.relu(F.linear(x, w, b)),
+                "cublaslt": lambda: torch._addmm_activation(b, x, w.t()),
+                "fuseml": lambda: fuseml.ops.linear(x, w, b, "relu"),
+            }
+
+        return build
+
     def linear_small():
         x, w, b = _t(64, 64), _t(16, 64, scale=0.1), _t(16)
         return {"torch": lambda: F.linear(x, w, b), "fuseml": lambda: fuseml.ops.linear(x, w, b)}
@@ -166,6 +177,9 @@ def _ops() -> list[tuple[str, str, object]]:
         ("bias_act relu", "64x512", bias_relu),
         ("linear relu", "64x512->256", linear_relu),
         ("linear", "64x64->16", linear_small),
+        ("linear relu", "512x1024->1024", linear_layer(512, 1024, 1024)),
+        # the DLRM top MLP's first layer: rows of 734 bytes, K padded to 368
+        ("linear relu", "4096x367->512", linear_layer(4096, 367, 512)),
         ("mlp", "64x13-512-256-64-16", mlp(64, (13, 512, 256, 64, 16), ("relu",) * 4)),
         # the kaggle top MLP at a serving batch: its first layer's K (367) is padded and
         # tuning splits the chain (a GEMM, then the chain kernel)
