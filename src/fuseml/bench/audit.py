@@ -28,9 +28,7 @@ from pathlib import Path
 from fuseml.bench import report
 from fuseml.bench.commit import _git
 from fuseml.bench.compare import FUSED_ARMS
-from fuseml.bench.noise import HISTORY_MAX
-
-MODES = ("events", "graph")
+from fuseml.bench.noise import HISTORY_MAX, plain_timing
 
 
 def is_peer(arm: str) -> bool:
@@ -42,15 +40,6 @@ def is_peer(arm: str) -> bool:
 
 def _key(row: dict) -> tuple:
     return (row.get("case"), row.get("arm"), row.get("mode"), row.get("torch"))
-
-
-def _timed(row: dict) -> bool:
-    return (
-        row.get("mode") in MODES
-        and bool(row.get("p50_ms"))
-        and not row.get("error")
-        and not row.get("noisy")
-    )
 
 
 def earlier_runs(path: Path) -> dict[tuple, dict[str, float]]:
@@ -69,7 +58,7 @@ def earlier_runs(path: Path) -> dict[tuple, dict[str, float]]:
         except json.JSONDecodeError:
             continue
         for row in doc.get("rows", []) if isinstance(doc, dict) else []:
-            if _timed(row):
+            if plain_timing(row):
                 runs[_key(row)][row.get("date")] = float(row["p50_ms"])
     return runs
 
@@ -96,7 +85,7 @@ def outliers(doc: dict, runs: dict[tuple, dict[str, float]]) -> list[tuple[int, 
     out = []
     visible = shown(doc)
     for i, row in enumerate(doc.get("rows", [])):
-        if not _timed(row) or not is_peer(row.get("arm", "")):
+        if not plain_timing(row) or not is_peer(row.get("arm", "")):
             continue
         if (row.get("case"), row.get("arm"), row.get("mode")) not in visible:
             continue

@@ -107,19 +107,28 @@ def settle(
     return kept
 
 
+def plain_timing(row: dict) -> bool:
+    """A row that may stand as history: a kernel-events or graph-replay timing, not failed,
+    not itself marked noisy (see history_from_rows)."""
+    return (
+        bool(row.get("p50_ms"))
+        and not row.get("error")
+        and not row.get("noisy")
+        and row.get("mode") in ("events", "graph")
+    )
+
+
 def history_from_rows(rows: Iterable[dict]) -> History:
     """(case, arm, mode) -> p50_ms of committed rows that are plain timings (not failed,
     not themselves marked noisy) of the GPU: kernel events and graph replays. Eager wall
     and host rows are not kept: they measure the host, which differs between machines of
     one GPU kind (torch's gelu call: 6.2 and 10.6 us on two H200 hosts), so only their
     spread, timed in turns with their peers, decides."""
-    out: History = {}
-    for r in rows:
-        p50 = r.get("p50_ms")
-        if not p50 or r.get("error") or r.get("noisy") or r.get("mode") not in ("events", "graph"):
-            continue
-        out[(r.get("case"), r.get("arm"), r.get("mode"))] = float(p50)
-    return out
+    return {
+        (r.get("case"), r.get("arm"), r.get("mode")): float(r["p50_ms"])
+        for r in rows
+        if plain_timing(r)
+    }
 
 
 def committed_history(results_file: Path) -> History:

@@ -102,15 +102,7 @@ def _ops() -> list[tuple[str, str, object]]:
             "fuseml": lambda: fuseml.ops.bias_act(x, b, activation="relu"),
         }
 
-    def linear_relu():
-        x, w, b = _t(64, 512), _t(256, 512, scale=0.05), _t(256)
-        return {
-            "torch": lambda: torch.relu(F.linear(x, w, b)),
-            "cublaslt": lambda: torch._addmm_activation(b, x, w.t()),
-            "fuseml": lambda: fuseml.ops.linear(x, w, b, "relu"),
-        }
-
-    def linear_layer(m: int, k: int, n: int):  # layers on the TMA loop or with a padded K
+    def linear_relu(m: int, k: int, n: int):  # F.linear + ReLU; cuBLASLt's fused epilogue
         def build():
             x, w, b = _t(m, k), _t(n, k, scale=k**-0.5), _t(n)
             return {
@@ -175,11 +167,11 @@ def _ops() -> list[tuple[str, str, object]]:
         ("softmax", "64x512", softmax),
         ("add", "64x512", add),
         ("bias_act relu", "64x512", bias_relu),
-        ("linear relu", "64x512->256", linear_relu),
+        ("linear relu", "64x512->256", linear_relu(64, 512, 256)),
         ("linear", "64x64->16", linear_small),
-        ("linear relu", "512x1024->1024", linear_layer(512, 1024, 1024)),
+        ("linear relu", "512x1024->1024", linear_relu(512, 1024, 1024)),
         # the DLRM top MLP's first layer: rows of 734 bytes, K padded to 368
-        ("linear relu", "4096x367->512", linear_layer(4096, 367, 512)),
+        ("linear relu", "4096x367->512", linear_relu(4096, 367, 512)),
         ("mlp", "64x13-512-256-64-16", mlp(64, (13, 512, 256, 64, 16), ("relu",) * 4)),
         # the kaggle top MLP at a serving batch: its first layer's K (367) is padded and
         # tuning splits the chain (a GEMM, then the chain kernel)
