@@ -308,6 +308,7 @@ def load_fastcall():
     if settings.ext_dir() is not None:
         kwargs["build_directory"] = fastcall_build_dir()
         os.makedirs(kwargs["build_directory"], exist_ok=True)
+    # (csrc/fastcall_plan.h: ninja's dependency file rebuilds the source when it changes)
     return cpp_extension.load(
         name=FASTCALL_NAME,
         sources=[str(FASTCALL_SOURCE)],

@@ -108,6 +108,68 @@ def test_expanded_arguments_and_descriptor_specs():
     assert _fastcall._descriptor_specs(ck, (tf32,)) is None
 
 
+def test_tma_kernel_parameters_are_where_the_cpp_side_writes_them():
+    """fastcall_plan.h's fill_tma: x, W, three pointers, five ints, alpha, then
+    kTmaConstexprs (12) constexprs, then the output descriptor and one constexpr."""
+    import inspect
+
+    from fuseml.ops.gemm.tma import _linear_tma_kernel
+
+    params = list(
+        inspect.signature(getattr(_linear_tma_kernel, "fn", _linear_tma_kernel)).parameters.values()
+    )
+    names = [p.name for p in params]
+    const = [str(p.annotation).endswith("constexpr") for p in params]
+    alpha, o_desc = names.index("alpha"), names.index("o_desc")
+    assert names[: alpha + 1] == [
+        "x_desc", "w_desc", "bias_ptr", "res_ptr", "out_ptr", "M", "N", "K", "stride_rm",
+        "stride_om", "alpha",
+    ]  # fmt: skip
+    assert not any(const[: alpha + 1]) and all(const[alpha + 1 : o_desc])
+    assert o_desc - alpha - 1 == 12
+    assert not const[o_desc] and names[o_desc + 1 :] == ["OUT_SUB"] and const[-1]
+
+
+def test_gemm_plans_offer_descriptors_and_padded_copies(monkeypatch):
+    """register_gemm hands the C++ side the expanded TMA launch: each descriptor's spec,
+    whether the last one is out's, and the padded copies the launch read."""
+    pytest.importorskip("triton.backends.nvidia.driver")
+    seen = {}
+    monkeypatch.setattr(
+        _fastcall, "fast", SimpleNamespace(register_gemm_plan=lambda *a: seen.update(a=a) or "")
+    )
+    monkeypatch.setattr(_fastcall, "_LAYOUTS", {})
+    signature = {
+        "x_desc": "tensordesc<bf16[128, 64]>", "w_desc": "tensordesc<bf16[128, 64]>",
+        "bias_ptr": "*bf16", "res_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
+        "K": "i32", "stride_rm": "constexpr", "stride_om": "i32", "alpha": "fp32",
+        **{f"C{i}": "constexpr" for i in range(12)},
+        "o_desc": "tensordesc<bf16[128, 64]>", "OUT_SUB": "constexpr",
+    }  # fmt: skip
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [128, 64]}
+    fake = _kernel(signature, tensordesc_meta=[meta] * 3, shared=1024)
+    ck = type("CompiledKernel", (), {})()  # (hashable: layouts are kept per kernel)
+    ck.src, ck.metadata, ck.function = fake.src, fake.metadata, 1234
+    x, w, out = object(), object(), object()
+    xd, wd, od = (_descriptor((300, 512), (128, 64)) for _ in range(3))
+    od.base = out
+    args = (xd, wd, out, out, out, 300, 256, 512, 0, 256, 1.0, *range(12), od, 2)
+    options = {"num_warps": 8, "launch_pdl": True}
+    padded = (object(), object())
+    _fastcall.register_gemm(1, x, w, None, out, 1.0, ck, (132,), options, args, used=padded)
+    a = seen["a"]
+    assert a[:6] == (1, x, w, None, out, 1.0) and a[6:11] == (1234, [132, 1, 1], 8, 1024, True)
+    positions, kinds, passed, specs, out_desc = a[11:16]
+    assert positions == [*range(0, 10), 10, 11, 12, 13, 14, 15, 17, 18, *range(31, 36)]
+    assert kinds[:5] == [_fastcall.DESCRIPTOR, 1, 1, 2, 2] == kinds[-5:]
+    assert kinds[10:19] == [0, 0, 0, 1, 1, 1, 1, 3, _fastcall.DESCRIPTOR]
+    assert passed[0] is xd and passed[5] is wd and passed[-5] is od
+    assert len(specs) == 3 and out_desc and a[16:] == padded
+    od.base = x  # the kernel stores through pointers: o_desc is x's
+    _fastcall.register_gemm(1, x, w, None, out, 1.0, ck, (132,), options, (*args[:-2], od, 0))
+    assert seen["a"][15] is False and seen["a"][16:] == (None, None)
+
+
 def test_suspended_hides_the_loaded_extension_inside_the_block(monkeypatch):
     loaded = object()
     monkeypatch.setattr(_fastcall, "_loaded", loaded)
@@ -376,6 +438,9 @@ LINEAR_SHAPES = [  # (x's shape, out_features)
     ((2, 3, 64), 48),
     ((1, 128), 1),
     ((300, 256), 96),
+    ((512, 256), 128),  # the TMA loop (host descriptors) from 512 rows
+    ((256, 367), 512),  # K padded to 368 (the DLRM top MLP's first layer)
+    ((1024, 367), 64),  # padded, on the TMA loop
 ]
 
 
@@ -400,8 +465,7 @@ def test_linear_repeat_calls_launch_from_cpp(fast, shape, n, dtype, activation, 
         out = fuseml.ops.linear(x, w, b, activation)
         torch.cuda.synchronize()
     kernel = linear_choice(x, w, b, activation)["kernel"]
-    # (the TMA loop's descriptors are built per call: those launches stay in Python)
-    assert _hits(fast) == before + (kernel != "tma"), kernel
+    assert _hits(fast) == before + 1, kernel  # (the TMA loop's descriptors included)
     assert out.shape == (*shape[:-1], n) and out.dtype == dtype
     assert torch.equal(out, python)
     ref = F.linear(x.double(), w.double(), None if b is None else b.double())
@@ -418,13 +482,16 @@ def test_linear_calls_the_cpp_side_does_not_take(fast):
     x32, w32 = x.float(), w.float()
     with torch.no_grad():
         for _ in range(3):
-            padded = fuseml.ops.linear(x, w)  # K = 100 from 128 rows: padded to 112 per call
             fp32 = fuseml.ops.linear(x32, w32)  # float32: TF32 flags decide its dots
             residual = fuseml.ops.linear(x, w, None, "relu", r, 0.5)
             transposed = fuseml.ops.linear(x.t().contiguous().t(), w)
+    with torch.inference_mode():  # W padded per call: no version to key a kept copy on
+        xi, wi = x.clone(), w.clone()  # (inference tensors)
+        for _ in range(3):
+            inference = fuseml.ops.linear(xi, wi)  # K = 100 from 128 rows: padded to 112
     assert _hits(fast) == 0
     ref = F.linear(x.double(), w.double())
-    for out in (padded, transposed):
+    for out in (inference, transposed):
         assert_close_verbose(out, ref, torch.bfloat16)
     assert_close_verbose(residual, F.relu(ref + 0.5 * r.double()), torch.bfloat16)
     assert_close_verbose(fp32, ref, torch.float32, tf32=torch.backends.cuda.matmul.allow_tf32)
@@ -445,11 +512,64 @@ def test_linear_tuned_and_heuristic_plans_are_apart(fast, monkeypatch):
             for _ in range(3):
                 out = fuseml.ops.linear(x, w)
         # the later calls launch from C++ (the first of them too, where the first call's
-        # kernel was compiled already), the TMA loop's stay in Python
+        # kernel was compiled already)
         hits = _hits(fast) - before
-        assert hits >= 2 if linear_choice(x, w)["kernel"] != "tma" else hits == 0, (tune, hits)
+        assert hits >= 2, (tune, hits, linear_choice(x, w)["kernel"])
         assert torch.equal(out, first)
         assert_close_verbose(out, ref, torch.bfloat16)
+
+
+@gpu
+@pytest.mark.parametrize("rows", [256, 1024])  # the pointer and the TMA loop
+def test_padded_plans_keep_a_copy_per_weight_and_see_its_writes(fast, rows):
+    """K = 367 runs padded to 368: the plan keeps each weight's padded copy (two layers of
+    one shape alternating both launch from C++); an in-place write of W, or another W in
+    its place, is seen; inside a capture the Python path pads W in the graph, so a replay
+    after a write of W sees it too."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(rows, 367, dtype=torch.bfloat16, device="cuda", generator=g)
+    w1, w2 = (
+        torch.randn(512, 367, dtype=torch.bfloat16, device="cuda", generator=g) / 20
+        for _ in range(2)
+    )
+    b = torch.randn(512, dtype=torch.bfloat16, device="cuda", generator=g)
+
+    def call(w):
+        poison_allocator()  # an element left unwritten shows as NaN
+        return fuseml.ops.linear(x, w, b, "relu")
+
+    def check(out, w):
+        ref = F.relu(F.linear(x.double(), w.double(), b.double()))
+        assert_close_verbose(out, ref, torch.bfloat16)
+
+    with torch.no_grad():
+        for w in (w1, w2, w1, w2):
+            call(w)  # compiles, then registers each weight's copy
+        before = _hits(fast)
+        outs = [(w, call(w)) for w in (w1, w2, w1, w2)]
+        torch.cuda.synchronize()
+        assert _hits(fast) == before + 4
+        for w, out in outs:
+            check(out, w)
+        w1.mul_(-1)  # a new version: the kept copy is stale
+        check(call(w1), w1)
+        w1 = w1.clone()  # another tensor (its storage may be the freed one's)
+        check(call(w1), w1)
+        torch.cuda.synchronize()
+        hits = _hits(fast)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            call(w2)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = fuseml.ops.linear(x, w2, b, "relu")
+        assert _hits(fast) == hits + 1  # the side stream's call; the captured one padded W
+        w2.add_(0.25)
+        got = replay_poisoned(graph, captured)
+        torch.cuda.synchronize()
+        check(got, w2)
 
 
 # ------------------------------------------------------------------- LoRA (one adapter)

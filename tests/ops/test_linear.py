@@ -971,6 +971,41 @@ def test_linear_padded_k(device, backend):
     assert_close_verbose(out, _ref64(x, w, b, "gelu", r, 0.5), torch.float32)
 
 
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_padded_launch_offers_the_fast_path_the_calls_own_tensors(device, backend, monkeypatch):
+    """A padded call whose W copy is kept offers the eager fast path its launch with the
+    call's own x and W beside the padded copies it read; one that pads both in the launch
+    (W not kept: an inference tensor has no version) offers nothing."""
+    from fuseml.ops.gemm import launch as gemm_launch
+
+    x, w, b, _ = _inputs(40, 100, 24, torch.float32, device)
+    seen = []
+    real = gemm_launch.launch_linear
+
+    def spy(out, x2, weight, *args, **kwargs):  # (observes the launch; changes nothing)
+        seen.append((x2, weight, kwargs.get("fast"), kwargs.get("unpadded")))
+        return real(out, x2, weight, *args, **kwargs)
+
+    monkeypatch.setattr(gemm_launch, "launch_linear", spy)
+
+    def call(x, w):  # linear_rows's own steps, at K padded to 112, as the call it offers
+        out, _, pick, run = linear_mod._prepare(
+            x, w, b, None, 1.0, ACT_CODE["relu"], False, None, "auto", pad_to=112
+        )
+        run(pick(None), fast=True)
+        return out
+
+    out = call(x, w)
+    x2, w2, fast, unpadded = seen[-1]  # (the call's own launch, after any tuning)
+    assert fast and unpadded[0] is x and unpadded[1] is w
+    assert x2.shape == (40, 112) and w2.shape == (24, 112)
+    assert_close_verbose(out, _ref64(x, w, b, "relu"), torch.float32)
+    with torch.inference_mode():
+        out = call(x.clone(), w.clone())
+    assert seen[-1][2] is False and seen[-1][3] is None
+    assert_close_verbose(out, _ref64(x, w, b, "relu"), torch.float32)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,7 +1,7 @@
 // The eager fast path of fuseml's elementwise ops, the on-chip softmax, the plain 16-bit
-// linear layer and the one-adapter LoRA layer's in-loop launch (ops/_fastcall.py): a
-// repeat call launches the kernel the Python path compiled for the same call signature,
-// from C++.
+// linear layer (each of its three main loops, K padded or not) and the one-adapter LoRA
+// layer's in-loop and joint launches (ops/_fastcall.py): a repeat call launches the kernel
+// the Python path compiled for the same call signature, from C++.
 //
 // An eager fuseml call used to spend ~3x torch's time on the host (gelu on 64 x 512:
 // 26 us against 8.8, H200 host): validation, the plan lookup, Triton's launcher (a Python
@@ -9,7 +9,8 @@
 // signature, an allocation and cuLaunchKernelEx.
 //
 // The Python path decides everything (kernel, specialization, grid, warps, PDL) and, after
-// its launch, registers the plan with `register_plan`: this file recomputes the kernel's
+// its launch, registers the plan (`register_plan`, `register_gemm_plan`,
+// `register_joint_plan`): this file recomputes the kernel's
 // arguments from the same tensors and keeps the plan only if every argument it would pass
 // equals the one Python passed, and the compiled function's parameter list
 // (cuFuncGetParamInfo) has exactly the sizes it will write. A call this file cannot vouch
@@ -30,7 +31,15 @@
 // the compiled kernel's, as Triton's launcher encodes them), the K split of xs, and the
 // launching stream's slice of zeroed joint flags; a call encodes the four CUtensorMaps
 // (cuTensorMapEncodeTiled), allocates xs and launches. Only a call on the stream the plan
-// was registered on takes it (the flags slice is that stream's).
+// was registered on takes it (the flags slice is that stream's). The plain layer's TMA
+// loop reads x, W and (storing through one) out through host descriptors likewise.
+//
+// A layer whose rows of x are not 16-byte aligned runs at a K padded with zero columns
+// (ops/linear.py: x padded per call, W's copy kept per tensor and version). Its plan keeps
+// W's copy, held with a weak reference to W, for up to kMaxPadded weights of the same
+// shapes; a call takes it only for the same W at the same version and storage, and never
+// while capturing (a graph replayed after an in-place write of W must see it: the Python
+// path pads both inside the graph there). The call pads x (constant_pad_nd) and launches.
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -45,18 +54,23 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "fastcall_plan.h"
+
 namespace {
+
+using namespace fuseml_fastcall;  // (the plan vocabulary, fastcall_plan.h)
 
 // Ops, as ops/_fastcall.py names them.
 constexpr int64_t kElementwise = 0;  // _elementwise._bias_act_kernel: act(x + bias + alpha y)
 constexpr int64_t kSoftmaxRows = 1;  // _softmax/rows.py: the on-chip softmax of each row
-constexpr int64_t kGemm = 2;  // gemm/pointer.py, stream.py: act(x @ W^T + bias), 16-bit
+constexpr int64_t kGemm = 2;  // gemm/{pointer,stream,tma}.py: act(x @ W^T + bias), 16-bit
 // gemm/pointer.py _lora_kernel, in-loop mode, one adapter A (r, K), B (N, r), scaling s:
 // act(x @ W^T + bias + s (x @ A^T) @ B^T), 16-bit; eager calls only (not while capturing)
 constexpr int64_t kLora = 3;
@@ -66,7 +80,6 @@ constexpr int64_t kLora = 3;
 constexpr int64_t kPtr = 0, kI32 = 1, kI64 = 2, kF32 = 3, kDesc = 4;
 
 constexpr int kMaxArgs = 48;
-constexpr int kMaxDescs = 4;
 
 using Key = std::array<int64_t, 10>;
 
@@ -78,19 +91,10 @@ struct KeyHash {
   }
 };
 
-// How one host tensor descriptor is encoded (as Triton's launcher encodes it for the
-// compiled kernel).
-struct DescSpec {
-  int elem_type = 0;  // CUtensorMapDataType
-  int swizzle = 0;    // CUtensorMapSwizzle
-  int padding = 0;    // 1: out-of-bounds elements read as NaN, else zero
-  uint32_t box[2] = {0, 0};  // rows, columns of one copy
-};
-
-// The joint LoRA launch's extras (kLora plans of that launch only).
+// The joint LoRA launch's extras (kLora plans of that launch only; its descriptors: x, W,
+// A, and x again with the shrink's box).
 struct Joint {
   bool on = false;
-  DescSpec desc[kMaxDescs];  // x, W, A, and x again (the shrink's box)
   int64_t split = 1;         // K split of the shrink: xs as float32 parts, else x's dtype
   int64_t sync = 0;          // the stream's slice of zeroed flags
   cudaStream_t stream = nullptr;
@@ -108,69 +112,13 @@ struct Plan {
   int pos[kMaxArgs];              // argument position of each parameter
   int kind[kMaxArgs];             // its kind
   Joint joint;
-};
-
-// One argument of the kernel, as the Python path passes it.
-struct Value {
-  int64_t i = 0;   // a pointer or an int
-  double f = 0.0;  // a float
+  Descs descs;                    // host descriptors (the TMA GEMM and the joint launch)
+  std::shared_ptr<const Pad> pad;  // K padding (GEMM plans), replaced, never changed
 };
 
 std::mutex table_lock;
 std::unordered_map<Key, Plan, KeyHash> table;
 int64_t hits = 0, misses = 0;
-
-using LaunchEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
-using ParamInfo = CUresult (*)(CUfunction, size_t, size_t*, size_t*);
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-template <typename F>
-F driver_entry(const char* name) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found;
-  if (cudaGetDriverEntryPointByVersion(name, &fn, 12040, cudaEnableDefault, &found) !=
-          cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
-    return nullptr;
-  }
-  return reinterpret_cast<F>(fn);
-}
-
-LaunchEx launch_ex() {
-  static LaunchEx fn = driver_entry<LaunchEx>("cuLaunchKernelEx");
-  return fn;
-}
-
-EncodeTiled encode_tiled() {
-  static EncodeTiled fn = driver_entry<EncodeTiled>("cuTensorMapEncodeTiled");
-  return fn;
-}
-
-ParamInfo param_info() {
-  static ParamInfo fn = driver_entry<ParamInfo>("cuFuncGetParamInfo");
-  return fn;
-}
-
-// The 2-D tensor t (row-major, unit column stride) as a descriptor of spec's boxes, encoded
-// as Triton's launcher encodes it; false where the driver refuses.
-bool encode(const DescSpec& spec, const at::Tensor& t, CUtensorMap* map) {
-  const EncodeTiled fn = encode_tiled();
-  if (fn == nullptr || t.dim() != 2 || t.stride(1) != 1) return false;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(t.size(1)),
-                              static_cast<cuuint64_t>(t.size(0))};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(t.stride(0) * t.element_size()),
-                                 static_cast<cuuint64_t>(t.size(0) * t.stride(0) * t.element_size())};
-  const cuuint32_t box[2] = {spec.box[1], spec.box[0]};
-  const cuuint32_t unit[2] = {1, 1};
-  return fn(map, static_cast<CUtensorMapDataType>(spec.elem_type), 2, t.data_ptr(), dims,
-            strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            static_cast<CUtensorMapSwizzle>(spec.swizzle), CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-            spec.padding == 1 ? CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA
-                              : CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
 
 int64_t dtype_code(at::ScalarType t) {
   switch (t) {
@@ -280,18 +228,6 @@ bool describe(int64_t op, int64_t code, const at::Tensor& x, const std::optional
   return true;
 }
 
-// Appends kernel arguments to v in order; n of them so far.
-struct Values {
-  Value* v;
-  int n = 0;
-  explicit Values(Value* values) : v(values) {}
-  void i(int64_t x) { v[n++].i = x; }  // a pointer or an int
-  void ints(std::initializer_list<int64_t> xs) {
-    for (const int64_t x : xs) i(x);
-  }
-  void f(double x) { v[n++].f = x; }
-};
-
 // The op's arguments in the kernel's order, up to its first constexpr; their count.
 int fill(int64_t op, int64_t rows, int64_t cols, int64_t depth, const at::Tensor& x,
          const std::optional<at::Tensor>& y, const std::optional<at::Tensor>& bias,
@@ -366,25 +302,7 @@ int fill_joint(int64_t rows, int64_t cols, int64_t depth,
   return a.n;
 }
 
-// The tensors under the joint launch's four descriptors, in its order: x, W, A, x.
-void joint_tensors(const at::Tensor& x2, const at::Tensor& weight, const Adapter& lora,
-                   const at::Tensor** of) {
-  of[0] = &x2;
-  of[1] = &weight;
-  of[2] = lora.a;
-  of[3] = &x2;
-}
-
-// The call's four descriptors, encoded as the plan says.
-bool encode_joint(const Plan& plan, const at::Tensor& x2, const at::Tensor& weight,
-                  const Adapter& lora, CUtensorMap* maps) {
-  const at::Tensor* of[kMaxDescs];
-  joint_tensors(x2, weight, lora, of);
-  for (int d = 0; d < kMaxDescs; ++d) {
-    if (!encode(plan.joint.desc[d], *of[d], &maps[d])) return false;
-  }
-  return true;
-}
+bool gemm_op(int64_t op) { return op == kGemm || op == kLora; }
 
 bool aligned16(const Value* v, const Plan& plan) {
   int64_t bits = 0;
@@ -484,37 +402,51 @@ py::object call_with(int64_t op, int64_t code, const at::Tensor& x,
       return py::none();
     }
   }
-  const bool gemm = op == kGemm || op == kLora;
-  at::Tensor out = gemm ? at::empty({rows, cols}, x.options()) : at::empty_like(x);
+  auto missed = []() {
+    std::lock_guard<std::mutex> guard(table_lock);
+    ++misses;
+    return py::none();  // (allocations made so far are simply dropped)
+  };
+  // A K-padded GEMM plan: x padded per call, W's kept copy read in its place. Never while
+  // capturing: a graph replayed after an in-place write of W must see it, so the Python
+  // path pads both in the graph there.
+  std::optional<at::Tensor> w_used = y;
+  at::Tensor x2 = gemm_op(op) ? x.view({rows, depth}) : x;
+  int64_t k_used = depth;
+  if (plan.pad) {
+    const at::Tensor* copy = capturing(stream) ? nullptr : padded_copy(*plan.pad, *y);
+    if (copy == nullptr) return missed();
+    k_used = plan.pad->kp;
+    x2 = at::constant_pad_nd(x2, {0, k_used - depth}, 0);
+    w_used = *copy;
+  }
+  at::Tensor out = gemm_op(op) ? at::empty({rows, cols}, x.options()) : at::empty_like(x);
   Value v[kMaxArgs];
   alignas(64) CUtensorMap maps[kMaxDescs];
   if (plan.joint.on) {
-    const at::Tensor x2 = x.view({rows, depth});
     const int64_t rank = lora.a->size(0);
     const at::Tensor xs = plan.joint.split > 1
         ? at::empty({plan.joint.split, rows, rank}, x.options().dtype(at::kFloat))
         : at::empty({rows, rank}, x.options());
     fill_joint(rows, cols, depth, bias, out, xs, alpha, lora, plan.joint, v);
-    if (!aligned16(v, plan) || !encode_joint(plan, x2, *y, lora, maps)) {
-      std::lock_guard<std::mutex> guard(table_lock);
-      ++misses;
-      return py::none();
-    }
+    const at::Tensor* tensors[] = {&x2, &*y, lora.a, &out};
+    if (!aligned16(v, plan) || !encode_descs(plan.descs, tensors, maps)) return missed();
     launch(plan, v, stream, maps);  // (xs lives until the launch is queued: stream order)
+  } else if (plan.descs.n > 0) {  // the plain TMA GEMM
+    fill_tma(rows, cols, k_used, bias, out, alpha, plan.descs, v);
+    const at::Tensor* tensors[] = {&x2, &*w_used, nullptr, &out};
+    if (!aligned16(v, plan) || !encode_descs(plan.descs, tensors, maps)) return missed();
+    launch(plan, v, stream, maps);
   } else {
-    fill(op, rows, cols, depth, x, y, bias, out, alpha, v, lora);
-    if (!aligned16(v, plan)) {
-      std::lock_guard<std::mutex> guard(table_lock);
-      ++misses;
-      return py::none();  // (the output's allocation is simply dropped)
-    }
+    fill(op, rows, cols, k_used, x2, w_used, bias, out, alpha, v, lora);
+    if (!aligned16(v, plan)) return missed();
     launch(plan, v, stream);
   }
   {
     std::lock_guard<std::mutex> guard(table_lock);
     ++hits;
   }
-  if (gemm && x.dim() != 2) {  // (..., N), as the Python path returns it
+  if (gemm_op(op) && x.dim() != 2) {  // (..., N), as the Python path returns it
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
     shape.back() = cols;
     return py::cast(out.view(shape));
@@ -625,6 +557,7 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
                           std::vector<int64_t> positions, std::vector<int64_t> kinds,
                           std::vector<py::object> passed, const std::optional<at::Tensor>& lora_a,
                           const std::optional<at::Tensor>& lora_b) {
+  if (op == kGemm) return "GEMM plans register through register_gemm_plan";
   if (launch_ex() == nullptr) return "cuLaunchKernelEx is not available";
   if (param_info() == nullptr) return "cuFuncGetParamInfo is not available";
   Adapter lora;
@@ -665,9 +598,119 @@ std::string register_plan(int64_t op, int64_t code, const at::Tensor& x,
   return keep(plan, key);
 }
 
-// Does a box of `box` elements tile a block of `block` (box <= block, dividing it)?
-bool tiles(int64_t block, uint32_t box) {
-  return box > 0 && box <= block && block % box == 0;
+// Every parameter of the plan placed, and the value Python passed for it (a descriptor: one
+// over the tensor this file would pass; tensors by kOf*) equal to this file's: "" when so.
+std::string check_passed(Plan& plan, const std::vector<int64_t>& positions,
+                         const std::vector<int64_t>& kinds, const std::vector<py::object>& passed,
+                         const Value* v, int n_values, const at::Tensor* const* tensors) {
+  for (int j = 0; j < plan.n_params; ++j) {
+    std::string why = place(plan, j, positions, kinds, n_values);
+    if (!why.empty()) return why;
+    const int pos = plan.pos[j];
+    if (plan.kind[j] == kDesc) {
+      const int d = static_cast<int>(v[pos].i);
+      if (d < 0 || d >= plan.descs.n || tensors[plan.descs.of[d]] == nullptr) {
+        return "a descriptor this file does not encode";
+      }
+      why = same_descriptor(passed[j], d, *tensors[plan.descs.of[d]], plan.descs.spec[d]);
+    } else {
+      why = same_value(plan.kind[j], pos, v[pos], passed[j]);
+    }
+    if (!why.empty()) return why;
+  }
+  return "";
+}
+
+// Keep the plan of a plain GEMM launch the Python path just made (pointer, streaming or
+// TMA kernel): "" when kept, else why not. descs: the TMA kernel's three host descriptors
+// (x, W, then out where out_desc, else x), empty for the others. x_used and w_used: x and
+// W zero-padded to a K of 16-byte rows where the launch read those (W's copy kept per
+// tensor and version on the Python side; kept here likewise, see Pad).
+std::string register_gemm_plan(int64_t code, const at::Tensor& x, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& bias, const at::Tensor& out,
+                               double alpha, int64_t function, std::vector<int64_t> grid,
+                               int64_t num_warps, int64_t shared, bool pdl,
+                               std::vector<int64_t> positions, std::vector<int64_t> kinds,
+                               std::vector<py::object> passed,
+                               std::vector<std::vector<int64_t>> descs, bool out_desc,
+                               const std::optional<at::Tensor>& x_used,
+                               const std::optional<at::Tensor>& w_used) {
+  if (launch_ex() == nullptr) return "cuLaunchKernelEx is not available";
+  if (param_info() == nullptr) return "cuFuncGetParamInfo is not available";
+  if (!descs.empty() && encode_tiled() == nullptr) return "cuTensorMapEncodeTiled is not available";
+  Key key;
+  int64_t rows = 0, cols = 0, depth = 0;
+  if (!describe(kGemm, code, x, weight, bias, -1, key, rows, cols, depth)) {
+    return "not a call the fast path takes";
+  }
+  if (!out.is_contiguous() || out.dim() != 2 || out.size(0) != rows || out.size(1) != cols ||
+      out.scalar_type() != x.scalar_type()) {
+    return "the output is not laid out as the fast call allocates it";
+  }
+  const bool padded = x_used.has_value() || w_used.has_value();
+  int64_t kp = depth;
+  at::Tensor x2 = x.view({rows, depth});
+  at::Tensor w2 = weight;
+  if (padded) {
+    if (!x_used.has_value() || !w_used.has_value()) return "a padded plan without both copies";
+    kp = x_used->size(-1);
+    auto laid = [&](const at::Tensor& t, int64_t n) {
+      return t.dim() == 2 && t.size(0) == n && t.size(1) == kp && t.is_contiguous() &&
+             t.scalar_type() == x.scalar_type() && t.device() == x.device();
+    };
+    if (kp <= depth || !laid(*x_used, rows) || !laid(*w_used, cols)) {
+      return "the padded copies are not laid out as the fast call makes them";
+    }
+    if (weight.is_inference()) return "an inference weight (no version to key its copy on)";
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    if (capturing(stream)) return "a padded launch inside a capture";
+    x2 = *x_used;
+    w2 = *w_used;
+  }
+  Plan plan;
+  std::string why = start_plan(plan, function, grid, num_warps, shared, positions.size(),
+                               kinds.size(), passed.size());
+  if (!why.empty()) return why;
+  plan.pdl = pdl;
+  Value v[kMaxArgs];
+  int n_values = 0;
+  if (descs.empty()) {
+    n_values = fill(kGemm, rows, cols, kp, x2, w2, bias, out, alpha, v);
+  } else {
+    why = set_descs(plan.descs, descs, {kOfX, kOfW, out_desc ? kOfOut : kOfX});
+    if (!why.empty()) return why;
+    n_values = fill_tma(rows, cols, kp, bias, out, alpha, plan.descs, v);
+  }
+  const at::Tensor* tensors[] = {&x2, &w2, nullptr, &out};
+  why = check_passed(plan, positions, kinds, passed, v, n_values, tensors);
+  if (!why.empty()) return why;
+  if (!aligned16(v, plan)) return "unaligned pointers";
+  if (plan.descs.n > 0) {
+    alignas(64) CUtensorMap maps[kMaxDescs];
+    if (!encode_descs(plan.descs, tensors, maps)) return "a descriptor does not encode";
+  }
+  if (padded) {
+    // This weight's copy, beside those the signature's plan keeps for other weights of
+    // the same shapes (another layer): a new Pad, the table's never changed in place
+    auto pad = std::make_shared<Pad>();
+    pad->kp = kp;
+    {
+      std::lock_guard<std::mutex> guard(table_lock);
+      auto it = table.find(key);
+      if (it != table.end() && it->second.pad && it->second.pad->kp == kp &&
+          same_launch(it->second, plan)) {
+        for (const PaddedWeight& p : it->second.pad->weights) {
+          if (!p.of.expired() && p.of._unsafe_get_target() != weight.unsafeGetTensorImpl()) {
+            pad->weights.push_back(p);
+          }
+        }
+      }
+    }
+    while (pad->weights.size() >= kMaxPadded) pad->weights.erase(pad->weights.begin());
+    pad->weights.emplace_back(weight, w2);
+    plan.pad = std::move(pad);
+  }
+  return keep(plan, key);
 }
 
 // Keep the plan of a joint LoRA launch the Python path just made (one adapter, eager, on
@@ -705,66 +748,27 @@ std::string register_joint_plan(int64_t code, const at::Tensor& x, const at::Ten
       : xs.scalar_type() == x.scalar_type() && xs.dim() == 2 && xs.size(0) == rows &&
             xs.size(1) == rank;
   if (!xs_ok || !xs.is_contiguous()) return "xs is not laid out as the fast call allocates it";
-  if (descs.size() != static_cast<size_t>(kMaxDescs)) return "malformed plan";
   Plan plan;
-  const std::string formed = start_plan(plan, function, grid, num_warps, shared,
-                                        positions.size(), kinds.size(), passed.size());
-  if (!formed.empty()) return formed;
+  std::string why = start_plan(plan, function, grid, num_warps, shared, positions.size(),
+                               kinds.size(), passed.size());
+  if (!why.empty()) return why;
   plan.pdl = false;  // (the joint launch's programs wait for each other: no PDL)
   plan.joint.on = true;
   plan.joint.split = split;
   plan.joint.sync = reinterpret_cast<int64_t>(sync.data_ptr());
   plan.joint.stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
   plan.joint.n_shrink = n_shrink;
-  for (int d = 0; d < kMaxDescs; ++d) {
-    if (descs[d].size() != 5) return "malformed descriptor";
-    plan.joint.desc[d].elem_type = static_cast<int>(descs[d][0]);
-    plan.joint.desc[d].swizzle = static_cast<int>(descs[d][1]);
-    plan.joint.desc[d].padding = static_cast<int>(descs[d][2]);
-    plan.joint.desc[d].box[0] = static_cast<uint32_t>(descs[d][3]);
-    plan.joint.desc[d].box[1] = static_cast<uint32_t>(descs[d][4]);
-  }
+  why = set_descs(plan.descs, descs, {kOfX, kOfW, kOfA, kOfX});
+  if (!why.empty()) return why;
   const at::Tensor x2 = x.view({rows, depth});
-  const at::Tensor* of[kMaxDescs];
-  joint_tensors(x2, weight, lora, of);
+  const at::Tensor* tensors[] = {&x2, &weight, &lora_a, &out};
   Value v[kMaxArgs];
   const int n_values = fill_joint(rows, cols, depth, bias, out, xs, alpha, lora, plan.joint, v);
-  auto ints_of = [](const py::object& seq) {
-    std::vector<int64_t> r;
-    for (auto item : seq) r.push_back(item.cast<int64_t>());
-    return r;
-  };
-  for (int j = 0; j < plan.n_params; ++j) {
-    const std::string placed = place(plan, j, positions, kinds, n_values);
-    if (!placed.empty()) return placed;
-    const int pos = plan.pos[j];
-    const py::object& p = passed[j];
-    if (plan.kind[j] == kDesc) {
-      // the host descriptor Python passed: over the tensor this file would pass, with its
-      // shape and strides, and a block the box tiles (the compiler narrows a box to its
-      // swizzle's width: a 128 x 256 block of bf16 loads as 128 x 64 boxes)
-      const int d = static_cast<int>(v[pos].i);
-      const py::object base = p.attr("base");
-      if (!THPVariable_Check(base.ptr())) return "descriptor " + std::to_string(d) + " has no tensor";
-      const at::Tensor& t = *of[d];
-      const std::vector<int64_t> shape = ints_of(p.attr("shape"));
-      const std::vector<int64_t> strides = ints_of(p.attr("strides"));
-      const std::vector<int64_t> block = ints_of(p.attr("block_shape"));
-      if (THPVariable_Unpack(base.ptr()).data_ptr() != t.data_ptr() ||
-          shape != std::vector<int64_t>{t.size(0), t.size(1)} ||
-          strides != std::vector<int64_t>{t.stride(0), t.stride(1)} ||
-          block.size() != 2 || !tiles(block[0], plan.joint.desc[d].box[0]) ||
-          !tiles(block[1], plan.joint.desc[d].box[1])) {
-        return "descriptor " + std::to_string(d) + " differs";
-      }
-    } else {
-      const std::string why = same_value(plan.kind[j], pos, v[pos], p);
-      if (!why.empty()) return why;
-    }
-  }
+  why = check_passed(plan, positions, kinds, passed, v, n_values, tensors);
+  if (!why.empty()) return why;
   if (!aligned16(v, plan)) return "unaligned pointers";
-  CUtensorMap maps[kMaxDescs];
-  if (!encode_joint(plan, x2, weight, lora, maps)) return "a descriptor does not encode";
+  alignas(64) CUtensorMap maps[kMaxDescs];
+  if (!encode_descs(plan.descs, tensors, maps)) return "a descriptor does not encode";
   return keep(plan, key);
 }
 
@@ -798,6 +802,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("call", &call, "the fast call: the output, or None");
   m.def("call_lora", &call_lora, "the LoRA layer's fast call: the output, or None");
   m.def("register_plan", &register_plan, "keep a launch's plan: '' when kept, else why not");
+  m.def("register_gemm_plan", &register_gemm_plan,
+        "keep a plain GEMM launch's plan: '' when kept, else why not");
   m.def("register_joint_plan", &register_joint_plan,
         "keep a joint LoRA launch's plan: '' when kept, else why not");
   m.def("stats", &stats, "(hits, misses, plans)");

@@ -1,6 +1,7 @@
 """The eager fast path: repeat calls of the elementwise ops, the on-chip softmax, the plain
-16-bit linear layer and the one-adapter LoRA layer (in-loop on the pointer kernel, or the
-joint launch with its host tensor descriptors) launched from C++ (``csrc/fastcall.cpp``).
+16-bit linear layer (any of its main loops, the TMA loop's host tensor descriptors and a
+padded K included) and the one-adapter LoRA layer (in-loop on the pointer kernel, or the
+joint launch) launched from C++ (``csrc/fastcall.cpp``).
 
 A fuseml call planned in Python costs several times torch's own call on the host
 (validation, plan lookup, Triton's launcher). The Python path stays the one that decides:
@@ -184,6 +185,38 @@ def register(
         positions, kinds, passed, *lora,
     )  # fmt: skip
     _refused(why, op, code, x)
+
+
+def register_gemm(
+    code: int, x, weight, bias, out, alpha: float, ck, grid, options, args, used=None
+) -> None:
+    """Offer the C++ side the plan of a plain linear layer's launch just made (pointer,
+    streaming or TMA kernel: ``ck`` on ``grid`` with ``options`` and ``args``, the TMA
+    kernel's host descriptors among them) for the call (code, x, weight, bias, alpha) whose
+    output is ``out``. used: (x, W) zero-padded to the K the launch ran at, where it did
+    (W's copy the one kept per tensor and version). A no-op until the extension is loaded."""
+    if fast is None:
+        start()
+        return
+    descs = [a for a in args if _is_descriptor(a)]
+    offer = _offer(ck, args, expand_descriptors=bool(descs))
+    if offer is None:
+        return
+    specs = []
+    if descs:
+        specs = _descriptor_specs(ck, args)
+        if not specs:
+            _refused("host descriptors in a form fastcall.cpp does not encode", GEMM, code, x)
+            return
+    positions, kinds, passed = offer
+    out_desc = bool(descs) and descs[-1].base is out  # (else the kernel stores by pointer)
+    x_used, w_used = (None, None) if used is None else used
+    why = fast.register_gemm_plan(
+        code, x, weight, bias, out, float(alpha), ck.function, _grid3(grid),
+        options["num_warps"], ck.metadata.shared, bool(options.get("launch_pdl", False)),
+        positions, kinds, passed, specs, out_desc, x_used, w_used,
+    )  # fmt: skip
+    _refused(why, GEMM, code, x)
 
 
 def register_joint(

@@ -108,12 +108,16 @@ def _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pa
     res2 = None if residual is None else as_rows(residual.reshape(-1, n))
     b = None if bias is None else bias.contiguous()
     kp = padded_k(x2, k, traced) if pad_to is None else pad_to
+    unpadded = None  # the call's (x, W) where the launch reads padded copies, W's kept
+    offers = True  # may the launch's plan go to the eager fast path (fast: see run)
     if kp != k:  # zero columns: the same sums, from aligned rows
         if keeps_derived(weight):  # W padded once (per version), x per call
+            unpadded = (x2, weight)
             weight = padded_weight(weight, kp, keep=True)
             (x2,) = pad_k(kp, x2)
-        else:  # (e.g. inside a graph capture) both, in one launch
+        else:  # (e.g. inside a graph capture) both, in one launch: no plan to keep
             x2, weight = pad_k(kp, x2, weight)
+            offers = False
         k = kp
 
     loop = gemm_launch.gemm_loop(x2, weight, traced, loop)
@@ -121,8 +125,9 @@ def _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pa
     def run(cfg: dict, fast: bool = False) -> None:  # (fast: see launch_linear)
         tma = gemm_launch.takes_tma(loop, cfg)
         gemm_launch.launch_linear(
-            out, x2, weight, b, res2, alpha, code, cfg, traced=traced, tma=tma, fast=fast
-        )
+            out, x2, weight, b, res2, alpha, code, cfg, traced=traced, tma=tma,
+            fast=fast and offers, unpadded=unpadded,
+        )  # fmt: skip
 
     def pick(config: dict | None) -> dict:
         if config:

@@ -123,7 +123,7 @@ def tma_eligible(*tensors: torch.Tensor) -> bool:
 
 def _launch_tma(
     out, x, weight, bias, residual, alpha, activation, config, lora=None, *, pdl=None,
-    programs=None, fast=False,
+    programs=None, fast=False, offer=None,
 ) -> None:  # fmt: skip
     """One launch of the TMA kernel. lora: None, or a LoraLaunch whose mode is
     LORA_IN_LOOP (A read through its own descriptor), LORA_PRECOMPUTED (xa = x @ A^T
@@ -134,7 +134,8 @@ def _launch_tma(
     needs the tiles to fit one wave). pdl (LoRA only): the kernel's PDL flag, and for
     LORA_EXPAND with pdl the launch may start early. programs: the persistent grid's size
     instead of ``persistent_programs`` (tests: several tiles a program on the CPU). fast:
-    a one-adapter joint launch is offered to the eager fast path (``fuseml.ops._fastcall``).
+    a one-adapter joint launch is offered to the eager fast path (``fuseml.ops._fastcall``);
+    offer: as ``_launch_plain``'s, for a plain layer's launch.
 
     Repeat launches go through the compiled kernel's launcher (``CompiledLaunches``): a
     host descriptor specializes on its dtype and block shape only, both fixed by the
@@ -195,7 +196,9 @@ def _launch_tma(
         o_desc = TensorDescriptor.from_tensor(out, [bm, bn // sub]) if sub else x_desc
         args = (x_desc, w_desc, *ptrs, *ints, float(alpha), *common, dep, o_desc, sub)
         key = (x.dtype, out.dtype, common, dep, sub, *options.values(), *map(int_spec, ints))
-        _linear_tma_launches((programs,), key, aligned16(*ptrs), args, options)
+        ck = _linear_tma_launches((programs,), key, aligned16(*ptrs), args, options)
+        if ck is not None and offer is not None:
+            _offer_gemm(offer, x, weight, out, alpha, ck, (programs,), options, args)
         return
     mode, xa, lora_a, lora_b = lora.mode, lora.xa, lora.a, lora.b
     ids, scales, lora_scale, rank = lora.ids, lora.scales, lora.scale, lora.rank
@@ -326,6 +329,7 @@ def launch_linear(
     pdl: bool = False,
     programs: int | None = None,
     fast: bool = False,
+    unpadded: tuple | None = None,
 ) -> None:
     """One launch of ``_linear_kernel``; x (M, K), weight (N, K), out (M, N), all validated.
 
@@ -337,7 +341,8 @@ def launch_linear(
     kernel's persistent grid size (see ``_launch_tma``). fast: the launch a call takes (not
     a tuning candidate), offered to the eager fast path (``fuseml.ops._fastcall``) where
     it is a plain layer's, a one-adapter in-loop LoRA layer's on the pointer loop, or a
-    one-adapter joint LoRA launch.
+    one-adapter joint LoRA launch. unpadded: the call's (x, weight) where x and weight here
+    are their copies zero-padded in K (weight's kept per tensor and version), for that offer.
     """
     if launches_skipped():
         return
@@ -360,13 +365,17 @@ def launch_linear(
         raise ValueError(
             "launch_linear: the joint and spread LoRA modes run on the TMA kernel only"
         )
+    # (activation, bias, unpadded) of a plain layer's launch the fast path may keep
+    offer = None
+    if fast and lora == LORA_NONE and residual is None:
+        offer = (activation, bias, unpadded)
     if tma:
         extra = None
         if lora != LORA_NONE:
             extra = LoraLaunch(lora, lora_a, lora_b, xa, ids, scales, lora_scale, rank, r_block)
         _launch_tma(
             out, x, weight, bias, residual, alpha, activation, config, extra, pdl=pdl,
-            programs=programs, fast=fast,
+            programs=programs, fast=fast, offer=offer,
         )  # fmt: skip
         return
     if lora == LORA_NONE:
@@ -377,7 +386,6 @@ def launch_linear(
             0 if residual is None else residual.stride(0), out.stride(0),
         )  # fmt: skip
         dep = pdl_launch(x, traced)  # programmatic dependent launch (not LoRA's pdl)
-        offer = (activation, bias) if fast and residual is None else None
         if config.get("STREAM"):
             flags = (bias is not None, residual is not None, activation, precision, upcast)
             _launch_stream(
@@ -477,7 +485,8 @@ def _launch_plain(
     tensors (x, weight, bias, residual, out), the ints, alpha and the constexprs in the
     kernel's order; dep: with programmatic dependent launch. Traced launches go through
     wrap_triton, the others repeat through ``launches`` (CompiledLaunches). offer: None, or
-    (activation code, bias) of a launch whose plan the eager fast path may keep."""
+    (activation code, bias, unpadded: see ``launch_linear``) of a launch whose plan the
+    eager fast path may keep."""
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     if dep:
         options["launch_pdl"] = True
@@ -492,10 +501,19 @@ def _launch_plain(
     )  # fmt: skip
     ck = launches(grid, key, aligned16(*tensors), args, options)
     if ck is not None and offer is not None:
-        code, bias = offer
-        x, weight, out = tensors[0], tensors[1], tensors[-1]
-        _fastcall.register(
-            _fastcall.GEMM, code, x, weight, bias, out, alpha, ck, grid, options, args
+        _offer_gemm(offer, tensors[0], tensors[1], tensors[-1], alpha, ck, grid, options, args)
+
+
+def _offer_gemm(offer, x, weight, out, alpha, ck, grid, options, args) -> None:
+    """Hand the eager fast path a plain layer's launch (``_fastcall.register_gemm``): x and
+    weight those the launch read, the call's own where offer says they were padded."""
+    code, bias, unpadded = offer
+    if unpadded is None:
+        _fastcall.register_gemm(code, x, weight, bias, out, alpha, ck, grid, options, args)
+    else:
+        x_call, w_call = unpadded
+        _fastcall.register_gemm(
+            code, x_call, w_call, bias, out, alpha, ck, grid, options, args, used=(x, weight)
         )
 
 
