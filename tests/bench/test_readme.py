@@ -33,6 +33,12 @@ def _dlrm_rows() -> list[dict]:
     # a batch without fuseml is never a headline row
     p = {"config": "kaggle", "precision": "bf16", "batch": 65536, "numel": 65536}
     rows += [_row("kaggle/bf16/bs65536", a, 900, **p) for a in ("eager", "compile")]
+    # nor one without torch.compile ("vs best" would read against eager alone)
+    p = {"config": "mlperf", "precision": "bf16", "batch": 64, "numel": 64}
+    rows += [_row("mlperf/bf16/bs64", a, us, **p) for a, us in (("eager", 300), ("fuseml", 50))]
+    # the headline is bf16's; fp32 rows are on the GPU's page
+    p = {"config": "kaggle", "precision": "fp32", "batch": 64, "numel": 64}
+    rows += [_row("kaggle/fp32/bs64", a, 500, **p) for a in ("eager", "compile", "fuseml")]
     return rows
 
 
@@ -87,7 +93,8 @@ def test_pages_and_headline(tmp_path):
     # the fastest of eager and compile (64: 90 / 100 us; 4096: 200 / 300 us).
     assert "| DLRM kaggle, bf16 | 64 | 110 us | 90.0 us |  | 100 us | 0.90x |" in text
     assert "| DLRM kaggle, bf16 | 4,096 | 400 us | 200 us |  | 300 us | 0.67x |" in text
-    assert "| 1 |" not in text and "65,536" not in text
+    assert "| 1 |" not in text and "65,536" not in text and "mlperf" not in text
+    assert "fp32" not in text and "| kaggle | fp32 |  | 64 |" in page
     # Ops: the largest size of the main case with the fused arm and a peer timed, from
     # the GPU with the most suites, linked to its section of that GPU's page.
     line = next(x for x in text.splitlines() if x.startswith("| elementwise"))

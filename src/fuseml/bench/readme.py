@@ -39,8 +39,8 @@ INTROS = {
         "Samples/s per batch size for the kaggle and mlperf configs (the full Kaggle tables, "
         "33.8M rows; runs dated before 2026-11-28 capped each table at 1M rows), fp32, "
         "fp32 with TF32 and bf16: eager PyTorch, torch.compile, max-autotune (bf16) and "
-        "`fuseml.optimize(model)` (bf16), each called eagerly and replayed as a CUDA graph "
-        "(`+graph`)."
+        "`fuseml.optimize(model)` (runs before 2026-11-30: bf16 only), each called eagerly "
+        "and replayed as a CUDA graph (`+graph`)."
     ),
     "models": (
         "Whole models as users run them (the DLRM kaggle top MLP as an `nn.Sequential`; a "
@@ -110,13 +110,14 @@ FAMILIES = (
     ("lora", "LoRA: one adapter, rank 16", "lora", {"kind": "single", "rank": 16}),
 )  # fmt: skip
 
-# Whole-model rows: per DLRM config, the smallest and the largest batch at which
-# fuseml.optimize was timed (eager call and CUDA-graph replay), against these peers.
+# Whole-model rows: per DLRM config, the headline batches at which fuseml.optimize and
+# torch.compile were timed (eager call and CUDA-graph replay), against these peers.
 DLRM_PEERS = (
     ("eager", "PyTorch"), ("compile", "torch.compile"), ("compile-max", "max-autotune"),
 )  # fmt: skip
 DLRM_FUSED = "fuseml"
 DLRM_HEADLINE_BATCHES = (64, 4096, 65536)
+DLRM_HEADLINE_PRECISION = "bf16"  # (the suite's other precisions: its page)
 
 
 def _anchor(title: str) -> str:
@@ -313,12 +314,16 @@ def family_row(doc: dict, where: dict) -> dict | None:
 
 
 def dlrm_rows(doc: dict) -> list[dict]:
-    """Per config (uniform ids), the batches of DLRM_HEADLINE_BATCHES at which fuseml was
-    timed (else the smallest and the largest), with the rows of fuseml and of each peer,
-    eager call ("events") and graph replay."""
+    """Per config (bf16, uniform ids), the batches of DLRM_HEADLINE_BATCHES at which
+    fuseml and torch.compile were both timed (else the smallest and the largest such),
+    with the rows of fuseml and of each peer, eager call ("events") and graph replay. A
+    batch run without torch.compile (a part run with fewer arms) would read "vs best"
+    against eager PyTorch alone."""
     by = {(r["case"], r["arm"], r["mode"]): r for r in doc["rows"] if r.get("p50_ms")}
     timed = [r for r in doc["rows"] if r["arm"] == DLRM_FUSED and r["mode"] == "events"
-             and r.get("p50_ms") and r.get("ids", "uniform") == "uniform"]  # fmt: skip
+             and r.get("p50_ms") and r.get("ids", "uniform") == "uniform"
+             and r.get("precision", DLRM_HEADLINE_PRECISION) == DLRM_HEADLINE_PRECISION
+             and (r["case"], "compile", "events") in by]  # fmt: skip
     out = []
     for config in dict.fromkeys(r["config"] for r in timed):
         rows = sorted((r for r in timed if r["config"] == config), key=lambda r: r["batch"])
