@@ -15,8 +15,8 @@ Arms
                    B = 4096 and 65536 (its autotuning takes minutes per compilation)
   fuseml           fuseml.optimize(model): the embedding gather and the dot interaction in
                    one kernel writing the top MLP's input, the MLPs as fused chains
-                   (fuseml.nn.FusedDLRM); bf16 only, since its first call per layer shape
-                   and batch bucket tunes the kernels (seconds each)
+                   (fuseml.nn.FusedDLRM), in every precision; its first call per layer
+                   shape and batch bucket tunes the kernels (seconds each)
   fuseml-compile   torch.compile(fuseml.optimize(model)) (default mode): fuseml's ops
                    inside Inductor's graph, bf16
 Every case is also timed as CUDA-graph replays (rows with mode "graph": eager + CUDA graph).
@@ -28,11 +28,15 @@ model runs them, torch.compile with each stage compiled apart.
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Mapping
+
 import torch
 
 import fuseml
 from fuseml.bench.harness import Case
-from fuseml.models.bench_cases import dlrm_inference_cases
+from fuseml.models.bench_cases import dlrm_inference_cases, dlrm_work
+from fuseml.models.dlrm import DLRMConfig
 from fuseml.nn.dlrm import stage_ranges
 from fuseml.runtime import tf32_matmuls
 
@@ -150,49 +154,123 @@ def _stages_measure(model, fused_model, inputs):
     return measure
 
 
-def cases(quick: bool = False, cuda: bool = True):
+class _Groups:
+    """The models of one (config, precision, ids) group at a time: built on the first read
+    of one of its cases' arms, freed before another group is built. Listing the suite builds
+    nothing (``--cases`` builds only the groups it runs); all groups at once, each with an
+    optimized copy, would hold ~120 GB at the full Kaggle tables."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.built: dict | None = None
+
+    def get(self, key: tuple, build) -> dict:
+        if self.key != key:
+            self.key = self.built = None
+            gc.collect()  # (the previous group's models, before the next one's)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            self.built = build()
+            self.key = key
+        return self.built
+
+
+_groups = _Groups()
+
+
+class _LazyArms(Mapping):
+    """A case's arms, by name from the start, their callables from its group once read."""
+
+    def __init__(self, names: tuple[str, ...], resolve) -> None:
+        self._names, self._resolve = names, resolve
+
+    def __getitem__(self, name: str):
+        if name not in self._names:
+            raise KeyError(name)
+        return self._resolve()[name]
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _build_group(config, precision, ids, batches, quick, device, max_cardinality) -> dict:
+    """{"arms": {batch: {arm: fn}}, "stages": {batch: measure}, "model"} of one group: one
+    model (the cases share it) and one optimized copy of it."""
+    dtype, tf32 = PRECISIONS[precision]
+    dl_cases = dlrm_inference_cases(
+        config, batches, dtype, device, max_cardinality=max_cardinality, ids=ids
+    )
+    fused_model = fuseml.optimize(dl_cases[0].model)[0]
+    arms, stages = {}, {}
+    for dc in dl_cases:
+        arms[dc.batch_size] = {
+            "eager": _with_tf32(dc.arms["eager"], tf32),
+            "compile": _with_tf32(dc.arms["compile"], tf32),
+            "fuseml": _with_tf32(_model_arm(fused_model, dc.inputs), tf32),
+        }
+        if precision == "bf16":  # (minutes of compilation per case)
+            arms[dc.batch_size]["fuseml-compile"] = _compiled_arm(
+                fused_model, dc.inputs, None, tf32
+            )
+        if _max_autotuned(quick, ids, precision, dc.batch_size):
+            arms[dc.batch_size]["compile-max"] = _compiled_arm(
+                dc.model, dc.inputs, "max-autotune-no-cudagraphs", tf32
+            )
+        stages[dc.batch_size] = _stages_measure(dc.model, fused_model, dc.inputs)
+    return {"arms": arms, "stages": stages, "model": dl_cases[0].model}
+
+
+def _max_autotuned(quick: bool, ids: str, precision: str, batch: int) -> bool:
+    # minutes of autotuning per compilation: two per config
+    return not quick and ids == "uniform" and (precision, batch) in MAX_AUTOTUNE_AT
+
+
+def cases(
+    quick: bool = False,
+    cuda: bool = True,
+    *,
+    device: str = "cuda",
+    max_cardinality: int | None = MAX_CARDINALITY,
+):
+    """The suite's cases; each group's models are built when a case of it first runs.
+    device, max_cardinality: for tests (the suite runs on CUDA over the full tables)."""
     configs = ["kaggle"] if quick else ["kaggle", "mlperf"]
     precisions = ["fp32", "bf16"] if quick else list(PRECISIONS)
     batches = BATCHES_QUICK if quick else BATCHES_FULL
     for config in configs:
+        cfg = DLRMConfig.from_name(config, max_cardinality=max_cardinality)
         for precision, ids in [(p, "uniform") for p in precisions] + [("bf16", "zipf")]:
             dtype, tf32 = PRECISIONS[precision]
-            dl_cases = dlrm_inference_cases(
-                config, batches, dtype, "cuda", max_cardinality=MAX_CARDINALITY, ids=ids
-            )
-            # One optimized copy per model (the cases share one model), in every precision:
-            # an eager call of it must never be slower than the model's at any batch.
-            fused_model = fuseml.optimize(dl_cases[0].model)[0]
-            for dc in dl_cases:
-                arms = {
-                    "eager": _with_tf32(dc.arms["eager"], tf32),
-                    "compile": _with_tf32(dc.arms["compile"], tf32),
-                }
-                arms["fuseml"] = _with_tf32(_model_arm(fused_model, dc.inputs), tf32)
-                if precision == "bf16":  # (minutes of compilation per case)
-                    arms["fuseml-compile"] = _compiled_arm(fused_model, dc.inputs, None, tf32)
-                if not quick and ids == "uniform" and (precision, dc.batch_size) in MAX_AUTOTUNE_AT:
-                    # minutes of autotuning per compilation: two per config
-                    arms["compile-max"] = _compiled_arm(
-                        dc.model, dc.inputs, "max-autotune-no-cudagraphs", tf32
-                    )
+            key = (config, precision, ids, tuple(batches), quick, device, max_cardinality)
+
+            def group(key=key) -> dict:
+                return _groups.get(key, lambda: _build_group(*key))
+
+            for batch in batches:
+                names = ["eager", "compile", "fuseml"]
+                names += ["fuseml-compile"] if precision == "bf16" else []
+                names += ["compile-max"] if _max_autotuned(quick, ids, precision, batch) else []
                 law = "" if ids == "uniform" else f"/{ids}"
                 params = {
                     "config": config,
                     "precision": precision,
                     "ids": ids,
-                    "batch": dc.batch_size,
-                    "numel": dc.batch_size,
+                    "batch": batch,
+                    "numel": batch,
                 }
+                flops, traffic = dlrm_work(cfg, batch, dtype)
                 yield Case(
                     suite="dlrm",
-                    name=f"{config}/{precision}{law}/bs{dc.batch_size}",
+                    name=f"{config}/{precision}{law}/bs{batch}",
                     params=params,
                     make_inputs=tuple,  # the arms close over their own inputs
-                    arms=arms,
-                    samples=dc.batch_size,
-                    flops=dc.flops,
-                    bytes=dc.bytes,
+                    arms=_LazyArms(tuple(names), lambda g=group, b=batch: g()["arms"][b]),
+                    samples=batch,
+                    flops=flops,
+                    bytes=traffic,
                     ceiling=CEILINGS[precision],
                     graph=True,
                     # (fuseml: its first call tunes)
@@ -200,16 +278,16 @@ def cases(quick: bool = False, cuda: bool = True):
                     dtype=dtype,
                     tf32=tf32,
                 )
-                if precision == "bf16" and ids == "uniform" and dc.batch_size in STAGE_BATCHES:
+                if precision == "bf16" and ids == "uniform" and batch in STAGE_BATCHES:
                     yield Case(
                         suite="dlrm",
-                        name=f"{config}/{precision}/bs{dc.batch_size}/stages",
+                        name=f"{config}/{precision}/bs{batch}/stages",
                         params=params,
                         make_inputs=tuple,
                         arms={},
                         check=False,
                         dtype=dtype,
-                        measure=_stages_measure(dc.model, fused_model, dc.inputs),
+                        measure=lambda settings, g=group, b=batch: g()["stages"][b](settings),
                     )
 
 
