@@ -206,26 +206,29 @@ def _build_group(config, precision, ids, batches, quick, device, max_cardinality
     fused_model = fuseml.optimize(dl_cases[0].model)[0]
     arms, stages = {}, {}
     for dc in dl_cases:
-        arms[dc.batch_size] = {
-            "eager": _with_tf32(dc.arms["eager"], tf32),
-            "compile": _with_tf32(dc.arms["compile"], tf32),
-            "fuseml": _with_tf32(_model_arm(fused_model, dc.inputs), tf32),
-        }
-        if precision == "bf16":  # (minutes of compilation per case)
-            arms[dc.batch_size]["fuseml-compile"] = _compiled_arm(
-                fused_model, dc.inputs, None, tf32
-            )
-        if _max_autotuned(quick, ids, precision, dc.batch_size):
-            arms[dc.batch_size]["compile-max"] = _compiled_arm(
+        make = {
+            "eager": lambda dc=dc: _with_tf32(dc.arms["eager"], tf32),
+            "compile": lambda dc=dc: _with_tf32(dc.arms["compile"], tf32),
+            "fuseml": lambda dc=dc: _with_tf32(_model_arm(fused_model, dc.inputs), tf32),
+            "fuseml-compile": lambda dc=dc: _compiled_arm(fused_model, dc.inputs, None, tf32),
+            "compile-max": lambda dc=dc: _compiled_arm(
                 dc.model, dc.inputs, "max-autotune-no-cudagraphs", tf32
-            )
+            ),
+        }
+        names = _arm_names(quick, precision, ids, dc.batch_size)
+        arms[dc.batch_size] = {name: make[name]() for name in names}
         stages[dc.batch_size] = _stages_measure(dc.model, fused_model, dc.inputs)
     return {"arms": arms, "stages": stages, "model": dl_cases[0].model}
 
 
-def _max_autotuned(quick: bool, ids: str, precision: str, batch: int) -> bool:
-    # minutes of autotuning per compilation: two per config
-    return not quick and ids == "uniform" and (precision, batch) in MAX_AUTOTUNE_AT
+def _arm_names(quick: bool, precision: str, ids: str, batch: int) -> tuple[str, ...]:
+    """The arms of one case, named before its group's models are built."""
+    names = ("eager", "compile", "fuseml")
+    if precision == "bf16":  # (minutes of compilation per case)
+        names += ("fuseml-compile",)
+    if not quick and ids == "uniform" and (precision, batch) in MAX_AUTOTUNE_AT:
+        names += ("compile-max",)  # (minutes of autotuning per compilation: two per config)
+    return names
 
 
 def cases(
@@ -250,9 +253,7 @@ def cases(
                 return _groups.get(key, lambda: _build_group(*key))
 
             for batch in batches:
-                names = ["eager", "compile", "fuseml"]
-                names += ["fuseml-compile"] if precision == "bf16" else []
-                names += ["compile-max"] if _max_autotuned(quick, ids, precision, batch) else []
+                names = _arm_names(quick, precision, ids, batch)
                 law = "" if ids == "uniform" else f"/{ids}"
                 params = {
                     "config": config,
@@ -267,7 +268,7 @@ def cases(
                     name=f"{config}/{precision}{law}/bs{batch}",
                     params=params,
                     make_inputs=tuple,  # the arms close over their own inputs
-                    arms=_LazyArms(tuple(names), lambda g=group, b=batch: g()["arms"][b]),
+                    arms=_LazyArms(names, lambda g=group, b=batch: g()["arms"][b]),
                     samples=batch,
                     flops=flops,
                     bytes=traffic,
