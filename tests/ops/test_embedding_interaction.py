@@ -3,13 +3,22 @@ import torch
 
 import fuseml
 from fuseml.models.dlrm import DLRM, DLRMConfig
-from fuseml.ops._interaction_kernels import LOOPED, PLANNED, Variant, _forward, default_variant
+from fuseml.ops._interaction_kernels import (
+    LOOPED,
+    PLANNED,
+    Variant,
+    _forward,
+    default_variant,
+    gram_precision,
+)
 from fuseml.ops.embedding_interaction import (
     TWIN_MIN_ROWS,
     embedding_interaction_ref,
     num_pairs,
     pack_bags,
 )
+from fuseml.ops.gemm.common import dot_precision, fp32_dot
+from fuseml.runtime import tf32_matmuls
 from fuseml.testing import DTYPES, assert_close_verbose, fused_targets, poison_allocator
 
 TARGETS = fused_targets()
@@ -55,6 +64,25 @@ def test_embedding_interaction_matches_float64(device, backend, dtype, n_tables,
     assert out.shape == (batch, width) and out.dtype == dtype
     assert torch.equal(out[:, :dim], x)  # x is copied, not recomputed
     assert_close_verbose(out, _expected(x, weight, offsets, ids), dtype)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dim", [32, 128])
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_embedding_interaction_float32_gram_precision(device, backend, dim, allow_tf32):
+    """float32 tables from d = 32: the Gram on the tensor cores, TF32 only where torch's
+    matmul flag allows it (else tf32x3, float32's tolerance); below d = 32, exact FMAs."""
+    weight, offsets, cards = _tables(26, dim, torch.float32, device, seed=2)
+    x = torch.randn(9, dim, device=device)
+    ids = _ids(9, cards, torch.int64, device)
+    _prepare(device)
+    with tf32_matmuls(allow_tf32):
+        assert gram_precision(torch.float32, dim) == ("tf32" if allow_tf32 else fp32_dot())
+        out = op(x, weight, offsets, ids, backend=backend)
+    expected = _expected(x, weight, offsets, ids)
+    assert_close_verbose(out, expected, torch.float32, tf32=allow_tf32 and backend == "triton")
+    assert gram_precision(torch.float32, 16) == "ieee"
+    assert gram_precision(torch.bfloat16, 16) == dot_precision(torch.bfloat16)
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)

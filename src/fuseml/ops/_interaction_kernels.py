@@ -22,6 +22,7 @@ from fuseml.ops._utils import (
     next_pow2,
     pdl_launch,
 )
+from fuseml.ops.gemm.common import dot_precision, round_tf32
 from fuseml.runtime import triton_interpreting
 
 
@@ -84,9 +85,10 @@ def _interact_store(
     out_ptr, b, e, xv, f, d, n_rows, D: tl.constexpr, F: tl.constexpr, PAIRS: tl.constexpr,
     OUT_W: tl.constexpr, SELF: tl.constexpr, USE_DOT: tl.constexpr, BLOCK_B: tl.constexpr,
     F_PAD: tl.constexpr, Z_PAD: tl.constexpr, UPCAST: tl.constexpr, FLAT: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Z = [x, e_1..e_T] of samples b, its Gram per sample, and the output rows: x, the kept
-    triangle, the zero columns."""
+    triangle, the zero columns. PRECISION: float32 Z's dot, as ``dot_precision`` picks it."""
     b_ok = b < n_rows
     d_ok = d < D
     z = tl.where((f == 0)[None, :, None], xv[:, None, :], e)
@@ -96,8 +98,10 @@ def _interact_store(
         if UPCAST:  # the CPU interpreter multiplies bfloat16 dots wrongly (numpy has none);
             z = z.to(tl.float32)  # products of 16-bit values are exact in float32
         zt = tl.trans(z, 0, 2, 1)
-        if z.dtype == tl.float32:  # full float32 products, not TF32's 10-bit mantissas
-            gram = tl.dot(z, zt, input_precision="ieee")
+        if z.dtype == tl.float32 and PRECISION == "tf32":  # (as torch allows for its bmm)
+            gram = tl.dot(round_tf32(z), round_tf32(zt), input_precision="tf32")
+        elif z.dtype == tl.float32:  # float32 accuracy: tf32x3 on the tensor cores, or FMAs
+            gram = tl.dot(z, zt, input_precision=PRECISION)
         else:  # 16-bit inputs: tensor cores, float32 accumulator
             gram = tl.dot(z, zt)
     else:
@@ -176,6 +180,7 @@ def _embedding_interaction_kernel(
     PREFETCH: tl.constexpr,  # one-hot: the next group's rows (and the ids of the one after)
     # loaded before this group's Gram
     FLAT: tl.constexpr,  # the triangle stored from a flattened layout (see _interact_store)
+    PRECISION: tl.constexpr,  # float32 tables: the Gram's dot precision (see dot_precision)
     BAGS: tl.constexpr,  # multi-hot: each table's row the sum of its bag's rows
     CHECK: tl.constexpr,  # ids checked against their tables (bad_ptr); a bad one reads zeros
     PDL: tl.constexpr,  # launched with programmatic dependent launch (pdl_launch)
@@ -228,7 +233,7 @@ def _embedding_interaction_kernel(
             )
             _interact_store(
                 out_ptr, b, e, xv, f, d, n_rows, D, F, PAIRS, OUT_W, SELF, USE_DOT, BLOCK_B,
-                F_PAD, Z_PAD, UPCAST, FLAT,
+                F_PAD, Z_PAD, UPCAST, FLAT, PRECISION,
             )  # fmt: skip
     elif PREFETCH:
         # Each group's rows are loaded one group ahead, and its ids two ahead, so the
@@ -255,7 +260,7 @@ def _embedding_interaction_kernel(
             ids_next = _load_ids(ids_ptr, b2, ok_next, t, is_emb, stride_ib, stride_it)
             _interact_store(
                 out_ptr, b, e, xv, f, d, n_rows, D, F, PAIRS, OUT_W, SELF, USE_DOT, BLOCK_B,
-                F_PAD, Z_PAD, UPCAST, FLAT,
+                F_PAD, Z_PAD, UPCAST, FLAT, PRECISION,
             )  # fmt: skip
             b = bn
             e = e_next
@@ -271,7 +276,7 @@ def _embedding_interaction_kernel(
             )  # fmt: skip
             _interact_store(
                 out_ptr, b, e, xv, f, d, n_rows, D, F, PAIRS, OUT_W, SELF, USE_DOT, BLOCK_B,
-                F_PAD, Z_PAD, UPCAST, FLAT,
+                F_PAD, Z_PAD, UPCAST, FLAT, PRECISION,
             )  # fmt: skip
 
 
@@ -325,6 +330,20 @@ def default_variant(n_rows, d: int, n_features: int, bags: bool) -> Variant:
     return LOOPED
 
 
+# float32 Grams of wide rows run on the tensor cores (TF32 where torch allows it, else
+# tf32x3: fp32 accuracy); narrow ones keep exact FMAs. mlperf (d = 128, 65536 rows, H200):
+# 4,161 us on FMAs against 1,322 as tf32x3 and 354 as TF32, the gather alone 358; kaggle
+# (d = 16): the FMAs cost little next to the gather (docs/performance/dlrm.md).
+TENSOR_CORE_F32_MIN_D = 32
+
+
+def gram_precision(dtype: torch.dtype, d: int) -> str:
+    """The Gram's dot precision for tables of ``dtype`` and width ``d`` (16-bit: unused)."""
+    if dtype == torch.float32 and d < TENSOR_CORE_F32_MIN_D:
+        return "ieee"
+    return dot_precision(dtype)
+
+
 @functools.cache
 def _plan(
     d: int,
@@ -332,9 +351,10 @@ def _plan(
     self_interaction: bool,
     out_width: int,
     variant: Variant = PLANNED,
+    precision: str = "tf32",
 ) -> tuple:
     """(samples per program, num_warps, constexprs) for one shape signature; ``variant``
-    overrides the defaults (sweeps)."""
+    overrides the defaults (sweeps); ``precision``: float32's dot (``dot_precision``)."""
     block_b, num_warps = variant.block_b, variant.num_warps
     f_pad = next_pow2(n_features)
     use_dot = f_pad >= 16
@@ -353,7 +373,7 @@ def _plan(
     consts = (
         d, n_features, pairs, out_width, int(self_interaction), use_dot,
         block_b, f_pad, d_pad, z_pad, triton_interpreting(), variant.iters, variant.prefetch,
-        variant.flat,
+        variant.flat, precision,
     )  # fmt: skip
     return block_b * variant.iters, num_warps, consts
 
@@ -394,7 +414,7 @@ def _forward(
     if bags and variant.prefetch:
         variant = replace(variant, prefetch=False)
     per_program, num_warps, consts = _plan(
-        int(d), n_tables + 1, self_interaction, int(out_width), variant
+        int(d), n_tables + 1, self_interaction, int(out_width), variant, gram_precision(x.dtype, d)
     )
     grid = (cdiv(n_rows, per_program),)
     id_strides = (ids.stride(0), 0) if bags else (ids.stride(0), ids.stride(1))
