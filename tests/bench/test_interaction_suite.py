@@ -19,6 +19,8 @@ def test_registered_and_well_formed():
             assert case.unchecked_arms == ("gather",) and case.bytes > 0 and case.flops > 0
             assert {"config", "dtype", "batch"} <= set(case.params)
             assert case.params["shape"][1] % 16 == 0  # the top MLP's aligned width
+        dtypes = {(c.params["config"], c.params["dtype"]) for c in cases}
+        assert dtypes == {("kaggle", "bfloat16"), ("mlperf", "bfloat16"), ("mlperf", "float32")}
 
 
 def test_table_has_every_arm_and_the_gather_floor_is_not_a_peer():
