@@ -1116,3 +1116,17 @@ def test_host_bound_plain_layers_time_tma_tiles_with_a_penalty(rows, ms, loop, p
     assert gemm.launch.tuning_ms(ms, ptr, loop, rows, plain) == ms
     expected = ms * gemm.configs.TMA_HOST_BOUND_PENALTY if penalized else ms
     assert gemm.launch.tuning_ms(ms, tma, loop, rows, plain) == pytest.approx(expected)
+
+
+def test_offered_gemm_names_the_calls_own_tensors(monkeypatch):
+    """A launch offered to the eager fast path carries the call's x and W, and where the
+    launch read zero-padded copies, those beside them (``used``)."""
+    offered = []
+    monkeypatch.setattr(gemm.launch._fastcall, "register_gemm", lambda *args: offered.append(args))
+    x, w, b, _ = _inputs(4, 8, 6, torch.float32, "cpu")
+    xp, wp, out = torch.zeros(4, 16), torch.zeros(6, 16), torch.empty(4, 6)
+    gemm.launch._offer_gemm((1, b, None), x, w, out, 1.0, "ck", (1,), {}, ())
+    gemm.launch._offer_gemm((1, b, (x, w)), xp, wp, out, 1.0, "ck", (1,), {}, ())
+    (c0, x0, w0, b0, *_, used0), (_, x1, w1, _, *_, used1) = offered
+    assert c0 == 1 and x0 is x and w0 is w and b0 is b and used0 is None
+    assert x1 is x and w1 is w and used1[0] is xp and used1[1] is wp

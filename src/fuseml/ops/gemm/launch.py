@@ -508,13 +508,9 @@ def _offer_gemm(offer, x, weight, out, alpha, ck, grid, options, args) -> None:
     """Hand the eager fast path a plain layer's launch (``_fastcall.register_gemm``): x and
     weight those the launch read, the call's own where offer says they were padded."""
     code, bias, unpadded = offer
-    if unpadded is None:
-        _fastcall.register_gemm(code, x, weight, bias, out, alpha, ck, grid, options, args)
-    else:
-        x_call, w_call = unpadded
-        _fastcall.register_gemm(
-            code, x_call, w_call, bias, out, alpha, ck, grid, options, args, used=(x, weight)
-        )
+    used = None if unpadded is None else (x, weight)
+    x_call, w_call = unpadded or (x, weight)
+    _fastcall.register_gemm(code, x_call, w_call, bias, out, alpha, ck, grid, options, args, used)
 
 
 def launch_shrink_segments(
