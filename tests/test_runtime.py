@@ -146,3 +146,32 @@ def test_knobs_read_at_import_reject_bad_values(name, value):
     )
     assert run.returncode != 0
     assert f"{name} must be" in run.stderr and f"got '{value}'" in run.stderr
+
+
+def test_gc_paused_pauses_collects_and_restores():
+    """CUDA-graph captures run with Python's cyclic collector paused (a CUDA graph freed by
+    a collection inside a capture fails it); collect=True collects pending cycles first."""
+    import gc
+
+    gc_paused = runtime.gc_paused
+    freed = []
+
+    class Cyclic:
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            freed.append(1)
+
+    Cyclic()  # cyclic garbage, pending until a collection
+    assert gc.isenabled()
+    with gc_paused(collect=True):
+        assert freed and not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # a collector paused before stays paused
+    finally:
+        gc.enable()

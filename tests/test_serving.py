@@ -534,6 +534,27 @@ def test_replay_cache_runs_eagerly_then_captures_then_replays(fake_cuda):
     assert copy.deepcopy(cache).num_graphs == 0  # a copied owner starts without graphs
 
 
+def test_replay_cache_captures_with_the_garbage_collector_paused(fake_cuda):
+    """A collection inside a capture could free a CUDA graph, which fails the capture: the
+    forward is captured with Python's cyclic collector paused, and it runs again after."""
+    import gc
+
+    from fuseml.serving import ReplayCache
+
+    cache, states = ReplayCache("T", capture_after=1), []
+
+    def fn(a):
+        out, g = a + 1, _FakeGraph.capturing
+        if g is not None:
+            states.append(gc.isenabled())
+            g.body = lambda: out.copy_(a + 1)
+        return out
+
+    for _ in range(3):
+        cache.run(("k",), fn, [torch.ones(2)])
+    assert states == [False] and gc.isenabled()
+
+
 def test_replay_cache_capture_failure_turns_replays_off(fake_cuda, caplog):
     from fuseml.serving import ReplayCache
 

@@ -7,6 +7,7 @@ initialises CUDA or compiles anything.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import logging
 import os
@@ -54,6 +55,25 @@ def tf32_matmuls(allow: bool):
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+@contextlib.contextmanager
+def gc_paused(collect: bool = False):
+    """Python's cyclic garbage collector paused for the block (``collect``: run once
+    first), for CUDA-graph captures. A collection inside a capture runs the finalizers of
+    whatever cyclic garbage is pending; a CUDA graph freed there destroys its executable,
+    which no capture permits, and the capture fails ("operation failed due to a previous
+    error during capture"). torch.cuda.graph no longer collects before capturing (unless
+    torch.compiler.config.force_cudagraph_gc)."""
+    if collect:
+        gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def triton_interpreting() -> bool:

@@ -51,6 +51,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fuseml.runtime import gc_paused
+
 __all__ = [
     "DEFAULT_BATCH_SIZES", "CudaGraphs", "ReplayCache", "bucket_for", "cuda_graphs",
     "plan_batches",
@@ -435,7 +437,10 @@ def _capture_graph(stream: torch.cuda.Stream, fn, pool=None) -> tuple[torch.cuda
     calls is checked as strictly."""
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=CAPTURE_MODE):
+        with (
+            gc_paused(),
+            torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=CAPTURE_MODE),
+        ):
             out = fn()
     except Exception:
         _end_failed_capture(stream)
@@ -451,8 +456,11 @@ def _end_failed_capture(stream: torch.cuda.Stream) -> None:
     same stream begins and ends their capture cleanly."""
     try:
         torch.cuda.synchronize(stream.device)
-        with torch.cuda.graph(
-            torch.cuda.CUDAGraph(), stream=stream, capture_error_mode=CAPTURE_MODE
+        with (
+            gc_paused(),
+            torch.cuda.graph(
+                torch.cuda.CUDAGraph(), stream=stream, capture_error_mode=CAPTURE_MODE
+            ),
         ):
             pass
     except Exception as e:  # the original error is what the caller reports
