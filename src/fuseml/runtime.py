@@ -76,6 +76,14 @@ def gc_paused(collect: bool = False):
             gc.enable()
 
 
+@contextlib.contextmanager
+def graph_capture(graph, *, collect: bool = False, **kwargs):
+    """``torch.cuda.graph(graph, **kwargs)`` with the collector paused (``gc_paused``):
+    every capture fuseml makes goes through here."""
+    with gc_paused(collect), torch.cuda.graph(graph, **kwargs):
+        yield
+
+
 def triton_interpreting() -> bool:
     """True when Triton kernels run on the CPU through Triton's interpreter.
 

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fuseml.runtime import gc_paused
+from fuseml.runtime import graph_capture
 
 __all__ = [
     "DEFAULT_BATCH_SIZES", "CudaGraphs", "ReplayCache", "bucket_for", "cuda_graphs",
@@ -437,10 +437,7 @@ def _capture_graph(stream: torch.cuda.Stream, fn, pool=None) -> tuple[torch.cuda
     calls is checked as strictly."""
     graph = torch.cuda.CUDAGraph()
     try:
-        with (
-            gc_paused(),
-            torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=CAPTURE_MODE),
-        ):
+        with graph_capture(graph, pool=pool, stream=stream, capture_error_mode=CAPTURE_MODE):
             out = fn()
     except Exception:
         _end_failed_capture(stream)
@@ -456,12 +453,7 @@ def _end_failed_capture(stream: torch.cuda.Stream) -> None:
     same stream begins and ends their capture cleanly."""
     try:
         torch.cuda.synchronize(stream.device)
-        with (
-            gc_paused(),
-            torch.cuda.graph(
-                torch.cuda.CUDAGraph(), stream=stream, capture_error_mode=CAPTURE_MODE
-            ),
-        ):
+        with graph_capture(torch.cuda.CUDAGraph(), stream=stream, capture_error_mode=CAPTURE_MODE):
             pass
     except Exception as e:  # the original error is what the caller reports
         log.warning("cuda_graphs: could not reset the CUDA state after a failed capture: %s", e)

@@ -103,7 +103,7 @@ def capture_graph(fn, warmup: int = 1) -> tuple[torch.cuda.CUDAGraph, torch.Tens
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with runtime.gc_paused(collect=True), torch.cuda.graph(graph), torch.no_grad():
+    with runtime.graph_capture(graph, collect=True), torch.no_grad():
         out = fn()
     return graph, out
 

@@ -186,7 +186,7 @@ def capture_graph(fn: Callable, input_sets: list[tuple], calls: int) -> torch.cu
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with runtime.gc_paused(collect=True), torch.cuda.graph(graph):
+    with runtime.graph_capture(graph, collect=True):
         for k in range(calls):
             fn(*input_sets[k % len(input_sets)])
     return graph

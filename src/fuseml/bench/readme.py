@@ -39,8 +39,8 @@ INTROS = {
         "Samples/s per batch size for the kaggle and mlperf configs (the full Kaggle tables, "
         "33.8M rows; runs dated before 2026-11-28 capped each table at 1M rows), fp32, "
         "fp32 with TF32 and bf16: eager PyTorch, torch.compile, max-autotune (bf16) and "
-        "`fuseml.optimize(model)` (every precision from 2026-11-29 on, bf16 before), each called eagerly "
-        "and replayed as a CUDA graph (`+graph`)."
+        "`fuseml.optimize(model)` (every precision from 2026-11-29 on, bf16 before), each "
+        "called eagerly and replayed as a CUDA graph (`+graph`)."
     ),
     "models": (
         "Whole models as users run them (the DLRM kaggle top MLP as an `nn.Sequential`; a "
