@@ -6,6 +6,7 @@ from fuseml.models.dlrm import DLRM, DLRMConfig
 from fuseml.ops._interaction_kernels import (
     LOOPED,
     PLANNED,
+    WIDE_F32,
     Variant,
     _forward,
     default_variant,
@@ -648,5 +649,11 @@ def test_default_variant_rule():
     assert default_variant(4095, 16, 27, bags=False) is PLANNED
     assert default_variant(65536, 32, 27, bags=False) is PLANNED  # not measured at d > 16
     assert default_variant(65536, 16, 27, bags=True) is PLANNED
+    f32 = torch.float32  # wide float32 rows (tensor-core Gram): one sample a warp, any count
+    assert default_variant(64, 128, 27, False, f32) is WIDE_F32
+    assert default_variant(65536, 32, 27, False, f32) is WIDE_F32
+    assert default_variant(65536, 16, 27, False, f32) is LOOPED
+    assert default_variant(64, 128, 27, True, f32) is PLANNED  # (bags: not measured)
+    assert default_variant(64, 128, 5, False, f32) is PLANNED  # (the broadcast form)
     assert default_variant(65536, 16, 8, bags=False) is PLANNED  # the broadcast form
     assert default_variant(torch.SymInt, 16, 27, bags=False) is PLANNED  # not a plain int
