@@ -1130,3 +1130,105 @@ def test_offered_gemm_names_the_calls_own_tensors(monkeypatch):
     (c0, x0, w0, b0, *_, used0), (_, x1, w1, _, *_, used1) = offered
     assert c0 == 1 and x0 is x and w0 is w and b0 is b and used0 is None
     assert x1 is x and w1 is w and used1[0] is xp and used1[1] is wp
+
+
+def test_cublaslt_candidate_only_for_layers_it_computes_alike():
+    """gemm.VENDOR (cuBLASLt's kernel) is offered to a layer with a bias and a ReLU or no
+    activation, its output in x's dtype, 16-bit inputs or float32 where TF32 is allowed."""
+    relu, none = ACT_CODE["relu"], ACT_CODE["none"]
+    x, _, b, r = _inputs(8, 16, 24, torch.bfloat16, "cpu")
+    out = torch.empty(8, 24, dtype=torch.bfloat16)
+    assert gemm.vendor_fits(x, b, None, relu, out) and gemm.vendor_fits(x, b, None, none, out)
+    assert not gemm.vendor_fits(x, None, None, relu, out)  # no bias
+    assert not gemm.vendor_fits(x, b, r, relu, out)  # a residual
+    assert not gemm.vendor_fits(x, b, None, ACT_CODE["gelu_tanh"], out)
+    assert not gemm.vendor_fits(x, b, None, relu, out.float())  # another output dtype
+    x32, b32, out32 = x.float(), b.float(), out.float()
+    with tf32_matmuls(True):
+        assert gemm.vendor_fits(x32, b32, None, relu, out32)
+    with tf32_matmuls(False):  # fp32 accuracy: fuseml's tf32x3, not cuBLAS's SGEMM
+        assert not gemm.vendor_fits(x32, b32, None, relu, out32)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["relu", "none"])
+def test_cublaslt_config_matches_float64(device, backend, dtype, activation):
+    x, w, b, _ = _inputs(37, 48, 70, dtype, device, residual=False)
+    tf32 = dtype == torch.float32
+    with tf32_matmuls(tf32):
+        out = linear_mod.linear_rows(x, w, b, None, 1.0, ACT_CODE[activation], config=gemm.VENDOR)
+        choice = linear_mod.linear_choice(x, w, b, activation, config=gemm.VENDOR)
+    assert choice == {**gemm.VENDOR, "kernel": "cublaslt"}
+    assert_close_verbose(out, _ref64(x, w, b, activation), dtype, tf32=tf32)
+    with pytest.raises(ValueError, match="ReLU or no activation, not 'gelu'"):
+        linear_mod.linear_rows(x, w, b, None, 1.0, ACT_CODE["gelu"], config=gemm.VENDOR)
+
+
+def test_cublaslt_layers_are_tuned_apart(monkeypatch):
+    """A layer cuBLASLt's kernel may run is tuned with it as one more candidate, under its
+    own key: an entry naming that kernel never serves a layer it would compute otherwise."""
+    seen = _spy_tuning_keys(monkeypatch, "more")
+    x, w, b, _ = _inputs(20, 16, 24, torch.bfloat16, "cpu", residual=False)
+    fuseml.ops.linear(x, w, b, "relu", backend="triton")
+    fuseml.ops.linear(x, w, b, "gelu", backend="triton")
+    fuseml.ops.linear(x, w, None, "relu", backend="triton")
+    assert seen == [("v", [gemm.VENDOR]), ("", ()), ("", ())]
+
+
+def test_cublaslt_timed_with_the_host_bound_penalty():
+    """cuBLASLt's kernel launches from Python on every call: where a call is host-bound the
+    tuner counts it TMA_HOST_BOUND_PENALTY slower, as it does the TMA tiles."""
+    tuning_ms, penalty = gemm.launch.tuning_ms, gemm.configs.TMA_HOST_BOUND_PENALTY
+    assert tuning_ms(0.01, gemm.VENDOR, gemm.LOOP_TMA, 4096, True) == 0.01 * penalty
+    assert tuning_ms(0.2, gemm.VENDOR, gemm.LOOP_PTR, 64, True) == 0.2 * penalty
+    assert tuning_ms(0.2, gemm.VENDOR, gemm.LOOP_TMA, 65536, True) == 0.2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cublaslt_candidate_is_timed_and_served_gpu(fresh_tuning, monkeypatch, dtype):
+    """A first call tunes cuBLASLt's kernel beside the tiles; the call and its repeats
+    (from C++ where a tile won) give the same output, the float64 reference's."""
+    timed = []
+    launch = gemm.launch.launch_vendor
+
+    def counting(*args):
+        timed.append(args[0].shape)
+        return launch(*args)
+
+    monkeypatch.setattr(gemm.launch, "launch_vendor", counting)
+    x, w, b, _ = _inputs(4096, 1024, 1024, dtype, "cuda", residual=False)
+    with tf32_matmuls(True):
+        out = fuseml.ops.linear(x, w, b, "relu")
+        repeats = [fuseml.ops.linear(x, w, b, "relu") for _ in range(3)]
+        choice = linear_mod.linear_choice(x, w, b, "relu")
+    assert timed and choice["kernel"] in ("cublaslt", "tma", "ptr", "stream")
+    assert_close_verbose(out, _ref64(x, w, b, "relu"), dtype, tf32=True)
+    assert all(torch.equal(r, out) for r in repeats)
+
+
+@pytest.mark.parametrize(("device", "backend"), TARGETS)
+def test_cublaslt_config_under_torch_compile(device, backend, monkeypatch):
+    """A layer whose tuned entry names cuBLASLt's kernel traces into torch.compile's graph
+    (fullgraph) as that kernel and gives the reference's output."""
+    choose = gemm.choose_config
+
+    def prefer_vendor(op, x, n, k, launch, extra="", loop=gemm.LOOP_PTR, **kw):
+        if gemm.VENDOR in kw.get("more", ()):
+            return gemm.VENDOR
+        return choose(op, x, n, k, launch, extra, loop, **kw)
+
+    monkeypatch.setattr(gemm.launch, "choose_config", prefer_vendor)
+    launched = []
+    launch = gemm.launch.launch_vendor
+    monkeypatch.setattr(gemm.launch, "launch_vendor", lambda *a: (launched.append(1), launch(*a)))
+    x, w, b, _ = _inputs(40, 64, 48, torch.bfloat16, device, residual=False)
+    torch._dynamo.reset()
+    fn = torch.compile(
+        lambda x: fuseml.ops.linear(x, w, b, "relu", backend=backend), fullgraph=True
+    )
+    assert_close_verbose(fn(x), _ref64(x, w, b, "relu"), torch.bfloat16)
+    assert launched  # (traced: the graph holds cuBLASLt's kernel)
+    assert linear_mod.linear_choice(x, w, b, "relu")["kernel"] == "cublaslt"

@@ -32,9 +32,9 @@ from fuseml.runtime import gpu_slug, triton_interpreting, triton_version
 
 log = logging.getLogger("fuseml")
 
-TABLE_VERSION = 3  # raised when the candidate lists or how they are timed change, so that
+TABLE_VERSION = 4  # raised when the candidate lists or how they are timed change, so that
 # a table tuned before is not taken as the answer now (2: the TMA-store tiles; 3: TMA tiles
-# of host-bound plain layers timed with a penalty, see gemm.configs)
+# of host-bound plain layers timed with a penalty; 4: cuBLASLt's kernel, see gemm.configs)
 _lock = threading.Lock()
 _tables: dict[str, dict] = {}  # file path -> {key: config}
 

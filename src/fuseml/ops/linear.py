@@ -108,6 +108,8 @@ def _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pa
     res2 = None if residual is None else as_rows(residual.reshape(-1, n))
     b = None if bias is None else bias.contiguous()
     kp = padded_k(x2, k, traced) if pad_to is None else pad_to
+    # cuBLASLt's kernel, one more candidate of a plain layer it computes alike (gemm.VENDOR)
+    vendor = loop == "auto" and kp == k and gemm_launch.vendor_fits(x2, b, res2, code, out)
     unpadded = None  # the call's (x, W) where the launch reads padded copies, W's kept
     offers = True  # may the launch's plan go to the eager fast path (fast: see run)
     if kp != k:  # zero columns: the same sums, from aligned rows
@@ -123,6 +125,9 @@ def _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pa
     loop = gemm_launch.gemm_loop(x2, weight, traced, loop)
 
     def run(cfg: dict, fast: bool = False) -> None:  # (fast: see launch_linear)
+        if cfg.get("VENDOR"):
+            gemm_launch.launch_vendor(out, x2, weight, b, code)
+            return
         tma = gemm_launch.takes_tma(loop, cfg)
         gemm_launch.launch_linear(
             out, x2, weight, b, res2, alpha, code, cfg, traced=traced, tma=tma,
@@ -134,7 +139,8 @@ def _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pa
             return config
         # Layers with a residual are tuned apart: some tiles that fit without one do not fit
         # with it (see gemm.candidates), so one table entry cannot serve both; likewise rows
-        # that are not 16-byte aligned (their own candidates, see gemm.configs._REG_PIPE)
+        # that are not 16-byte aligned (their own candidates, see gemm.configs._REG_PIPE),
+        # and the layers cuBLASLt's kernel may run (an entry naming it serves only those)
         unaligned = (
             loop == gemm_launch.LOOP_PTR and not traced and not gemm_launch.tma_eligible(x2, weight)
         )
@@ -142,10 +148,12 @@ def _prepare(x, weight, bias, residual, alpha, code, traced, out_dtype, loop, pa
             gemm_launch.loop_key(loop),
             "res" if res2 is not None else "",
             "u" if unaligned else "",
+            "v" if vendor else "",
         )
         return gemm_launch.choose_config(
             "linear", x2, n, k, run, ":".join(filter(None, tags)), loop, plain=True,
             residual=res2 is not None, unaligned=unaligned,
+            more=[gemm_launch.VENDOR] if vendor else (),
         )  # fmt: skip
 
     return out, loop, pick, run
@@ -202,7 +210,7 @@ def linear_choice(
     config: dict | None = None,
 ) -> dict | None:
     """The launch config a direct ``linear`` call with these arguments takes (``linear_rows``
-    with ``loop`` and ``config``), with the kernel it runs ("stream", "tma" or "ptr"); None
+    with ``loop`` and ``config``), with the kernel it runs ("stream", "tma", "ptr" or "cublaslt"); None
     where the call launches nothing (no rows or no columns). The bench records it beside
     the fused arm's times, so that a row says which tile the tuner chose.
 
@@ -217,9 +225,12 @@ def linear_choice(
     if not out.numel():
         return None
     cfg = pick(config)
-    kernel = (
-        "stream" if cfg.get("STREAM") else "tma" if gemm_launch.takes_tma(loop_id, cfg) else "ptr"
-    )
+    if cfg.get("VENDOR"):
+        kernel = "cublaslt"
+    elif cfg.get("STREAM"):
+        kernel = "stream"
+    else:
+        kernel = "tma" if gemm_launch.takes_tma(loop_id, cfg) else "ptr"
     return {**cfg, "kernel": kernel}
 
 

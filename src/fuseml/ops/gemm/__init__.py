@@ -29,6 +29,7 @@ from fuseml.ops.gemm.configs import (
     TMA_MIN_M,
     TMA_TUNED_MAX_M,
     TMA_TUNED_N,
+    VENDOR,
     candidates,
     default_config,
 )
@@ -38,11 +39,13 @@ from fuseml.ops.gemm.launch import (
     gemm_loop,
     launch_linear,
     launch_shrink_segments,
+    launch_vendor,
     loop_key,
     pdl_available,
     persistent_programs,
     takes_tma,
     tma_eligible,
+    vendor_fits,
 )
 from fuseml.ops.gemm.lora_modes import (
     LORA_EXPAND,
@@ -76,6 +79,7 @@ __all__ = [
     "TMA_MIN_M",
     "TMA_TUNED_MAX_M",
     "TMA_TUNED_N",
+    "VENDOR",
     "LoraLaunch",
     "candidates",
     "choose_config",
@@ -86,6 +90,7 @@ __all__ = [
     "joint_flags",
     "launch_linear",
     "launch_shrink_segments",
+    "launch_vendor",
     "loop_key",
     "lora_cols",
     "mma",
@@ -97,4 +102,5 @@ __all__ = [
     "spread_fits",
     "takes_tma",
     "tma_eligible",
+    "vendor_fits",
 ]

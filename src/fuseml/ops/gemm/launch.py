@@ -10,10 +10,12 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from fuseml.ops import _fastcall, _tune
+from fuseml.ops._activations import ACT_CODE, ACTIVATIONS
 from fuseml.ops._utils import (
     CompiledLaunches,
     aligned16,
     cdiv,
+    compiling_only,
     grid_launch,
     int_spec,
     launches_skipped,
@@ -31,6 +33,7 @@ from fuseml.ops.gemm.configs import (
     TMA_MIN_M,
     TMA_TUNED_MAX_M,
     TMA_TUNED_N,
+    VENDOR,
     candidates,
     default_config,
 )
@@ -548,14 +551,46 @@ def launch_shrink_segments(
 
 
 def tuning_ms(ms: float, config: dict, loop: int, m: int, plain: bool) -> float:
-    """The time tuning compares for a candidate that ran ``ms``: a plain layer's TMA tile
-    where the tuner weighs both kernels and the call is host-bound (up to TMA_TUNED_MAX_M
-    rows, or a tile under TMA_HOST_BOUND_MS) counts TMA_HOST_BOUND_PENALTY slower, as only
-    pointer tiles repeat from C++ (see the constants)."""
+    """The time tuning compares for a candidate that ran ``ms``: where the call is
+    host-bound (up to TMA_TUNED_MAX_M rows, or a tile under TMA_HOST_BOUND_MS), a plain
+    layer's TMA tile where the tuner weighs both kernels, and cuBLASLt's kernel (VENDOR),
+    count TMA_HOST_BOUND_PENALTY slower, as only pointer tiles repeat from C++ (see the
+    constants)."""
     host_bound = m <= TMA_TUNED_MAX_M or ms < TMA_HOST_BOUND_MS
-    if plain and loop == LOOP_TUNED and takes_tma(loop, config) and host_bound:
+    python_launch = config.get("VENDOR") or (loop == LOOP_TUNED and takes_tma(loop, config))
+    if plain and python_launch and host_bound:
         return ms * TMA_HOST_BOUND_PENALTY
     return ms
+
+
+VENDOR_CODES = (ACT_CODE["none"], ACT_CODE["relu"])
+
+
+def vendor_fits(x, bias, residual, code: int, out: torch.Tensor) -> bool:
+    """Whether cuBLASLt's kernel computes this plain layer as fuseml's would (see VENDOR):
+    a bias, no residual, ReLU or no activation, the output in x's dtype, 16-bit inputs or
+    float32 where TF32 is allowed."""
+    if bias is None or residual is not None or code not in VENDOR_CODES or out.dtype != x.dtype:
+        return False
+    if x.dtype == torch.float32:
+        return dot_precision(x.dtype) == "tf32"
+    return x.dtype in (torch.float16, torch.bfloat16)
+
+
+def launch_vendor(out, x, weight, bias, code: int) -> None:
+    """out = act(x @ weight^T + bias) by cuBLASLt (torch._addmm_activation: ReLU in its
+    epilogue; torch.addmm without one), for a layer ``vendor_fits`` accepts."""
+    if code not in VENDOR_CODES:
+        raise ValueError(
+            f"config {VENDOR}: cuBLASLt's kernel runs a ReLU or no activation, not "
+            f"{ACTIVATIONS[code]!r}"
+        )
+    if launches_skipped() or compiling_only() or out.numel() == 0:
+        return
+    if code == ACT_CODE["relu"]:
+        torch._addmm_activation(bias, x, weight.t(), out=out)
+    else:
+        torch.addmm(bias, x, weight.t(), out=out)
 
 
 def choose_config(
