@@ -522,8 +522,9 @@ def test_replay_cache_runs_eagerly_then_captures_then_replays(fake_cuda):
     assert len(calls) == 4 and cache.num_graphs == 1
     # thread-local: other threads' CUDA calls (the fast path's build) cannot invalidate it
     assert _FakeGraph.modes == ["thread_local"]
-    graph, _, static_out = cache._graphs[("k",)]
+    graph, _, static_out, raw = cache._graphs[("k",)]
     assert graph.replays == 4  # the capturing call replays too
+    assert raw is None and cache.cpp_replays == 0  # (no executable handle to launch)
     assert all(o is not static_out for o in outs)  # each call's own output
     assert [float(o[0]) for o in outs] == [1, 3, 5, 7, 9, 11]  # none overwritten later
     # a third signature evicts the least recently used graph
@@ -573,3 +574,31 @@ def test_replay_cache_capture_failure_turns_replays_off(fake_cuda, caplog):
     assert not cache.enabled and cache.num_graphs == 0
     assert sum("Owner: replaying eager calls from CUDA graphs is off" in r.message
                for r in caplog.records) == 1  # fmt: skip
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_replay_cache_launches_from_cpp_unless_the_graph_draws_random_numbers():
+    """With the fast path loaded, a captured forward's replays (copies in, launch, copy out)
+    are one C++ call and give the forward's outputs, each a fresh tensor; a forward that
+    draws random numbers keeps torch's replay, which advances the generator."""
+    from fuseml.ops import _fastcall
+    from fuseml.serving import ReplayCache
+
+    if not _fastcall.wait(timeout=900):
+        pytest.fail(f"the fast path did not load: {_fastcall.status()}")
+    cache = ReplayCache("T", capture_after=1)
+    b = torch.randn(5, 3, device="cuda")
+    outs, expected = [], []
+    for i in range(5):
+        a = torch.full((5, 3), float(i), device="cuda")
+        outs.append(cache.run(("k",), lambda a, b: a * 2 + b, [a, b.t().contiguous().t()]))
+        expected.append(a * 2 + b)
+    assert cache.cpp_replays == 3  # (call 1 eager, call 2 captures and replays through torch)
+    assert all(torch.equal(o, e) for o, e in zip(outs, expected, strict=True))
+    assert len({o.data_ptr() for o in outs}) == len(outs)
+
+    noisy = ReplayCache("R", capture_after=1)
+    draws = [noisy.run(("r",), lambda a: a + torch.rand_like(a), [b]) for _ in range(4)]
+    assert noisy.cpp_replays == 0 and noisy.num_graphs == 1
+    assert not torch.equal(draws[-1], draws[-2])  # torch's replay: new random numbers

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fuseml.ops import _fastcall
 from fuseml.runtime import graph_capture
 
 __all__ = [
@@ -508,7 +509,9 @@ class ReplayCache:
         self.max_graphs = max_graphs
         self.enabled = True
         self._seen: dict[tuple, int] = {}
-        self._graphs: dict[tuple, tuple] = {}  # key -> (graph, static inputs, static output)
+        # key -> (graph, static inputs, static output, raw executable or None: see _first_replay)
+        self._graphs: dict[tuple, tuple] = {}
+        self.cpp_replays = 0  # replays launched from C++ (fastcall_replay.h)
 
     @property
     def num_graphs(self) -> int:
@@ -532,7 +535,11 @@ class ReplayCache:
         entry = self._graphs.get(key)
         if entry is not None:
             self._graphs[key] = self._graphs.pop(key)  # most recently used last
-            graph, static, out = entry
+            graph, static, out, raw = entry
+            fast = _fastcall.loaded() if raw is not None else None
+            if fast is not None:  # copies in, launch, copy out: one C++ call
+                self.cpp_replays += 1
+                return fast.replay(raw, static, inputs, out)
             for s, x in zip(static, inputs, strict=True):
                 s.copy_(x)
             graph.replay()
@@ -563,11 +570,27 @@ class ReplayCache:
             return fn(*inputs)
         while len(self._graphs) >= self.max_graphs:
             self._graphs.pop(next(iter(self._graphs)))
-        self._graphs[key] = (graph, static, out)
-        for s, x in zip(static, inputs, strict=True):
-            s.copy_(x)
-        graph.replay()
+        raw = _first_replay(graph, static, inputs)
+        self._graphs[key] = (graph, static, out, raw)
         return out.clone()
+
+
+def _first_replay(graph, static: list[torch.Tensor], inputs: list[torch.Tensor]) -> int | None:
+    """Replay a new graph once on ``inputs`` through torch; its executable's handle
+    (``raw_cuda_graph_exec``, torch 2.9 on) where later replays may launch it from C++: where
+    this replay left the default CUDA generator's offset unchanged (the graph draws no
+    random numbers, whose offsets torch's replay advances), else None."""
+    raw_exec = getattr(graph, "raw_cuda_graph_exec", None)
+    generator = None
+    if raw_exec is not None and static:
+        generator = torch.cuda.default_generators[static[0].device.index or 0]
+    before = None if generator is None else generator.get_offset()
+    for s, x in zip(static, inputs, strict=True):
+        s.copy_(x)
+    graph.replay()
+    if generator is None or generator.get_offset() != before:
+        return None
+    return int(raw_exec())
 
 
 # ------------------------------------------------------------------ replays of modules
@@ -581,24 +604,39 @@ def replay_cache(module: nn.Module, owner: str) -> ReplayCache:
     return cache
 
 
+def _state_plan(module: nn.Module, listed: bool = False) -> tuple[list, list]:
+    """(children, slots) of ``module``'s tree: (a parent's ``_modules``, name, child) for
+    every child, (a ``_parameters`` or ``_buffers`` dict, name) for every slot; listed anew
+    when a module anywhere below was replaced, or when ``listed`` (the C++ key found so)."""
+    plan = module.__dict__.get("_state_slots")
+    if listed or plan is None or any(d.get(n) is not c for d, n, c in plan[0]):
+        modules = list(module.modules())
+        children = [(p._modules, n, c) for p in modules for n, c in p._modules.items()]
+        slots = [(m._parameters, n) for m in modules for n in m._parameters]
+        slots += [(m._buffers, n) for m in modules for n in m._buffers]
+        plan = module.__dict__["_state_slots"] = (children, slots)
+    return plan
+
+
 def module_state(module: nn.Module) -> list[torch.Tensor | None]:
     """Every parameter and buffer slot's tensor of ``module`` now (None where a slot holds
     none): a parameter replaced by another is seen, and the slots are listed again when a
     module anywhere below is replaced."""
-    plan = module.__dict__.get("_state_slots")
-    if plan is None or any(p._modules.get(n) is not c for p, n, c in plan[0]):
-        modules = list(module.modules())
-        children = [(p, n, c) for p in modules for n, c in p._modules.items()]
-        slots = [(m._parameters, n) for m in modules for n in m._parameters]
-        slots += [(m._buffers, n) for m in modules for n in m._buffers]
-        plan = module.__dict__["_state_slots"] = (children, slots)
-    return [d.get(n) for d, n in plan[1]]
+    return [d.get(n) for d, n in _state_plan(module)[1]]
 
 
-def state_key(module: nn.Module) -> tuple | None:
+def state_key(module: nn.Module) -> tuple | bytes | None:
     """What a replayed graph of ``module`` depends on of its state: each slot's tensor's
     address, version, shape and dtype (a new tensor may be given a freed one's address);
-    None where an inference tensor (no version) leaves nothing to key on."""
+    None where an inference tensor (no version) leaves nothing to key on. Read in C++ where
+    the eager fast path is loaded (csrc/fastcall_state.h: bytes), else here (a tuple)."""
+    fast = _fastcall.loaded()
+    if fast is not None:
+        plan = module.__dict__.get("_state_slots") or _state_plan(module)
+        key = fast.state_key(*plan)
+        if key is False:  # a module below was replaced: list the tree again
+            key = fast.state_key(*_state_plan(module, listed=True))
+        return key
     try:
         return tuple(
             None if t is None else (t.data_ptr(), t._version, t.shape, t.dtype)

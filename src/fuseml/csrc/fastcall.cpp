@@ -62,6 +62,8 @@
 #include <vector>
 
 #include "fastcall_plan.h"
+#include "fastcall_replay.h"
+#include "fastcall_state.h"
 
 namespace {
 
@@ -810,4 +812,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("param_sizes", &param_sizes, "a compiled function's parameter sizes");
   m.def("available", []() { return launch_ex() != nullptr; }, "cuLaunchKernelEx found");
   m.def("clear", &clear, "forget every plan (tests)");
+  m.def("state_key", &state_key, "a module's replay key (fastcall_state.h)");
+  m.def("replay", &replay, "one replay of a captured forward (fastcall_replay.h)");
 }
