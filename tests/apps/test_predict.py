@@ -191,8 +191,13 @@ def test_first_calls_are_timed_apart(trained, tmp_path):
     s = predict(ckpt, data_dir, tmp_path / "p.csv", batch_size=300, console=console, progress=False)
     assert s.setup_rows == 300 and 0 < s.setup_seconds <= s.model_seconds  # the first call
     assert s.steady_rows_per_s > 0
+    calls = -(-s.rows // 300) - 1  # every call after the first
+    assert len(s.steady_call_seconds) == calls and all(t > 0 for t in s.steady_call_seconds)
+    assert sum(s.steady_call_seconds) == pytest.approx(s.model_seconds - s.setup_seconds)
+    assert min(s.steady_call_seconds) * 1e3 <= s.steady_call_ms <= max(s.steady_call_seconds) * 1e3
     text = console.export_text()
     assert "seconds in first calls" in text and "after first calls" in text
+    assert f"(of {calls})" in text
 
 
 @pytest.mark.gpu

@@ -102,6 +102,8 @@ class PredictSummary:
     # captured a CUDA graph for a new batch bucket): part of model_seconds, reported apart.
     setup_seconds: float = 0.0
     setup_rows: int = 0
+    # Seconds of each model call that did no setup, in call order.
+    steady_call_seconds: tuple[float, ...] = ()
 
     @property
     def rows_per_s(self) -> float:
@@ -113,6 +115,12 @@ class PredictSummary:
         seconds = self.model_seconds - self.setup_seconds
         rows = self.rows - self.setup_rows
         return rows / seconds if rows > 0 and seconds > 0 else float("nan")
+
+    @property
+    def steady_call_ms(self) -> float:
+        """Median ms of a model call that did no setup (nan when there are none)."""
+        calls = self.steady_call_seconds
+        return 1e3 * float(np.median(calls)) if calls else float("nan")
 
 
 @dataclass
@@ -329,6 +337,7 @@ def predict(
     all_logits, all_labels = [], []
     rows, model_seconds = 0, 0.0
     setup_rows, setup_seconds, calls = 0, 0.0, 0
+    steady_calls: list[float] = []
     bar = Progress(
         TextColumn(f"predicting {source.name}"),
         BarColumn(),
@@ -354,6 +363,9 @@ def predict(
                     if backend == "compile":
                         dense, sparse = _pad(dense, batch_size), _pad(sparse, batch_size)
                     captured = getattr(run, "num_graphs", 0)
+                    if dev.type == "cuda":
+                        # The copies and casts above finish outside the model's time.
+                        torch.cuda.synchronize(dev)
                     t0 = time.perf_counter()
                     logits = run(dense, sparse, return_logits=True)[:n].float()
                     if dev.type == "cuda":
@@ -362,6 +374,8 @@ def predict(
                     model_seconds += elapsed
                     if calls == 0 or getattr(run, "num_graphs", 0) != captured:
                         setup_rows, setup_seconds = setup_rows + n, setup_seconds + elapsed
+                    else:
+                        steady_calls.append(elapsed)
                     calls += 1
                     logits = logits.cpu()
                     probs = torch.sigmoid(logits).numpy()
@@ -382,7 +396,15 @@ def predict(
     if stream.has_labels and all_logits:
         metrics = metrics_from_logits(np.concatenate(all_logits), np.concatenate(all_labels))
     summary = PredictSummary(
-        out, rows, seconds, model_seconds, stream.has_labels, metrics, setup_seconds, setup_rows
+        out,
+        rows,
+        seconds,
+        model_seconds,
+        stream.has_labels,
+        metrics,
+        setup_seconds,
+        setup_rows,
+        tuple(steady_calls),
     )
     graphs = None
     if isinstance(run, CudaGraphs):
@@ -416,6 +438,11 @@ def _summary_table(
         table.add_row(
             "rows/s (model only, after first calls)",
             "n/a" if steady != steady else f"{steady:,.0f}",
+        )
+        ms = s.steady_call_ms
+        table.add_row(
+            "ms per model call (median after first calls)",
+            "n/a" if ms != ms else f"{ms:.3f} (of {len(s.steady_call_seconds)})",
         )
     if graphs is not None:
         table.add_row("CUDA graphs captured", graphs)
