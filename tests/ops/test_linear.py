@@ -419,16 +419,20 @@ def test_cold_tuning_flushes_the_l2_before_each_timed_call(monkeypatch):
     """Cold timing: every timed call follows a read of the flush buffer (twice the L2), and
     the flush's own time is subtracted; warm timing replays the call alone. (The effect on
     tile choice is measured, not tested: a timed test under parallel GPU test workers
-    compared noise; docs/performance/tuning.md has the measurements.)"""
+    compared noise; docs/performance/tuning.md has the measurements.) The captures run with
+    Python's collector paused, as every capture."""
+    import gc
+
     import triton.testing
 
-    events = []
+    events, collector_on = [], []
 
     class Flush:
         def sum(self):
             events.append("flush")
 
     def bench(fn, rep):
+        collector_on.append(gc.isenabled())
         for _ in range(3):
             fn()
         return 1.0
@@ -444,6 +448,7 @@ def test_cold_tuning_flushes_the_l2_before_each_timed_call(monkeypatch):
     monkeypatch.setenv("FUSEML_TUNE_L2", "warm")
     assert _tune.gpu_time_ms(lambda: events.append("call")) == 1.0
     assert events == ["call"] * 3
+    assert collector_on == [False, False] and gc.isenabled()
 
 
 @pytest.mark.gpu

@@ -28,7 +28,7 @@ import torch
 
 from fuseml import settings
 from fuseml.ops._utils import compile_only, compiling_only
-from fuseml.runtime import gpu_slug, triton_interpreting, triton_version
+from fuseml.runtime import gc_paused, gpu_slug, triton_interpreting, triton_version
 
 log = logging.getLogger("fuseml")
 
@@ -102,7 +102,8 @@ def _l2_flush(index: int) -> tuple[torch.Tensor, float]:
     if entry is None:
         l2 = torch.cuda.get_device_properties(index).L2_cache_size or 64 << 20
         buf = torch.ones(2 * l2 // 4, dtype=torch.float32, device=f"cuda:{index}")
-        entry = (buf, triton.testing.do_bench_cudagraph(buf.sum, rep=10))
+        with gc_paused():
+            entry = (buf, triton.testing.do_bench_cudagraph(buf.sum, rep=10))
         _flush[index] = entry
     return entry
 
@@ -117,14 +118,20 @@ def gpu_time_ms(fn: Callable[[], object]) -> float:
     whose own time is subtracted. Warm, tiles that wait on a weight streaming from HBM
     rank as if it came from the L2 (a 4096 x 4096 bf16 weight fits an H100's).
     """
-    import triton.testing
-
     # do_bench_cudagraph runs on a stream of its own. The caller's stream may still have
     # queued kernels reading memory that the timed calls write (the output of a layer is
     # often a block the allocator just took back from a tensor those kernels still read):
     # let that stream drain first. (Without this, a DLRM's first, tuning call got a few
     # wrong rows.)
     torch.cuda.synchronize()
+    # do_bench_cudagraph captures: the collector is paused as in every capture (gc_paused).
+    with gc_paused():
+        return _replayed_ms(fn)
+
+
+def _replayed_ms(fn: Callable[[], object]) -> float:
+    import triton.testing
+
     if l2_mode() == "warm":
         ms = triton.testing.do_bench_cudagraph(fn, rep=10)
     else:
