@@ -1,45 +1,32 @@
 // The eager fast path of fuseml's elementwise ops, the on-chip softmax, the plain 16-bit
-// linear layer (each of its three main loops, K padded or not) and the one-adapter LoRA
-// layer's in-loop and joint launches (ops/_fastcall.py): a repeat call launches the kernel
-// the Python path compiled for the same call signature, from C++.
-//
-// An eager fuseml call used to spend ~3x torch's time on the host (gelu on 64 x 512:
-// 26 us against 8.8, H200 host): validation, the plan lookup, Triton's launcher (a Python
-// method call and a cuPointerGetAttribute per pointer). Here a call is one lookup of its
-// signature, an allocation and cuLaunchKernelEx.
+// linear layer (its three main loops, K padded or not) and the one-adapter LoRA layer
+// (ops/_fastcall.py): a repeat call launches, from C++, the kernel the Python path compiled
+// for the same call signature. Validation, plan lookup and Triton's launcher made an eager
+// call ~3x torch's host time (gelu 64 x 512: 26 us against 8.8, H200 host); here a call is
+// one lookup of its signature, an allocation and cuLaunchKernelEx.
 //
 // The Python path decides everything (kernel, specialization, grid, warps, PDL) and, after
 // its launch, registers the plan (`register_plan`, `register_gemm_plan`,
-// `register_joint_plan`): this file recomputes the kernel's
-// arguments from the same tensors and keeps the plan only if every argument it would pass
-// equals the one Python passed, and the compiled function's parameter list
-// (cuFuncGetParamInfo) has exactly the sizes it will write. A call this file cannot vouch
-// for (a tensor subclass, a dispatch mode, autograd recording, a non-contiguous input, a
-// signature never registered) returns None and the caller takes the Python path.
+// `register_joint_plan`). This file recomputes the kernel's arguments from the same tensors
+// and keeps the plan only if each equals the one Python passed and the compiled function's
+// parameter list (cuFuncGetParamInfo) has exactly the sizes it writes. A call it cannot vouch
+// for (tensor subclass, dispatch mode, autograd recording, non-contiguous input, unknown
+// signature) returns None and the caller takes the Python path.
 //
-// The key holds everything the Python plan depends on: op, activation / log flag, device,
-// dtype, rows, columns (and the GEMM's depth), which optional inputs are given and the
-// settings the plan reads (read on each call, as the Python side reads them), and for the
-// LoRA layer the adapter's rank. Plans come only from launches with every pointer 16-byte
-// aligned (Triton specializes on it), and a call whose pointers are not takes the Python
-// path. A GEMM plan is offered only from a launch with the tuned (or heuristic) tile,
-// never from the tuner's timed candidates.
+// The key holds all the plan depends on: op, activation / log flag, device, dtype, rows,
+// columns (the GEMM's depth), which optional inputs are given, the settings the plan reads
+// (read per call, as Python reads them), the LoRA rank. Plans come only from launches with
+// every pointer 16-byte aligned (Triton specializes on it); a GEMM plan only from the tuned
+// (or heuristic) tile, never from the tuner's candidates.
 //
-// The one-adapter LoRA layer's joint launch (gemm/tma.py, mode LORA_JOINT: the shrink on
-// the SMs the tiles leave free, one launch) reads x, W and A through host tensor
-// descriptors. Its plan also keeps each descriptor's encoding (element type, swizzle, box:
-// the compiled kernel's, as Triton's launcher encodes them), the K split of xs, and the
-// launching stream's slice of zeroed joint flags; a call encodes the four CUtensorMaps
-// (cuTensorMapEncodeTiled), allocates xs and launches. Only a call on the stream the plan
-// was registered on takes it (the flags slice is that stream's). The plain layer's TMA
-// loop reads x, W and (storing through one) out through host descriptors likewise.
-//
-// A layer whose rows of x are not 16-byte aligned runs at a K padded with zero columns
-// (ops/linear.py: x padded per call, W's copy kept per tensor and version). Its plan keeps
-// W's copy, held with a weak reference to W, for up to kMaxPadded weights of the same
-// shapes; a call takes it only for the same W at the same version and storage, and never
-// while capturing (a graph replayed after an in-place write of W must see it: the Python
-// path pads both inside the graph there). The call pads x (constant_pad_nd) and launches.
+// TMA launches (the LoRA joint mode: the shrink on the SMs the tiles leave free; the plain
+// layer's TMA loop) keep each host descriptor's encoding (element type, swizzle, box, as
+// Triton's launcher encodes them); a call encodes its CUtensorMaps (cuTensorMapEncodeTiled).
+// The joint plan also keeps xs's K split and the registering stream's slice of zeroed
+// flags, so only a call on that stream takes it. Rows of x that are not 16-byte aligned run
+// at a zero-padded K (ops/linear.py): the plan keeps W's padded copy (weakly referencing W,
+// up to kMaxPadded weights), taken only for the same W, version and storage and never while
+// capturing (a replay after an in-place write of W must see it); the call pads x and launches.
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
