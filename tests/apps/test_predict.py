@@ -4,6 +4,7 @@ probabilities as the model; mismatched data and bad arguments are refused."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
@@ -222,3 +223,47 @@ def test_optimized_backend_on_cuda_serves_through_graphs(trained, tmp_path, back
         rtol=1e-4,
         atol=1e-6,
     )
+
+
+def _with_a_bad_id(data_dir, tmp_path, table: int):
+    """A copy of the prepared data whose test split holds one id past ``table``'s last row."""
+    import json
+    import shutil
+
+    bad = tmp_path / "bad-ids"
+    shutil.copytree(data_dir, bad)
+    meta = json.loads((bad / "metadata.json").read_text())
+    size = meta["cardinalities"][table]
+    path = bad / meta["splits"]["test"]["files"][0]
+    t = pq.read_table(path)
+    column = f"C{table + 1}"
+    ids = t.column(column).to_numpy().copy()
+    ids[5] = size
+    t = t.set_column(t.schema.get_field_index(column), column, pa.array(ids))
+    pq.write_table(t, path)
+    return bad
+
+
+@pytest.mark.parametrize(
+    "device, backend",
+    [
+        ("cpu", "eager"),
+        ("cpu", "auto"),
+        pytest.param("cuda", "auto", marks=[pytest.mark.gpu, requires_cuda]),
+        pytest.param("cuda", "eager", marks=[pytest.mark.gpu, requires_cuda]),
+    ],
+)
+def test_an_id_outside_its_table_is_an_error_and_nothing_is_written(
+    trained, tmp_path, device, backend
+):
+    """On CUDA the fused backend checks ids inside its graphs (flags read after each
+    replay), not on the host: a bad id still names its table, and --out is not written."""
+    _, _, data_dir, ckpt = trained
+    bad = _with_a_bad_id(data_dir, tmp_path, table=3)
+    out = tmp_path / "p.parquet"
+    with pytest.raises(ValueError, match=r"sparse ids of table 3 \(C4\) must be in \[0, "):
+        predict(
+            ckpt, bad, out, backend=backend, device=device, batch_size=300,
+            console=_quiet(), progress=False,
+        )  # fmt: skip
+    assert not out.exists()

@@ -316,7 +316,6 @@ def predict(
     # One batch shape for the compiled model: the last batch is padded, not recompiled.
     run = torch.compile(model, dynamic=False) if backend == "compile" else model
     use_autocast = dtype == "bf16" and backend not in OPTIMIZE_BACKENDS
-    host_ids_check = None
     dense_dtype = torch.float32
     if backend in OPTIMIZE_BACKENDS:
         import fuseml
@@ -327,10 +326,8 @@ def predict(
         swapped = ", ".join(f"{s.path or 'model'} -> {s.after}" for s in report.swapped)
         console.print(f"fuseml.optimize: {swapped or 'nothing to fuse'}")
         if dev.type == "cuda":
-            # The forward's id check reads the ids back from the GPU, which no graph can
-            # hold: the ids are checked on the host instead, before they are copied.
-            host_ids_check = model.embeddings.validate_ids if model.embeddings.check_ids else None
-            model.embeddings.check_ids = False
+            # Ids are checked inside the graph (a table's flag set on the device) and the
+            # flags read after each replay: no host pass over the ids.
             run = CudaGraphs(run, _graph_buckets(batch_size), fallback="eager")
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_autocast)
 
@@ -357,8 +354,6 @@ def predict(
             for batch, advance in stream:
                 if batch is not None:
                     n = len(batch.row_ids)
-                    if host_ids_check is not None:
-                        host_ids_check(batch.sparse)
                     dense, sparse = batch.dense.to(dev, dense_dtype), batch.sparse.to(dev)
                     if backend == "compile":
                         dense, sparse = _pad(dense, batch_size), _pad(sparse, batch_size)
