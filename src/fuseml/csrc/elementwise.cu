@@ -409,8 +409,8 @@ void launch(Args<typename Tr::Storage> a, const Launch& l) {
     }
     // 16-bit tensors under kTwoRowsMinElems elements take one row a thread (bias + GELU
     // bf16 4096 x 4096: 24.6 us against 25.2 at two rows, H100); from there two rows stay
-    // ahead. fp32 with a transcendental activation takes one row a thread too (0.5-1.2%
-    // ahead); the ReLU epilogue keeps the rule (one row was 2% behind at 4096 x 512).
+    // ahead. fp32 with a transcendental activation takes one row a thread too; the ReLU
+    // epilogue keeps the rule (docs/performance/elementwise.md).
     const bool small16 = sizeof(typename Tr::Storage) == 2 &&
                          a.rows * a.items * VEC < kTwoRowsMinElems;
     const bool heavy32 = sizeof(typename Tr::Storage) == 4 && !cheap_activation(ACT);

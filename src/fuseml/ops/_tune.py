@@ -142,9 +142,8 @@ def _replayed_ms(fn: Callable[[], object]) -> float:
             fn()
 
         # rep sizes the replayed graph by the calls' host time: 3 ms keeps ~60 calls of
-        # flush + kernel per replay (10 replays), where 10 ms tripled each candidate's
-        # GPU time (the flush, ~35 us on an H100, is most of it): a decode-like LoRA
-        # layer's first call tunes ~50 candidates (10.9 s against 6.9 before the flush)
+        # flush + kernel a replay; 10 ms tripled each candidate's tuning time, most of it
+        # the flush (docs/performance/tuning.md)
         ms = triton.testing.do_bench_cudagraph(cold, rep=3) - flush_ms
     torch.cuda.synchronize()
     return ms

@@ -71,10 +71,9 @@ EXPAND_MAX_R = 256
 B3D_MAX_M = 1024
 # Eager (uncaptured) one-adapter calls up to this many rows repeat from C++
 # (fuseml.ops._fastcall): ~10 us of host time against ~90-130 through Python. They run
-# in-loop on the pointer kernel where that is the tuned mode, else the joint launch (512
-# x 4096 -> 4096, r 16, H200: 38.2 us a call in-loop on the pointer kernel, 25.6 for the
-# joint launch in a replay). At 1024 rows the pointer kernel took 66 against 52 us.
-# Captured calls keep the tuned mode (docs/performance/host.md).
+# in-loop on the pointer kernel where that is the tuned mode, else the joint launch; from
+# 1024 rows the pointer kernel falls behind. Captured calls keep the tuned mode
+# (docs/performance/host.md).
 FAST_MAX_M = 512
 
 

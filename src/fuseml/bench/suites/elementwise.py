@@ -207,7 +207,6 @@ def cases(quick: bool = False, cuda: bool = True):
                     bytes=_bytes(spec["inputs"], shape, dtype),
                     # CUDA-graph rows where the kernel would take under 50 us: a Triton
                     # launch's host time (30-40 us) otherwise leaks into the events timing
-                    # (4096 x 4096 bf16: p20-p80 42.6-70.9 us on an H100, CUDA twin 40.4-41.6)
                     graph=launch_bound(0, _bytes(spec["inputs"], shape, dtype)),
                     overhead=numel == min(n for _, n in grid),
                     overhead_arms={"triton-op": spec["op"]},

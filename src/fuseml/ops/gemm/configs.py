@@ -18,19 +18,18 @@ TMA_TUNED_MAX_M = 256
 TMA_TUNED_N = 64
 # A plain layer whose eager call is bound by host time (up to TMA_TUNED_MAX_M rows, or a
 # tile faster than TMA_HOST_BOUND_MS) repeats from C++ only on a pointer tile
-# (fuseml.ops._fastcall): a TMA tile's Python launch took 113 against 9 us a call (64 x
-# 512 -> 256, H200, two runs) for 3.4 against 3.7 us of GPU time, and at 65536 rows 64 ->
-# 16 cost 50.7 us a call for 5.1 of GPU time. There a TMA tile is timed this much slower
-# than it runs, and wins only by more (in a CUDA graph the cost is that margin at most).
+# (fuseml.ops._fastcall); a TMA tile launches from Python (64 x 512 -> 256: 113 against 9
+# us a call, H200). There a TMA tile is timed this much slower than it runs, and wins only
+# by more (in a CUDA graph the cost is that margin at most). docs/performance/gemm.md.
 TMA_HOST_BOUND_PENALTY = 1.25
 TMA_HOST_BOUND_MS = 0.04
 LOOP_PTR, LOOP_TMA, LOOP_TUNED = 0, 1, 2  # gemm_loop's answers
 # cuBLASLt's own kernel (torch._addmm_activation: its GEMM with the bias + ReLU epilogue) is
 # one more candidate of a plain layer with a bias and a ReLU or no activation, where cuBLAS
 # computes as fuseml would (16-bit inputs, or float32 where TF32 is allowed), taken where it
-# times faster: mlperf's 1024 -> 1024 + ReLU at 65536 rows, bf16, 206 us against the best
-# tile's 221; with TF32 413 against 698 (H200). Its launch is Python's (no C++ repeat), so
-# at host-bound sizes it is timed TMA_HOST_BOUND_PENALTY slower, as TMA tiles are.
+# times faster (TF32 layers: 413 us against Triton's 698, 1024 -> 1024 at 65536 rows, H200).
+# Its launch is Python's (no C++ repeat): at host-bound sizes it is timed
+# TMA_HOST_BOUND_PENALTY slower, as TMA tiles are.
 VENDOR = {"VENDOR": "cublaslt"}
 
 
