@@ -112,7 +112,7 @@ def test_errors_are_clear(tmp_path, cache):
     assert result.exit_code == 2 and "neither a named config" in _flat(result.output)
     result = runner.invoke(app, ["predict", "--checkpoint", str(tmp_path / "x.pt"), "--data", str(tmp_path), "--out", "p.csv"])  # fmt: skip
     assert result.exit_code == 2 and "not found" in _flat(result.output)
-    expected = "--backend must be one of ('auto', 'eager', 'compile', 'triton'), got 'tvm'"
+    expected = "error: --backend must be one of ('auto', 'eager', 'compile', 'triton'), got 'tvm'"
     result = runner.invoke(app, ["profile", "dlrm", "--backend", "tvm"])
     assert result.exit_code == 2 and expected in _flat(result.output)
     result = runner.invoke(app, ["predict", "--checkpoint", str(tmp_path / "x.pt"), "--data", str(tmp_path), "--out", "p.csv", "--backend", "tvm"])  # fmt: skip

@@ -332,7 +332,7 @@ def predict(
     from fuseml.apps.common import check_model_backend
     from fuseml.apps.predict import predict as run_predict
 
-    check_model_backend(backend, name="--backend")
+    check_model_backend(backend)
     with _sigterm_exits():  # predict removes its temporary file, as on Ctrl-C
         run_predict(
             checkpoint,
@@ -534,7 +534,7 @@ def profile_dlrm(
     from fuseml.apps.common import check_model_backend
     from fuseml.apps.profile import profile_dlrm as run_profile
 
-    check_model_backend(backend, name="--backend")
+    check_model_backend(backend)
     run_profile(
         config,
         backend=backend,
