@@ -54,6 +54,11 @@ def test_bench_refuses_unknown_suite_and_cpu_timing():
         result = runner.invoke(app, ["bench", "elementwise", "--quick"])
         assert result.exit_code == 2
         assert "timings need a CUDA GPU" in _flat(result.output)
+    result = runner.invoke(app, ["bench", "dlrm", "--cases", "kaggle/(bf16"])
+    assert result.exit_code == 2
+    assert "error: --cases is not a regular expression (missing ), unterminated subpattern" in (
+        _flat(result.output)
+    )
 
 
 def test_bench_readme_regenerates_from_results(tmp_path, monkeypatch):

@@ -106,6 +106,9 @@ def test_errors_are_clear(tmp_path, cache):
     assert result.exit_code == 2 and "exactly one of --data DIR and --synthetic ROWS" in _flat(
         result.output
     )
+    result = runner.invoke(app, ["train", "--config", "tiny", "--synthetic", "-5"])
+    assert result.exit_code == 2
+    assert "error: --synthetic must be at least 1, got -5" in _flat(result.output)
     result = runner.invoke(
         app, ["train", "--config", "nope", "--synthetic", "3000", "--no-progress"]
     )

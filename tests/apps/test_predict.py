@@ -175,6 +175,9 @@ def test_bad_arguments(trained, tmp_path):
         predict(ckpt, data_dir, tmp_path / "p.json", console=_quiet())
     with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'eager', 'compile'"):
         predict(ckpt, data_dir, tmp_path / "p.csv", backend="fused", console=_quiet())
+    with pytest.raises(ValueError, match=r"^dtype must be one of \('fp32', 'bf16'\), got 'fp16'"):
+        predict(ckpt, data_dir, tmp_path / "p.csv", dtype="fp16", console=_quiet())
+    assert not (tmp_path / "p.csv").exists()
     bad = tmp_path / "bad.txt"
     bad.write_text("1\t2\t3\n")
     with pytest.raises(ValueError, match="has 3 tab-separated fields"):

@@ -142,3 +142,17 @@ def test_config_label_names_kinds_and_programs_an_sm():
     assert config_label(scratch) == "32x128x64/w4/p2"
     assert config_label({"kind": "layers"}) == "layers"
     assert unique_name("a", {"a": 1, "a'": 2}) == "a''"
+
+
+def test_arms_that_no_selected_case_has_are_refused():
+    cases = [_case("a", None), Case(suite="s", name="b", params={}, make_inputs=lambda: (),
+             arms={"eager": abs}, overhead_arms={"triton-op": abs})]  # fmt: skip
+    bench.check_arms(["eager", "triton", "triton-op"], cases, "s")  # each known: no error
+    with pytest.raises(ValueError, match=r"arms 'tvm', 'xla' are not an arm of the selected "
+                       r"cases of suite s; they have \['eager', 'triton', 'triton-op'\]"):  # fmt: skip
+        bench.check_arms(["eager", "tvm", "xla"], cases, "s")
+    with pytest.raises(ValueError, match=r"arms 'tvm' is not an arm"):
+        bench.check_arms(["tvm"], cases, "s")
+    measured = Case(suite="s", name="m", params={}, make_inputs=lambda: (), arms={},
+                    measure=lambda settings: {})  # fmt: skip
+    bench.check_arms(["tvm"], [measured], "s")  # arms named as the suite measures: unchecked

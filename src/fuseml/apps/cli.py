@@ -132,8 +132,7 @@ def bench(
             sweep=sweep,
         )
     except (ValueError, RuntimeError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from err
+        _fail(err)
 
 
 @app.command()
@@ -281,6 +280,7 @@ def train(
     from fuseml.apps.common import resolve_device
     from fuseml.apps.train import TrainOptions, synthetic_dataset
     from fuseml.apps.train import train as run_train
+    from fuseml.data.errors import OptionError
     from fuseml.models.dlrm import CONFIG_NAMES
 
     if (data is None) == (synthetic is None):
@@ -306,9 +306,12 @@ def train(
     )
     resolve_device(device)  # fail before generating any data
     if synthetic is not None:
-        data, summary = synthetic_dataset(
-            synthetic, seed=seed, max_cardinality=max_cardinality, progress=progress
-        )
+        try:
+            data, summary = synthetic_dataset(
+                synthetic, seed=seed, max_cardinality=max_cardinality, progress=progress
+            )
+        except OptionError as err:  # synth()'s rows are --synthetic here
+            _fail(err, library_names={"rows": "--synthetic"})
         best = "n/a" if summary.best_auc is None else f"{summary.best_auc:.4f}"
         typer.echo(f"synthetic data: {data.resolve()} (best achievable AUC {best})")
     run_train(config, data, options)

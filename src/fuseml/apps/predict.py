@@ -58,6 +58,7 @@ from rich.progress import (
 from rich.table import Table
 
 from fuseml.apps.common import (
+    DTYPES,
     MODEL_BACKENDS,
     OPTIMIZE_BACKENDS,
     RateColumn,
@@ -298,6 +299,8 @@ def predict(
     check_model_backend(backend)
     if batch_size < 1:
         raise OptionError("{} must be at least 1, got {}", Flag("batch_size"), batch_size)
+    if dtype not in DTYPES:
+        raise OptionError("{} must be one of {}, got {!r}", Flag("dtype"), tuple(DTYPES), dtype)
     source, out = Path(source), Path(out)
     if out.suffix not in _OUT_FORMATS:
         raise OptionError(

@@ -50,26 +50,36 @@ def run_suite(
     from fuseml.bench.noise import committed_history
     from fuseml.bench.roofline import measure_ceilings
     from fuseml.bench.suites import SUITES
+    from fuseml.data.errors import Flag, OptionError
 
     if name not in SUITES:
         raise ValueError(f"suite must be one of {sorted(SUITES)}, got {name!r}")
+    console = console or Console()
+    suite = SUITES[name]
+    settings = Settings.for_mode(quick, turns=turns)
+    pattern = None
+    if cases:
+        try:
+            pattern = re.compile(cases)
+        except re.error as err:
+            raise OptionError(
+                "{} is not a regular expression ({}): {!r}", Flag("cases"), err, cases
+            ) from err
     if not torch.cuda.is_available():
         raise RuntimeError(
             f"fuseml bench {name}: timings need a CUDA GPU; none is visible here "
             "(the tests check correctness on CPU)"
         )
-    console = console or Console()
-    suite = SUITES[name]
-    settings = Settings.for_mode(quick, turns=turns)
     cuda_ok, why = runtime.cuda_backend_status("cuda")
     if not cuda_ok:
         console.print(f"[yellow]cuda arm skipped: {why}[/yellow]")
     case_list = list(suite.cases(quick=quick, cuda=cuda_ok))
-    if cases:
-        pattern = re.compile(cases)
+    if pattern is not None:
         case_list = [c for c in case_list if pattern.search(c.name)]
         if not case_list:
-            raise ValueError(f"--cases {cases!r} matches no case of suite {name}")
+            raise OptionError("{} {!r} matches no case of suite {}", Flag("cases"), cases, name)
+    if arms:
+        check_arms(arms, case_list, name)
     if sweep:
         case_list = with_sweeps(case_list, name)
         arms = arms and sweep_arms(arms, case_list)
@@ -149,6 +159,23 @@ def with_sweeps(case_list: list, suite: str) -> list:
     for case in swept:
         case.arms = {**case.arms, **case.sweep()}
     return swept
+
+
+def check_arms(arms: list[str], case_list: list, suite: str) -> None:
+    """OptionError naming ``arms`` when one of them is no arm of any selected case. Suites
+    that measure a case whole (``Case.measure``) name their arms as they run: not checked."""
+    from fuseml.data.errors import Flag, OptionError
+
+    if any(c.measure is not None for c in case_list):
+        return
+    known = {a for c in case_list for a in (*c.arms, *c.overhead_arms)}
+    unknown = [a for a in arms if a not in known]
+    if unknown:
+        raise OptionError(
+            "{} {} {} not an arm of the selected cases of suite {}; they have {}",
+            Flag("arms"), ", ".join(map(repr, unknown)), "is" if len(unknown) == 1 else "are",
+            suite, sorted(known),
+        )  # fmt: skip
 
 
 def sweep_arms(arms: list[str], case_list: list) -> list[str]:
