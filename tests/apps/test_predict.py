@@ -252,15 +252,18 @@ def _with_a_bad_id(data_dir, tmp_path, table: int):
     [
         ("cpu", "eager"),
         ("cpu", "auto"),
+        ("cpu", "compile"),
         pytest.param("cuda", "auto", marks=[pytest.mark.gpu, requires_cuda]),
         pytest.param("cuda", "eager", marks=[pytest.mark.gpu, requires_cuda]),
+        pytest.param("cuda", "compile", marks=[pytest.mark.gpu, requires_cuda]),
     ],
 )
 def test_an_id_outside_its_table_is_an_error_and_nothing_is_written(
     trained, tmp_path, device, backend
 ):
     """On CUDA the fused backend checks ids inside its graphs (flags read after each
-    replay), not on the host: a bad id still names its table, and --out is not written."""
+    replay), not on the host; compiled code skips the model's check, so predict makes it
+    before the call. A bad id names its table, and --out is not written."""
     _, _, data_dir, ckpt = trained
     bad = _with_a_bad_id(data_dir, tmp_path, table=3)
     out = tmp_path / "p.parquet"

@@ -359,6 +359,8 @@ def predict(
                     n = len(batch.row_ids)
                     dense, sparse = batch.dense.to(dev, dense_dtype), batch.sparse.to(dev)
                     if backend == "compile":
+                        if model.embeddings.check_ids:  # (compiled code skips the model's)
+                            model.embeddings.validate_ids(sparse)
                         dense, sparse = _pad(dense, batch_size), _pad(sparse, batch_size)
                     captured = getattr(run, "num_graphs", 0)
                     if dev.type == "cuda":
