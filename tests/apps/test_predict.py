@@ -273,3 +273,32 @@ def test_an_id_outside_its_table_is_an_error_and_nothing_is_written(
             console=_quiet(), progress=False,
         )  # fmt: skip
     assert not out.exists()
+
+
+def test_batches_are_read_ahead_in_order_and_errors_reach_the_loop():
+    from fuseml.apps.predict import _prefetched
+
+    assert list(_prefetched(range(10), depth=2)) == list(range(10))
+
+    def failing():
+        yield 1
+        yield 2
+        raise ValueError("data.tsv, line 3: 12 fields")
+
+    got = []
+    with pytest.raises(ValueError, match="data.tsv, line 3"):
+        for item in _prefetched(failing()):
+            got.append(item)
+    assert got == [1, 2]
+
+    produced = []
+
+    def counting():
+        for i in range(1000):
+            produced.append(i)
+            yield i
+
+    reader = _prefetched(counting(), depth=2)
+    assert next(reader) == 0
+    reader.close()  # the loop ended early: the thread stops instead of reading on
+    assert len(produced) <= 5

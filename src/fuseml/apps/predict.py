@@ -11,8 +11,9 @@ which is preprocessed on the fly exactly as the model's training data was: the s
 transform, and the same hash range or the vocabulary stored in the checkpoint. A prepared
 dataset whose tables or id mapping differ from the model's is refused.
 
-Rows are streamed: at most one reader chunk (TSV) or one split (prepared data, as cached by
-``CriteoDataset``) is in memory. The output (.parquet or .csv, by suffix) has columns
+Rows are streamed: at most a few reader chunks (TSV) or row groups (prepared data) are in
+memory. A background thread reads and decodes the next batches while the model scores
+this one (in order; its errors are raised as the loop's). The output (.parquet or .csv, by suffix) has columns
 ``row_id`` (TSV: the 1-based line number; prepared data: the 0-based row of the split),
 ``probability`` and, when the source has labels, ``label``. It is written to a temporary
 file beside ``out`` (``.NAME.PID.partial``) and renamed to ``out`` only once every row is
@@ -23,11 +24,12 @@ Backends: ``eager`` (the model as trained), ``compile`` (torch.compile, one stat
 shape: the last batch is padded), and ``auto`` or ``triton`` (``fuseml.optimize`` with that
 op backend: fused Triton MLPs and linear layers; ``auto`` runs their PyTorch reference on a
 CPU); on CUDA the optimized model is served through CUDA graphs (``fuseml.cuda_graphs``, one
-per batch bucket up to ``batch_size``, captured on first use; the ids are checked on the
-host before they are copied, in place of the forward's check, which no graph can hold; a
-model that cannot be captured runs eagerly, with a logged warning). With ``dtype="bf16"`` the eager and compile backends
-use autocast, the optimized ones cast the model to bfloat16 (the custom kernels do not take
-part in autocast).
+per batch bucket up to ``batch_size``, captured on first use; the graphs check the ids on
+the device and the flags are read after each replay; a model that cannot be captured runs
+eagerly, with a logged warning). Compiled code skips the model's id check: the compile
+backend checks each batch before its call. With ``dtype="bf16"`` the eager and compile
+backends use autocast, the optimized ones cast the model to bfloat16 (the custom kernels do
+not take part in autocast).
 
 Timing: the model's first call (tuning, compilation) and every call that captured a CUDA
 graph are reported apart from the steady-state rows/s of the other calls.
@@ -36,8 +38,10 @@ graph are reported apart from the steady-state rows/s of the other calls.
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,7 +150,10 @@ class _Source:
 
 class _PreparedSource(_Source):
     def __init__(self, root: Path, split: str, batch_size: int) -> None:
-        self.dataset = CriteoDataset(root, split, batch_size=batch_size, shuffle=False)
+        # streamed by row group (no split-sized cache): the first batch is ready after one
+        self.dataset = CriteoDataset(
+            root, split, batch_size=batch_size, shuffle=False, max_cached_rows=0
+        )
         self.total, self.unit, self.has_labels = self.dataset.num_rows, "rows", True
 
     def __iter__(self) -> Iterator[tuple[_Batch | None, int]]:
@@ -190,6 +197,49 @@ class _TsvSource(_Source):
                 labels = chunk.labels[rows] if chunk.labels is not None else None
                 yield _Batch(chunk.line_numbers[rows], dense[rows], sparse[rows], labels), 0
             yield None, advance
+
+
+_PREFETCH_DEPTH = 2  # batches read ahead
+
+
+def _prefetched(items: Iterable[Any], depth: int = _PREFETCH_DEPTH) -> Iterator[Any]:
+    """``items`` in order, produced on a background thread up to ``depth`` ahead; an error
+    there is raised here. Closing the generator (the loop ended early or raised) stops the
+    thread at its next item."""
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(entry: tuple) -> bool:  # False once the consumer has gone
+        while not stop.is_set():
+            try:
+                ready.put(entry, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(("item", item)):
+                    return
+            put(("done", None))
+        except BaseException as err:  # re-raised in the consumer
+            put(("error", err))
+
+    thread = threading.Thread(target=produce, name="fuseml-predict-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = ready.get()
+            if kind == "done":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()
+        thread.join(timeout=10)
 
 
 def _detect_label_column(path: Path) -> bool:
@@ -354,7 +404,7 @@ def predict(
     try:
         with bar, torch.no_grad(), autocast:
             task = bar.add_task("rows", total=stream.total, rows=0)
-            for batch, advance in stream:
+            for batch, advance in _prefetched(stream):
                 if batch is not None:
                     n = len(batch.row_ids)
                     dense, sparse = batch.dense.to(dev, dense_dtype), batch.sparse.to(dev)
