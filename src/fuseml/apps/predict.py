@@ -13,12 +13,13 @@ dataset whose tables or id mapping differ from the model's is refused.
 
 Rows are streamed: at most a few reader chunks (TSV) or row groups (prepared data) are in
 memory. A background thread reads and decodes the next batches while the model scores
-this one (in order; its errors are raised as the loop's). The output (.parquet or .csv, by suffix) has columns
-``row_id`` (TSV: the 1-based line number; prepared data: the 0-based row of the split),
-``probability`` and, when the source has labels, ``label``. It is written to a temporary
-file beside ``out`` (``.NAME.PID.partial``) and renamed to ``out`` only once every row is
-scored: an error or a kill never leaves a file at ``out`` that looks complete. Temporaries
-of earlier runs for the same ``out`` whose process is gone are removed.
+this one (in order; its errors are raised as the loop's). The output (.parquet or .csv, by
+suffix) has columns ``row_id`` (TSV: the 1-based line number; prepared data: the 0-based
+row of the split), ``probability`` and, when the source has labels, ``label``. It is
+written to a temporary file beside ``out`` (``.NAME.PID.partial``) and renamed to ``out``
+only once every row is scored: an error or a kill never leaves a file at ``out`` that
+looks complete. Temporaries of earlier runs for the same ``out`` whose process is gone
+are removed.
 
 Backends: ``eager`` (the model as trained), ``compile`` (torch.compile, one static batch
 shape: the last batch is padded), and ``auto`` or ``triton`` (``fuseml.optimize`` with that
