@@ -202,6 +202,7 @@ def test_first_calls_are_timed_apart(trained, tmp_path):
     text = console.export_text()
     assert "seconds in first calls" in text and "after first calls" in text
     assert f"(of {calls})" in text
+    assert 0 < s.input_wait_seconds < s.seconds and "seconds waiting for input" in text
 
 
 @pytest.mark.gpu

@@ -110,6 +110,9 @@ class PredictSummary:
     setup_rows: int = 0
     # Seconds of each model call that did no setup, in call order.
     steady_call_seconds: tuple[float, ...] = ()
+    # Seconds the loop waited for the reader (reading and preprocessing not hidden behind
+    # the model's calls and the writing)
+    input_wait_seconds: float = 0.0
 
     @property
     def rows_per_s(self) -> float:
@@ -389,6 +392,7 @@ def predict(
     rows, model_seconds = 0, 0.0
     setup_rows, setup_seconds, calls = 0, 0.0, 0
     steady_calls: list[float] = []
+    input_wait = 0.0
     bar = Progress(
         TextColumn(f"predicting {source.name}"),
         BarColumn(),
@@ -405,7 +409,9 @@ def predict(
     try:
         with bar, torch.no_grad(), autocast:
             task = bar.add_task("rows", total=stream.total, rows=0)
+            mark = time.perf_counter()
             for batch, advance in _prefetched(stream):
+                input_wait += time.perf_counter() - mark  # the reader had no batch ready
                 if batch is not None:
                     n = len(batch.row_ids)
                     dense, sparse = batch.dense.to(dev, dense_dtype), batch.sparse.to(dev)
@@ -438,6 +444,7 @@ def predict(
                     if stream.unit == "rows":
                         advance = n
                 bar.update(task, advance=advance, rows=rows)
+                mark = time.perf_counter()
     except BaseException:  # a kill (KeyboardInterrupt) too: nothing at --out
         writer.abort()
         raise
@@ -456,6 +463,7 @@ def predict(
         setup_seconds,
         setup_rows,
         tuple(steady_calls),
+        input_wait,
     )
     graphs = None
     if isinstance(run, CudaGraphs):
@@ -480,6 +488,9 @@ def _summary_table(
     table.add_row("rows", f"{s.rows:,}")
     table.add_row("seconds (total)", f"{s.seconds:.2f}")
     table.add_row("rows/s (total)", f"{s.rows_per_s:,.0f}")
+    table.add_row(
+        "seconds waiting for input (reading, preprocessing)", f"{s.input_wait_seconds:.2f}"
+    )
     if s.model_seconds > 0:
         table.add_row("rows/s (model only)", f"{s.rows / s.model_seconds:,.0f}")
         table.add_row(
