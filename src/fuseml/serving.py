@@ -540,9 +540,7 @@ class ReplayCache:
             if fast is not None:  # copies in, launch, copy out: one C++ call
                 self.cpp_replays += 1
                 return fast.replay(raw, static, inputs, out)
-            for s, x in zip(static, inputs, strict=True):
-                s.copy_(x)
-            graph.replay()
+            _replay(graph, static, inputs)
             return out.clone()
         seen = self._seen.get(key, 0) + 1
         if seen <= self.capture_after or not self.enabled or self.max_graphs < 1:
@@ -575,6 +573,13 @@ class ReplayCache:
         return out.clone()
 
 
+def _replay(graph, static: list[torch.Tensor], inputs: list[torch.Tensor]) -> None:
+    """The call's inputs into the graph's static inputs, then one replay through torch."""
+    for s, x in zip(static, inputs, strict=True):
+        s.copy_(x)
+    graph.replay()
+
+
 def _first_replay(graph, static: list[torch.Tensor], inputs: list[torch.Tensor]) -> int | None:
     """Replay a new graph once on ``inputs`` through torch; its executable's handle
     (``raw_cuda_graph_exec``, torch 2.9 on) where later replays may launch it from C++: where
@@ -585,9 +590,7 @@ def _first_replay(graph, static: list[torch.Tensor], inputs: list[torch.Tensor])
     if raw_exec is not None and static:
         generator = torch.cuda.default_generators[static[0].device.index or 0]
     before = None if generator is None else generator.get_offset()
-    for s, x in zip(static, inputs, strict=True):
-        s.copy_(x)
-    graph.replay()
+    _replay(graph, static, inputs)
     if generator is None or generator.get_offset() != before:
         return None
     return int(raw_exec())
