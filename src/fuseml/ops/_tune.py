@@ -95,15 +95,14 @@ _flush: dict[int, tuple[torch.Tensor, float]] = {}  # device index -> (buffer, i
 def _l2_flush(index: int) -> tuple[torch.Tensor, float]:
     """A buffer twice the size of the device's L2 (read-only: reading it leaves clean
     lines, so no write-back lands in the timed call) and the GPU time of one read of it,
-    measured once per process."""
+    measured once per process (inside ``gpu_time_ms``'s collector pause)."""
     import triton.testing
 
     entry = _flush.get(index)
     if entry is None:
         l2 = torch.cuda.get_device_properties(index).L2_cache_size or 64 << 20
         buf = torch.ones(2 * l2 // 4, dtype=torch.float32, device=f"cuda:{index}")
-        with gc_paused():
-            entry = (buf, triton.testing.do_bench_cudagraph(buf.sum, rep=10))
+        entry = (buf, triton.testing.do_bench_cudagraph(buf.sum, rep=10))  # (gc_paused)
         _flush[index] = entry
     return entry
 
