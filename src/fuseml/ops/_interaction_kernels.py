@@ -315,10 +315,13 @@ PLANNED = Variant()
 LOOPED = Variant(block_b=1, num_warps=1, iters=4, prefetch=True)
 LOOPED_MIN_ROWS = 4096
 LOOPED_MAX_D = 16
-# One-hot float32 tables from TENSOR_CORE_F32_MIN_D (the Gram on the tensor cores): one
-# sample on one warp a program. mlperf (d = 128, H200, graph replays), 65536 rows: tf32x3
-# 881 against 1,322 us for 2 samples on 2 warps, TF32 323 against 354 (the best of 11
-# variants each); 4096 rows: 65.0 against 91.9, 29.7 against 31.8.
+# float32 Grams of wide rows run on the tensor cores (TF32 where torch allows it, else
+# tf32x3: fp32 accuracy): on FMAs the mlperf Gram (d = 128) took 4,161 us at 65536 rows,
+# H200; narrow ones keep exact FMAs, cheap next to the gather (docs/performance/dlrm.md).
+TENSOR_CORE_F32_MIN_D = 32
+# One-hot float32 tables from TENSOR_CORE_F32_MIN_D: one sample on one warp a program, the
+# best of 11 variants (mlperf tf32x3, 65536 rows: 881 against 1,322 us for 2 samples on 2
+# warps, H200; TF32's in docs/performance/dlrm.md).
 WIDE_F32 = Variant(block_b=1, num_warps=1)
 
 
@@ -338,13 +341,6 @@ def default_variant(
     ):
         return PLANNED
     return LOOPED
-
-
-# float32 Grams of wide rows run on the tensor cores (TF32 where torch allows it, else
-# tf32x3: fp32 accuracy); narrow ones keep exact FMAs. mlperf (d = 128, 65536 rows, H200):
-# 4,161 us on FMAs against 1,322 as tf32x3 and 354 as TF32, the gather alone 358; kaggle
-# (d = 16): the FMAs cost little next to the gather (docs/performance/dlrm.md).
-TENSOR_CORE_F32_MIN_D = 32
 
 
 def gram_precision(dtype: torch.dtype, d: int) -> str:
