@@ -1,7 +1,8 @@
 """The eager fast path (fuseml.ops._fastcall, csrc/fastcall.cpp): a repeat call of an
 elementwise op, the on-chip softmax, a linear layer or a one-adapter LoRA layer launched
-from C++ gives what the Python path gives, and every call the C++ side cannot vouch for
-takes the Python path."""
+from C++, and a CUDA-backend call of an elementwise op or the softmax sent from C++ to its
+CUDA C++ twin, gives what the Python path gives, and every call the C++ side cannot vouch
+for takes the Python path."""
 
 import types
 from types import SimpleNamespace
@@ -195,7 +196,7 @@ def test_compiled_callers_never_reach_the_fast_call(device, backend, monkeypatch
     # branch folds away (no graph break under fullgraph) and the op's kernel is traced
     # (a module object, as the loaded extension is: Dynamo cannot guard on one)
     refusing = types.ModuleType("fuseml_fastcall")
-    refusing.call = _Refusing().call
+    refusing.call = refusing.call_twin = _Refusing().call
     monkeypatch.setattr(_fastcall, "fast", refusing)
     x = torch.randn(6, 16, device=device)
     b = torch.randn(16, device=device)
@@ -222,6 +223,10 @@ class _Recording:
 
     def call(self, *args):
         self.calls.append(args[:2] + args[6:])  # (op, code, dim)
+        return None
+
+    def call_twin(self, *args):
+        self.calls.append(("twin", *args[:2], *args[6:]))
         return None
 
 
@@ -266,6 +271,27 @@ def test_usable_only_for_triton_backends():
     assert not _fastcall.usable("cuda") and not _fastcall.usable("eager")
 
 
+def test_entry_sends_the_cuda_backend_to_the_twins_call():
+    rec = _Recording()
+    assert _fastcall.entry(rec, "auto") == rec.call and _fastcall.entry(rec, "triton") == rec.call
+    assert _fastcall.entry(rec, "cuda") == rec.call_twin
+    assert _fastcall.entry(rec, "eager") is None and _fastcall.entry(rec, "compile") is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where CUDA is absent")
+def test_a_declined_twin_call_reaches_the_python_paths_error(monkeypatch):
+    rec = _Recording()
+    monkeypatch.setattr(_fastcall, "fast", rec)
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        fuseml.ops.gelu(x, backend="cuda")
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        fuseml.ops.softmax(x, backend="cuda")
+    gelu = fuseml.ops._elementwise.ACT_CODE["gelu"]
+    assert rec.calls == [("twin", _fastcall.ELEMENTWISE, gelu, -1),
+                         ("twin", _fastcall.SOFTMAX_ROWS, 0, -1)]  # fmt: skip
+
+
 # ------------------------------------------------------------------------------ GPU
 @pytest.fixture
 def fast():
@@ -288,26 +314,32 @@ def _inputs(shape, dtype):
     return x, y, b
 
 
-# name -> (fuseml call, float64 reference) on (x, y, bias)
+# name -> (fuseml call on (x, y, bias, backend), float64 reference on (x, y, bias))
 CASES = {
-    "gelu": (lambda x, y, b: fuseml.ops.gelu(x), lambda x, y, b: F.gelu(x)),
+    "gelu": (lambda x, y, b, be: fuseml.ops.gelu(x, backend=be), lambda x, y, b: F.gelu(x)),
     "gelu_tanh": (
-        lambda x, y, b: fuseml.ops.gelu(x, "tanh"),
+        lambda x, y, b, be: fuseml.ops.gelu(x, "tanh", backend=be),
         lambda x, y, b: F.gelu(x, approximate="tanh"),
     ),
-    "add": (lambda x, y, b: fuseml.ops.add(x, y), lambda x, y, b: x + y),
-    "bias_relu": (lambda x, y, b: fuseml.ops.bias_act(x, b), lambda x, y, b: F.relu(x + b)),
+    "add": (lambda x, y, b, be: fuseml.ops.add(x, y, backend=be), lambda x, y, b: x + y),
+    "bias_relu": (
+        lambda x, y, b, be: fuseml.ops.bias_act(x, b, backend=be),
+        lambda x, y, b: F.relu(x + b),
+    ),
     "bias_residual_silu": (
-        lambda x, y, b: fuseml.ops.bias_act(x, b, y, 0.5, "silu"),
+        lambda x, y, b, be: fuseml.ops.bias_act(x, b, y, 0.5, "silu", backend=be),
         lambda x, y, b: F.silu(x + b + 0.5 * y),
     ),
     "residual_gelu": (
-        lambda x, y, b: fuseml.ops.bias_act(x, None, y, 2, "gelu"),
+        lambda x, y, b, be: fuseml.ops.bias_act(x, None, y, 2, "gelu", backend=be),
         lambda x, y, b: F.gelu(x + 2 * y),
     ),
-    "softmax": (lambda x, y, b: fuseml.ops.softmax(x), lambda x, y, b: torch.softmax(x, -1)),
+    "softmax": (
+        lambda x, y, b, be: fuseml.ops.softmax(x, backend=be),
+        lambda x, y, b: torch.softmax(x, -1),
+    ),
     "log_softmax": (
-        lambda x, y, b: fuseml.ops.log_softmax(x, dim=x.dim() - 1),
+        lambda x, y, b, be: fuseml.ops.log_softmax(x, dim=x.dim() - 1, backend=be),
         lambda x, y, b: torch.log_softmax(x, -1),
     ),
 }
@@ -321,17 +353,60 @@ def test_repeat_calls_launch_from_cpp_with_the_python_paths_result(fast, case, d
     fn, ref = CASES[case]
     x, y, b = _inputs(shape, dtype)
     with torch.no_grad():
-        fn(x, y, b)  # compiles (the first launch of a specialization registers nothing)
+        fn(x, y, b, "auto")  # compiles (the first launch of a specialization registers nothing)
         fast.clear()
-        python = fn(x, y, b)  # the Python path's launch, which registers its plan
+        python = fn(x, y, b, "auto")  # the Python path's launch, which registers its plan
         poison_allocator()  # an element the fast launch leaves unwritten shows as NaN
         before = _hits(fast)
-        out = fn(x, y, b)
+        out = fn(x, y, b, "auto")
         torch.cuda.synchronize()
     assert _hits(fast) == before + 1, "the repeat call did not take the fast path"
     assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
     assert torch.equal(out, python)
     assert_close_verbose(out, ref(x.double(), y.double(), b.double()), dtype)
+
+
+@pytest.mark.parametrize("shape", [(64, 512), (3, 33), (2, 3, 17), (1, 4096)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(CASES))
+@gpu
+def test_cuda_backend_calls_reach_the_twin_from_cpp_with_the_python_paths_result(
+    fast, case, dtype, shape
+):
+    fn, ref = CASES[case]
+    x, y, b = _inputs(shape, dtype)
+    with torch.no_grad():
+        with _fastcall.suspended():
+            python = fn(x, y, b, "cuda")  # the Python path (it builds the twin's extension)
+        poison_allocator()  # an element the twin leaves unwritten shows as NaN
+        before = _hits(fast)
+        out = fn(x, y, b, "cuda")
+        torch.cuda.synchronize()
+    assert _hits(fast) == before + 1, "the cuda-backend call did not reach the twin from C++"
+    assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
+    assert torch.equal(out, python)
+    assert_close_verbose(out, ref(x.double(), y.double(), b.double()), dtype)
+
+
+@gpu
+def test_cuda_backend_calls_the_twin_path_does_not_take(fast):
+    x, y, _ = _inputs((64, 512), torch.float32)
+    fuseml.ops.gelu(x, backend="cuda")  # (builds the twin's extension where needed)
+    before = _hits(fast)
+    xg = x.clone().requires_grad_()
+    out = fuseml.ops.gelu(xg, backend="cuda")  # autograd: the Python path records it
+    assert out.grad_fn is not None and _hits(fast) == before
+    t = x.t()  # not contiguous
+    assert_close_verbose(fuseml.ops.gelu(t, backend="cuda"), F.gelu(t.double()), torch.float32)
+    assert_close_verbose(
+        fuseml.ops.softmax(x, 0, backend="cuda"), torch.softmax(x.double(), 0), torch.float32
+    )
+    assert _hits(fast) == before
+    with pytest.raises(ValueError, match="approximate"):
+        fuseml.ops.gelu(x, "sigmoid", backend="cuda")
+    with pytest.raises(ValueError, match="y"):
+        fuseml.ops.add(x, y[:32], backend="cuda")
+    assert _hits(fast) == before
 
 
 def _warm(fn, *args):

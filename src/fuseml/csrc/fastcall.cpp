@@ -3,7 +3,8 @@
 // (ops/_fastcall.py): a repeat call launches, from C++, the kernel the Python path compiled
 // for the same call signature. Validation, plan lookup and Triton's launcher made an eager
 // call ~3x torch's host time (gelu 64 x 512: 26 us against 8.8, H200 host); here a call is
-// one lookup of its signature, an allocation and cuLaunchKernelEx.
+// one lookup of its signature, an allocation and cuLaunchKernelEx. backend='cuda' calls of
+// the same ops go from here to their CUDA C++ twin's op (call_twin).
 //
 // The Python path decides everything (kernel, specialization, grid, warps, PDL) and, after
 // its launch, registers the plan (`register_plan`, `register_gemm_plan`,
@@ -449,6 +450,57 @@ py::object call(int64_t op, int64_t code, const at::Tensor& x, const std::option
   return call_with(op, code, x, y, bias, alpha, dim, Adapter());
 }
 
+// The CUDA C++ twins' fast call (backend='cuda'; kElementwise, kSoftmaxRows): the twin's
+// own registered op called here through the dispatcher, as the Python path calls it, on the
+// same (rows, cols) view, so the result is the same; its checks, Python's op call and the
+// views' construction stay out of the host time. The op is looked up on first use: None
+// until the twin's extension is loaded (the Python path builds it).
+using BiasActTwin = void(const at::Tensor&, const std::optional<at::Tensor>&,
+                         const std::optional<at::Tensor>&, double, int64_t, at::Tensor&);
+using SoftmaxTwin = void(const at::Tensor&, bool, at::Tensor&);
+
+template <typename Sig>
+std::optional<c10::TypedOperatorHandle<Sig>> twin_op(const char* name) {
+  static std::mutex lock;
+  static std::optional<c10::TypedOperatorHandle<Sig>> found;
+  std::lock_guard<std::mutex> guard(lock);
+  if (!found) {
+    auto handle = c10::Dispatcher::singleton().findSchema({name, ""});
+    if (handle && handle->hasKernelForDispatchKey(c10::DispatchKey::CUDA)) {
+      found = handle->template typed<Sig>();
+    }
+  }
+  return found;
+}
+
+py::object call_twin(int64_t op, int64_t code, const at::Tensor& x,
+                     const std::optional<at::Tensor>& y, const std::optional<at::Tensor>& bias,
+                     double alpha, int64_t dim) {
+  const bool known = (op == kElementwise && code >= 0 && code <= 7) ||
+                     (op == kSoftmaxRows && (code == 0 || code == 1));
+  Key key;
+  int64_t rows = 0, cols = 0, depth = 0;
+  if (!known || !describe(op, code, x, y, bias, dim, key, rows, cols, depth)) {
+    return py::none();
+  }
+  at::Tensor out = at::empty_like(x);
+  at::Tensor out2 = out.view({rows, cols});
+  if (op == kElementwise) {
+    const auto twin = twin_op<BiasActTwin>("fuseml::bias_act_cuda_out");
+    if (!twin) return py::none();
+    std::optional<at::Tensor> y2;
+    if (y.has_value() && y->defined()) y2 = y->view({rows, cols});
+    twin->call(x.view({rows, cols}), y2, bias, alpha, code, out2);
+  } else {
+    const auto twin = twin_op<SoftmaxTwin>("fuseml::softmax_cuda_out");
+    if (!twin) return py::none();
+    twin->call(x.view({rows, cols}), code == 1, out2);
+  }
+  std::lock_guard<std::mutex> guard(table_lock);
+  ++hits;
+  return py::cast(out);
+}
+
 // The LoRA layer's fast call (kLora): the output, or None.
 py::object call_lora(int64_t code, const at::Tensor& x, const at::Tensor& weight,
                      const std::optional<at::Tensor>& bias, const at::Tensor& lora_a,
@@ -790,6 +842,7 @@ void clear() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("call", &call, "the fast call: the output, or None");
   m.def("call_lora", &call_lora, "the LoRA layer's fast call: the output, or None");
+  m.def("call_twin", &call_twin, "the CUDA C++ twins' fast call: the output, or None");
   m.def("register_plan", &register_plan, "keep a launch's plan: '' when kept, else why not");
   m.def("register_gemm_plan", &register_gemm_plan,
         "keep a plain GEMM launch's plan: '' when kept, else why not");

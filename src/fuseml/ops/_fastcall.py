@@ -1,7 +1,8 @@
 """The eager fast path: repeat calls of the elementwise ops, the on-chip softmax, the plain
 16-bit linear layer (any of its main loops, the TMA loop's host tensor descriptors and a
 padded K included) and the one-adapter LoRA layer (in-loop on the pointer kernel, or the
-joint launch) launched from C++ (``csrc/fastcall.cpp``).
+joint launch) launched from C++ (``csrc/fastcall.cpp``); ``backend="cuda"`` calls of the
+elementwise ops and the softmax reach their CUDA C++ twin's op from C++ (``call_twin``).
 
 A fuseml call planned in Python costs several times torch's own call on the host
 (validation, plan lookup, Triton's launcher). The Python path stays the one that decides:
@@ -53,7 +54,17 @@ def usable(backend: str) -> bool:
     return backend == "auto" or backend == "triton"
 
 
-fast = None  # the loaded extension: ``fast.call(op, code, x, y, bias, alpha)``
+def entry(fast, backend: str):
+    """The fast call an elementwise or softmax call with this ``backend`` tries, or None:
+    ``fast.call`` (the Triton kernels' plans) for auto and triton, ``fast.call_twin`` (the
+    CUDA C++ twin's op, called from C++) for cuda. Both take (op, code, x, y, bias, alpha,
+    dim) and return the output, or None for the Python path."""
+    if backend == "auto" or backend == "triton":
+        return fast.call
+    return fast.call_twin if backend == "cuda" else None
+
+
+fast = None  # the loaded extension: ``fast.call(op, code, x, y, bias, alpha, dim)``
 
 
 def loaded():

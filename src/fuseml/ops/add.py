@@ -53,8 +53,9 @@ def add(x: torch.Tensor, y: torch.Tensor, *, backend: str = "auto") -> torch.Ten
     """
     fast = _fastcall.loaded()  # a repeat call launched from C++ (see fuseml.ops._fastcall)
     plain = fast is not None and type(x) is torch.Tensor and type(y) is torch.Tensor
-    if plain and _fastcall.usable(backend):
-        out = fast.call(_fastcall.ELEMENTWISE, _NONE, x, y, None, 1.0, -1)
+    call = _fastcall.entry(fast, backend) if plain else None
+    if call is not None:
+        out = call(_fastcall.ELEMENTWISE, _NONE, x, y, None, 1.0, -1)
         if out is not None:
             return out
     check_tensor("add", "x", x)

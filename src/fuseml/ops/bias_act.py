@@ -183,9 +183,10 @@ def bias_act(
         and type(alpha) in REAL_NUMBERS
         and type(activation) is str
     )
-    if plain and _fastcall.usable(backend):
+    call = _fastcall.entry(fast, backend) if plain else None
+    if call is not None:
         code = _CODES.get(activation, -1)
-        result = fast.call(_fastcall.ELEMENTWISE, code, x, residual, bias, alpha, -1)
+        result = call(_fastcall.ELEMENTWISE, code, x, residual, bias, alpha, -1)
         if result is not None:
             return result
     alpha = _validate(x, bias, residual, alpha, activation, out)

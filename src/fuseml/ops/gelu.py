@@ -58,9 +58,9 @@ def gelu(x: torch.Tensor, approximate: str = "none", *, backend: str = "auto") -
     """
     fast = _fastcall.loaded()  # a repeat call launched from C++ (see fuseml.ops._fastcall)
     plain = fast is not None and type(x) is torch.Tensor and type(approximate) is str
-    if plain and _fastcall.usable(backend):
-        code = _CODES.get(approximate, -1)
-        out = fast.call(_fastcall.ELEMENTWISE, code, x, None, None, 1.0, -1)
+    call = _fastcall.entry(fast, backend) if plain else None
+    if call is not None:
+        out = call(_fastcall.ELEMENTWISE, _CODES.get(approximate, -1), x, None, None, 1.0, -1)
         if out is not None:
             return out
     check_tensor("gelu", "x", x)

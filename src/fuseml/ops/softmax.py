@@ -158,8 +158,9 @@ def _normalize_dim(op: str, x: torch.Tensor, dim) -> int:
 def _public(op: str, x, dim, backend: str, log: bool) -> torch.Tensor:
     fast = _fastcall.loaded()  # a repeat call launched from C++ (see fuseml.ops._fastcall)
     plain = fast is not None and type(x) is torch.Tensor and type(dim) is int
-    if plain and _fastcall.usable(backend):
-        out = fast.call(_fastcall.SOFTMAX_ROWS, int(log), x, None, None, 1.0, dim)
+    call = _fastcall.entry(fast, backend) if plain else None
+    if call is not None:
+        out = call(_fastcall.SOFTMAX_ROWS, int(log), x, None, None, 1.0, dim)
         if out is not None:
             return out
     check_tensor(op, "x", x)
