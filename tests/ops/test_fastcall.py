@@ -348,41 +348,26 @@ CASES = {
 @pytest.mark.parametrize("shape", [(64, 512), (3, 33), (2, 3, 17), (1, 4096)])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("backend", ["auto", "cuda"])  # a Triton plan / the twin's op
 @gpu
-def test_repeat_calls_launch_from_cpp_with_the_python_paths_result(fast, case, dtype, shape):
-    fn, ref = CASES[case]
-    x, y, b = _inputs(shape, dtype)
-    with torch.no_grad():
-        fn(x, y, b, "auto")  # compiles (the first launch of a specialization registers nothing)
-        fast.clear()
-        python = fn(x, y, b, "auto")  # the Python path's launch, which registers its plan
-        poison_allocator()  # an element the fast launch leaves unwritten shows as NaN
-        before = _hits(fast)
-        out = fn(x, y, b, "auto")
-        torch.cuda.synchronize()
-    assert _hits(fast) == before + 1, "the repeat call did not take the fast path"
-    assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
-    assert torch.equal(out, python)
-    assert_close_verbose(out, ref(x.double(), y.double(), b.double()), dtype)
-
-
-@pytest.mark.parametrize("shape", [(64, 512), (3, 33), (2, 3, 17), (1, 4096)])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", list(CASES))
-@gpu
-def test_cuda_backend_calls_reach_the_twin_from_cpp_with_the_python_paths_result(
-    fast, case, dtype, shape
+def test_repeat_calls_launch_from_cpp_with_the_python_paths_result(
+    fast, backend, case, dtype, shape
 ):
     fn, ref = CASES[case]
     x, y, b = _inputs(shape, dtype)
     with torch.no_grad():
-        with _fastcall.suspended():
-            python = fn(x, y, b, "cuda")  # the Python path (it builds the twin's extension)
-        poison_allocator()  # an element the twin leaves unwritten shows as NaN
+        if backend == "auto":
+            fn(x, y, b, backend)  # compiles (a specialization's first launch registers nothing)
+            fast.clear()
+            python = fn(x, y, b, backend)  # the Python path's launch, which registers its plan
+        else:
+            with _fastcall.suspended():
+                python = fn(x, y, b, backend)  # the Python path (it builds the twin's extension)
+        poison_allocator()  # an element the fast launch leaves unwritten shows as NaN
         before = _hits(fast)
-        out = fn(x, y, b, "cuda")
+        out = fn(x, y, b, backend)
         torch.cuda.synchronize()
-    assert _hits(fast) == before + 1, "the cuda-backend call did not reach the twin from C++"
+    assert _hits(fast) == before + 1, "the repeat call did not take the fast path"
     assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
     assert torch.equal(out, python)
     assert_close_verbose(out, ref(x.double(), y.double(), b.double()), dtype)
