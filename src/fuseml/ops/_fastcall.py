@@ -59,7 +59,7 @@ def entry(fast, backend: str):
     ``fast.call`` (the Triton kernels' plans) for auto and triton, ``fast.call_twin`` (the
     CUDA C++ twin's op, called from C++) for cuda. Both take (op, code, x, y, bias, alpha,
     dim) and return the output, or None for the Python path."""
-    if backend == "auto" or backend == "triton":
+    if usable(backend):
         return fast.call
     return fast.call_twin if backend == "cuda" else None
 
