@@ -242,6 +242,40 @@ def test_mlp_matches_eager(pad, mode):
     assert served.num_graphs == len(BUCKETS)
 
 
+class _GradModeProbe(nn.Module):
+    """A linear layer that records whether grad mode was on in each forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(13, 8)
+        self.grad_modes: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.grad_modes.append(torch.is_grad_enabled())
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "grad"])
+@pytest.mark.gpu
+@requires_cuda
+def test_warm_up_and_capture_run_without_grad(mode):
+    """The warm-up and the capture run the forward with grad mode off, whatever the
+    caller's mode: a fused module asks grad mode whether autograd records the call, and
+    under it would capture its eager reference instead of its kernels."""
+    model = _GradModeProbe().cuda().eval()
+    served = cuda_graphs(model, BUCKETS)
+    ctx = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(
+        mode, torch.enable_grad
+    )
+    with ctx():
+        for rows in ROWS:
+            served(torch.randn(rows, 13, device="cuda"))
+    assert served.num_graphs == len(BUCKETS)
+    # warm-ups and captures only: replays do not run the forward
+    assert len(model.grad_modes) == len(BUCKETS) * (served.warmup + 1)
+    assert not any(model.grad_modes)
+
+
 @pytest.mark.parametrize("variant", ["hash_ids", "no_id_check"])
 @pytest.mark.gpu
 @requires_cuda

@@ -360,12 +360,14 @@ class CudaGraphs(nn.Module):
                 fresh = g is None
                 if fresh:
                     # Buffers and graph outside inference mode, so that calls made either
-                    # inside it or outside may write the buffers.
-                    with torch.inference_mode(False):
+                    # inside it or outside may write the buffers. (inference_mode(False)
+                    # turns grad mode back on: no_grad again, or the capture would record
+                    # the forward autograd asks for, e.g. a fused module's eager reference.)
+                    with torch.inference_mode(False), torch.no_grad():
                         g = _Graph([t.new_empty((bucket, *t.shape[1:])) for _, t in leaves])
                 _fill(g.inputs, [t for _, t in leaves], start, stop, self.pad)
                 if fresh:
-                    with torch.inference_mode(False):
+                    with torch.inference_mode(False), torch.no_grad():
                         self._capture(g, spec, bucket)
                     self._graphs[(spec, bucket)] = g
                 g.graph.replay()
