@@ -59,7 +59,6 @@ FASTCALL_SOURCE = _CSRC / "fastcall.cpp"
 _lock = threading.Lock()
 _status: tuple[bool, str] | None = None
 _build_seconds: float | None = None
-_fake_registered = False
 
 
 def status() -> tuple[bool, str]:
@@ -196,7 +195,6 @@ def _build() -> tuple[bool, str]:
             verbose=False,
             **kwargs,
         )
-        _register_fake()
         _build_seconds = time.perf_counter() - start
     except Exception as exc:  # a failed build must never break the other backends
         reason = f"building {EXT_NAME} failed: {_summarize(exc)}"
@@ -234,35 +232,6 @@ def _warn_if_locked(build_dir: str | None) -> bool:
         lock,
     )
     return True
-
-
-def _register_fake() -> None:
-    """Shape-only kernel so torch.compile and opcheck can trace the op (it returns nothing)."""
-    global _fake_registered
-    if _fake_registered:
-        return
-    import torch
-
-    def _bias_act_cuda_out_fake(x, y, bias, alpha, activation, out) -> None:
-        return None
-
-    def _softmax_cuda_out_fake(x, log, out) -> None:
-        return None
-
-    def _interaction_cuda_out_fake(x, weight, offsets, ids, starts, self_, out, bad) -> None:
-        return None
-
-    for name, fake in ((OP_NAME, _bias_act_cuda_out_fake),
-                       ("fuseml::softmax_cuda_out", _softmax_cuda_out_fake),
-                       ("fuseml::embedding_interaction_cuda_out",
-                        _interaction_cuda_out_fake)):  # fmt: skip
-        try:
-            torch.library.register_fake(name)(fake)
-        except RuntimeError as exc:
-            # Registered earlier in this process (e.g. before a module reload): keep it.
-            if "already" not in str(exc):
-                raise
-    _fake_registered = True
 
 
 def _summarize(exc: BaseException, max_lines: int = 6) -> str:

@@ -645,3 +645,12 @@ TORCH_LIBRARY_FRAGMENT(fuseml, m) {
 TORCH_LIBRARY_IMPL(fuseml, CUDA, m) {
   m.impl("bias_act_cuda_out", &fuseml::bias_act_cuda_out);
 }
+
+// The shape-only kernel tracing runs (torch.compile's fake tensors, opcheck): the op writes
+// only into `out` and returns nothing, so there is nothing to compute. Registered with the
+// op's library, so loading the extension registers nothing from Python.
+TORCH_LIBRARY_IMPL(fuseml, Meta, m) {
+  m.impl("bias_act_cuda_out",
+         [](const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+            double, int64_t, at::Tensor&) {});
+}

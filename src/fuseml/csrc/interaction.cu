@@ -586,3 +586,12 @@ TORCH_LIBRARY_FRAGMENT(fuseml, m) {
 TORCH_LIBRARY_IMPL(fuseml, CUDA, m) {
   m.impl("embedding_interaction_cuda_out", &fuseml::embedding_interaction_cuda_out);
 }
+
+// Shape-only kernel for tracing (see elementwise.cu's): writes `out` and `bad_ids` only,
+// returns nothing.
+TORCH_LIBRARY_IMPL(fuseml, Meta, m) {
+  m.impl("embedding_interaction_cuda_out",
+         [](const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+            const std::optional<at::Tensor>&, bool, at::Tensor&,
+            const std::optional<at::Tensor>&) {});
+}

@@ -786,3 +786,8 @@ TORCH_LIBRARY_FRAGMENT(fuseml, m) {
 TORCH_LIBRARY_IMPL(fuseml, CUDA, m) {
   m.impl("softmax_cuda_out", &fuseml::softmax_cuda_out);
 }
+
+// Shape-only kernel for tracing (see elementwise.cu's): writes `out` only, returns nothing.
+TORCH_LIBRARY_IMPL(fuseml, Meta, m) {
+  m.impl("softmax_cuda_out", [](const at::Tensor&, bool, at::Tensor&) {});
+}
