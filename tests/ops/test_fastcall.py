@@ -230,19 +230,20 @@ class _Recording:
         return None
 
 
-def test_public_calls_offer_the_fast_call_their_op_code_and_dim(monkeypatch):
+@pytest.mark.parametrize(("device", "backend"), fused_targets(cuda_twin=False))
+def test_public_calls_offer_the_fast_call_their_op_code_and_dim(device, backend, monkeypatch):
     rec = _Recording()
     monkeypatch.setattr(_fastcall, "fast", rec)
-    x = torch.randn(4, 8)
+    x = torch.randn(4, 8, device=device)
     relu = fuseml.ops._elementwise.ACT_CODE["relu"]
     gelu_tanh = fuseml.ops._elementwise.ACT_CODE["gelu_tanh"]
     none = fuseml.ops._elementwise.ACT_CODE["none"]
     outs = [
-        fuseml.ops.softmax(x, backend="triton"),
-        fuseml.ops.log_softmax(x, 1, backend="triton"),
-        fuseml.ops.gelu(x, "tanh", backend="triton"),
-        fuseml.ops.add(x, x, backend="triton"),
-        fuseml.ops.bias_act(x, x[0], None, 1.0, "relu", backend="triton"),
+        fuseml.ops.softmax(x, backend=backend),
+        fuseml.ops.log_softmax(x, 1, backend=backend),
+        fuseml.ops.gelu(x, "tanh", backend=backend),
+        fuseml.ops.add(x, x, backend=backend),
+        fuseml.ops.bias_act(x, x[0], None, 1.0, "relu", backend=backend),
     ]
     assert rec.calls == [
         (_fastcall.SOFTMAX_ROWS, 0, -1), (_fastcall.SOFTMAX_ROWS, 1, 1),
