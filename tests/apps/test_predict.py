@@ -3,6 +3,8 @@ probabilities as the model; mismatched data and bad arguments are refused."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pa_csv
@@ -276,6 +278,52 @@ def test_an_id_outside_its_table_is_an_error_and_nothing_is_written(
     assert not out.exists()
 
 
+def test_writes_run_behind_in_order_and_errors_reach_the_loop(tmp_path):
+    from fuseml.apps.predict import _WriteBehind, _Writer
+
+    out = tmp_path / "p.parquet"
+    writer = _WriteBehind(_Writer(out, has_labels=True), depth=2)
+    for i in range(6):
+        ids = np.arange(3 * i, 3 * i + 3)
+        writer.write(ids, (ids / 100).astype(np.float32), (ids % 2).astype(np.int8))
+    writer.commit()
+    table = pq.read_table(out)
+    assert table.column("row_id").to_pylist() == list(range(18))
+    np.testing.assert_array_equal(
+        table.column("probability").to_numpy(), (np.arange(18) / 100).astype(np.float32)
+    )
+    assert table.column("label").to_pylist() == [i % 2 for i in range(18)]
+
+    # a batch the thread cannot write: raised by a later write or by commit, no file left
+    bad = tmp_path / "q.parquet"
+    writer = _WriteBehind(_Writer(bad, has_labels=False), depth=2)
+    writer.write(np.arange(3), np.zeros(3, np.float32), None)
+    writer.write(np.arange(3), np.zeros(2, np.float32), None)  # 3 ids, 2 probabilities
+    try:
+        for _ in range(200):
+            writer.write(np.arange(3), np.zeros(3, np.float32), None)
+            time.sleep(0.001)
+    except ValueError as err:
+        assert "not all the same length" in str(err)
+        writer.abort()  # as predict's loop does
+    else:
+        with pytest.raises(ValueError, match="not all the same length"):
+            writer.commit()
+    assert list(tmp_path.iterdir()) == [out]
+
+
+def test_read_ahead_depth_is_bounded_by_bytes():
+    from fuseml.apps.predict import _PREFETCH_BYTES, _ROW_BYTES, prefetch_depth
+
+    assert _ROW_BYTES == 13 * 4 + 26 * 8 + 8 + 1
+    assert prefetch_depth(65536) == _PREFETCH_BYTES // (65536 * _ROW_BYTES) == 15
+    assert prefetch_depth(1) == 64  # small batches: a count cap
+    assert prefetch_depth(1 << 22) == 2  # huge batches: still two ahead
+    for batch in (1, 100, 4096, 16384, 65536, 1 << 20):
+        depth = prefetch_depth(batch)
+        assert depth == 2 or depth * batch * _ROW_BYTES <= _PREFETCH_BYTES
+
+
 def test_batches_are_read_ahead_in_order_and_errors_reach_the_loop():
     from fuseml.apps.predict import _prefetched
 
@@ -303,3 +351,16 @@ def test_batches_are_read_ahead_in_order_and_errors_reach_the_loop():
     assert next(reader) == 0
     reader.close()  # the loop ended early: the thread stops instead of reading on
     assert len(produced) <= 5
+
+    # while the loop is busy (a model's first call), the reader fills its depth, then waits
+    produced.clear()
+    reader = _prefetched(counting(), depth=8)
+    assert next(reader) == 0
+    deadline = time.monotonic() + 10
+    while len(produced) < 10 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    # 0 handed out, 1-8 queued, 9 made and waiting for room
+    assert produced == list(range(10))
+    assert [next(reader) for _ in range(3)] == [1, 2, 3]
+    reader.close()

@@ -11,12 +11,15 @@ which is preprocessed on the fly exactly as the model's training data was: the s
 transform, and the same hash range or the vocabulary stored in the checkpoint. A prepared
 dataset whose tables or id mapping differ from the model's is refused.
 
-Rows are streamed: at most a few reader chunks (TSV) or row groups (prepared data) are in
-memory. A background thread reads and decodes the next batches while the model scores
-this one (in order; its errors are raised as the loop's). The output (.parquet or .csv, by
+Rows are streamed: a background thread reads and decodes batches ahead of the model (in
+order; its errors are raised as the loop's), up to about 256 MB of them (at least 2
+batches, at most 64), so that reading goes on while the model's first call tunes,
+compiles or captures; beyond those, at most a reader chunk (TSV) or a row group (prepared
+data) is in memory. The output (.parquet or .csv, by
 suffix) has columns ``row_id`` (TSV: the 1-based line number; prepared data: the 0-based
-row of the split), ``probability`` and, when the source has labels, ``label``. It is
-written to a temporary file beside ``out`` (``.NAME.PID.partial``) and renamed to ``out``
+row of the split), ``probability`` and, when the source has labels, ``label``. Another
+thread writes each batch while the model scores the next ones. It is written to a
+temporary file beside ``out`` (``.NAME.PID.partial``) and renamed to ``out``
 only once every row is scored: an error or a kill never leaves a file at ``out`` that
 looks complete. Temporaries of earlier runs for the same ``out`` whose process is gone
 are removed.
@@ -203,10 +206,21 @@ class _TsvSource(_Source):
             yield None, advance
 
 
-_PREFETCH_DEPTH = 2  # batches read ahead
+# Batches read ahead: as many as fit in _PREFETCH_BYTES (at least 2, at most
+# _PREFETCH_MAX), so that reading goes on through the model's first call (tuning,
+# compilation, graph capture: up to seconds) instead of stopping two batches in.
+_PREFETCH_BYTES = 256 << 20
+_PREFETCH_MAX = 64
+# a batch row in memory: dense float32, ids int64, row id int64, label int8
+_ROW_BYTES = NUM_DENSE * 4 + NUM_SPARSE * 8 + 8 + 1
 
 
-def _prefetched(items: Iterable[Any], depth: int = _PREFETCH_DEPTH) -> Iterator[Any]:
+def prefetch_depth(batch_size: int) -> int:
+    """Batches of ``batch_size`` rows the reader keeps ready (see _PREFETCH_BYTES)."""
+    return max(2, min(_PREFETCH_MAX, _PREFETCH_BYTES // (batch_size * _ROW_BYTES)))
+
+
+def _prefetched(items: Iterable[Any], depth: int = 2) -> Iterator[Any]:
     """``items`` in order, produced on a background thread up to ``depth`` ahead; an error
     there is raised here. Closing the generator (the loop ended early or raised) stops the
     thread at its next item."""
@@ -327,6 +341,58 @@ class _Writer:
             self.tmp.unlink(missing_ok=True)
 
 
+class _WriteBehind:
+    """A ``_Writer`` whose writes run on a background thread, in order, at most ``depth``
+    batches waiting: encoding and writing a batch (~10 ms for 65,536 rows of parquet)
+    overlaps the next batches' model calls. An error there is raised by the next
+    ``write`` or by ``commit`` (the file is then removed); ``abort`` drops what waits."""
+
+    def __init__(self, writer: _Writer, depth: int = 4) -> None:
+        self.writer = writer
+        self._pending: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._drain, name="fuseml-predict-writer", daemon=True
+        )
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            item = self._pending.get()
+            if item is None:
+                return
+            if self._error is None:  # after an error: take the rest, write nothing
+                try:
+                    self.writer.write(*item)
+                except BaseException as err:
+                    self._error = err
+
+    def write(self, row_ids: np.ndarray, probs: np.ndarray, labels: np.ndarray | None) -> None:
+        if self._error is not None:
+            raise self._error
+        self._pending.put((row_ids, probs, labels))
+
+    def _finish(self) -> None:
+        self._pending.put(None)
+        self._thread.join()
+
+    def commit(self) -> None:
+        self._finish()
+        if self._error is not None:
+            self.writer.abort()
+            raise self._error
+        self.writer.commit()
+
+    def abort(self) -> None:
+        try:
+            while True:
+                self._pending.get_nowait()
+        except queue.Empty:
+            pass
+        self._finish()
+        self.writer.abort()
+
+
 def _pad(t: torch.Tensor, rows: int) -> torch.Tensor:
     """Pad the batch dimension with zeros (id 0 exists in every table) to ``rows``."""
     if t.shape[0] == rows:
@@ -405,12 +471,12 @@ def predict(
         disable=not progress,
     )
     start = time.perf_counter()
-    writer = _Writer(out, stream.has_labels)
+    writer = _WriteBehind(_Writer(out, stream.has_labels))
     try:
         with bar, torch.no_grad(), autocast:
             task = bar.add_task("rows", total=stream.total, rows=0)
             mark = time.perf_counter()
-            for batch, advance in _prefetched(stream):
+            for batch, advance in _prefetched(stream, prefetch_depth(batch_size)):
                 input_wait += time.perf_counter() - mark  # the reader had no batch ready
                 if batch is not None:
                     n = len(batch.row_ids)
