@@ -360,14 +360,12 @@ class CudaGraphs(nn.Module):
                 fresh = g is None
                 if fresh:
                     # Buffers and graph outside inference mode, so that calls made either
-                    # inside it or outside may write the buffers. (inference_mode(False)
-                    # turns grad mode back on: no_grad again, or the capture would record
-                    # the forward autograd asks for, e.g. a fused module's eager reference.)
-                    with torch.inference_mode(False), torch.no_grad():
+                    # inside it or outside may write the buffers.
+                    with torch.inference_mode(False):
                         g = _Graph([t.new_empty((bucket, *t.shape[1:])) for _, t in leaves])
                 _fill(g.inputs, [t for _, t in leaves], start, stop, self.pad)
                 if fresh:
-                    with torch.inference_mode(False), torch.no_grad():
+                    with torch.inference_mode(False):
                         self._capture(g, spec, bucket)
                     self._graphs[(spec, bucket)] = g
                 g.graph.replay()
@@ -397,7 +395,13 @@ class CudaGraphs(nn.Module):
             self._pool = torch.cuda.graph_pool_handle()
             self._stream = torch.cuda.Stream()
         side = self._stream
-        forward = lambda: self.module(*args, **kwargs)
+
+        def forward():
+            # grad mode off: the caller's inference_mode(False) turns it back on, under which
+            # a fused module runs the forward autograd asks for (its eager reference)
+            with torch.no_grad():
+                return self.module(*args, **kwargs)
+
         # The warm-up is an eager call on real rows: its errors are the model's, as they are.
         _warm_up(side, forward, self.warmup)
         try:
