@@ -15,14 +15,13 @@ Rows are streamed: a background thread reads and decodes batches ahead of the mo
 order; its errors are raised as the loop's), up to about 256 MB of them (at least 2
 batches, at most 64), so that reading goes on while the model's first call tunes,
 compiles or captures; beyond those, at most a reader chunk (TSV) or a row group (prepared
-data) is in memory. The output (.parquet or .csv, by
-suffix) has columns ``row_id`` (TSV: the 1-based line number; prepared data: the 0-based
-row of the split), ``probability`` and, when the source has labels, ``label``. Another
-thread writes each batch while the model scores the next ones. It is written to a
-temporary file beside ``out`` (``.NAME.PID.partial``) and renamed to ``out``
-only once every row is scored: an error or a kill never leaves a file at ``out`` that
-looks complete. Temporaries of earlier runs for the same ``out`` whose process is gone
-are removed.
+data) is in memory. Another thread writes each scored batch while the model scores the
+next ones. The output (.parquet or .csv, by suffix) has columns ``row_id`` (TSV: the
+1-based line number; prepared data: the 0-based row of the split), ``probability`` and,
+when the source has labels, ``label``. It is written to a temporary file beside ``out``
+(``.NAME.PID.partial``) and renamed to ``out`` only once every row is scored: an error or
+a kill never leaves a file at ``out`` that looks complete. Temporaries of earlier runs for
+the same ``out`` whose process is gone are removed.
 
 Backends: ``eager`` (the model as trained), ``compile`` (torch.compile, one static batch
 shape: the last batch is padded), and ``auto`` or ``triton`` (``fuseml.optimize`` with that
