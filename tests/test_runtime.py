@@ -1,5 +1,8 @@
+import os
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -175,3 +178,114 @@ def test_gc_paused_pauses_collects_and_restores():
         assert not gc.isenabled()  # a collector paused before stays paused
     finally:
         gc.enable()
+
+
+def test_build_key_follows_sources_and_flags(tmp_path, monkeypatch):
+    # the record a later process loads from must name a build of the same sources and flags
+    from fuseml import _cuda_ext
+
+    monkeypatch.setattr(_cuda_ext, "_CSRC", tmp_path)
+    (tmp_path / "a.cu").write_text("kernel v1")
+    (tmp_path / "a.cuh").write_text("header v1")
+    flags = {"extra_cflags": ["-O3"]}
+    key = _cuda_ext.build_key("ext", flags)
+    assert _cuda_ext.build_key("ext", dict(flags)) == key
+    assert _cuda_ext.build_key("other", flags) != key
+    assert _cuda_ext.build_key("ext", {"extra_cflags": ["-O2"]}) != key
+    # the libstdc++ a process pins differs between processes, the build does not
+    assert _cuda_ext.build_key("ext", {**flags, "extra_ldflags": ["/other/libstdc++.so"]}) == key
+    (tmp_path / "a.cuh").write_text("header v2")  # a header alone changes it too
+    assert _cuda_ext.build_key("ext", flags) != key
+
+
+def test_recorded_library_loads_only_while_it_is_the_file_recorded(tmp_path, monkeypatch):
+    from fuseml import _cuda_ext
+
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path / "cache"))
+    loaded = []
+    monkeypatch.setattr(torch.ops, "load_library", loaded.append)
+    lib = tmp_path / "ext.so"
+    lib.write_bytes(b"library v1")
+    assert _cuda_ext.load_recorded("ext", "k1", python_module=False) is None  # no record
+    _cuda_ext.record("ext", "k1", str(lib))
+    assert _cuda_ext.load_recorded("ext", "k1", python_module=False) == str(lib)
+    assert _cuda_ext.load_recorded("ext", "k2", python_module=False) is None  # other key
+    assert loaded == [str(lib)]
+    lib.write_bytes(b"library v2, rebuilt")  # another build replaced the file
+    assert _cuda_ext.load_recorded("ext", "k1", python_module=False) is None
+    record = next((tmp_path / "cache" / "cuda-ext").glob("ext-k1.json"))
+    record.write_text("{not json")
+    assert _cuda_ext.load_recorded("ext", "k1", python_module=False) is None
+    assert loaded == [str(lib)]
+
+
+def test_recorded_library_that_fails_to_load_takes_the_full_path(tmp_path, monkeypatch, caplog):
+    from fuseml import _cuda_ext
+
+    monkeypatch.setenv("FUSEML_CACHE", str(tmp_path))
+    lib = tmp_path / "fuseml_nothing.so"
+    lib.write_bytes(b"not a shared library")
+    _cuda_ext.record("fuseml_nothing", "k", str(lib))
+    with caplog.at_level("INFO", logger="fuseml"):
+        assert _cuda_ext.load_recorded("fuseml_nothing", "k", python_module=True) is None
+    assert "building it" in caplog.text
+
+
+def test_extension_loads_from_its_record_without_torch_build_tools(monkeypatch):
+    # the record spares a new process torch.utils.cpp_extension (setuptools, ninja's check)
+    from torch.utils import cpp_extension
+
+    from fuseml import _cuda_ext
+
+    monkeypatch.setattr(_cuda_ext, "_missing_toolchain", lambda: None)
+    keys = []
+    monkeypatch.setattr(
+        _cuda_ext, "load_recorded", lambda name, key, python_module: keys.append(key) or "/x.so"
+    )
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: pytest.fail("built again"))
+    assert _cuda_ext._build() == (True, "ok")
+    assert keys == [_cuda_ext.build_key(_cuda_ext.EXT_NAME, _cuda_ext._ext_flags())]
+
+
+def test_fast_path_loads_from_its_record_without_a_build_process(monkeypatch):
+    from fuseml import _cuda_ext
+    from fuseml.ops import _fastcall
+
+    module = object()
+    monkeypatch.setattr(_cuda_ext, "_missing_toolchain", lambda: None)
+    monkeypatch.setattr(_cuda_ext, "load_fastcall_recorded", lambda: module)
+    monkeypatch.setattr(_fastcall, "_build_apart", lambda: pytest.fail("built again"))
+    monkeypatch.setattr(_fastcall, "_done", threading.Event())
+    for name in ("fast", "_loaded", "_reason"):
+        monkeypatch.setattr(_fastcall, name, None)
+    _fastcall._build()
+    assert _fastcall._loaded is module and _fastcall._done.is_set()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_new_process_loads_the_built_extensions_from_their_records():
+    # after one process built and loaded both libraries, the next loads them directly
+    from fuseml import _cuda_ext
+
+    if not _cuda_ext.cuda_toolchain_available():
+        pytest.skip("needs the CUDA toolchain")
+    code = (
+        "import sys, torch\n"
+        "from fuseml import _cuda_ext\n"
+        "import fuseml.ops as ops\n"
+        "from fuseml.ops import _fastcall\n"
+        "assert _cuda_ext.status() == (True, 'ok'), _cuda_ext.status()\n"
+        "assert _fastcall.wait(300), _fastcall.status()\n"
+        "x = torch.randn(64, 96, device='cuda')\n"
+        "out = ops.add(x, x, backend='cuda')\n"
+        "torch.testing.assert_close(out, 2 * x)\n"
+        "print('cpp_extension' if 'torch.utils.cpp_extension' in sys.modules else 'direct')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(_cuda_ext.__file__).parents[1])}
+    runs = [
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        for _ in range(2)
+    ]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-4000:]
+    assert runs[1].stdout.strip() == "direct"  # (the first run may have built them)

@@ -30,12 +30,24 @@ needs nothing of fuseml but its settings.
 The eager fast path's launcher (``csrc/fastcall.cpp``, a library of its own) builds here
 too: ``python -m fuseml._cuda_ext fastcall`` is the child process that
 ``fuseml.ops._fastcall`` starts to build it.
+
+Loading a built library through ``torch.utils.cpp_extension`` costs a new process about
+0.3-0.5 s before the first CUDA op runs (importing it imports setuptools, and its up-to-date
+check runs ninja). So each successful load leaves a record,
+``$FUSEML_CACHE/cuda-ext/<name>-<key>.json``: the library's path, size and modification
+time, under a key of everything the build depends on (the contents of every file in
+``csrc``, the flags, torch's, CUDA's and Python's versions, nvcc, CXX, the build folder). A
+later process whose key and library file match loads the library directly; any mismatch,
+or a failed direct load, takes the full path, which rebuilds where needed and writes a new
+record.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -167,11 +179,29 @@ def _libstdcxx_ldflags() -> list[str]:
     return []
 
 
+def _ext_flags() -> dict:
+    """The main extension's build arguments (an arch flag in extra_cuda_cflags also stops
+    torch from adding its own: TORCH_CUDA_ARCH_LIST or every visible device's arch)."""
+    return {
+        "extra_cflags": ["-O3"],
+        "extra_cuda_cflags": ["-O3", _arch_flag(), "-lineinfo"],
+        "extra_ldflags": _libstdcxx_ldflags(),
+    }
+
+
 def _build() -> tuple[bool, str]:
     global _build_seconds
     missing = _missing_toolchain()
     if missing is not None:
         return False, missing
+    start = time.perf_counter()
+    flags = _ext_flags()
+    key = build_key(EXT_NAME, flags)
+    if load_recorded(EXT_NAME, key, python_module=False) is not None:
+        _build_seconds = time.perf_counter() - start
+        log.debug("loaded %s from its record in %.2f s", EXT_NAME, _build_seconds)
+        return True, "ok"
+    import torch
     from torch.utils import cpp_extension
 
     kwargs = {}
@@ -182,17 +212,13 @@ def _build() -> tuple[bool, str]:
             os.makedirs(ext_dir, exist_ok=True)
             kwargs["build_directory"] = ext_dir
         _warn_if_locked(ext_dir or _default_build_dir())
-        start = time.perf_counter()
-        # An arch flag in extra_cuda_cflags also stops torch from adding its own
-        # (TORCH_CUDA_ARCH_LIST or every visible device's arch).
+        before = set(torch.ops.loaded_libraries)
         cpp_extension.load(
             name=EXT_NAME,
             sources=[str(source) for source in SOURCES],
-            extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3", _arch_flag(), "-lineinfo"],
-            extra_ldflags=_libstdcxx_ldflags(),
             is_python_module=False,
             verbose=False,
+            **flags,
             **kwargs,
         )
         _build_seconds = time.perf_counter() - start
@@ -200,8 +226,84 @@ def _build() -> tuple[bool, str]:
         reason = f"building {EXT_NAME} failed: {_summarize(exc)}"
         log.warning("%s", reason)
         return False, reason
+    loaded = [path for path in torch.ops.loaded_libraries - before if EXT_NAME in path]
+    if len(loaded) == 1:
+        record(EXT_NAME, key, loaded[0])
     log.debug("loaded %s in %.1f s", EXT_NAME, _build_seconds)
     return True, "ok"
+
+
+# ---------------------------------------------------------------- records of built libraries
+def build_key(name: str, flags: dict) -> str:
+    """A hash of everything a build of ``name`` with ``flags`` depends on (module doc).
+
+    The link flags are left out: they only pin the libstdc++ the building process has
+    mapped, and which copy of it comes first differs between processes (the child that
+    builds the fast path, a process that imported pyarrow first), so a key with them
+    would miss the record of the same build."""
+    import sys
+
+    import torch
+
+    flags = {k: v for k, v in flags.items() if k != "extra_ldflags"}
+    h = hashlib.sha256()
+    parts = (
+        name, torch.__version__, str(torch.version.cuda), str(torch.version.git_version),
+        sys.version, str(nvcc_path()), os.environ.get("CXX", ""),
+        os.environ.get("TORCH_EXTENSIONS_DIR", ""), str(settings.ext_dir() or ""),
+        json.dumps(flags, sort_keys=True),
+    )  # fmt: skip
+    for part in parts:
+        h.update(part.encode() + b"\0")
+    for path in sorted(_CSRC.iterdir()):  # sources and headers: an edit anywhere rebuilds
+        if path.is_file():
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:32]
+
+
+def _record_path(name: str, key: str) -> Path:
+    return settings.cache_dir() / "cuda-ext" / f"{name}-{key}.json"
+
+
+def record(name: str, key: str, library: str) -> None:
+    """Note that the build of ``name`` under ``key`` is the file ``library`` (atomically;
+    a record that cannot be written only costs the next process the full load)."""
+    path = _record_path(name, key)
+    try:
+        st = os.stat(library)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        entry = {"path": os.path.abspath(library), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        tmp.write_text(json.dumps(entry))
+        os.replace(tmp, path)
+    except OSError as err:
+        log.debug("fuseml: no record of %s kept (%s)", name, err)
+
+
+def load_recorded(name: str, key: str, python_module: bool):
+    """Load the library the record of (``name``, ``key``) names, when that file is still
+    the one recorded: the module (``python_module``) or the library's path; else None."""
+    try:
+        entry = json.loads(_record_path(name, key).read_text())
+        path = entry["path"]
+        st = os.stat(path)
+        if (st.st_size, st.st_mtime_ns) != (entry["size"], entry["mtime_ns"]):
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        if python_module:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+        import torch
+
+        torch.ops.load_library(path)
+        return path
+    except Exception as exc:  # the full path builds and loads it again
+        log.info("fuseml: loading %s from %s failed (%s); building it", name, path, exc)
+        return None
 
 
 def _default_build_dir() -> str | None:
@@ -269,6 +371,16 @@ def fastcall_build_dir() -> str | None:
         return None
 
 
+def _fastcall_flags() -> dict:
+    return {"extra_cflags": ["-O3"], "extra_ldflags": _libstdcxx_ldflags()}
+
+
+def load_fastcall_recorded():
+    """The fast path's module, loaded from its record (see the module doc), else None."""
+    flags = _fastcall_flags()
+    return load_recorded(FASTCALL_NAME, build_key(FASTCALL_NAME, flags), python_module=True)
+
+
 def load_fastcall():
     """Build (where not up to date) and load the fast path's extension module."""
     from torch.utils import cpp_extension
@@ -277,16 +389,19 @@ def load_fastcall():
     if settings.ext_dir() is not None:
         kwargs["build_directory"] = fastcall_build_dir()
         os.makedirs(kwargs["build_directory"], exist_ok=True)
+    flags = _fastcall_flags()
     # (csrc/fastcall_plan.h: ninja's dependency file rebuilds the source when it changes)
-    return cpp_extension.load(
+    module = cpp_extension.load(
         name=FASTCALL_NAME,
         sources=[str(FASTCALL_SOURCE)],
-        extra_cflags=["-O3"],
-        extra_ldflags=_libstdcxx_ldflags(),
         with_cuda=True,
         verbose=False,
+        **flags,
         **kwargs,
     )
+    if getattr(module, "__file__", None):
+        record(FASTCALL_NAME, build_key(FASTCALL_NAME, flags), module.__file__)
+    return module
 
 
 def _main(argv: list[str]) -> int:

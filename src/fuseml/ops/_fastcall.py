@@ -15,7 +15,8 @@ for returns None and takes the Python path.
 
 The extension builds in the background the first time a direct launch happens (a C++
 file, built by a child process that finishes even if this one exits; cached across
-processes), so no call waits for it: calls take the Python path until it is loaded.
+processes, and loaded straight from its record once built: ``fuseml._cuda_ext``), so no
+call waits for it: calls take the Python path until it is loaded.
 ``FUSEML_DIRECT_LAUNCH=0`` turns it off with the direct launches. A failed build logs one warning; every call then stays on the Python path, with
 the same results. Inside ``with suspended():`` every call takes the Python path (tests of
 that path's plans and launches).
@@ -138,10 +139,13 @@ def _build() -> None:
             log.info("fuseml: eager fast path off: %s", missing)
             return
         start_time = time.perf_counter()
-        why = _build_apart()
-        if why is not None:
-            raise RuntimeError(why)
-        module = _cuda_ext.load_fastcall()  # (built: torch finds it up to date)
+        module = _cuda_ext.load_fastcall_recorded()  # (built by an earlier process)
+        if module is None:
+            why = _build_apart()
+            if why is not None:
+                raise RuntimeError(why)
+            # (the child recorded its build; torch's loader is the fallback)
+            module = _cuda_ext.load_fastcall_recorded() or _cuda_ext.load_fastcall()
         with _lock:
             _loaded = module
             if not _suspended:
