@@ -81,6 +81,36 @@ def test_every_row_exactly_once(prepared: Path, max_cached_rows: int, shuffle: b
     np.testing.assert_array_equal(rows, expected)
 
 
+@pytest.mark.parametrize("batch_size", [1, 7, 400, 450, 1000, 10**6])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_streamed_batches_across_row_groups(
+    prepared: Path, batch_size: int, drop_last: bool
+) -> None:
+    # row groups of 500 and 400 rows: batches inside a group, across two, across several
+    # (1000), and one batch of everything; every batch row-major and of the stated dtypes
+    ds = CriteoDataset(
+        prepared,
+        "train",
+        batch_size=batch_size,
+        shuffle=False,
+        drop_last=drop_last,
+        max_cached_rows=0,
+    )
+    batches = list(ds)
+    expected = _parquet_rows(prepared, "train")
+    kept = len(expected) // batch_size * batch_size if drop_last else len(expected)
+    assert len(batches) == len(ds)
+    assert [len(b.labels) for b in batches] == [
+        min(batch_size, kept - start) for start in range(0, kept, batch_size)
+    ]
+    for b in batches:
+        assert b.dense.dtype == torch.float32 and b.sparse.dtype == torch.int64
+        assert b.labels.dtype == torch.float32
+        assert b.dense.is_contiguous() and b.sparse.is_contiguous()
+    if batches:
+        np.testing.assert_array_equal(_rows_of(batches), expected[:kept])
+
+
 @pytest.mark.parametrize("max_cached_rows", [10**9, 0], ids=["cached", "streamed"])
 def test_drop_last(prepared: Path, max_cached_rows: int) -> None:
     ds = CriteoDataset(

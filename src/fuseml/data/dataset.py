@@ -154,13 +154,10 @@ class CriteoDataset(IterableDataset[CriteoBatch]):
 
     def _read(self, parquet: pq.ParquetFile, group: int) -> _Rows:
         table = parquet.read_row_group(group)
-        dense = np.stack([table.column(c).to_numpy() for c in DENSE_COLUMNS], axis=1)
-        sparse = np.stack([table.column(c).to_numpy() for c in SPARSE_COLUMNS], axis=1)
-        labels = table.column(LABEL_COLUMN).to_numpy()
         return _Rows(
-            dense.astype(np.float32, copy=False),
-            sparse.astype(np.int64, copy=False),
-            labels.astype(np.float32),
+            _row_major(table, DENSE_COLUMNS, np.float32),
+            _row_major(table, SPARSE_COLUMNS, np.int64),
+            table.column(LABEL_COLUMN).to_numpy().astype(np.float32),
         )
 
     def _iter_cached(
@@ -179,11 +176,13 @@ class CriteoDataset(IterableDataset[CriteoBatch]):
         self, rng: np.random.Generator | None, worker_id: int, n_workers: int
     ) -> Iterator[CriteoBatch]:
         groups = self._row_groups()[worker_id::n_workers]
-        if rng is not None:
-            groups = [groups[i] for i in rng.permutation(len(groups))]
+        if rng is None:
+            yield from self._iter_in_order(groups)
+            return
+        groups = [groups[i] for i in rng.permutation(len(groups))]
         # Rows are gathered until a window is full, shuffled together, and cut into
         # batches; the rows left over from a window go into the next one.
-        window = self.shuffle_buffer_rows if rng is not None else self.batch_size
+        window = self.shuffle_buffer_rows
         pending: list[_Rows] = []
         pending_rows = 0
         for parquet, group in groups:
@@ -195,6 +194,31 @@ class CriteoDataset(IterableDataset[CriteoBatch]):
                 pending, pending_rows = [rest], len(rest)
         if pending_rows:
             yield from self._emit(_Rows.concat(pending), rng, keep_tail=False)
+
+    def _iter_in_order(self, groups: list[tuple[pq.ParquetFile, int]]) -> Iterator[CriteoBatch]:
+        """Batches in file order. A batch inside one row group is a view of it; only a
+        batch that spans groups is copied together (its pieces, not the whole groups)."""
+        size = self.batch_size
+        carry: list[_Rows] = []  # the rows after the last batch, fewer than ``size``
+        carried = 0
+        for parquet, group in groups:
+            part = self._read(parquet, group)
+            start = 0
+            if carried:
+                start = min(size - carried, len(part))
+                carry.append(part.take(slice(0, start)))
+                carried += start
+                if carried < size:
+                    continue
+                yield _Rows.concat(carry).to_batch()
+                carry, carried = [], 0
+            while len(part) - start >= size:
+                yield part.take(slice(start, start + size)).to_batch()
+                start += size
+            if start < len(part):
+                carry, carried = [part.take(slice(start, None))], len(part) - start
+        if carried and not self.drop_last:
+            yield _Rows.concat(carry).to_batch()
 
     def _emit(
         self, rows: _Rows, rng: np.random.Generator | None, keep_tail: bool
@@ -214,6 +238,24 @@ class CriteoDataset(IterableDataset[CriteoBatch]):
         if len(tail) and not self.drop_last:
             yield tail.to_batch()
         return _empty_rows()
+
+
+# Rows per block when columns are interleaved into rows: a block's output stays in cache
+# while each column's values are written into it.
+_ROW_BLOCK = 4096
+
+
+def _row_major(table, columns: tuple[str, ...] | list[str], dtype) -> np.ndarray:
+    """The named columns of ``table`` as one C-ordered (rows, columns) array of ``dtype``,
+    filled a block of rows at a time (one pass, no column-major intermediate)."""
+    values = [table.column(c).to_numpy() for c in columns]
+    out = np.empty((table.num_rows, len(columns)), dtype)
+    for start in range(0, table.num_rows, _ROW_BLOCK):
+        block = slice(start, start + _ROW_BLOCK)
+        rows = out[block]
+        for i, column in enumerate(values):
+            rows[:, i] = column[block]
+    return out
 
 
 def _empty_rows() -> _Rows:
