@@ -36,10 +36,10 @@ Loading a built library through ``torch.utils.cpp_extension`` costs a new proces
 check runs ninja). So each successful load leaves a record,
 ``$FUSEML_CACHE/cuda-ext/<name>-<key>.json``: the library's path, size and modification
 time, under a key of everything the build depends on (the contents of every file in
-``csrc``, the flags, torch's, CUDA's and Python's versions, nvcc, CXX, the build folder). A
-later process whose key and library file match loads the library directly; any mismatch,
-or a failed direct load, takes the full path, which rebuilds where needed and writes a new
-record.
+``csrc``, the compile flags, torch's, CUDA's and Python's versions, nvcc, CXX, the build
+folder). A later process whose key and library file match loads the library directly;
+any mismatch, or a failed direct load, takes the full path, which rebuilds where needed
+and writes a new record.
 """
 
 from __future__ import annotations
