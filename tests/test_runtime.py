@@ -289,3 +289,21 @@ def test_new_process_loads_the_built_extensions_from_their_records():
     for run in runs:
         assert run.returncode == 0, run.stderr[-4000:]
     assert runs[1].stdout.strip() == "direct"  # (the first run may have built them)
+
+
+def test_cache_files_are_written_whole(tmp_path, monkeypatch):
+    # the tuning tables, Triton's key and the library records: the old file or the new one
+    from fuseml._files import write_text_atomic
+
+    target = tmp_path / "sub" / "table.json"
+    write_text_atomic(target, "v1")  # (creates the folder)
+    assert target.read_text() == "v1"
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_text_atomic(target, "v2")
+    assert target.read_text() == "v1"
+    assert [p.name for p in target.parent.iterdir()] == ["table.json"]  # no temporary left

@@ -25,7 +25,7 @@ Importing this module is free: torch is imported, and nvcc runs, only on the fir
 to :func:`status`, and the outcome, success or the reason
 for failure, is cached for the life of the process. A failed build logs one warning.
 The toolchain probes live here too (fuseml.runtime re-exports them), so that this module
-needs nothing of fuseml but its settings.
+needs nothing of fuseml but its settings and its file helper.
 
 The eager fast path's launcher (``csrc/fastcall.cpp``, a library of its own) builds here
 too: ``python -m fuseml._cuda_ext fastcall`` is the child process that
@@ -56,6 +56,7 @@ import time
 from pathlib import Path
 
 from fuseml import settings
+from fuseml._files import write_text_atomic
 
 log = logging.getLogger("fuseml")
 
@@ -268,14 +269,10 @@ def _record_path(name: str, key: str) -> Path:
 def record(name: str, key: str, library: str) -> None:
     """Note that the build of ``name`` under ``key`` is the file ``library`` (atomically;
     a record that cannot be written only costs the next process the full load)."""
-    path = _record_path(name, key)
     try:
         st = os.stat(library)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         entry = {"path": os.path.abspath(library), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-        tmp.write_text(json.dumps(entry))
-        os.replace(tmp, path)
+        write_text_atomic(_record_path(name, key), json.dumps(entry))
     except OSError as err:
         log.debug("fuseml: no record of %s kept (%s)", name, err)
 

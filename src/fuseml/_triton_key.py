@@ -42,6 +42,7 @@ import sysconfig
 from pathlib import Path
 
 from fuseml import settings
+from fuseml._files import write_text_atomic
 
 log = logging.getLogger("fuseml")
 
@@ -118,10 +119,7 @@ def install() -> bool:
         key = cached_key.original()  # Triton's own function (an attribute: tests stub it)
         if path is not None:
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(key)
-                os.replace(tmp, path)  # atomic: a reader sees no key or the whole key
+                write_text_atomic(path, key)  # a reader sees no key or the whole key
             except OSError as err:
                 log.warning("fuseml: could not keep Triton's key in %s (%s)", path, err)
         return key

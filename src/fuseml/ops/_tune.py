@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from fuseml import settings
+from fuseml._files import write_text_atomic
 from fuseml.ops._utils import compile_only, compiling_only
 from fuseml.runtime import gc_paused, gpu_slug, triton_interpreting, triton_version
 
@@ -81,10 +81,7 @@ def _table(path: Path) -> dict:
 
 def _save(path: Path, table: dict) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
-        os.replace(tmp, path)  # atomic: a reader sees the old or the new file, never half
+        write_text_atomic(path, json.dumps(table, indent=1, sort_keys=True))
     except OSError as err:
         log.warning("fuseml: could not write tuning cache %s (%s)", path, err)
 
