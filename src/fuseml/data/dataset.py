@@ -221,14 +221,14 @@ class CriteoDataset(IterableDataset[CriteoBatch]):
             yield _Rows.concat(carry).to_batch()
 
     def _emit(
-        self, rows: _Rows, rng: np.random.Generator | None, keep_tail: bool
+        self, rows: _Rows, rng: np.random.Generator, keep_tail: bool
     ) -> Generator[CriteoBatch, None, _Rows]:
-        """Yield full batches of ``rows``; returns the partial tail when ``keep_tail``.
+        """Yield full batches of ``rows`` shuffled by ``rng``; returns the partial tail when
+        ``keep_tail``.
 
         Without ``keep_tail`` the tail becomes a final short batch (unless ``drop_last``).
         """
-        if rng is not None:
-            rows = rows.take(rng.permutation(len(rows)))
+        rows = rows.take(rng.permutation(len(rows)))
         n_full = len(rows) // self.batch_size
         for b in range(n_full):
             yield rows.take(slice(b * self.batch_size, (b + 1) * self.batch_size)).to_batch()
